@@ -1,0 +1,109 @@
+// flashattn/attention.hpp — the public attention entry points.
+//
+// Layout is flash_attn's: q [batch, seqlen_q, heads_q, head_dim], k/v
+// [batch, seqlen_k, heads_kv, head_dim], out like q, LSE [batch, heads_q, seqlen_q]
+// (float32, natural log). Variable-length batches pack the sequences along one
+// axis instead: q [total_q, heads_q, head_dim] with cu_seqlens_q (int32, batch+1
+// prefix sums), LSE [heads_q, total_q].
+//
+// Every argument is checked before anything is written: on bad input a
+// flashattn::Error names the argument and all outputs stay bitwise unchanged.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "flashattn/tensor.hpp"
+
+namespace flashattn {
+
+// Which algorithm computes the attention. automatic = the fastest for the device.
+//   reference: the standard three steps (S = QK^T, P = softmax(S), O = PV) with S
+//              and P materialised, accumulated in float64 — the oracle (CPU only).
+//   flash2:    FlashAttention-2: Q blocks outer, K/V blocks inner, delayed normalisation.
+//   flash1:    FlashAttention-1 (Algorithm 1): K/V blocks outer, O/l/m rescaled every step.
+enum class Algorithm : std::uint8_t { automatic, reference, flash2, flash1 };
+
+const char* algorithm_name(Algorithm algorithm) noexcept;
+
+// Options shared by the forward and the backward pass.
+struct AttentionOptions {
+  std::optional<double> softmax_scale;  // default 1/sqrt(head_dim); must be finite and > 0
+  // Causal masking aligned to the bottom-right corner: query row i sees key
+  // column j iff j <= i + seqlen_k - seqlen_q (FlashAttention >= 2.1). With
+  // seqlen_q > seqlen_k the first rows see nothing: their output is 0, LSE -inf.
+  bool causal = false;
+  // Sliding window, bottom-right aligned like causal: row i sees columns
+  // [i + seqlen_k - seqlen_q - window_left, i + seqlen_k - seqlen_q + window_right].
+  // -1 = unbounded on that side. causal is window_right = 0.
+  std::int64_t window_left = -1;
+  std::int64_t window_right = -1;
+  // Logit soft-capping: s -> softcap * tanh(s / softcap) applied to scale*q.k. 0 = off.
+  double softcap = 0.0;
+  // Reserved for dropout; anything but 0 is rejected as not supported yet.
+  double dropout_p = 0.0;
+  // Backward only: bitwise-reproducible gradients (may be slower on the GPU).
+  bool deterministic = false;
+  Algorithm algorithm = Algorithm::automatic;
+};
+
+// Optional variable-length description (all four set together, or none).
+struct VarlenArgs {
+  TensorView cu_seqlens_q;  // int32 [batch + 1], cu_seqlens_q[0] == 0, non-decreasing
+  TensorView cu_seqlens_k;  // int32 [batch + 1]
+  std::int64_t max_seqlen_q = 0;
+  std::int64_t max_seqlen_k = 0;
+};
+
+struct ForwardArgs {
+  TensorView q;          // [batch, seqlen_q, heads_q, head_dim] (varlen: [total_q, heads_q, head_dim])
+  TensorView k;          // [batch, seqlen_k, heads_kv, head_dim]
+  TensorView v;          // like k
+  TensorView out;        // like q, written
+  TensorView maybe_lse;  // float32 [batch, heads_q, seqlen_q] (varlen: [heads_q, total_q]), written
+  std::optional<VarlenArgs> maybe_varlen;
+  AttentionOptions options;
+};
+
+struct BackwardArgs {
+  TensorView q, k, v;
+  TensorView out;         // the forward output O
+  TensorView dout;        // dL/dO, like out (any strides)
+  TensorView lse;         // the forward LSE, required
+  TensorView dq, dk, dv;  // written; dk/dv have k's shape (GQA: summed over each group's query heads)
+  std::optional<VarlenArgs> maybe_varlen;
+  TensorView maybe_workspace;  // uint8, at least backward_workspace_bytes(args) bytes
+  AttentionOptions options;
+};
+
+// Where and how to run. `stream` is a cudaStream_t for CUDA tensors (nullptr = the
+// default stream); `num_threads` bounds CPU threads (0 = all hardware threads).
+struct ExecutionContext {
+  void* stream = nullptr;
+  int num_threads = 0;
+};
+
+void forward(const ForwardArgs& args, const ExecutionContext& context = {});
+void backward(const BackwardArgs& args, const ExecutionContext& context = {});
+
+// Scratch bytes the backward pass needs for these arguments on their device
+// (0 on the CPU, which allocates O(block) per thread itself).
+std::size_t backward_workspace_bytes(const BackwardArgs& args);
+
+// Same checks as forward(), nothing run: empty if supported, else the reason.
+std::string why_unsupported(const ForwardArgs& args);
+
+// Combine two attentions of the same queries over disjoint key sets (e.g. the two
+// halves of a split KV): out = w_a * out_a + w_b * out_b with weights from the
+// LSEs, lse = log(exp(lse_a) + exp(lse_b)). Outputs [batch, seqlen, heads, head_dim],
+// LSEs float32 [batch, heads, seqlen]. out/lse may alias out_a/lse_a (in-place).
+void merge_attention_states(const TensorView& out_a, const TensorView& lse_a, const TensorView& out_b,
+                            const TensorView& lse_b, const TensorView& out, const TensorView& lse,
+                            const ExecutionContext& context = {});
+
+// Whether this build has the CUDA backend and a usable GPU is present.
+bool cuda_available() noexcept;
+
+}  // namespace flashattn

@@ -1,0 +1,9 @@
+// flashattn/flashattn.hpp — umbrella header of the public C++ API.
+#pragma once
+
+#include "flashattn/attention.hpp"
+#include "flashattn/config.hpp"
+#include "flashattn/error.hpp"
+#include "flashattn/mask.hpp"
+#include "flashattn/online_softmax.hpp"
+#include "flashattn/tensor.hpp"

@@ -1,0 +1,82 @@
+// flashattn/mask.hpp — which key columns a query row may attend to, as a policy
+// that gives both loop bounds (which key blocks to visit, which of them need the
+// element mask) and the element mask itself. The reference, the CPU flash paths
+// and the CUDA kernels all use it, so they cannot disagree about masking.
+//
+// Causal and sliding-window masks are aligned to the bottom-right corner (the
+// FlashAttention >= 2.1 convention): with offset = seqlen_k - seqlen_q, row i sees
+//   col_begin(i) = i + offset - window_left        (0 when window_left  < 0)
+//   col_end(i)   = i + offset + window_right + 1   (seqlen_k when window_right < 0)
+// clamped to [0, seqlen_k]. causal is window_right = 0. A row with
+// col_begin >= col_end is fully masked: output 0, LSE -inf.
+#pragma once
+
+#include <cstdint>
+
+#include "flashattn/config.hpp"
+
+namespace flashattn {
+
+struct MaskRule {
+  std::int64_t seqlen_q = 0;
+  std::int64_t seqlen_k = 0;
+  std::int64_t window_left = -1;   // -1 = unbounded
+  std::int64_t window_right = -1;  // -1 = unbounded; 0 = causal
+
+  FLASHATTN_HOST_DEVICE static std::int64_t clamp(std::int64_t x, std::int64_t lo, std::int64_t hi) {
+    return x < lo ? lo : (x > hi ? hi : x);
+  }
+  FLASHATTN_HOST_DEVICE bool is_unmasked() const { return window_left < 0 && window_right < 0; }
+  FLASHATTN_HOST_DEVICE std::int64_t col_begin(std::int64_t row) const {
+    if (window_left < 0) return 0;
+    return clamp(row + seqlen_k - seqlen_q - window_left, 0, seqlen_k);
+  }
+  FLASHATTN_HOST_DEVICE std::int64_t col_end(std::int64_t row) const {
+    if (window_right < 0) return seqlen_k;
+    return clamp(row + seqlen_k - seqlen_q + window_right + 1, 0, seqlen_k);
+  }
+  FLASHATTN_HOST_DEVICE bool allowed(std::int64_t row, std::int64_t col) const {
+    return col >= col_begin(row) && col < col_end(row);
+  }
+
+  // Key columns that rows [row_begin, row_end) touch at all: [first, last). Both
+  // bounds are monotone in the row, so the union is spanned by the end rows. Key
+  // blocks outside it are skipped, never computed.
+  struct ColumnRange {
+    std::int64_t begin;
+    std::int64_t end;
+  };
+  FLASHATTN_HOST_DEVICE ColumnRange columns_of_rows(std::int64_t row_begin, std::int64_t row_end) const {
+    if (row_end <= row_begin) return {0, 0};
+    const std::int64_t begin = col_begin(row_begin);
+    const std::int64_t end = col_end(row_end - 1);
+    return {begin, end > begin ? end : begin};
+  }
+  // Whether every (row, col) of the tile rows [row_begin,row_end) x cols
+  // [col_begin_,col_end_) is allowed, so the element mask can be skipped there.
+  // Only boundary tiles (where this is false) pay for the mask.
+  FLASHATTN_HOST_DEVICE bool tile_fully_allowed(std::int64_t row_begin, std::int64_t row_end,
+                                                std::int64_t tile_col_begin, std::int64_t tile_col_end) const {
+    if (row_end <= row_begin) return true;
+    return col_begin(row_end - 1) <= tile_col_begin && col_end(row_begin) >= tile_col_end;
+  }
+  // Query rows that see at least one column of [tile_col_begin, tile_col_end): the
+  // dual of columns_of_rows, used by the backward pass (K/V blocks outer).
+  struct RowRange {
+    std::int64_t begin;
+    std::int64_t end;
+  };
+  FLASHATTN_HOST_DEVICE RowRange rows_of_columns(std::int64_t tile_col_begin, std::int64_t tile_col_end) const {
+    if (tile_col_end <= tile_col_begin) return {0, 0};
+    const std::int64_t offset = seqlen_k - seqlen_q;
+    // col < col_end(row)  <=>  row > col - offset - window_right - 1
+    std::int64_t begin = 0;
+    if (window_right >= 0) begin = clamp(tile_col_begin - offset - window_right, 0, seqlen_q);
+    // col >= col_begin(row)  <=>  row <= col - offset + window_left
+    std::int64_t end = seqlen_q;
+    if (window_left >= 0) end = clamp(tile_col_end - 1 - offset + window_left + 1, 0, seqlen_q);
+    return {begin, end > begin ? end : begin};
+  }
+};
+
+}  // namespace flashattn

@@ -1,0 +1,127 @@
+// src/core/params.hpp — the one plain parameter struct every backend reads.
+//
+// Built once by validation (src/core/validate.cpp) from the public arguments:
+// raw pointers, int64 strides in elements, derived scalars computed on the host.
+// No framework types; usable from host and device code.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "flashattn/config.hpp"
+#include "flashattn/mask.hpp"
+#include "flashattn/tensor.hpp"
+
+namespace flashattn {
+
+struct AttentionParams {
+  DType dtype = DType::float16;  // of q, k, v, out (and dout/dq/dk/dv in the backward pass)
+  Device device{};
+
+  const void* q = nullptr;
+  const void* k = nullptr;
+  const void* v = nullptr;
+  void* out = nullptr;
+  float* maybe_lse = nullptr;
+
+  // Sizes. With varlen, batch is the number of sequences and seqlen_* the maxima.
+  std::int64_t batch = 0;
+  std::int64_t seqlen_q = 0;
+  std::int64_t seqlen_k = 0;
+  std::int64_t heads_q = 0;
+  std::int64_t heads_kv = 0;
+  std::int64_t head_dim = 0;
+  std::int64_t group_size = 1;  // heads_q / heads_kv (GQA); query head h reads kv head h / group_size
+
+  // Strides in elements. Varlen tensors have no batch dimension: batch strides are 0
+  // and sequence b starts at row cu_seqlens[b].
+  std::int64_t q_batch_stride = 0, q_row_stride = 0, q_head_stride = 0;
+  std::int64_t k_batch_stride = 0, k_row_stride = 0, k_head_stride = 0;
+  std::int64_t v_batch_stride = 0, v_row_stride = 0, v_head_stride = 0;
+  std::int64_t out_batch_stride = 0, out_row_stride = 0, out_head_stride = 0;
+  // LSE: dense float32, [batch, heads, seqlen_q] or varlen [heads, total_q].
+  std::int64_t lse_batch_stride = 0, lse_head_stride = 0, lse_row_stride = 1;
+
+  const std::int32_t* maybe_cu_seqlens_q = nullptr;
+  const std::int32_t* maybe_cu_seqlens_k = nullptr;
+  std::int64_t total_q = 0;  // rows of the packed q (varlen) or batch * seqlen_q
+  std::int64_t total_k = 0;
+
+  float softmax_scale = 1.0f;
+  float softmax_scale_log2 = 1.0f;  // softmax_scale * log2(e): scores go straight into exp2
+  float softcap = 0.0f;             // 0 = off; else s -> softcap * tanh(s / softcap)
+  std::int64_t window_left = -1;    // normalised: -1 = unbounded; causal sets window_right = 0
+  std::int64_t window_right = -1;
+  bool is_causal = false;
+
+  FLASHATTN_HOST_DEVICE bool is_varlen() const { return maybe_cu_seqlens_q != nullptr; }
+  FLASHATTN_HOST_DEVICE bool has_softcap() const { return softcap > 0.0f; }
+  FLASHATTN_HOST_DEVICE bool is_local() const { return window_left >= 0 || (window_right >= 0 && !is_causal); }
+
+  // Per-sequence geometry (varlen-aware).
+  FLASHATTN_HOST_DEVICE std::int64_t q_start(std::int64_t b) const {
+    return maybe_cu_seqlens_q ? maybe_cu_seqlens_q[b] : 0;
+  }
+  FLASHATTN_HOST_DEVICE std::int64_t k_start(std::int64_t b) const {
+    return maybe_cu_seqlens_k ? maybe_cu_seqlens_k[b] : 0;
+  }
+  FLASHATTN_HOST_DEVICE std::int64_t seqlen_q_of(std::int64_t b) const {
+    return maybe_cu_seqlens_q ? maybe_cu_seqlens_q[b + 1] - maybe_cu_seqlens_q[b] : seqlen_q;
+  }
+  FLASHATTN_HOST_DEVICE std::int64_t seqlen_k_of(std::int64_t b) const {
+    return maybe_cu_seqlens_k ? maybe_cu_seqlens_k[b + 1] - maybe_cu_seqlens_k[b] : seqlen_k;
+  }
+  FLASHATTN_HOST_DEVICE MaskRule mask_of(std::int64_t b) const {
+    return MaskRule{seqlen_q_of(b), seqlen_k_of(b), window_left, window_right};
+  }
+  // Element offsets of (sequence b, row 0, head h) in each tensor.
+  FLASHATTN_HOST_DEVICE std::int64_t q_offset(std::int64_t b, std::int64_t h) const {
+    return b * q_batch_stride + q_start(b) * q_row_stride + h * q_head_stride;
+  }
+  FLASHATTN_HOST_DEVICE std::int64_t k_offset(std::int64_t b, std::int64_t h_kv) const {
+    return b * k_batch_stride + k_start(b) * k_row_stride + h_kv * k_head_stride;
+  }
+  FLASHATTN_HOST_DEVICE std::int64_t v_offset(std::int64_t b, std::int64_t h_kv) const {
+    return b * v_batch_stride + k_start(b) * v_row_stride + h_kv * v_head_stride;
+  }
+  FLASHATTN_HOST_DEVICE std::int64_t out_offset(std::int64_t b, std::int64_t h) const {
+    return b * out_batch_stride + q_start(b) * out_row_stride + h * out_head_stride;
+  }
+  FLASHATTN_HOST_DEVICE std::int64_t lse_offset(std::int64_t b, std::int64_t h) const {
+    return b * lse_batch_stride + q_start(b) * lse_row_stride + h * lse_head_stride;
+  }
+};
+
+// The backward pass reads the forward's tensors (out, LSE required) plus dout and
+// writes dq/dk/dv with their own strides.
+struct BackwardParams : AttentionParams {
+  const void* dout = nullptr;
+  void* dq = nullptr;
+  void* dk = nullptr;
+  void* dv = nullptr;
+  const float* lse = nullptr;  // required (the same layout as maybe_lse)
+
+  std::int64_t dout_batch_stride = 0, dout_row_stride = 0, dout_head_stride = 0;
+  std::int64_t dq_batch_stride = 0, dq_row_stride = 0, dq_head_stride = 0;
+  std::int64_t dk_batch_stride = 0, dk_row_stride = 0, dk_head_stride = 0;
+  std::int64_t dv_batch_stride = 0, dv_row_stride = 0, dv_head_stride = 0;
+
+  bool deterministic = false;
+  void* maybe_workspace = nullptr;
+  std::size_t workspace_bytes = 0;
+
+  FLASHATTN_HOST_DEVICE std::int64_t dout_offset(std::int64_t b, std::int64_t h) const {
+    return b * dout_batch_stride + q_start(b) * dout_row_stride + h * dout_head_stride;
+  }
+  FLASHATTN_HOST_DEVICE std::int64_t dq_offset(std::int64_t b, std::int64_t h) const {
+    return b * dq_batch_stride + q_start(b) * dq_row_stride + h * dq_head_stride;
+  }
+  FLASHATTN_HOST_DEVICE std::int64_t dk_offset(std::int64_t b, std::int64_t h_kv) const {
+    return b * dk_batch_stride + k_start(b) * dk_row_stride + h_kv * dk_head_stride;
+  }
+  FLASHATTN_HOST_DEVICE std::int64_t dv_offset(std::int64_t b, std::int64_t h_kv) const {
+    return b * dv_batch_stride + k_start(b) * dv_row_stride + h_kv * dv_head_stride;
+  }
+};
+
+}  // namespace flashattn

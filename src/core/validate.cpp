@@ -1,0 +1,452 @@
+// src/core/validate.cpp — every argument check of the library, in one place.
+#include "src/core/validate.hpp"
+
+#include <cmath>
+#include <cstdint>
+#include <sstream>
+#include <vector>
+
+#include "flashattn/error.hpp"
+#include "flashattn/online_softmax.hpp"
+
+namespace flashattn {
+namespace {
+
+[[noreturn]] void fail(const std::string& argument, const std::string& problem) {
+  throw Error("flashattn: " + argument + ": " + problem);
+}
+
+[[noreturn]] void unsupported(const std::string& argument, const std::string& problem) {
+  throw NotSupported("flashattn: " + argument + ": " + problem);
+}
+
+template <class A, class B>
+std::string expected_got(const A& expected, const B& got) {
+  std::ostringstream s;
+  s << "expected " << expected << ", got " << got;
+  return s.str();
+}
+
+std::int64_t checked_mul(std::int64_t a, std::int64_t b, const std::string& argument) {
+  std::int64_t r;
+  if (__builtin_mul_overflow(a, b, &r)) fail(argument, "size computation overflows int64");
+  return r;
+}
+std::int64_t checked_add(std::int64_t a, std::int64_t b, const std::string& argument) {
+  std::int64_t r;
+  if (__builtin_add_overflow(a, b, &r)) fail(argument, "size computation overflows int64");
+  return r;
+}
+
+// Byte range [begin, end) a view can touch; empty for a tensor with no elements.
+struct Extent {
+  std::uintptr_t begin = 0;
+  std::uintptr_t end = 0;
+  bool empty() const { return end <= begin; }
+};
+
+// Structural checks common to all tensors: rank, non-negative sizes and strides,
+// unit stride on the last dimension, extent that fits int64 bytes.
+Extent check_layout(const TensorView& t, const std::string& name, int expected_rank) {
+  if (!t.defined()) fail(name, "missing tensor (rank 0)");
+  if (t.rank != expected_rank) fail(name, "wrong rank: " + expected_got(expected_rank, t.rank) + " " + shape_string(t));
+  std::int64_t last_offset = 0;
+  bool is_empty = false;
+  for (int d = 0; d < t.rank; ++d) {
+    if (t.size(d) < 0) fail(name, "negative size in shape " + shape_string(t));
+    if (t.stride(d) < 0) fail(name, "negative stride " + std::to_string(t.stride(d)) + " in dimension " + std::to_string(d));
+    if (t.size(d) == 0) is_empty = true;
+  }
+  if (t.size(t.rank - 1) > 1 && t.stride(t.rank - 1) != 1)
+    fail(name, "last dimension must be contiguous: stride " + expected_got(1, t.stride(t.rank - 1)));
+  (void)t.numel();  // throws on overflow
+  if (is_empty) return {};
+  if (t.data == nullptr) fail(name, "null data pointer for a non-empty tensor");
+  for (int d = 0; d < t.rank; ++d)
+    last_offset = checked_add(last_offset, checked_mul(t.size(d) - 1, t.stride(d), name), name);
+  const auto element = static_cast<std::int64_t>(dtype_size(t.dtype));
+  const std::int64_t bytes = checked_mul(checked_add(last_offset, 1, name), element, name);
+  const auto begin = reinterpret_cast<std::uintptr_t>(t.data);
+  return {begin, begin + static_cast<std::uintptr_t>(bytes)};
+}
+
+void check_dtype(const TensorView& t, const std::string& name, DType expected, const std::string& why) {
+  if (t.dtype != expected)
+    fail(name, "dtype mismatch: " + expected_got(std::string(dtype_name(expected)) + why, dtype_name(t.dtype)));
+}
+
+void check_device(const TensorView& t, const std::string& name, Device expected) {
+  if (t.device != expected)
+    fail(name, "device mismatch: " + expected_got(to_string(expected) + " (like q)", to_string(t.device)));
+}
+
+void check_shape(const TensorView& t, const std::string& name, const std::vector<std::int64_t>& expected,
+                 const std::string& like) {
+  bool same = static_cast<int>(expected.size()) == t.rank;
+  for (int d = 0; same && d < t.rank; ++d) same = expected[static_cast<std::size_t>(d)] == t.size(d);
+  if (!same) {
+    std::ostringstream e;
+    e << "[";
+    for (std::size_t i = 0; i < expected.size(); ++i) e << (i ? ", " : "") << expected[i];
+    e << "]" << like;
+    fail(name, "shape mismatch: " + expected_got(e.str(), shape_string(t)));
+  }
+}
+
+// An output must not share bytes with any input or other output: a kernel reading
+// q while writing out would see its own partial results.
+struct NamedExtent {
+  std::string name;
+  Extent extent;
+};
+void check_no_overlap(const std::vector<NamedExtent>& outputs, const std::vector<NamedExtent>& all) {
+  for (const auto& o : outputs) {
+    if (o.extent.empty()) continue;
+    for (const auto& other : all) {
+      if (&other.extent == &o.extent || other.name == o.name || other.extent.empty()) continue;
+      if (o.extent.begin < other.extent.end && other.extent.begin < o.extent.end)
+        fail(o.name, "output overlaps " + other.name + " in memory");
+    }
+  }
+}
+
+void check_options(const AttentionOptions& options, std::int64_t head_dim, const BackendLimits& limits,
+                   Device device) {
+  if (options.softmax_scale) {
+    const double s = *options.softmax_scale;
+    if (!std::isfinite(s) || s <= 0.0) fail("softmax_scale", "must be finite and > 0, got " + std::to_string(s));
+  }
+  if (options.window_left < -1) fail("window_left", "must be >= -1 (-1 = unbounded), got " + std::to_string(options.window_left));
+  if (options.window_right < -1) fail("window_right", "must be >= -1 (-1 = unbounded), got " + std::to_string(options.window_right));
+  if (options.causal && options.window_right > 0)
+    fail("window_right", "causal attention sees no future keys: " + expected_got("-1 or 0", options.window_right));
+  if (!std::isfinite(options.softcap) || options.softcap < 0.0)
+    fail("softcap", "must be finite and >= 0 (0 = off), got " + std::to_string(options.softcap));
+  if (!(options.dropout_p == 0.0)) {
+    if (!(options.dropout_p >= 0.0 && options.dropout_p < 1.0)) fail("dropout_p", "must be in [0, 1), got " + std::to_string(options.dropout_p));
+    unsupported("dropout_p", "dropout is not implemented yet (only 0 is accepted), got " + std::to_string(options.dropout_p));
+  }
+  const auto algorithm_index = static_cast<std::size_t>(options.algorithm);
+  if (algorithm_index >= 4) fail("algorithm", "unknown algorithm value " + std::to_string(algorithm_index));
+  if (!limits.supports_algorithm[algorithm_index])
+    unsupported("algorithm", std::string(algorithm_name(options.algorithm)) + " is not available on " + to_string(device) +
+                                 " (" + limits.name + " backend)");
+  if (head_dim <= 0) fail("q", "head_dim must be >= 1, got " + std::to_string(head_dim));
+  if (head_dim > limits.max_head_dim)
+    unsupported("q", "head_dim " + std::to_string(head_dim) + " exceeds the " + limits.name + " backend's limit of " +
+                         std::to_string(limits.max_head_dim));
+  if (head_dim % limits.head_dim_multiple != 0)
+    unsupported("q", "head_dim must be a multiple of " + std::to_string(limits.head_dim_multiple) + " on the " +
+                         limits.name + " backend, got " + std::to_string(head_dim));
+}
+
+void check_compute_dtype(const TensorView& q, const BackendLimits& limits) {
+  const bool is_half = q.dtype == DType::float16 || q.dtype == DType::bfloat16;
+  const bool ok = (q.dtype == DType::float32 && limits.supports_float32) || (is_half && limits.supports_half);
+  if (ok) return;
+  std::string accepted;
+  if (limits.supports_float32) accepted += "float32";
+  if (limits.supports_half) accepted += std::string(accepted.empty() ? "" : ", ") + "float16, bfloat16";
+  fail("q", "unsupported dtype: " + expected_got(accepted + " on the " + limits.name + " backend", dtype_name(q.dtype)));
+}
+
+// Geometry shared by forward and backward, read off q/k/v (+ varlen).
+struct Geometry {
+  bool is_varlen = false;
+  std::int64_t batch = 0, seqlen_q = 0, seqlen_k = 0, heads_q = 0, heads_kv = 0, head_dim = 0;
+  std::int64_t total_q = 0, total_k = 0;
+  const std::int32_t* cu_q = nullptr;
+  const std::int32_t* cu_k = nullptr;
+  std::vector<NamedExtent> input_extents;
+};
+
+void check_cu_seqlens(const TensorView& cu, const std::string& name, std::int64_t batch, std::int64_t total,
+                      std::int64_t max_seqlen, const std::string& max_name, Device device) {
+  check_layout(cu, name, 1);
+  check_dtype(cu, name, DType::int32, "");
+  check_device(cu, name, device);
+  if (cu.size(0) != batch + 1) fail(name, "shape mismatch: " + expected_got("[" + std::to_string(batch + 1) + "] (batch + 1, like cu_seqlens_q)", shape_string(cu)));
+  if (device.type != DeviceType::cpu) return;  // device memory: checked by the kernel's documented contract
+  const auto* data = static_cast<const std::int32_t*>(cu.data);
+  const std::int64_t stride = cu.stride(0);
+  if (batch >= 0 && cu.size(0) > 0 && data[0] != 0) fail(name, "must start at 0, got " + std::to_string(data[0]));
+  for (std::int64_t b = 0; b < batch; ++b) {
+    const std::int64_t begin = data[b * stride];
+    const std::int64_t end = data[(b + 1) * stride];
+    if (end < begin) fail(name, "must be non-decreasing: entry " + std::to_string(b + 1) + " is " + std::to_string(end) + " < " + std::to_string(begin));
+    if (end - begin > max_seqlen)
+      fail(max_name, "sequence " + std::to_string(b) + " has length " + std::to_string(end - begin) + " > " + max_name + " = " + std::to_string(max_seqlen));
+  }
+  if (batch > 0 && data[batch * stride] > total)
+    fail(name, "last entry " + expected_got("<= " + std::to_string(total) + " (rows of the packed tensor)", data[batch * stride]));
+}
+
+Geometry check_inputs(const TensorView& q, const TensorView& k, const TensorView& v,
+                      const std::optional<VarlenArgs>& varlen, const AttentionOptions& options,
+                      const BackendLimits& limits) {
+  Geometry g;
+  g.is_varlen = varlen.has_value();
+  const int rank = g.is_varlen ? 3 : 4;
+  const Extent q_extent = check_layout(q, "q", rank);
+  check_compute_dtype(q, limits);
+  check_dtype(k, "k", q.dtype, " (like q)");
+  check_dtype(v, "v", q.dtype, " (like q)");
+  check_device(k, "k", q.device);
+  check_device(v, "v", q.device);
+  const Extent k_extent = check_layout(k, "k", rank);
+  const Extent v_extent = check_layout(v, "v", rank);
+  const int h = rank - 2;  // heads dimension
+  const int d = rank - 1;  // head_dim dimension
+  g.head_dim = q.size(d);
+  g.heads_q = q.size(h);
+  g.heads_kv = k.size(h);
+  if (k.size(d) != g.head_dim) fail("k", "head_dim mismatch: " + expected_got(std::to_string(g.head_dim) + " (like q)", k.size(d)));
+  if (v.size(d) != g.head_dim) fail("v", "head_dim mismatch: " + expected_got(std::to_string(g.head_dim) + " (like q)", v.size(d)));
+  if (v.size(h) != g.heads_kv) fail("v", "heads mismatch: " + expected_got(std::to_string(g.heads_kv) + " (like k)", v.size(h)));
+  if (v.size(0) != k.size(0) || (!g.is_varlen && v.size(1) != k.size(1)))
+    fail("v", "shape mismatch: " + expected_got(shape_string(k) + " up to head_dim (like k)", shape_string(v)));
+  if (g.heads_kv <= 0) fail("k", "heads_kv must be >= 1, got " + std::to_string(g.heads_kv));
+  if (g.heads_q <= 0) fail("q", "heads_q must be >= 1, got " + std::to_string(g.heads_q));
+  if (g.heads_q % g.heads_kv != 0)
+    fail("k", "heads_q must be a multiple of heads_kv (GQA/MQA): heads_q = " + std::to_string(g.heads_q) +
+                  ", heads_kv = " + std::to_string(g.heads_kv));
+  check_options(options, g.head_dim, limits, q.device);
+  if (g.is_varlen) {
+    g.total_q = q.size(0);
+    g.total_k = k.size(0);
+    if (varlen->max_seqlen_q < 0) fail("max_seqlen_q", "must be >= 0, got " + std::to_string(varlen->max_seqlen_q));
+    if (varlen->max_seqlen_k < 0) fail("max_seqlen_k", "must be >= 0, got " + std::to_string(varlen->max_seqlen_k));
+    if (!varlen->cu_seqlens_q.defined() || varlen->cu_seqlens_q.rank != 1)
+      fail("cu_seqlens_q", "expected an int32 tensor of shape [batch + 1], got rank " + std::to_string(varlen->cu_seqlens_q.rank));
+    g.batch = varlen->cu_seqlens_q.size(0) - 1;
+    if (g.batch < 0) fail("cu_seqlens_q", "must have batch + 1 >= 1 entries, got 0");
+    check_cu_seqlens(varlen->cu_seqlens_q, "cu_seqlens_q", g.batch, g.total_q, varlen->max_seqlen_q, "max_seqlen_q", q.device);
+    check_cu_seqlens(varlen->cu_seqlens_k, "cu_seqlens_k", g.batch, g.total_k, varlen->max_seqlen_k, "max_seqlen_k", q.device);
+    g.seqlen_q = varlen->max_seqlen_q;
+    g.seqlen_k = varlen->max_seqlen_k;
+    g.cu_q = static_cast<const std::int32_t*>(varlen->cu_seqlens_q.data);
+    g.cu_k = static_cast<const std::int32_t*>(varlen->cu_seqlens_k.data);
+    if (varlen->cu_seqlens_q.stride(0) != 1 && g.batch > 0) fail("cu_seqlens_q", "must be contiguous: stride " + expected_got(1, varlen->cu_seqlens_q.stride(0)));
+    if (varlen->cu_seqlens_k.stride(0) != 1 && g.batch > 0) fail("cu_seqlens_k", "must be contiguous: stride " + expected_got(1, varlen->cu_seqlens_k.stride(0)));
+  } else {
+    g.batch = q.size(0);
+    g.seqlen_q = q.size(1);
+    g.seqlen_k = k.size(1);
+    if (k.size(0) != g.batch) fail("k", "batch mismatch: " + expected_got(std::to_string(g.batch) + " (like q)", k.size(0)));
+    g.total_q = checked_mul(g.batch, g.seqlen_q, "q");
+    g.total_k = checked_mul(g.batch, g.seqlen_k, "k");
+  }
+  g.input_extents = {{"q", q_extent}, {"k", k_extent}, {"v", v_extent}};
+  if (g.is_varlen) {
+    g.input_extents.push_back({"cu_seqlens_q", check_layout(varlen->cu_seqlens_q, "cu_seqlens_q", 1)});
+    g.input_extents.push_back({"cu_seqlens_k", check_layout(varlen->cu_seqlens_k, "cu_seqlens_k", 1)});
+  }
+  return g;
+}
+
+std::vector<std::int64_t> lse_shape(const Geometry& g) {
+  if (g.is_varlen) return {g.heads_q, g.total_q};
+  return {g.batch, g.heads_q, g.seqlen_q};
+}
+
+Extent check_lse(const TensorView& lse, const std::string& name, const Geometry& g, Device device) {
+  const int rank = g.is_varlen ? 2 : 3;
+  const Extent e = check_layout(lse, name, rank);
+  check_dtype(lse, name, DType::float32, "");
+  check_device(lse, name, device);
+  check_shape(lse, name, lse_shape(g), g.is_varlen ? " ([heads_q, total_q])" : " ([batch, heads_q, seqlen_q])");
+  return e;
+}
+
+Extent check_like(const TensorView& t, const std::string& name, const TensorView& model, const std::string& model_name) {
+  const Extent e = check_layout(t, name, model.rank);
+  check_dtype(t, name, model.dtype, " (like " + model_name + ")");
+  check_device(t, name, model.device);
+  check_shape(t, name, std::vector<std::int64_t>(model.shape.begin(), model.shape.begin() + model.rank), " (like " + model_name + ")");
+  return e;
+}
+
+// Strides of a [batch, row, head, dim] (or varlen [row, head, dim]) view.
+struct Strides3 {
+  std::int64_t batch, row, head;
+};
+Strides3 strides_of(const TensorView& t, bool is_varlen) {
+  if (is_varlen) return {0, t.stride(0), t.stride(1)};
+  return {t.stride(0), t.stride(1), t.stride(2)};
+}
+
+AttentionParams make_params(const Geometry& g, const TensorView& q, const TensorView& k, const TensorView& v,
+                            const AttentionOptions& options) {
+  AttentionParams p;
+  p.dtype = q.dtype;
+  p.device = q.device;
+  p.q = q.data;
+  p.k = k.data;
+  p.v = v.data;
+  p.batch = g.batch;
+  p.seqlen_q = g.seqlen_q;
+  p.seqlen_k = g.seqlen_k;
+  p.heads_q = g.heads_q;
+  p.heads_kv = g.heads_kv;
+  p.head_dim = g.head_dim;
+  p.group_size = g.heads_q / g.heads_kv;
+  const Strides3 qs = strides_of(q, g.is_varlen), ks = strides_of(k, g.is_varlen), vs = strides_of(v, g.is_varlen);
+  p.q_batch_stride = qs.batch, p.q_row_stride = qs.row, p.q_head_stride = qs.head;
+  p.k_batch_stride = ks.batch, p.k_row_stride = ks.row, p.k_head_stride = ks.head;
+  p.v_batch_stride = vs.batch, p.v_row_stride = vs.row, p.v_head_stride = vs.head;
+  p.maybe_cu_seqlens_q = g.cu_q;
+  p.maybe_cu_seqlens_k = g.cu_k;
+  p.total_q = g.total_q;
+  p.total_k = g.total_k;
+  const double scale = options.softmax_scale.value_or(1.0 / std::sqrt(static_cast<double>(g.head_dim)));
+  p.softmax_scale = static_cast<float>(scale);
+  p.softmax_scale_log2 = static_cast<float>(scale * online_softmax::kLog2e);
+  p.softcap = static_cast<float>(options.softcap);
+  p.is_causal = options.causal;
+  // Windows at least as wide as the whole problem are the same as unbounded; folding
+  // them keeps index arithmetic (row + offset + window) far from int64 overflow.
+  const std::int64_t span = g.seqlen_q + g.seqlen_k;
+  p.window_left = options.window_left >= span ? -1 : options.window_left;
+  p.window_right = options.causal ? 0 : (options.window_right >= span ? -1 : options.window_right);
+  return p;
+}
+
+void set_lse_strides(AttentionParams& p, const TensorView& lse, bool is_varlen) {
+  if (is_varlen) {
+    p.lse_batch_stride = 0, p.lse_head_stride = lse.stride(0), p.lse_row_stride = lse.stride(1);
+  } else {
+    p.lse_batch_stride = lse.stride(0), p.lse_head_stride = lse.stride(1), p.lse_row_stride = lse.stride(2);
+  }
+}
+
+}  // namespace
+
+BackendLimits limits_for(Device device) {
+  if (device.type == DeviceType::cpu) return cpu::limits();
+  if (!cuda::available())
+    unsupported("q", "tensor is on " + to_string(device) + " but this build has no usable CUDA backend (built with FLASHATTN_CUDA=OFF or no GPU present)");
+  return cuda::limits();
+}
+
+AttentionParams validate_forward(const ForwardArgs& args) {
+  if (!args.q.defined()) fail("q", "missing tensor (rank 0)");
+  const BackendLimits limits = limits_for(args.q.device);
+  Geometry g = check_inputs(args.q, args.k, args.v, args.maybe_varlen, args.options, limits);
+  std::vector<NamedExtent> outputs{{"out", check_like(args.out, "out", args.q, "q")}};
+  if (args.maybe_lse.defined()) outputs.push_back({"lse", check_lse(args.maybe_lse, "lse", g, args.q.device)});
+  std::vector<NamedExtent> all = g.input_extents;
+  all.insert(all.end(), outputs.begin(), outputs.end());
+  check_no_overlap(outputs, all);
+
+  AttentionParams p = make_params(g, args.q, args.k, args.v, args.options);
+  p.out = args.out.data;
+  const Strides3 os = strides_of(args.out, g.is_varlen);
+  p.out_batch_stride = os.batch, p.out_row_stride = os.row, p.out_head_stride = os.head;
+  if (args.maybe_lse.defined()) {
+    p.maybe_lse = static_cast<float*>(args.maybe_lse.data);
+    set_lse_strides(p, args.maybe_lse, g.is_varlen);
+  }
+  return p;
+}
+
+BackwardParams validate_backward(const BackwardArgs& args) {
+  if (!args.q.defined()) fail("q", "missing tensor (rank 0)");
+  const BackendLimits limits = limits_for(args.q.device);
+  Geometry g = check_inputs(args.q, args.k, args.v, args.maybe_varlen, args.options, limits);
+  std::vector<NamedExtent> all = g.input_extents;
+  all.push_back({"out", check_like(args.out, "out", args.q, "q")});
+  all.push_back({"dout", check_like(args.dout, "dout", args.q, "q")});
+  all.push_back({"lse", check_lse(args.lse, "lse", g, args.q.device)});
+  std::vector<NamedExtent> outputs{{"dq", check_like(args.dq, "dq", args.q, "q")},
+                                   {"dk", check_like(args.dk, "dk", args.k, "k")},
+                                   {"dv", check_like(args.dv, "dv", args.v, "v")}};
+  if (args.maybe_workspace.defined()) {
+    const Extent w = check_layout(args.maybe_workspace, "workspace", args.maybe_workspace.rank);
+    check_device(args.maybe_workspace, "workspace", args.q.device);
+    outputs.push_back({"workspace", w});
+  }
+  all.insert(all.end(), outputs.begin(), outputs.end());
+  check_no_overlap(outputs, all);
+
+  BackwardParams p;
+  static_cast<AttentionParams&>(p) = make_params(g, args.q, args.k, args.v, args.options);
+  p.out = args.out.data;
+  const Strides3 os = strides_of(args.out, g.is_varlen);
+  p.out_batch_stride = os.batch, p.out_row_stride = os.row, p.out_head_stride = os.head;
+  p.lse = static_cast<const float*>(args.lse.data);
+  set_lse_strides(p, args.lse, g.is_varlen);
+  p.dout = args.dout.data;
+  p.dq = args.dq.data;
+  p.dk = args.dk.data;
+  p.dv = args.dv.data;
+  const Strides3 dos = strides_of(args.dout, g.is_varlen), dqs = strides_of(args.dq, g.is_varlen),
+                 dks = strides_of(args.dk, g.is_varlen), dvs = strides_of(args.dv, g.is_varlen);
+  p.dout_batch_stride = dos.batch, p.dout_row_stride = dos.row, p.dout_head_stride = dos.head;
+  p.dq_batch_stride = dqs.batch, p.dq_row_stride = dqs.row, p.dq_head_stride = dqs.head;
+  p.dk_batch_stride = dks.batch, p.dk_row_stride = dks.row, p.dk_head_stride = dks.head;
+  p.dv_batch_stride = dvs.batch, p.dv_row_stride = dvs.row, p.dv_head_stride = dvs.head;
+  p.deterministic = args.options.deterministic;
+  if (args.maybe_workspace.defined()) {
+    p.maybe_workspace = args.maybe_workspace.data;
+    p.workspace_bytes = static_cast<std::size_t>(args.maybe_workspace.numel()) * dtype_size(args.maybe_workspace.dtype);
+  }
+  return p;
+}
+
+MergeParams validate_merge(const TensorView& out_a, const TensorView& lse_a, const TensorView& out_b,
+                           const TensorView& lse_b, const TensorView& out, const TensorView& lse) {
+  check_layout(out_a, "out_a", 4);
+  const bool is_half = out_a.dtype == DType::float16 || out_a.dtype == DType::bfloat16;
+  if (!(is_half || out_a.dtype == DType::float32))
+    fail("out_a", "unsupported dtype: " + expected_got("float32, float16 or bfloat16", dtype_name(out_a.dtype)));
+  const std::vector<std::int64_t> shape(out_a.shape.begin(), out_a.shape.begin() + 4);
+  const std::vector<std::int64_t> lshape{shape[0], shape[2], shape[1]};
+  const Extent eb = check_like(out_b, "out_b", out_a, "out_a");
+  const Extent eo = check_like(out, "out", out_a, "out_a");
+  const TensorView* lses[3] = {&lse_a, &lse_b, &lse};
+  const char* lse_names[3] = {"lse_a", "lse_b", "lse"};
+  Extent lse_extents[3];
+  for (int i = 0; i < 3; ++i) {
+    lse_extents[i] = check_layout(*lses[i], lse_names[i], 3);
+    check_dtype(*lses[i], lse_names[i], DType::float32, "");
+    if (lses[i]->device != out_a.device)
+      fail(lse_names[i], "device mismatch: " + expected_got(to_string(out_a.device) + " (like out_a)", to_string(lses[i]->device)));
+    check_shape(*lses[i], lse_names[i], lshape, " ([batch, heads, seqlen] of out_a)");
+  }
+  // In-place (out is out_a, lse is lse_a) is allowed: each element is read before it
+  // is written by the same thread. Any other partial overlap is rejected.
+  const Extent ea = check_layout(out_a, "out_a", 4);
+  auto same = [](const Extent& x, const Extent& y) { return x.begin == y.begin && x.end == y.end; };
+  std::vector<NamedExtent> inputs{{"out_a", ea}, {"out_b", eb}, {"lse_a", lse_extents[0]}, {"lse_b", lse_extents[1]}};
+  std::vector<NamedExtent> outputs{{"out", eo}, {"lse", lse_extents[2]}};
+  for (const auto& o : outputs)
+    for (const auto& in : inputs) {
+      if (o.extent.empty() || in.extent.empty()) continue;
+      const bool in_place = (o.name == "out" && in.name == "out_a") || (o.name == "lse" && in.name == "lse_a") ||
+                            (o.name == "out" && in.name == "out_b") || (o.name == "lse" && in.name == "lse_b");
+      if (in_place && same(o.extent, in.extent) && (o.name == "out" ? (out.strides == (in.name == "out_a" ? out_a : out_b).strides)
+                                                                   : (lse.strides == (in.name == "lse_a" ? lse_a : lse_b).strides)))
+        continue;
+      if (o.extent.begin < in.extent.end && in.extent.begin < o.extent.end)
+        fail(o.name, "output overlaps " + in.name + " in memory (only exact in-place aliasing is allowed)");
+    }
+  if (eo.begin < lse_extents[2].end && lse_extents[2].begin < eo.end && !eo.empty() && !lse_extents[2].empty())
+    fail("lse", "output overlaps out in memory");
+
+  MergeParams p;
+  p.dtype = out_a.dtype;
+  p.batch = shape[0], p.seqlen = shape[1], p.heads = shape[2], p.head_dim = shape[3];
+  p.out_a = out_a.data, p.out_b = out_b.data, p.out = out.data;
+  p.lse_a = static_cast<const float*>(lse_a.data);
+  p.lse_b = static_cast<const float*>(lse_b.data);
+  p.lse = static_cast<float*>(lse.data);
+  const TensorView* outs[3] = {&out_a, &out_b, &out};
+  for (int i = 0; i < 3; ++i)
+    for (int j = 0; j < 3; ++j) {
+      p.out_strides[i][j] = outs[i]->stride(j);
+      p.lse_strides[i][j] = lses[i]->stride(j);
+    }
+  return p;
+}
+
+}  // namespace flashattn

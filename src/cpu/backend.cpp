@@ -1,0 +1,45 @@
+// src/cpu/backend.cpp — the CPU backend's entry points: limits, algorithm choice.
+#include "flashattn/error.hpp"
+#include "flashattn/online_softmax.hpp"
+#include "src/core/backend.hpp"
+#include "src/core/numeric.hpp"
+
+namespace flashattn::cpu {
+
+BackendLimits limits() noexcept {
+  // head_dim is bounded only to keep per-thread tiles small; the kernels are generic.
+  return BackendLimits{"cpu", 1024, 1, true, true, {true, true, true, true}};
+}
+
+void forward(const AttentionParams&, Algorithm, int) {
+  throw NotSupported("flashattn: cpu forward: not built yet");
+}
+
+void backward(const BackwardParams&, Algorithm, int) {
+  throw NotSupported("flashattn: cpu backward: not built yet");
+}
+
+void merge_attention_states(const MergeParams& p) {
+  for (std::int64_t b = 0; b < p.batch; ++b)
+    for (std::int64_t h = 0; h < p.heads; ++h)
+      for (std::int64_t s = 0; s < p.seqlen; ++s) {
+        auto lse_index = [&](int which) {
+          return b * p.lse_strides[which][0] + h * p.lse_strides[which][1] + s * p.lse_strides[which][2];
+        };
+        auto out_index = [&](int which) {
+          return b * p.out_strides[which][0] + s * p.out_strides[which][1] + h * p.out_strides[which][2];
+        };
+        const auto w = online_softmax::merge_weights(p.lse_a[lse_index(0)], p.lse_b[lse_index(1)]);
+        const std::int64_t ia = out_index(0), ib = out_index(1), io = out_index(2);
+        for (std::int64_t d = 0; d < p.head_dim; ++d) {
+          const float a = numeric::load_as_float(p.out_a, p.dtype, ia + d);
+          const float c = numeric::load_as_float(p.out_b, p.dtype, ib + d);
+          // An empty part may hold anything (even NaN); a zero weight must not let it through.
+          const float value = (w.weight_a > 0.0f ? w.weight_a * a : 0.0f) + (w.weight_b > 0.0f ? w.weight_b * c : 0.0f);
+          numeric::store_from_float(p.out, p.dtype, io + d, value);
+        }
+        p.lse[lse_index(2)] = w.lse;
+      }
+}
+
+}  // namespace flashattn::cpu
