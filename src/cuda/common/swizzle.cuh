@@ -1,0 +1,53 @@
+// src/cuda/common/swizzle.cuh — bank-conflict-free layout of 16-bit tiles in shared memory.
+//
+// A tile of (kRows, kCols) 16-bit elements is stored row-major without padding, in
+// 16-byte chunks of 8 elements (the unit of cp.async and of one ldmatrix row). The
+// chunk at logical (row, chunk) is stored at physical chunk `chunk ^ f(row)`.
+//
+// Why: ldmatrix serves the 8 row addresses of one 8x8 matrix together; they are 8
+// consecutive rows (starting at a multiple of 8) at the same logical chunk. Shared
+// memory has 32 4-byte banks = 8 16-byte bank groups per 128-byte line, so the 8
+// addresses must land in 8 distinct groups. Unswizzled, with a row of 64 elements
+// (128 bytes) all 8 land in the same group: an 8-way conflict.
+//
+// The rule, for kChunks = kCols / 8 chunks per row: let S be the largest power of
+// two <= 8 dividing kChunks, and R = 8 / S. Then f(row) = (row / R) % S, which only
+// flips the low log2(S) bits of the chunk index (so it stays inside the row). The
+// bank group of (row, chunk) is (row * kChunks + (chunk ^ f(row))) % 8:
+//   - kChunks % 8 == 0 (kCols = 64, 128, 192, 256): S = 8, f = row % 8 — the classic
+//     XOR swizzle; the groups are chunk ^ (row % 8), all distinct.
+//   - kChunks % 8 == 4 (kCols = 32, 96, 160, 224): S = 4, f = (row / 2) % 4; the
+//     group's bit 2 comes from row parity, bits 0-1 from chunk ^ f: all distinct.
+//   - kChunks % 4 == 2 (kCols = 16, 48, 80, ...): S = 2, f = (row / 4) % 2; likewise.
+//   - kChunks odd: S = 1, no swizzle needed, row * kChunks % 8 is already a bijection.
+// tests/cuda/test_swizzle.cpp checks the bijection and the conflict-freedom.
+#pragma once
+
+#include <cstdint>
+
+#include "flashattn/config.hpp"
+
+namespace flashattn::cuda {
+
+inline constexpr int kChunkElements = 8;  // 16 bytes of 16-bit elements
+
+template <int kRows, int kCols>
+struct SwizzledTile {
+  static_assert(kCols % kChunkElements == 0, "rows must be whole 16-byte chunks");
+  static constexpr int kChunks = kCols / kChunkElements;
+  static constexpr int kSwizzleWidth = kChunks % 8 == 0 ? 8 : kChunks % 4 == 0 ? 4 : kChunks % 2 == 0 ? 2 : 1;
+  static constexpr int kRowsPerStep = 8 / kSwizzleWidth;
+  static constexpr int kElements = kRows * kCols;
+  static constexpr int kBytes = kElements * 2;
+
+  // Element offset of the first element of logical chunk `chunk` in `row`.
+  FLASHATTN_HOST_DEVICE static constexpr int chunk_offset(int row, int chunk) {
+    return row * kCols + (chunk ^ ((row / kRowsPerStep) % kSwizzleWidth)) * kChunkElements;
+  }
+  // Element offset of logical element (row, col); col's position inside its chunk is kept.
+  FLASHATTN_HOST_DEVICE static constexpr int offset(int row, int col) {
+    return chunk_offset(row, col / kChunkElements) + col % kChunkElements;
+  }
+};
+
+}  // namespace flashattn::cuda
