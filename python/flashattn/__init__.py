@@ -1,0 +1,34 @@
+"""flashattn: exact, IO-aware attention (FlashAttention) in C++/CUDA.
+
+A drop-in replacement for flash_attn 2.x's functions::
+
+    from flashattn import flash_attn_func
+    out = flash_attn_func(q, k, v, causal=True)   # q (batch, seqlen, nheads, headdim)
+
+PyTorch tensors run on their device (CPU tensors on the CPU backend, CUDA tensors on
+the GPU kernels) with autograd and torch.compile support; NumPy arrays run the
+forward pass on the CPU. PyTorch is imported only when a torch.Tensor comes in.
+"""
+
+from flashattn._C import __version__, cuda_available
+from flashattn.interface import (
+    flash_attn_func,
+    flash_attn_kvpacked_func,
+    flash_attn_qkvpacked_func,
+    flash_attn_varlen_func,
+    flash_attn_varlen_kvpacked_func,
+    flash_attn_varlen_qkvpacked_func,
+    merge_attention_states,
+)
+
+__all__ = [
+    "__version__",
+    "cuda_available",
+    "flash_attn_func",
+    "flash_attn_kvpacked_func",
+    "flash_attn_qkvpacked_func",
+    "flash_attn_varlen_func",
+    "flash_attn_varlen_kvpacked_func",
+    "flash_attn_varlen_qkvpacked_func",
+    "merge_attention_states",
+]

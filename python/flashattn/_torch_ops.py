@@ -1,0 +1,167 @@
+"""PyTorch glue: custom ops (autograd, torch.compile, opcheck) and a direct fast path.
+
+Imported only when a torch.Tensor reaches flashattn, so the package works without
+PyTorch. Tensors cross into the native module as DLPack capsules; outputs are
+allocated here with torch.empty on the input's device and written in place.
+
+Two routes to the same native call:
+  * the custom op flashattn::_fwd (+ flashattn::_bwd for its gradient), used when
+    autograd needs a graph or torch.compile is tracing;
+  * a direct call otherwise (inference), which skips the dispatcher's overhead
+    (several microseconds per call) so small problems are not bound by Python.
+"""
+
+from typing import Optional, Tuple
+
+import torch
+from torch.utils.dlpack import to_dlpack
+
+from flashattn import _C
+from flashattn.interface import check_rank, lse_shape
+
+# torch.utils.dlpack.to_dlpack is a C function: several times cheaper per tensor
+# than Tensor.__dlpack__ (a Python method that also handles stream hand-off, which we
+# do not need: the kernels run on the caller's current stream).
+_get_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+
+def _capsule(tensor):
+    return None if tensor is None else to_dlpack(tensor)
+
+
+def _stream_and_threads(tensor):
+    """(cudaStream_t as int, CPU threads) for a call on tensor's device."""
+    if tensor.is_cuda:
+        index = tensor.get_device()
+        if _get_raw_stream is not None:
+            return _get_raw_stream(index), 0
+        return torch.cuda.current_stream(index).cuda_stream, 0
+    return 0, torch.get_num_threads()
+
+
+def _check_tensors(**tensors):
+    for name, tensor in tensors.items():
+        if tensor is not None and not isinstance(tensor, torch.Tensor):
+            raise TypeError(f"flashattn: {name}: expected a torch.Tensor like q, got {type(tensor).__name__}")
+
+
+def _empty_outputs(q, is_varlen):
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    lse = torch.empty(lse_shape(q, is_varlen), dtype=torch.float32, device=q.device)
+    return out, lse
+
+
+def _forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left,
+             window_right, softcap):
+    is_varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
+    check_rank(q, "q", 3 if is_varlen else 4)
+    out, lse = _empty_outputs(q, is_varlen)
+    stream, num_threads = _stream_and_threads(q)
+    _C.forward(to_dlpack(q), to_dlpack(k), to_dlpack(v), to_dlpack(out), to_dlpack(lse), _capsule(cu_seqlens_q),
+               _capsule(cu_seqlens_k), max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left, window_right,
+               softcap, "automatic", num_threads, stream)
+    return out, lse
+
+
+@torch.library.custom_op("flashattn::_fwd", mutates_args=())
+def _fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: Optional[torch.Tensor],
+         cu_seqlens_k: Optional[torch.Tensor], max_seqlen_q: int, max_seqlen_k: int, softmax_scale: Optional[float],
+         causal: bool, window_left: int, window_right: int, softcap: float,
+         deterministic: bool) -> Tuple[torch.Tensor, torch.Tensor]:
+    # deterministic is a backward option; the forward op carries it so the gradient sees it.
+    return _forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
+                    window_left, window_right, softcap)
+
+
+@_fwd.register_fake
+def _fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left,
+              window_right, softcap, deterministic):
+    is_varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
+    check_rank(q, "q", 3 if is_varlen else 4)
+    return _empty_outputs(q, is_varlen)
+
+
+@torch.library.custom_op("flashattn::_bwd", mutates_args=())
+def _bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+         lse: torch.Tensor, cu_seqlens_q: Optional[torch.Tensor], cu_seqlens_k: Optional[torch.Tensor],
+         max_seqlen_q: int, max_seqlen_k: int, softmax_scale: Optional[float], causal: bool, window_left: int,
+         window_right: int, softcap: float, deterministic: bool) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    if dout.stride(-1) != 1:  # autograd may hand us an expanded gradient
+        dout = dout.contiguous()
+    dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
+    dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
+    tensors = [to_dlpack(t) for t in (q, k, v, out, dout, lse)]
+    grads = [to_dlpack(t) for t in (dq, dk, dv)]
+    options = (_capsule(cu_seqlens_q), _capsule(cu_seqlens_k), max_seqlen_q, max_seqlen_k, softmax_scale, causal,
+               window_left, window_right, softcap, deterministic, "automatic")
+    workspace_bytes = _C.backward_workspace_bytes(*tensors, *grads, *options)
+    # Capsules are consumed by a call; the backward call gets fresh ones.
+    tensors = [to_dlpack(t) for t in (q, k, v, out, dout, lse)]
+    grads = [to_dlpack(t) for t in (dq, dk, dv)]
+    options = (_capsule(cu_seqlens_q), _capsule(cu_seqlens_k)) + options[2:]
+    workspace = None
+    if workspace_bytes > 0:
+        workspace = to_dlpack(torch.empty(workspace_bytes, dtype=torch.uint8, device=q.device))
+    stream, num_threads = _stream_and_threads(q)
+    _C.backward(*tensors, *grads, workspace, *options, num_threads, stream)
+    return dq, dk, dv
+
+
+@_bwd.register_fake
+def _bwd_fake(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
+              window_left, window_right, softcap, deterministic):
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, cu_seqlens_q, cu_seqlens_k = inputs[:5]
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k)
+    ctx.options = inputs[5:]  # max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left, window_right, softcap, deterministic
+
+
+def _backward(ctx, dout, dlse):
+    # No gradient flows through the LSE output (as in flash_attn).
+    q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k = ctx.saved_tensors
+    dq, dk, dv = _bwd(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, *ctx.options)
+    return (dq, dk, dv) + (None,) * 10
+
+
+_fwd.register_autograd(_backward, setup_context=_setup_context)
+
+
+def attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left,
+              window_right, softcap, deterministic):
+    """(out, lse) for torch tensors; through the custom op when a graph is needed."""
+    _check_tensors(k=k, v=v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k)
+    needs_op = torch.compiler.is_compiling() or (
+        torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad))
+    if needs_op:
+        return _fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
+                    window_left, window_right, softcap, deterministic)
+    return _forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
+                    window_left, window_right, softcap)
+
+
+@torch.library.custom_op("flashattn::_merge", mutates_args=())
+def _merge(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor,
+           lse_b: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    out, lse = _merge_fake(out_a, lse_a, out_b, lse_b)
+    stream, num_threads = _stream_and_threads(out_a)
+    _C.merge_attention_states(to_dlpack(out_a), to_dlpack(lse_a), to_dlpack(out_b), to_dlpack(lse_b),
+                              to_dlpack(out), to_dlpack(lse), num_threads, stream)
+    return out, lse
+
+
+@_merge.register_fake
+def _merge_fake(out_a, lse_a, out_b, lse_b):
+    check_rank(out_a, "out_a", 4)
+    out = torch.empty(out_a.shape, dtype=out_a.dtype, device=out_a.device)
+    lse = torch.empty((out_a.shape[0], out_a.shape[2], out_a.shape[1]), dtype=torch.float32, device=out_a.device)
+    return out, lse
+
+
+def merge_attention_states(out_a, lse_a, out_b, lse_b):
+    _check_tensors(lse_a=lse_a, out_b=out_b, lse_b=lse_b)
+    return _merge(out_a, lse_a, out_b, lse_b)

@@ -1,0 +1,180 @@
+"""The flash_attn 2.x functions: same names, arguments, defaults, layouts and returns.
+
+Layouts (flash_attn's):
+  q (batch, seqlen_q, nheads, headdim), k/v (batch, seqlen_k, nheads_k, headdim);
+  nheads a multiple of nheads_k (GQA/MQA). Varlen: q (total_q, nheads, headdim) with
+  cu_seqlens_q int32 (batch + 1,) prefix sums, and likewise for k/v.
+  softmax_lse: float32 (batch, nheads, seqlen_q), varlen (nheads, total_q), natural log.
+
+Causal masks and sliding windows are aligned to the bottom-right corner (flash_attn
+>= 2.1): with seqlen_q != seqlen_k, query row i sees key j iff j <= i + seqlen_k - seqlen_q.
+
+Differences from flash_attn, all loud:
+  * dropout_p > 0 and alibi_slopes raise NotImplementedError naming the argument.
+  * return_attn_probs=True returns (out, softmax_lse, None): the attention
+    probabilities are never materialised (flash_attn returns them only with dropout).
+  * causal=True with window_size[1] > 0 raises ValueError (flash_attn silently uses 0).
+  * No gradient flows through softmax_lse (as in flash_attn).
+"""
+
+import sys
+
+import numpy as np
+
+from flashattn import _C
+
+_torch_backend = None  # flashattn._torch_ops, imported on the first torch.Tensor
+
+
+def _torch_ops():
+    global _torch_backend
+    if _torch_backend is None:
+        from flashattn import _torch_ops as module
+
+        _torch_backend = module
+    return _torch_backend
+
+
+def _is_torch_tensor(x):
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(x, torch.Tensor)
+
+
+def _check_unsupported(dropout_p, alibi_slopes, block_table=None):
+    if dropout_p != 0.0:
+        raise NotImplementedError(
+            f"flashattn: dropout_p: dropout is not implemented yet (only 0.0 is accepted), got {dropout_p}"
+        )
+    if alibi_slopes is not None:
+        raise NotImplementedError("flashattn: alibi_slopes: ALiBi is not implemented yet (only None is accepted)")
+    if block_table is not None:
+        raise NotImplementedError(
+            "flashattn: block_table: paged KV caches are not implemented yet (only None is accepted)"
+        )
+
+
+def _window(window_size):
+    try:
+        left, right = window_size
+        return int(left), int(right)
+    except (TypeError, ValueError):
+        raise ValueError(
+            f"flashattn: window_size: expected a pair (left, right) of ints, -1 = unbounded, got {window_size!r}"
+        ) from None
+
+
+def _shape_string(shape):
+    return "[" + ", ".join(str(s) for s in shape) + "]"
+
+
+def check_rank(tensor, name, expected):
+    """The C++ rank check, run before the output shapes are derived from `tensor`."""
+    if tensor.ndim != expected:
+        raise ValueError(
+            f"flashattn: {name}: wrong rank: expected {expected}, got {tensor.ndim} {_shape_string(tensor.shape)}"
+        )
+
+
+def lse_shape(q, is_varlen):
+    """softmax_lse's shape: (batch, nheads, seqlen_q), varlen (nheads, total_q)."""
+    if is_varlen:
+        return (q.shape[1], q.shape[0])
+    return (q.shape[0], q.shape[2], q.shape[1])
+
+
+def _numpy_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
+                   window_left, window_right, softcap):
+    is_varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
+    check_rank(q, "q", 3 if is_varlen else 4)
+    out = np.empty(q.shape, dtype=q.dtype)
+    lse = np.empty(lse_shape(q, is_varlen), dtype=np.float32)
+    _C.forward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
+               window_left, window_right, softcap, "automatic", 0, 0)
+    return out, lse
+
+
+def _attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale, causal,
+               window_size, softcap, alibi_slopes, deterministic, return_attn_probs, block_table=None):
+    _check_unsupported(dropout_p, alibi_slopes, block_table)
+    window_left, window_right = _window(window_size)
+    if softmax_scale is not None:
+        softmax_scale = float(softmax_scale)
+    if _is_torch_tensor(q):
+        out, lse = _torch_ops().attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                          softmax_scale, bool(causal), window_left, window_right, float(softcap),
+                                          bool(deterministic))
+    elif isinstance(q, np.ndarray):
+        out, lse = _numpy_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
+                                  bool(causal), window_left, window_right, float(softcap))
+    else:
+        raise TypeError(f"flashattn: q: expected a torch.Tensor or a numpy.ndarray, got {type(q).__name__}")
+    return (out, lse, None) if return_attn_probs else out
+
+
+def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
+                    alibi_slopes=None, deterministic=False, return_attn_probs=False):
+    """Attention over q (batch, seqlen_q, nheads, headdim), k/v (batch, seqlen_k, nheads_k, headdim).
+
+    softmax_scale defaults to 1/sqrt(headdim); window_size=(left, right), -1 = unbounded;
+    softcap > 0 applies softcap * tanh(scores / softcap). Returns out (like q), or
+    (out, softmax_lse, None) with return_attn_probs=True.
+    """
+    return _attention(q, k, v, None, None, 0, 0, dropout_p, softmax_scale, causal, window_size, softcap,
+                      alibi_slopes, deterministic, return_attn_probs)
+
+
+def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
+                           softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
+                           deterministic=False, return_attn_probs=False, block_table=None):
+    """Attention over packed variable-length sequences: q (total_q, nheads, headdim),
+    k/v (total_k, nheads_k, headdim), cu_seqlens_* int32 (batch + 1,)."""
+    return _attention(q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k), dropout_p,
+                      softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic, return_attn_probs,
+                      block_table)
+
+
+def flash_attn_qkvpacked_func(qkv, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
+                              softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False):
+    """qkv (batch, seqlen, 3, nheads, headdim); q, k and v are strided views, not copies."""
+    return _attention(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], None, None, 0, 0, dropout_p, softmax_scale, causal,
+                      window_size, softcap, alibi_slopes, deterministic, return_attn_probs)
+
+
+def flash_attn_kvpacked_func(q, kv, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
+                             softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False):
+    """q (batch, seqlen_q, nheads, headdim), kv (batch, seqlen_k, 2, nheads_k, headdim)."""
+    return _attention(q, kv[:, :, 0], kv[:, :, 1], None, None, 0, 0, dropout_p, softmax_scale, causal, window_size,
+                      softcap, alibi_slopes, deterministic, return_attn_probs)
+
+
+def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, dropout_p=0.0, softmax_scale=None, causal=False,
+                                     window_size=(-1, -1), softcap=0.0, alibi_slopes=None, deterministic=False,
+                                     return_attn_probs=False):
+    """qkv (total, 3, nheads, headdim), cu_seqlens int32 (batch + 1,)."""
+    return _attention(qkv[:, 0], qkv[:, 1], qkv[:, 2], cu_seqlens, cu_seqlens, int(max_seqlen), int(max_seqlen),
+                      dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
+                      return_attn_probs)
+
+
+def flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
+                                    softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
+                                    alibi_slopes=None, deterministic=False, return_attn_probs=False):
+    """q (total_q, nheads, headdim), kv (total_k, 2, nheads_k, headdim)."""
+    return _attention(q, kv[:, 0], kv[:, 1], cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k),
+                      dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
+                      return_attn_probs)
+
+
+def merge_attention_states(out_a, lse_a, out_b, lse_b):
+    """Combine two attentions of the same queries over disjoint key sets (e.g. two halves
+    of a split KV cache) by their LSEs. out_* (batch, seqlen, nheads, headdim), lse_*
+    float32 (batch, nheads, seqlen). Returns (out, lse); no autograd."""
+    if _is_torch_tensor(out_a):
+        return _torch_ops().merge_attention_states(out_a, lse_a, out_b, lse_b)
+    if isinstance(out_a, np.ndarray):
+        check_rank(out_a, "out_a", 4)
+        out = np.empty(out_a.shape, dtype=out_a.dtype)
+        lse = np.empty((out_a.shape[0], out_a.shape[2], out_a.shape[1]), dtype=np.float32)
+        _C.merge_attention_states(out_a, lse_a, out_b, lse_b, out, lse, 0, 0)
+        return out, lse
+    raise TypeError(f"flashattn: out_a: expected a torch.Tensor or a numpy.ndarray, got {type(out_a).__name__}")
