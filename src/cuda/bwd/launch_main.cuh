@@ -1,0 +1,59 @@
+// src/cuda/bwd/launch_main.cuh — launch_main<Element, kHeadDim>, included only by
+// the generated per-(dtype, head dim) translation units.
+#pragma once
+
+#include <cstdint>
+#include <limits>
+#include <string>
+
+#include "flashattn/error.hpp"
+#include "src/cuda/bwd/kernel.cuh"
+#include "src/cuda/bwd/launch.hpp"
+#include "src/cuda/common/check.cuh"
+
+namespace flashattn::cuda::bwd {
+
+// Flattened grids (block index = ((b * heads) + h) * blocks + block) never hit the
+// 65535 limit of grid y/z; x allows 2^31 - 1.
+inline unsigned int flat_grid(std::int64_t blocks, std::int64_t heads, std::int64_t batch) {
+  const std::int64_t total = blocks * heads * batch;
+  if (total > std::numeric_limits<int>::max())
+    throw NotSupported("flashattn: cuda backward: too many blocks for one launch (" + std::to_string(total) + ")");
+  return static_cast<unsigned int>(total);
+}
+
+template <class Kernel>
+void allow_shared_memory(Kernel kernel, std::size_t bytes) {
+  int device = 0, optin = 0;
+  FLASHATTN_CUDA_CHECK(cudaGetDevice(&device));
+  FLASHATTN_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  if (bytes > static_cast<std::size_t>(optin))
+    throw NotSupported("flashattn: cuda backward: needs " + std::to_string(bytes) +
+                       " bytes of shared memory per block, this GPU allows " + std::to_string(optin));
+  FLASHATTN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
+}
+
+template <class Element, int kHeadDim>
+void launch_main(const BackwardParams& params, const Workspace& workspace, bool is_aligned, cudaStream_t stream) {
+  using T = Traits<Element, kHeadDim>;
+  const std::int64_t num_n_blocks = (params.seqlen_k + T::kBlockN - 1) / T::kBlockN;
+  const unsigned int dkdv_grid = flat_grid(num_n_blocks, params.heads_kv, params.batch);
+  if (dkdv_grid > 0) {
+    allow_shared_memory(dkdv_kernel<T>, T::kDkdvSmemBytes);
+    dkdv_kernel<T><<<dkdv_grid, T::kThreads, T::kDkdvSmemBytes, stream>>>(params, workspace,
+                                                                           static_cast<int>(num_n_blocks), is_aligned);
+    FLASHATTN_CUDA_CHECK_LAUNCH();
+  }
+  if (params.deterministic) {
+    const std::int64_t num_m_blocks = (params.seqlen_q + T::kBlockM - 1) / T::kBlockM;
+    const unsigned int dq_grid = flat_grid(num_m_blocks, params.heads_q, params.batch);
+    if (dq_grid > 0) {
+      allow_shared_memory(dq_kernel<T>, T::kDqSmemBytes);
+      dq_kernel<T><<<dq_grid, T::kThreads, T::kDqSmemBytes, stream>>>(params, workspace, static_cast<int>(num_m_blocks),
+                                                                       is_aligned);
+      FLASHATTN_CUDA_CHECK_LAUNCH();
+    }
+  }
+}
+
+}  // namespace flashattn::cuda::bwd

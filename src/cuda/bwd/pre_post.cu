@@ -1,0 +1,92 @@
+// src/cuda/bwd/pre_post.cu — the small kernels around the main backward kernel:
+// D = rowsum(dO ∘ O) before it, dQ conversion after it. One warp per (query row,
+// head); CTAs flattened over (row block, head, sequence) like the main kernels.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <limits>
+
+#include "flashattn/error.hpp"
+#include "src/cuda/bwd/kernel.cuh"
+#include "src/cuda/bwd/launch.hpp"
+#include "src/cuda/common/check.cuh"
+#include "src/cuda/common/numeric.cuh"
+
+namespace flashattn::cuda::bwd {
+namespace {
+
+constexpr int kRowsPerCta = 8;  // one warp per row
+constexpr int kThreads = kRowsPerCta * 32;
+
+struct RowOfWarp {
+  std::int64_t b, h, i;
+  bool is_valid;
+};
+
+__device__ RowOfWarp row_of_warp(const BackwardParams& params, int row_blocks) {
+  const std::int64_t row_block = blockIdx.x % row_blocks;
+  const std::int64_t h = (blockIdx.x / row_blocks) % params.heads_q;
+  const std::int64_t b = blockIdx.x / row_blocks / params.heads_q;
+  const std::int64_t i = row_block * kRowsPerCta + threadIdx.x / 32;
+  return {b, h, i, i < params.seqlen_q_of(b)};
+}
+
+template <class Element>
+__global__ void __launch_bounds__(kThreads) dsum_kernel(const __grid_constant__ BackwardParams params,
+                                                        const Workspace workspace, int row_blocks) {
+  const RowOfWarp row = row_of_warp(params, row_blocks);
+  if (!row.is_valid) return;
+  const Element* dout = static_cast<const Element*>(params.dout) + params.dout_offset(row.b, row.h) +
+                        row.i * params.dout_row_stride;
+  const Element* out = static_cast<const Element*>(params.out) + params.out_offset(row.b, row.h) +
+                       row.i * params.out_row_stride;
+  const int lane = threadIdx.x % 32;
+  float sum = 0.0f;
+  for (std::int64_t d = lane; d < params.head_dim; d += 32)
+    sum += Numeric<Element>::to_float(dout[d]) * Numeric<Element>::to_float(out[d]);
+#pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+  if (lane == 0) workspace.dsum[row.h * params.total_q + packed_q_row(params, row.b, row.i)] = sum;
+}
+
+template <class Element>
+__global__ void __launch_bounds__(kThreads) convert_dq_kernel(const __grid_constant__ BackwardParams params,
+                                                              const Workspace workspace, int row_blocks) {
+  const RowOfWarp row = row_of_warp(params, row_blocks);
+  if (!row.is_valid) return;
+  const float* accum =
+      workspace.dq_accum + (packed_q_row(params, row.b, row.i) * params.heads_q + row.h) * params.head_dim;
+  Element* dq = static_cast<Element*>(params.dq) + params.dq_offset(row.b, row.h) + row.i * params.dq_row_stride;
+  for (std::int64_t d = threadIdx.x % 32; d < params.head_dim; d += 32)
+    dq[d] = Numeric<Element>::from_float(accum[d] * params.softmax_scale);
+}
+
+using RowKernel = void (*)(BackwardParams, Workspace, int);
+
+void launch_per_row(RowKernel half_kernel, RowKernel bfloat16_kernel, const BackwardParams& params,
+                    const Workspace& workspace, cudaStream_t stream) {
+  const std::int64_t row_blocks = (params.seqlen_q + kRowsPerCta - 1) / kRowsPerCta;
+  const std::int64_t grid = row_blocks * params.heads_q * params.batch;
+  if (grid == 0) return;
+  if (grid > std::numeric_limits<int>::max())
+    throw NotSupported("flashattn: cuda backward: too many query rows for one launch");
+  const RowKernel kernel = params.dtype == DType::float16 ? half_kernel : bfloat16_kernel;
+  kernel<<<static_cast<unsigned int>(grid), kThreads, 0, stream>>>(params, workspace, static_cast<int>(row_blocks));
+  FLASHATTN_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+void launch_preprocess(const BackwardParams& params, const Workspace& workspace, cudaStream_t stream) {
+  if (!params.deterministic && params.total_q > 0) {
+    const std::size_t bytes = sizeof(float) * static_cast<std::size_t>(params.total_q * params.heads_q * params.head_dim);
+    FLASHATTN_CUDA_CHECK(cudaMemsetAsync(workspace.dq_accum, 0, bytes, stream));
+  }
+  launch_per_row(dsum_kernel<__half>, dsum_kernel<__nv_bfloat16>, params, workspace, stream);
+}
+
+void launch_convert_dq(const BackwardParams& params, const Workspace& workspace, cudaStream_t stream) {
+  launch_per_row(convert_dq_kernel<__half>, convert_dq_kernel<__nv_bfloat16>, params, workspace, stream);
+}
+
+}  // namespace flashattn::cuda::bwd
