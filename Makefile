@@ -1,0 +1,37 @@
+# The two commands of the README, plus their parts.
+#   make run    configure + build (Release) into build/, then run `flashattn run`
+#   make test   configure (with the Python module when nanobind is importable) + build + ctest
+# Variables: BUILD (build directory), JOBS (parallel compile jobs), CMAKE_ARGS (extra
+# configure flags, e.g. CMAKE_ARGS=-DFLASHATTN_CUDA=OFF).
+
+BUILD ?= build
+JOBS ?= $(shell nproc 2>/dev/null || echo 2)
+CMAKE_ARGS ?=
+# The Python that has nanobind: the project's .venv (made by scripts/install-deps.sh) if present.
+PYTHON ?= $(shell if [ -x .venv/bin/python ]; then echo .venv/bin/python; else echo python3; fi)
+HAS_NANOBIND = $(shell $(PYTHON) -c 'import nanobind' >/dev/null 2>&1 && echo ON || echo OFF)
+
+.PHONY: run test build configure deps clean
+
+run: build
+	./$(BUILD)/tools/flashattn run
+
+test: deps
+	$(MAKE) --no-print-directory build PYTHON_MODULE=$(HAS_NANOBIND)
+	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
+
+deps:
+	@scripts/install-deps.sh
+
+# PYTHON_MODULE=ON|OFF; `make run` leaves it as the build directory has it.
+configure: deps
+	cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Release \
+	  $(if $(PYTHON_MODULE),-DFLASHATTN_BUILD_PYTHON=$(PYTHON_MODULE)) \
+	  -DPython_EXECUTABLE=$(abspath $(shell command -v $(PYTHON))) $(CMAKE_ARGS)
+
+build: configure
+	cmake --build $(BUILD) -j $(JOBS)
+	ln -sf tools/flashattn $(BUILD)/flashattn
+
+clean:
+	rm -rf $(BUILD)
