@@ -59,7 +59,7 @@ Extent check_layout(const TensorView& t, const std::string& name, int expected_r
   }
   if (t.size(t.rank - 1) > 1 && t.stride(t.rank - 1) != 1)
     fail(name, "last dimension must be contiguous: stride " + expected_got(1, t.stride(t.rank - 1)));
-  (void)t.numel();  // throws on overflow
+  for (std::int64_t d = 0, n = 1; d < t.rank; ++d) n = checked_mul(n, t.size(static_cast<int>(d)), name);  // element count fits int64
   if (is_empty) return {};
   if (t.data == nullptr) fail(name, "null data pointer for a non-empty tensor");
   for (int d = 0; d < t.rank; ++d)
