@@ -1,8 +1,12 @@
-// src/cpu/backend.cpp — the CPU backend's entry points: limits, algorithm choice.
+// src/cpu/backend.cpp — the CPU backend's entry points: limits, algorithm choice,
+// the run-time choice of the vector kernels, and merge_attention_states.
 #include "flashattn/error.hpp"
 #include "flashattn/online_softmax.hpp"
 #include "src/core/backend.hpp"
 #include "src/core/numeric.hpp"
+#include "src/cpu/flash.hpp"
+#include "src/cpu/kernels.hpp"
+#include "src/cpu/reference.hpp"
 
 namespace flashattn::cpu {
 
@@ -11,12 +15,39 @@ BackendLimits limits() noexcept {
   return BackendLimits{"cpu", 1024, 1, true, true, {true, true, true, true}};
 }
 
-void forward(const AttentionParams&, Algorithm, int) {
-  throw NotSupported("flashattn: cpu forward: not built yet");
+const TileKernels& tile_kernels() {
+#if defined(__x86_64__) || defined(_M_X64)
+  // Decided once: the widest vector ISA this CPU has (and the kernels were built for).
+  static const TileKernels& chosen = [] () -> const TileKernels& {
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl")) return tile_kernels_avx512();
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return tile_kernels_avx2();
+    return tile_kernels_baseline();
+  }();
+  return chosen;
+#else
+  return tile_kernels_baseline();
+#endif
 }
 
-void backward(const BackwardParams&, Algorithm, int) {
-  throw NotSupported("flashattn: cpu backward: not built yet");
+void forward(const AttentionParams& params, Algorithm algorithm, int num_threads) {
+  switch (algorithm) {
+    case Algorithm::automatic:
+    case Algorithm::flash2: flash2_forward(params, num_threads); return;
+    case Algorithm::flash1: flash1_forward(params, num_threads); return;
+    case Algorithm::reference: reference_forward_into(params); return;
+  }
+  throw NotSupported(std::string("flashattn: cpu forward: unknown algorithm ") + algorithm_name(algorithm));
+}
+
+void backward(const BackwardParams& params, Algorithm algorithm, int num_threads) {
+  switch (algorithm) {
+    case Algorithm::automatic:
+    case Algorithm::flash2:
+    case Algorithm::flash1: flash_backward(params, num_threads); return;  // one flash backward serves both forwards
+    case Algorithm::reference: reference_backward_into(params); return;
+  }
+  throw NotSupported(std::string("flashattn: cpu backward: unknown algorithm ") + algorithm_name(algorithm));
 }
 
 void merge_attention_states(const MergeParams& p) {

@@ -68,8 +68,9 @@ ReferenceResult reference_forward(const AttentionParams& params);
 double reference_forward_row(const AttentionParams& params, std::int64_t b, std::int64_t h, std::int64_t i,
                              double* out_row);
 
-// The same three steps with every intermediate (each score, the row max and sum,
-// each probability, each output accumulation) rounded to `precision` — the
+// The same three steps computed the way a framework does them in the input
+// precision: products accumulated in float32, and every materialised intermediate
+// (each score, each probability, each output) rounded to `precision` — the
 // "out_lowprec_ref" of the tolerance rule in STYLE.md:
 //   max|out - ref64| <= 2 * max|out_lowprec_ref - ref64| + floor.
 // Values are returned as float64 in the ReferenceResult layout.
@@ -85,8 +86,9 @@ ReferenceGradients reference_backward(const BackwardParams& params);
 // rounded to `precision` (the low-precision reference for the 3x gradient rule).
 ReferenceGradients naive_backward_in_precision(const BackwardParams& params, DType precision);
 
-// Algorithm::reference through flashattn::forward(): reference_forward rounded to
-// out's dtype, LSE written when requested.
+// Algorithm::reference through flashattn::forward() / backward(): the float64 results
+// rounded to the output dtype (and the LSE written when requested).
 void reference_forward_into(const AttentionParams& params);
+void reference_backward_into(const BackwardParams& params);
 
 }  // namespace flashattn::cpu

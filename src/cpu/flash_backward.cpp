@@ -1,0 +1,232 @@
+// src/cpu/flash_backward.inl — the flash backward on the CPU, by recomputation from
+// the forward's LSE (no N x N matrix is ever stored). The vector work is the
+// TileKernels table (kernels.hpp).
+//
+// Per (query block, key block) tile, with the scores transposed like the forward
+// (keys x queries, the query axis in the vector lanes):
+//   S^T = K Q^T;  P^T = 2^(S^T·log2e - LSE·log2e)            (exact probabilities)
+//   dP^T = V dO^T;  dS^T = P^T ∘ (dP^T - D)                   D = rowsum(dO ∘ O)
+//   (softcap: dS *= 1 - tanh²(S_raw / softcap))
+//   dV += P^T dO;  dK += dS^T Q · scale;  dQ += dS K · scale
+// Two parallel passes keep it race-free and deterministic without atomics:
+//   pass 1, items (b, kv head, key block): dK and dV of that block, summed over the
+//           group's query heads and the query blocks MaskRule::rows_of_columns allows;
+//   pass 2, items (b, query head, query block): dQ of that block over the key blocks
+//           MaskRule::columns_of_rows allows.
+// Pass 2 recomputes S and dP (2 of the 5 matmuls again): the price of no shared dQ
+// accumulator. Scratch is O(block) per thread.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "flashattn/online_softmax.hpp"
+#include "src/cpu/flash.hpp"
+#include "src/cpu/tile_io.hpp"
+
+namespace flashattn::cpu {
+namespace {
+
+// Tile sizes: performance only. kBlockM a multiple of kTileWidthMultiple (the queries
+// are the vector lanes), kBlockN of kTileRowsMultiple.
+constexpr std::int64_t kBlockM = 64;
+constexpr std::int64_t kBlockN = 64;
+
+constexpr float kInfinity = std::numeric_limits<float>::infinity();
+
+// One block of query rows with everything the backward needs about it.
+struct QueryBlock {
+  std::int64_t head_dim, head_dim_padded;
+  AlignedBuffer q_t;       // (head_dim, kBlockM), times scale (·log2e without softcap)
+  AlignedBuffer q;         // (kBlockM, head_dim_padded), unscaled
+  AlignedBuffer dout_t;    // (head_dim, kBlockM)
+  AlignedBuffer dout;      // (kBlockM, head_dim_padded)
+  AlignedBuffer lse_log2;  // (kBlockM): LSE·log2e; +inf for empty and padding rows so P = 0
+  AlignedBuffer delta;     // (kBlockM): D = rowsum(dO ∘ O)
+  std::vector<float> row_buffer, out_row;
+
+  QueryBlock(std::int64_t head_dim_, std::int64_t head_dim_padded_)
+      : head_dim(head_dim_), head_dim_padded(head_dim_padded_), q_t(head_dim_ * kBlockM), q(kBlockM * head_dim_padded_),
+        dout_t(head_dim_ * kBlockM), dout(kBlockM * head_dim_padded_), lse_log2(kBlockM), delta(kBlockM),
+        row_buffer(static_cast<std::size_t>(head_dim_)), out_row(static_cast<std::size_t>(head_dim_)) {}
+
+  void load(const BackwardParams& p, std::int64_t b, std::int64_t h, std::int64_t row_begin, std::int64_t rows, float q_scale) {
+    const std::int64_t q0 = p.q_offset(b, h) + row_begin * p.q_row_stride;
+    const std::int64_t dout0 = p.dout_offset(b, h) + row_begin * p.dout_row_stride;
+    load_tile_transposed(p.q, p.dtype, q0, p.q_row_stride, rows, kBlockM, head_dim, q_scale, q_t.data(), row_buffer.data());
+    load_tile(p.q, p.dtype, q0, p.q_row_stride, rows, kBlockM, head_dim, head_dim_padded, 1.0f, q.data());
+    load_tile_transposed(p.dout, p.dtype, dout0, p.dout_row_stride, rows, kBlockM, head_dim, 1.0f, dout_t.data(), row_buffer.data());
+    load_tile(p.dout, p.dtype, dout0, p.dout_row_stride, rows, kBlockM, head_dim, head_dim_padded, 1.0f, dout.data());
+    for (std::int64_t i = 0; i < kBlockM; ++i) {
+      lse_log2.data()[i] = kInfinity;
+      delta.data()[i] = 0.0f;
+    }
+    for (std::int64_t i = 0; i < rows; ++i) {
+      const float lse = p.lse[p.lse_offset(b, h) + (row_begin + i) * p.lse_row_stride];
+      if (lse != -kInfinity) lse_log2.data()[i] = lse * static_cast<float>(online_softmax::kLog2e);
+      load_row(p.out, p.dtype, p.out_offset(b, h) + (row_begin + i) * p.out_row_stride, head_dim, 1.0f, out_row.data());
+      float dot = 0.0f;
+      for (std::int64_t d = 0; d < head_dim; ++d) dot += out_row[static_cast<std::size_t>(d)] * dout.data()[i * head_dim_padded + d];
+      delta.data()[i] = dot;
+    }
+  }
+};
+
+// Scratch for one (key block x query block) tile.
+struct TileScratch {
+  AlignedBuffer p_t;        // (kBlockN, kBlockM)
+  AlignedBuffer ds_t;       // (kBlockN, kBlockM): dP^T, then dS^T
+  AlignedBuffer cap_slope;  // (kBlockN, kBlockM): 1 - tanh², only with softcap
+  TileScratch() : p_t(kBlockN * kBlockM), ds_t(kBlockN * kBlockM), cap_slope(kBlockN * kBlockM) {}
+};
+
+// P^T and dS^T of one tile; k/v are (kBlockN, .) row-major with strides k_stride/v_stride.
+void probabilities_and_score_gradients(const TileKernels& kernels, const BackwardParams& p, const MaskRule& mask, const QueryBlock& qb,
+                                              std::int64_t row_begin, std::int64_t rows, std::int64_t col_begin,
+                                              const float* k, std::int64_t k_stride, const float* v, std::int64_t v_stride,
+                                              TileScratch& t) {
+  const std::int64_t head_dim = qb.head_dim;
+  float* s = t.p_t.data();
+  // S^T (kBlockN, kBlockM) = K Q^T
+  kernels.matmul(k, k_stride, 1, qb.q_t.data(), kBlockM, head_dim, s, kBlockM, kBlockN, kBlockM, false);
+  if (p.has_softcap()) {
+    const float softcap_log2 = p.softcap * static_cast<float>(online_softmax::kLog2e);
+    for (std::int64_t e = 0; e < kBlockN * kBlockM; ++e) {
+      const float slope_t = std::tanh(s[e] / p.softcap);
+      t.cap_slope.data()[e] = 1.0f - slope_t * slope_t;
+      s[e] = softcap_log2 * slope_t;
+    }
+  }
+  if (!mask.tile_fully_allowed(row_begin, row_begin + rows, col_begin, col_begin + kBlockN)) {
+    for (std::int64_t i = 0; i < rows; ++i) {
+      const std::int64_t allowed_begin = mask.col_begin(row_begin + i) - col_begin;
+      const std::int64_t allowed_end = mask.col_end(row_begin + i) - col_begin;
+      for (std::int64_t j = 0; j < kBlockN; ++j)
+        if (j < allowed_begin || j >= allowed_end) s[j * kBlockM + i] = -kInfinity;
+    }
+  }
+  // P^T = 2^(S^T - LSE·log2e)
+  kernels.exp2_columns(s, kBlockM, kBlockN, kBlockM, qb.lse_log2.data(), nullptr);
+  // dP^T (kBlockN, kBlockM) = V dO^T;  dS^T = P^T ∘ (dP^T - D)
+  float* ds = t.ds_t.data();
+  kernels.matmul(v, v_stride, 1, qb.dout_t.data(), kBlockM, head_dim, ds, kBlockM, kBlockN, kBlockM, false);
+  kernels.score_gradient(s, ds, kBlockM, kBlockN, kBlockM, qb.delta.data(), p.has_softcap() ? t.cap_slope.data() : nullptr);
+}
+
+// K and V of one key block as float tiles (kBlockN, head_dim_padded), read in place
+// when they already are.
+struct KeyBlock {
+  AlignedBuffer k_tile, v_tile;
+  const float* k = nullptr;
+  const float* v = nullptr;
+  std::int64_t k_stride = 0, v_stride = 0;
+
+  explicit KeyBlock(std::int64_t head_dim_padded) : k_tile(kBlockN * head_dim_padded), v_tile(kBlockN * head_dim_padded) {}
+
+  void load(const BackwardParams& p, std::int64_t b, std::int64_t h_kv, std::int64_t col_begin, std::int64_t n,
+            std::int64_t head_dim_padded) {
+    const std::int64_t k0 = p.k_offset(b, h_kv) + col_begin * p.k_row_stride;
+    const std::int64_t v0 = p.v_offset(b, h_kv) + col_begin * p.v_row_stride;
+    if (p.dtype == DType::float32 && p.head_dim == head_dim_padded && n == kBlockN) {
+      k = static_cast<const float*>(p.k) + k0, k_stride = p.k_row_stride;
+      v = static_cast<const float*>(p.v) + v0, v_stride = p.v_row_stride;
+      return;
+    }
+    load_tile(p.k, p.dtype, k0, p.k_row_stride, n, kBlockN, p.head_dim, head_dim_padded, 1.0f, k_tile.data());
+    load_tile(p.v, p.dtype, v0, p.v_row_stride, n, kBlockN, p.head_dim, head_dim_padded, 1.0f, v_tile.data());
+    k = k_tile.data(), k_stride = head_dim_padded;
+    v = v_tile.data(), v_stride = head_dim_padded;
+  }
+};
+
+std::int64_t block_floor(std::int64_t x, std::int64_t block) { return x / block * block; }
+
+}  // namespace
+
+void flash_backward(const BackwardParams& params, int num_threads) {
+  const std::int64_t head_dim = params.head_dim;
+  const std::int64_t head_dim_padded = round_up(head_dim, kTileWidthMultiple);
+  const std::int64_t q_blocks = (params.seqlen_q + kBlockM - 1) / kBlockM;
+  const std::int64_t k_blocks = (params.seqlen_k + kBlockN - 1) / kBlockN;
+  const float q_scale = params.has_softcap() ? params.softmax_scale : params.softmax_scale_log2;
+  const int threads = thread_count(num_threads);
+  const TileKernels& kernels = tile_kernels();
+
+  // Pass 1: dK, dV per (b, kv head, key block).
+  const std::int64_t kv_items = params.batch * params.heads_kv * k_blocks;
+#pragma omp parallel num_threads(threads)
+  {
+    QueryBlock qb(head_dim, head_dim_padded);
+    KeyBlock kb(head_dim_padded);
+    TileScratch scratch;
+    AlignedBuffer dk(kBlockN * head_dim_padded), dv(kBlockN * head_dim_padded);  // (kBlockN, head_dim_padded)
+#pragma omp for schedule(dynamic, 1)
+    for (std::int64_t item = 0; item < kv_items; ++item) {
+      const std::int64_t n_block = item % k_blocks;
+      const std::int64_t h_kv = (item / k_blocks) % params.heads_kv;
+      const std::int64_t b = item / (k_blocks * params.heads_kv);
+      const MaskRule mask = params.mask_of(b);
+      const std::int64_t col_begin = n_block * kBlockN;
+      if (col_begin >= mask.seqlen_k) continue;
+      const std::int64_t n = std::min(kBlockN, mask.seqlen_k - col_begin);
+      kb.load(params, b, h_kv, col_begin, n, head_dim_padded);
+      std::fill(dk.data(), dk.data() + kBlockN * head_dim_padded, 0.0f);
+      std::fill(dv.data(), dv.data() + kBlockN * head_dim_padded, 0.0f);
+      const auto rows_seen = mask.rows_of_columns(col_begin, col_begin + n);
+      for (std::int64_t h = h_kv * params.group_size; h < (h_kv + 1) * params.group_size; ++h) {
+        const std::int64_t first_row = rows_seen.begin < rows_seen.end ? block_floor(rows_seen.begin, kBlockM) : rows_seen.end;
+        for (std::int64_t row_begin = first_row; row_begin < rows_seen.end; row_begin += kBlockM) {
+          const std::int64_t rows = std::min(kBlockM, mask.seqlen_q - row_begin);
+          qb.load(params, b, h, row_begin, rows, q_scale);
+          probabilities_and_score_gradients(kernels, params, mask, qb, row_begin, rows, col_begin, kb.k, kb.k_stride, kb.v, kb.v_stride, scratch);
+          // dV (kBlockN, head_dim_padded) += P^T dO;  dK += dS^T Q
+          kernels.matmul(scratch.p_t.data(), kBlockM, 1, qb.dout.data(), head_dim_padded, kBlockM, dv.data(), head_dim_padded, kBlockN, head_dim_padded, true);
+          kernels.matmul(scratch.ds_t.data(), kBlockM, 1, qb.q.data(), head_dim_padded, kBlockM, dk.data(), head_dim_padded, kBlockN, head_dim_padded, true);
+        }
+      }
+      for (std::int64_t j = 0; j < n; ++j) {
+        store_row(dk.data() + j * head_dim_padded, head_dim, params.softmax_scale, params.dk, params.dtype,
+                  params.dk_offset(b, h_kv) + (col_begin + j) * params.dk_row_stride);
+        store_row(dv.data() + j * head_dim_padded, head_dim, 1.0f, params.dv, params.dtype,
+                  params.dv_offset(b, h_kv) + (col_begin + j) * params.dv_row_stride);
+      }
+    }
+  }
+
+  // Pass 2: dQ per (b, query head, query block).
+  const std::int64_t q_items = params.batch * params.heads_q * q_blocks;
+#pragma omp parallel num_threads(threads)
+  {
+    QueryBlock qb(head_dim, head_dim_padded);
+    KeyBlock kb(head_dim_padded);
+    TileScratch scratch;
+    AlignedBuffer dq(kBlockM * head_dim_padded);  // (kBlockM, head_dim_padded)
+#pragma omp for schedule(dynamic, 1)
+    for (std::int64_t item = 0; item < q_items; ++item) {
+      const std::int64_t m_block = item % q_blocks;
+      const std::int64_t h = (item / q_blocks) % params.heads_q;
+      const std::int64_t b = item / (q_blocks * params.heads_q);
+      const MaskRule mask = params.mask_of(b);
+      const std::int64_t row_begin = m_block * kBlockM;
+      if (row_begin >= mask.seqlen_q) continue;
+      const std::int64_t rows = std::min(kBlockM, mask.seqlen_q - row_begin);
+      const std::int64_t h_kv = h / params.group_size;
+      qb.load(params, b, h, row_begin, rows, q_scale);
+      std::fill(dq.data(), dq.data() + kBlockM * head_dim_padded, 0.0f);
+      const auto cols = mask.columns_of_rows(row_begin, row_begin + rows);
+      const std::int64_t first_col = cols.begin < cols.end ? block_floor(cols.begin, kBlockN) : cols.end;
+      for (std::int64_t col_begin = first_col; col_begin < cols.end; col_begin += kBlockN) {
+        const std::int64_t n = std::min(kBlockN, mask.seqlen_k - col_begin);
+        kb.load(params, b, h_kv, col_begin, n, head_dim_padded);
+        probabilities_and_score_gradients(kernels, params, mask, qb, row_begin, rows, col_begin, kb.k, kb.k_stride, kb.v, kb.v_stride, scratch);
+        // dQ (kBlockM, head_dim_padded) += dS K: dS read through dS^T's strides.
+        kernels.matmul(scratch.ds_t.data(), 1, kBlockM, kb.k, kb.k_stride, kBlockN, dq.data(), head_dim_padded, kBlockM, head_dim_padded, true);
+      }
+      for (std::int64_t i = 0; i < rows; ++i)
+        store_row(dq.data() + i * head_dim_padded, head_dim, params.softmax_scale, params.dq, params.dtype,
+                  params.dq_offset(b, h) + (row_begin + i) * params.dq_row_stride);
+    }
+  }
+}
+
+}  // namespace flashattn::cpu

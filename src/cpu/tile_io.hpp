@@ -1,0 +1,105 @@
+// src/cpu/tile_io.hpp — moving tiles between the strided, typed tensors of the
+// params and the dense float32 tiles of tile_kernels.hpp. Each tile is converted
+// once per block, so the micro-kernels see only float32 whatever the input dtype.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "src/core/numeric.hpp"
+#include "src/cpu/kernels.hpp"
+
+namespace flashattn::cpu {
+
+inline std::int64_t round_up(std::int64_t x, std::int64_t multiple) { return (x + multiple - 1) / multiple * multiple; }
+
+// Row `row` of a typed tensor (head_dim elements at base + offset) into float dst,
+// multiplied by `scale`.
+inline void load_row(const void* base, DType dtype, std::int64_t offset, std::int64_t head_dim, float scale, float* dst) {
+  switch (dtype) {
+    case DType::float32: {
+      const float* src = static_cast<const float*>(base) + offset;
+      for (std::int64_t d = 0; d < head_dim; ++d) dst[d] = src[d] * scale;
+      break;
+    }
+    case DType::float16: {
+      const auto* src = static_cast<const std::uint16_t*>(base) + offset;
+      for (std::int64_t d = 0; d < head_dim; ++d) dst[d] = numeric::float16_to_float(src[d]) * scale;
+      break;
+    }
+    case DType::bfloat16: {
+      const auto* src = static_cast<const std::uint16_t*>(base) + offset;
+      for (std::int64_t d = 0; d < head_dim; ++d) dst[d] = numeric::bfloat16_to_float(src[d]) * scale;
+      break;
+    }
+    default: break;
+  }
+}
+
+inline void store_row(const float* src, std::int64_t head_dim, float scale, void* base, DType dtype, std::int64_t offset) {
+  switch (dtype) {
+    case DType::float32: {
+      float* dst = static_cast<float*>(base) + offset;
+      for (std::int64_t d = 0; d < head_dim; ++d) dst[d] = src[d] * scale;
+      break;
+    }
+    case DType::float16: {
+      auto* dst = static_cast<std::uint16_t*>(base) + offset;
+      for (std::int64_t d = 0; d < head_dim; ++d) dst[d] = numeric::float_to_float16(src[d] * scale);
+      break;
+    }
+    case DType::bfloat16: {
+      auto* dst = static_cast<std::uint16_t*>(base) + offset;
+      for (std::int64_t d = 0; d < head_dim; ++d) dst[d] = numeric::float_to_bfloat16(src[d] * scale);
+      break;
+    }
+    default: break;
+  }
+}
+
+// (tile_rows, head_dim_padded) = rows [0, rows) of a head starting at offset, times
+// scale; rows [rows, tile_rows) and columns past head_dim are zero.
+inline void load_tile(const void* base, DType dtype, std::int64_t offset, std::int64_t row_stride, std::int64_t rows,
+                      std::int64_t tile_rows, std::int64_t head_dim, std::int64_t head_dim_padded, float scale, float* tile) {
+  for (std::int64_t r = 0; r < rows; ++r) {
+    load_row(base, dtype, offset + r * row_stride, head_dim, scale, tile + r * head_dim_padded);
+    std::fill(tile + r * head_dim_padded + head_dim, tile + (r + 1) * head_dim_padded, 0.0f);
+  }
+  std::fill(tile + rows * head_dim_padded, tile + tile_rows * head_dim_padded, 0.0f);
+}
+
+// The transpose (head_dim, tile_cols) of a (rows, head_dim) tile, times scale; columns
+// [rows, tile_cols) are zero. `row_buffer` holds head_dim floats.
+inline void load_tile_transposed(const void* base, DType dtype, std::int64_t offset, std::int64_t row_stride,
+                                 std::int64_t rows, std::int64_t tile_cols, std::int64_t head_dim, float scale,
+                                 float* tile_t, float* row_buffer) {
+  std::fill(tile_t, tile_t + head_dim * tile_cols, 0.0f);
+  for (std::int64_t r = 0; r < rows; ++r) {
+    load_row(base, dtype, offset + r * row_stride, head_dim, scale, row_buffer);
+    for (std::int64_t d = 0; d < head_dim; ++d) tile_t[d * tile_cols + r] = row_buffer[d];
+  }
+}
+
+// Zero-initialised float scratch aligned to 64 bytes (one cache line, the widest
+// vector); std::vector<float> only promises 16.
+class AlignedBuffer {
+ public:
+  static constexpr std::int64_t kAlignFloats = 16;
+  explicit AlignedBuffer(std::int64_t count)
+      : storage_(static_cast<std::size_t>(count + kAlignFloats)), data_(align(storage_.data())) {}
+  float* data() { return data_; }
+  const float* data() const { return data_; }
+
+ private:
+  static float* align(float* p) {
+    const auto address = reinterpret_cast<std::uintptr_t>(p);
+    const auto aligned = (address + 63) / 64 * 64;
+    return reinterpret_cast<float*>(aligned);
+  }
+  std::vector<float> storage_;
+  float* data_;
+};
+
+}  // namespace flashattn::cpu

@@ -1,0 +1,150 @@
+// src/cpu/tile_kernels.hpp — the bodies of the TileKernels table (kernels.hpp),
+// included by exactly one translation unit per ISA (kernels_<isa>.cpp), which
+// defines FLASHATTN_CPU_VECTOR_BYTES and is compiled with the matching -m flags.
+// Everything here has internal linkage and uses only compiler builtins.
+//
+// Written with GCC/Clang vector extensions: one source, every ISA.
+#pragma once
+
+#ifndef FLASHATTN_CPU_VECTOR_BYTES
+#error "include tile_kernels.hpp from a kernels_<isa>.cpp that defines FLASHATTN_CPU_VECTOR_BYTES"
+#endif
+
+#include <cstdint>
+
+#include "src/cpu/kernels.hpp"
+
+namespace flashattn::cpu {
+namespace {
+
+constexpr int kVectorBytes = FLASHATTN_CPU_VECTOR_BYTES;
+constexpr int kLanes = kVectorBytes / static_cast<int>(sizeof(float));
+typedef float Vec __attribute__((vector_size(kVectorBytes)));
+typedef std::int32_t IntVec __attribute__((vector_size(kVectorBytes)));
+static_assert(kTileWidthMultiple % kLanes == 0);
+
+inline Vec load(const float* p) {
+  Vec v;
+  __builtin_memcpy(&v, p, sizeof v);
+  return v;
+}
+inline void store(float* p, Vec v) { __builtin_memcpy(p, &v, sizeof v); }
+inline Vec broadcast(float x) { return Vec{} + x; }
+inline Vec vmax(Vec a, Vec b) { return a > b ? a : b; }
+
+// 2^x: x = n + f with n = round(x), |f| <= 1/2; 2^f by its degree-6 Taylor polynomial
+// (relative error < 2e-7, about float32's own rounding), 2^n added to the exponent
+// bits. x < -126 (the mask's -inf included) gives exactly 0, so masked scores vanish;
+// callers pass x <= 0 up to rounding, so there is no overflow to handle.
+inline Vec exp2(Vec x) {
+  const Vec clamped = x < -126.0f ? broadcast(-126.0f) : x;
+  const IntVec n = __builtin_convertvector(clamped + (clamped < 0.0f ? broadcast(-0.5f) : broadcast(0.5f)), IntVec);
+  const Vec f = clamped - __builtin_convertvector(n, Vec);
+  // (ln 2)^k / k!
+  Vec p = broadcast(1.5403530393381608e-4f);
+  p = p * f + 1.3333558146428443e-3f;
+  p = p * f + 9.6181291076284772e-3f;
+  p = p * f + 5.5504108664821580e-2f;
+  p = p * f + 2.4022650695910071e-1f;
+  p = p * f + 6.9314718055994531e-1f;
+  p = p * f + 1.0f;
+  IntVec bits;
+  __builtin_memcpy(&bits, &p, sizeof bits);
+  bits += n << 23;
+  Vec result;
+  __builtin_memcpy(&result, &bits, sizeof result);
+  return x < -126.0f ? Vec{} : result;
+}
+
+// A (kRows, kVecs*kLanes) block of C held in registers for the whole depth loop: per
+// depth step kVecs loads of B and kRows broadcasts of A feed kRows*kVecs FMAs.
+template <int kRows, int kVecs, bool kAccumulate>
+inline void micro_tile(const float* a, std::int64_t a_row_stride, std::int64_t a_depth_stride, const float* b,
+                       std::int64_t b_stride, std::int64_t depth, float* c, std::int64_t c_stride) {
+  Vec acc[kRows][kVecs];
+  for (int r = 0; r < kRows; ++r)
+    for (int v = 0; v < kVecs; ++v) acc[r][v] = kAccumulate ? load(c + r * c_stride + v * kLanes) : Vec{};
+  for (std::int64_t k = 0; k < depth; ++k) {
+    Vec b_row[kVecs];
+    for (int v = 0; v < kVecs; ++v) b_row[v] = load(b + k * b_stride + v * kLanes);
+    for (int r = 0; r < kRows; ++r) {
+      const Vec a_value = broadcast(a[r * a_row_stride + k * a_depth_stride]);
+      for (int v = 0; v < kVecs; ++v) acc[r][v] += a_value * b_row[v];
+    }
+  }
+  for (int r = 0; r < kRows; ++r)
+    for (int v = 0; v < kVecs; ++v) store(c + r * c_stride + v * kLanes, acc[r][v]);
+}
+
+// Register budget: 32 vector registers with AVX-512 (16 accumulators + 4 B rows +
+// broadcasts), 16 otherwise (8 accumulators).
+constexpr int kMicroRows = static_cast<int>(kTileRowsMultiple);
+constexpr int kMicroVecs = kVectorBytes == 64 ? 4 : 2;
+
+template <bool kAccumulate>
+void matmul_impl(const float* a, std::int64_t a_row_stride, std::int64_t a_depth_stride, const float* b, std::int64_t b_stride,
+                 std::int64_t depth, float* c, std::int64_t c_stride, std::int64_t rows, std::int64_t width) {
+  for (std::int64_t r = 0; r < rows; r += kMicroRows) {
+    const float* a_rows = a + r * a_row_stride;
+    float* c_rows = c + r * c_stride;
+    std::int64_t col = 0;
+    for (; col + kMicroVecs * kLanes <= width; col += kMicroVecs * kLanes)
+      micro_tile<kMicroRows, kMicroVecs, kAccumulate>(a_rows, a_row_stride, a_depth_stride, b + col, b_stride, depth, c_rows + col, c_stride);
+    for (; col < width; col += kLanes)
+      micro_tile<kMicroRows, 1, kAccumulate>(a_rows, a_row_stride, a_depth_stride, b + col, b_stride, depth, c_rows + col, c_stride);
+  }
+}
+
+void matmul(const float* a, std::int64_t a_row_stride, std::int64_t a_depth_stride, const float* b, std::int64_t b_stride,
+            std::int64_t depth, float* c, std::int64_t c_stride, std::int64_t rows, std::int64_t width, bool accumulate) {
+  if (accumulate)
+    matmul_impl<true>(a, a_row_stride, a_depth_stride, b, b_stride, depth, c, c_stride, rows, width);
+  else
+    matmul_impl<false>(a, a_row_stride, a_depth_stride, b, b_stride, depth, c, c_stride, rows, width);
+}
+
+void column_max(const float* s, std::int64_t stride, std::int64_t rows, std::int64_t width, float* out) {
+  for (std::int64_t i = 0; i < width; i += kLanes) {
+    Vec m = load(s + i);
+    for (std::int64_t r = 1; r < rows; ++r) m = vmax(m, load(s + r * stride + i));
+    store(out + i, m);
+  }
+}
+
+void exp2_columns(float* s, std::int64_t stride, std::int64_t rows, std::int64_t width, const float* base, float* maybe_sum) {
+  for (std::int64_t i = 0; i < width; i += kLanes) {
+    const Vec column_base = load(base + i);
+    Vec sum{};
+    for (std::int64_t r = 0; r < rows; ++r) {
+      const Vec p = exp2(load(s + r * stride + i) - column_base);
+      store(s + r * stride + i, p);
+      sum += p;
+    }
+    if (maybe_sum) store(maybe_sum + i, sum);
+  }
+}
+
+void scale_columns(float* o, std::int64_t stride, std::int64_t rows, std::int64_t width, const float* factor) {
+  for (std::int64_t i = 0; i < width; i += kLanes) {
+    const Vec f = load(factor + i);
+    for (std::int64_t r = 0; r < rows; ++r) store(o + r * stride + i, load(o + r * stride + i) * f);
+  }
+}
+
+void score_gradient(const float* p, float* ds, std::int64_t stride, std::int64_t rows, std::int64_t width, const float* delta,
+                    const float* maybe_slope) {
+  for (std::int64_t r = 0; r < rows; ++r)
+    for (std::int64_t i = 0; i < width; i += kLanes) {
+      const std::int64_t e = r * stride + i;
+      Vec value = load(p + e) * (load(ds + e) - load(delta + i));
+      if (maybe_slope) value *= load(maybe_slope + e);
+      store(ds + e, value);
+    }
+}
+
+constexpr TileKernels make_table(const char* isa) {
+  return TileKernels{isa, &matmul, &column_max, &exp2_columns, &scale_columns, &score_gradient};
+}
+
+}  // namespace
+}  // namespace flashattn::cpu
