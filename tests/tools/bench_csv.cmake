@@ -1,0 +1,33 @@
+# cmake -DPROGRAM=<flashattn> -DCSV=<path> -DJSON=<path> -P bench_csv.cmake
+# A tiny `flashattn bench --backward` sweep must write one CSV row and one JSON
+# object per (seqlen, pass), under the documented header.
+file(REMOVE "${CSV}" "${JSON}")
+execute_process(COMMAND "${PROGRAM}" bench --device cpu --batch 1 --heads 2 --head-dim 32 --seqlens 16,33 --causal
+                        --backward --warmup 0 --repeats 1 --csv "${CSV}" --json "${JSON}"
+                RESULT_VARIABLE code)
+if(NOT code EQUAL 0)
+  message(FATAL_ERROR "flashattn bench exited with ${code}")
+endif()
+file(STRINGS "${CSV}" lines)
+list(LENGTH lines line_count)
+list(GET lines 0 header)
+set(expected "device,dtype,batch,heads,heads_kv,head_dim,seqlen_q,seqlen_k,causal,window,softcap,algorithm,threads,pass,time_ms,gflops")
+if(NOT header STREQUAL expected)
+  message(FATAL_ERROR "CSV header\n  ${header}\nexpected\n  ${expected}")
+endif()
+if(NOT line_count EQUAL 5)
+  message(FATAL_ERROR "expected 4 CSV rows (2 seqlens x fwd/bwd), got ${line_count} lines")
+endif()
+list(GET lines 4 last)
+if(NOT last MATCHES "^cpu,float32,1,2,2,32,33,33,true,\"-1,-1\",0,automatic,[0-9]+,bwd,[0-9.e+-]+,[0-9.e+-]+$")
+  message(FATAL_ERROR "unexpected last CSV row: ${last}")
+endif()
+file(READ "${JSON}" json)
+string(JSON count LENGTH "${json}")
+if(NOT count EQUAL 4)
+  message(FATAL_ERROR "expected 4 JSON records, got ${count}")
+endif()
+string(JSON pass GET "${json}" 3 pass)
+if(NOT pass STREQUAL "bwd")
+  message(FATAL_ERROR "JSON record 3: expected pass bwd, got ${pass}")
+endif()
