@@ -57,7 +57,9 @@ DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 # Relative error (max|x - anchor| / max|anchor|) above which a result is WRONG. Two
 # correct kernels differ by a few output ulps (fp16 2^-11, bf16 2^-8); gradients
 # accumulate over the sequence, so they get more room.
-TOLERANCE = {("fwd", "fp16"): 5e-3, ("fwd", "bf16"): 3e-2, ("bwd", "fp16"): 2e-2, ("bwd", "bf16"): 6e-2}
+# Measured on the H100 (2026-11-22), cuDNN against FA2: fwd fp16 <= 4.4e-4, bf16 <=
+# 6.3e-3; bwd fp16 <= 5.5e-4, bf16 <= 7.6e-3. The limits leave 5x or more room.
+TOLERANCE = {("fwd", "fp16"): 5e-3, ("fwd", "bf16"): 3e-2, ("bwd", "fp16"): 1e-2, ("bwd", "bf16"): 4e-2}
 FORWARD_IMPLS = ("fa2", "cudnn", "ours")
 BACKWARD_IMPLS = ("fa2", "cudnn", "ours", "ours_det")
 CSV_COLUMNS = ("sweep", "dtype", "batch", "heads", "seqlen", "head_dim", "causal", "pass", "impl", "time_ms",

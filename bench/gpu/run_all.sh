@@ -95,6 +95,9 @@ if [ -n "$ladder_bench" ]; then
   # shellcheck disable=SC2086
   timeout "${LADDER_LIMIT:-90}" "$ladder_bench" --csv "$results/gpu_ladder.csv" --md "$results/gpu_ladder.md" \
       ${LADDER_ARGS:-} 2>&1 | tee "$results/ladder.log"
+  # The memory rows of shared/BENCHMARKS.md (bf16, d 128): naive's O(N^2) against ours' O(N).
+  timeout 60 "$ladder_bench" --dtype bf16 --head-dim 128 --seqlens 4096,16384 --variants naive,ours \
+      --csv "$results/gpu_ladder_d128.csv" --md "$results/gpu_ladder_d128.md" 2>&1 | tee -a "$results/ladder.log"
   step "ncu HBM traffic (N=${NCU_SEQLEN:-2048})"
   timeout "${NCU_LIMIT:-90}" bash "$root/bench/gpu/ladder_ncu.sh" "$ladder_bench" "$results/ncu" "${NCU_SEQLEN:-2048}" \
       2>&1 | tee "$results/ncu.log"
@@ -126,14 +129,16 @@ def read(name):
     return list(csv.DictReader(open(path))) if os.path.exists(path) else []
 
 def num(x, fmt):
+    width = int(fmt.split(".")[0] or 0)
     try:
         v = float(x)
-        return format(v, fmt) if v == v else "-"
+        return format(v, fmt) if v == v else "-".rjust(width)
     except (TypeError, ValueError):
-        return "-"
+        return "-".rjust(width)
 
-ladder = read("gpu_ladder.csv")
-if ladder:
+for ladder in (read("gpu_ladder.csv"), read("gpu_ladder_d128.csv")):
+    if not ladder:
+        continue
     print(f"ladder ({ladder[0]['device']}, {ladder[0]['dtype']}, B{ladder[0]['batch']} H{ladder[0]['heads']} d{ladder[0]['head_dim']}):")
     print(f"{'N':>6} {'variant':7} {'ms':>10} {'TFLOP/s':>8} {'extra MiB':>10} {'err O':>8}  status")
     for r in ladder:

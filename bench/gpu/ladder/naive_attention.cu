@@ -62,8 +62,10 @@ __global__ void __launch_bounds__(kSoftmaxThreads)
     const bool is_allowed = col >= col_begin && col < col_end;
     prob_row[col] = from_float<Element>(is_allowed ? expf(score_row[col] - row_max) * inverse_sum : 0.0f);
   }
+  // The LSE buffer is this class's own dense (batch, heads, seqlen_q) array; the
+  // params' LSE strides describe the caller's maybe_lse, which the ladder does not pass.
   if (threadIdx.x == 0)
-    lse[params.lse_offset(batch_index, head) + row * params.lse_row_stride] =
+    lse[(batch_index * params.heads_q + head) * params.seqlen_q + row] =
         row_sum > 0.0f ? row_max + logf(row_sum) : -INFINITY;
 }
 
