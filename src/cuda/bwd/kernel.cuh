@@ -63,7 +63,8 @@ struct Traits {
   static constexpr int kScoreTiles = kBlockN / kWarpsColsQ / 8;   // n8 tiles of S, dP per warp
   static constexpr int kKvTiles = kHeadDim / kWarpsColsKv / 8;    // of dK, dV per warp
   static constexpr int kDqTiles = kHeadDim / kWarpsColsQ / 8;     // of dQ per warp
-  static constexpr int kDqChunkTiles = kDqTiles < 4 ? kDqTiles : 4;  // dQ atomics in chunks: fewer live registers
+  // dQ atomics go out in chunks of at most 4 n8 tiles (fewer live registers).
+  static constexpr int kDqChunkTiles = kDqTiles % 4 == 0 ? 4 : (kDqTiles % 3 == 0 ? 3 : (kDqTiles % 2 == 0 ? 2 : 1));
   static_assert(kHeadDim % 16 == 0 && kBlockM % 16 == 0 && kBlockN % 16 == 0);
   static_assert(kWarps % kWarpsRowsQ == 0 && kWarps % kWarpsRowsKv == 0);
   static_assert(kBlockN % (kWarpsColsQ * 8) == 0 && kHeadDim % (kWarpsColsKv * 8) == 0 &&
