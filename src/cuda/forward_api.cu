@@ -1,10 +1,237 @@
-// src/cuda/forward_api.cu — CUDA backend entry points (placeholder until the forward kernel lands).
+// src/cuda/forward_api.cu — CUDA backend entry points: device presence, limits,
+// the forward dispatch to the generated kernels, and merge_attention_states.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <string>
+
 #include "flashattn/error.hpp"
+#include "flashattn/online_softmax.hpp"
 #include "src/core/backend.hpp"
+#include "src/cuda/common/check.cuh"
+#include "src/cuda/common/numeric.cuh"
+#include "src/cuda/fwd/launch.hpp"
+#include "src/cuda/fwd/tile_config.hpp"
 
 namespace flashattn::cuda {
-bool available() noexcept { return false; }
-BackendLimits limits() noexcept { return BackendLimits{"cuda", 256, 8, false, true, {true, false, true, false}}; }
-void forward(const AttentionParams&, Algorithm, void*) { throw NotSupported("flashattn: cuda forward: not built yet"); }
-void merge_attention_states(const MergeParams&, void*) { throw NotSupported("flashattn: cuda merge: not built yet"); }
+namespace {
+
+// Kernel head dims compiled into this library (CMake: FLASHATTN_CUDA_HEAD_DIMS).
+constexpr int kBuiltHeadDims[] = {
+#ifdef FLASHATTN_CUDA_FWD_HDIM_32
+    32,
+#endif
+#ifdef FLASHATTN_CUDA_FWD_HDIM_64
+    64,
+#endif
+#ifdef FLASHATTN_CUDA_FWD_HDIM_96
+    96,
+#endif
+#ifdef FLASHATTN_CUDA_FWD_HDIM_128
+    128,
+#endif
+#ifdef FLASHATTN_CUDA_FWD_HDIM_192
+    192,
+#endif
+#ifdef FLASHATTN_CUDA_FWD_HDIM_256
+    256,
+#endif
+    0,  // sentinel, so the array is never empty; select_forward_kernel never picks 0
+};
+constexpr int kBuiltCount = static_cast<int>(sizeof(kBuiltHeadDims) / sizeof(int)) - 1;
+
+constexpr int largest_built_head_dim() {
+  int largest = 0;
+  for (int i = 0; i < kBuiltCount; ++i) largest = kBuiltHeadDims[i] > largest ? kBuiltHeadDims[i] : largest;
+  return largest;
+}
+
+template <class T>
+void run_forward_for_head_dim(int kernel_head_dim, const AttentionParams& params, cudaStream_t stream) {
+  switch (kernel_head_dim) {
+#ifdef FLASHATTN_CUDA_FWD_HDIM_32
+    case 32: return fwd::run_forward<T, 32>(params, stream);
+#endif
+#ifdef FLASHATTN_CUDA_FWD_HDIM_64
+    case 64: return fwd::run_forward<T, 64>(params, stream);
+#endif
+#ifdef FLASHATTN_CUDA_FWD_HDIM_96
+    case 96: return fwd::run_forward<T, 96>(params, stream);
+#endif
+#ifdef FLASHATTN_CUDA_FWD_HDIM_128
+    case 128: return fwd::run_forward<T, 128>(params, stream);
+#endif
+#ifdef FLASHATTN_CUDA_FWD_HDIM_192
+    case 192: return fwd::run_forward<T, 192>(params, stream);
+#endif
+#ifdef FLASHATTN_CUDA_FWD_HDIM_256
+    case 256: return fwd::run_forward<T, 256>(params, stream);
+#endif
+    default:
+      throw NotSupported("flashattn: q: head_dim " + std::to_string(params.head_dim) +
+                         ": no CUDA forward kernel was built for it (kernel head dim " +
+                         std::to_string(kernel_head_dim) + "); rebuild with it in FLASHATTN_CUDA_HEAD_DIMS");
+  }
+}
+
+// The kernels move 16-byte chunks (cp.async, vector stores): every row of q, k, v
+// and out must start on a 16-byte boundary.
+void require_16_byte_rows(const char* name, const void* data, std::int64_t batch_stride, std::int64_t row_stride,
+                          std::int64_t head_stride) {
+  const bool aligned = reinterpret_cast<std::uintptr_t>(data) % 16 == 0 && batch_stride % 8 == 0 &&
+                       row_stride % 8 == 0 && head_stride % 8 == 0;
+  if (!aligned)
+    throw NotSupported(std::string("flashattn: ") + name +
+                       ": the CUDA kernels need 16-byte aligned rows (data pointer aligned to 16 bytes and "
+                       "batch/row/head strides multiples of 8 elements), got strides " +
+                       std::to_string(batch_stride) + "/" + std::to_string(row_stride) + "/" +
+                       std::to_string(head_stride));
+}
+
+// Makes params.device current for the duration of a call, restoring the caller's.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int device) {
+    FLASHATTN_CUDA_CHECK(cudaGetDevice(&previous_));
+    if (previous_ != device) FLASHATTN_CUDA_CHECK(cudaSetDevice(device));
+  }
+  ~DeviceGuard() {
+    int current = previous_;
+    if (cudaGetDevice(&current) == cudaSuccess && current != previous_) (void)cudaSetDevice(previous_);
+  }
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  int previous_ = 0;
+};
+
+// merge_attention_states: one warp per (batch, row, head). All lanes read both LSEs
+// before lane 0 writes the merged one, so lse may alias lse_a/lse_b; each output
+// element is read and written by the same lane, so out may alias out_a/out_b.
+template <class T>
+__device__ __forceinline__ float load_as_float(const T* p) {
+  if constexpr (std::is_same_v<T, float>) {
+    return *p;
+  } else {
+    return Numeric<T>::to_float(*p);
+  }
+}
+template <class T>
+__device__ __forceinline__ void store_from_float(T* p, float x) {
+  if constexpr (std::is_same_v<T, float>) {
+    *p = x;
+  } else {
+    *p = Numeric<T>::from_float(x);
+  }
+}
+
+template <class T>
+__global__ void merge_kernel(const __grid_constant__ MergeParams params) {
+  const std::int64_t warp = (static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+  const int lane = threadIdx.x % 32;
+  const std::int64_t rows = params.batch * params.seqlen * params.heads;
+  if (warp >= rows) return;
+  const std::int64_t head = warp % params.heads;
+  const std::int64_t row = (warp / params.heads) % params.seqlen;
+  const std::int64_t batch = warp / (params.heads * params.seqlen);
+  auto lse_index = [&](int which) {
+    return batch * params.lse_strides[which][0] + head * params.lse_strides[which][1] +
+           row * params.lse_strides[which][2];
+  };
+  auto out_index = [&](int which) {
+    return batch * params.out_strides[which][0] + row * params.out_strides[which][1] +
+           head * params.out_strides[which][2];
+  };
+  const float lse_a = params.lse_a[lse_index(0)];
+  const float lse_b = params.lse_b[lse_index(1)];
+  const online_softmax::MergeWeights<float> weights = online_softmax::merge_weights(lse_a, lse_b);
+  __syncwarp();
+  if (lane == 0) params.lse[lse_index(2)] = weights.lse;
+  const T* out_a = static_cast<const T*>(params.out_a) + out_index(0);
+  const T* out_b = static_cast<const T*>(params.out_b) + out_index(1);
+  T* out = static_cast<T*>(params.out) + out_index(2);
+  for (std::int64_t d = lane; d < params.head_dim; d += 32) {
+    // A part with weight 0 contributes nothing, even if its output is not finite.
+    const float a = weights.weight_a == 0.0f ? 0.0f : weights.weight_a * load_as_float(out_a + d);
+    const float b = weights.weight_b == 0.0f ? 0.0f : weights.weight_b * load_as_float(out_b + d);
+    store_from_float(out + d, a + b);
+  }
+}
+
+template <class T>
+void launch_merge(const MergeParams& params, cudaStream_t stream) {
+  const std::int64_t rows = params.batch * params.seqlen * params.heads;
+  if (rows == 0) return;
+  constexpr int kThreads = 256;
+  const std::int64_t blocks = (rows * 32 + kThreads - 1) / kThreads;
+  if (blocks > 0x7fffffff) throw NotSupported("flashattn: out: too many rows for one merge launch");
+  merge_kernel<T><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(params);
+  FLASHATTN_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+bool available() noexcept {
+  // Cached: presence does not change during a process's life, and validation asks on every call.
+  static const bool is_available = [] {
+    int count = 0;
+    return cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
+  }();
+  return is_available;
+}
+
+BackendLimits limits() noexcept {
+  BackendLimits limits;
+  limits.name = "cuda";
+  limits.max_head_dim = largest_built_head_dim();
+  limits.head_dim_multiple = 8;
+  limits.supports_float32 = false;
+  limits.supports_half = true;
+  limits.supports_algorithm[static_cast<int>(Algorithm::automatic)] = true;
+  limits.supports_algorithm[static_cast<int>(Algorithm::reference)] = false;
+  limits.supports_algorithm[static_cast<int>(Algorithm::flash2)] = true;
+  limits.supports_algorithm[static_cast<int>(Algorithm::flash1)] = false;
+  return limits;
+}
+
+void forward(const AttentionParams& params, Algorithm algorithm, void* stream) {
+  if (algorithm != Algorithm::automatic && algorithm != Algorithm::flash2)
+    throw NotSupported(std::string("flashattn: algorithm: the CUDA backend runs automatic or flash2, got ") +
+                       algorithm_name(algorithm));
+  const int kernel_head_dim = fwd::select_forward_kernel(params.head_dim, kBuiltHeadDims, kBuiltCount);
+  if (kernel_head_dim == 0)
+    throw NotSupported("flashattn: q: head_dim " + std::to_string(params.head_dim) +
+                       " is larger than every CUDA forward kernel built (largest: " +
+                       std::to_string(largest_built_head_dim()) + "; see FLASHATTN_CUDA_HEAD_DIMS)");
+  require_16_byte_rows("q", params.q, params.q_batch_stride, params.q_row_stride, params.q_head_stride);
+  require_16_byte_rows("k", params.k, params.k_batch_stride, params.k_row_stride, params.k_head_stride);
+  require_16_byte_rows("v", params.v, params.v_batch_stride, params.v_row_stride, params.v_head_stride);
+  require_16_byte_rows("out", params.out, params.out_batch_stride, params.out_row_stride, params.out_head_stride);
+  const DeviceGuard device_guard(params.device.index);
+  const auto cuda_stream = static_cast<cudaStream_t>(stream);
+  if (params.dtype == DType::bfloat16) {
+    run_forward_for_head_dim<__nv_bfloat16>(kernel_head_dim, params, cuda_stream);
+  } else if (params.dtype == DType::float16) {
+    run_forward_for_head_dim<__half>(kernel_head_dim, params, cuda_stream);
+  } else {
+    throw NotSupported(std::string("flashattn: q: the CUDA forward runs float16 and bfloat16, got ") +
+                       dtype_name(params.dtype));
+  }
+}
+
+void merge_attention_states(const MergeParams& params, void* stream) {
+  const auto cuda_stream = static_cast<cudaStream_t>(stream);
+  switch (params.dtype) {
+    case DType::float32: return launch_merge<float>(params, cuda_stream);
+    case DType::float16: return launch_merge<__half>(params, cuda_stream);
+    case DType::bfloat16: return launch_merge<__nv_bfloat16>(params, cuda_stream);
+    default:
+      throw NotSupported(std::string("flashattn: out_a: the CUDA merge runs float32, float16 and bfloat16, got ") +
+                         dtype_name(params.dtype));
+  }
+}
+
 }  // namespace flashattn::cuda

@@ -44,6 +44,16 @@ struct SwizzledTile {
   FLASHATTN_HOST_DEVICE static constexpr int chunk_offset(int row, int chunk) {
     return row * kCols + (chunk ^ ((row / kRowsPerStep) % kSwizzleWidth)) * kChunkElements;
   }
+  // The XOR pattern of a row: chunk_offset(row, c) == row * kCols + (c ^ row_swizzle(row)) * 8.
+  FLASHATTN_HOST_DEVICE static constexpr int row_swizzle(int row) { return (row / kRowsPerStep) % kSwizzleWidth; }
+  // Chunk offset (in elements, within a row) of logical chunk `chunk ^ lane_xor`, for
+  // unrolled loops: `chunk` is a compile-time constant and lane_xor < kSwizzleWidth a
+  // per-lane value (row_swizzle(row) ^ the lane's own chunk bits). Written so that
+  // chunk's high bits stay an immediate and the lane part takes kSwizzleWidth
+  // distinct values at most — instead of one hoisted address register per chunk.
+  FLASHATTN_HOST_DEVICE static constexpr int xor_chunk_offset(int chunk, int lane_xor) {
+    return ((chunk & ~(kSwizzleWidth - 1)) + ((chunk & (kSwizzleWidth - 1)) ^ lane_xor)) * kChunkElements;
+  }
   // Element offset of logical element (row, col); col's position inside its chunk is kept.
   FLASHATTN_HOST_DEVICE static constexpr int offset(int row, int col) {
     return chunk_offset(row, col / kChunkElements) + col % kChunkElements;

@@ -1,0 +1,66 @@
+// src/cuda/fwd/tile_config.hpp — tile sizes of the FA2 (mma.sync) forward kernel.
+//
+// PERFORMANCE ONLY: these numbers choose speed, register pressure and shared-memory
+// use; they must not change results (every tile shape computes the same exact
+// attention; only the fp32 summation order inside a row may differ between configs,
+// never between runs of one config). The one selection function,
+// select_forward_kernel(), is used both by cuda::limits() (what is advertised) and
+// by cuda::forward() (what is launched), so the two cannot disagree.
+//
+// Kernels exist for a few head dims only (kernel_head_dim); every other multiple of
+// 8 runs on the next larger one, the head-dim tail zero-filled inside the kernel.
+// Host and device code; no CUDA headers.
+#pragma once
+
+#include <cstdint>
+
+namespace flashattn::cuda::fwd {
+
+struct TileConfig {
+  int kernel_head_dim;     // head dim the kernel is compiled for (smem/register tile width)
+  int block_m;             // query rows per CTA = 16 * warps * m_tiles_per_warp
+  int block_n;             // key rows per pipeline stage
+  int warps;               // warps per CTA; each owns block_m / warps query rows
+  int stages;              // K/V shared-memory stages of the cp.async pipeline (>= 2)
+  int min_blocks_per_sm;   // __launch_bounds__ hint: caps registers so this many CTAs fit
+
+  constexpr int threads() const { return warps * 32; }
+  constexpr int m_tiles_per_warp() const { return block_m / (16 * warps); }
+  // Q tile + (K tile + V tile) per stage, 16-bit elements.
+  constexpr int shared_bytes() const { return 2 * kernel_head_dim * (block_m + 2 * stages * block_n); }
+};
+
+// Sized for sm_80..sm_90 (Ampere's 164 KB and Hopper's 227 KB of shared memory per
+// CTA; every entry also fits sm_86/89's 99 KB). Rationale per row:
+//  - 16 query rows per warp keeps the fp32 O accumulator at head_dim/2 registers per
+//    thread, so d <= 128 compiles without spills at 2 CTAs per SM.
+//  - d 192/256 halve block_m (4 warps) so Q + two K/V stages stay under 99 KB.
+inline constexpr TileConfig kForwardTileTable[] = {
+    // dim  M    N    warps stages minCTAs
+    {32, 128, 128, 8, 2, 1},
+    {64, 128, 64, 8, 2, 1},
+    {96, 128, 64, 8, 2, 1},
+    {128, 128, 64, 8, 2, 1},
+    {192, 64, 32, 4, 2, 1},
+    {256, 64, 32, 4, 2, 1},
+};
+
+inline constexpr int kMaxKernelHeadDim = 256;
+
+constexpr TileConfig tile_config_for(int kernel_head_dim) {
+  for (const TileConfig& config : kForwardTileTable)
+    if (config.kernel_head_dim == kernel_head_dim) return config;
+  return TileConfig{0, 0, 0, 0, 0, 0};
+}
+
+// The kernel that runs head_dim: the smallest built kernel head dim >= head_dim.
+// `built` lists the kernel head dims compiled into this library (ascending or not).
+// Returns 0 when none fits.
+constexpr int select_forward_kernel(std::int64_t head_dim, const int* built, int built_count) {
+  int best = 0;
+  for (int i = 0; i < built_count; ++i)
+    if (built[i] >= head_dim && (best == 0 || built[i] < best)) best = built[i];
+  return best;
+}
+
+}  // namespace flashattn::cuda::fwd
