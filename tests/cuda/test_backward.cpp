@@ -395,6 +395,25 @@ TEST_F(CudaBackward, NoNanForMaskedRowsAndLargeLogits) {
   check_case(c);
 }
 
+// The reduced sweep for compute-sanitizer (memcheck, racecheck): every tail-tile
+// case (rows and columns past the sequence, head-dim padding, odd strides, empty
+// sequences, both dQ paths) on small problems.
+TEST_F(CudaBackward, SanitizerSweep) {
+  for (std::int64_t d : {40, 64, 128}) {
+    Case c;
+    c.head_dim = d, c.batch = 1, c.seqlen_q = 77, c.seqlen_k = 45, c.heads_q = 2, c.heads_kv = 1, c.causal = true;
+    c.dtype = d == 128 ? DType::bfloat16 : DType::float16;
+    check_case(c);
+    c.deterministic = true, c.causal = false, c.dout_head_padding = 3;
+    check_case(c);
+  }
+  Case c;
+  c.varlen_q = {0, 9, 66};
+  c.varlen_k = {5, 0, 70};
+  c.batch = 3, c.heads_q = 2, c.heads_kv = 1, c.causal = true;
+  check_case(c);
+}
+
 // Batch 60: dK/dV bitwise identical across runs in both modes, dQ too when deterministic.
 TEST_F(CudaBackward, RepeatedRunsAreBitwiseStable) {
   const int repeats = 250;
