@@ -4,6 +4,7 @@
 #include "flashattn/attention.hpp"
 #include "flashattn/config.hpp"
 #include "flashattn/error.hpp"
+#include "flashattn/kvcache.hpp"
 #include "flashattn/mask.hpp"
 #include "flashattn/online_softmax.hpp"
 #include "flashattn/tensor.hpp"

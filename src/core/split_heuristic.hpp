@@ -1,0 +1,59 @@
+// src/core/split_heuristic.hpp — how many chunks the KV range of a decoding step is
+// split into (flash-decoding). Performance-only: every split count gives the same
+// result up to rounding; this only decides how well the GPU is filled.
+//
+// Decoding has few work items (batch * heads_kv * query blocks: the GQA group's
+// query heads are packed into one item) and long key ranges, so without splitting
+// most SMs idle. Splitting multiplies the CTAs by n at the cost of a combine pass
+// that reads n partial rows. The rule follows flash_attn's num_splits_heuristic
+// with one change: it fills `ctas_per_sm` CTAs per SM rather than one, since a
+// memory-bound CTA needs a co-resident neighbour to keep enough loads in flight.
+//   1. Enough items to fill ~80% of the CTA slots already: 1 split.
+//   2. Else, for n = 1 .. min(max_splits, key blocks), the wave efficiency
+//      e(n) = waves / ceil(waves), waves = items * n / slots; n is eligible if it
+//      changes the blocks per split (ceil(blocks / n) != ceil(blocks / (n - 1))).
+//   3. The smallest eligible n with e(n) >= 0.85 * max e.
+#pragma once
+
+#include <cstdint>
+
+namespace flashattn {
+
+struct SplitProblem {
+  std::int64_t batch = 1;
+  std::int64_t heads_kv = 1;
+  std::int64_t query_blocks = 1;  // CTAs per (batch, kv head) along the packed query rows
+  std::int64_t seqlen_k = 0;      // the longest key range (the cache capacity when lengths are device-side)
+  std::int64_t block_n = 64;      // keys per tile of the kernel
+  int sm_count = 1;
+  int ctas_per_sm = 2;
+  int max_splits = 64;
+};
+
+constexpr std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
+
+constexpr int choose_num_splits(const SplitProblem& p) {
+  const std::int64_t items = p.batch * p.heads_kv * p.query_blocks;
+  const std::int64_t slots = static_cast<std::int64_t>(p.sm_count > 0 ? p.sm_count : 1) * (p.ctas_per_sm > 0 ? p.ctas_per_sm : 1);
+  const std::int64_t key_blocks = ceil_div(p.seqlen_k > 0 ? p.seqlen_k : 0, p.block_n > 0 ? p.block_n : 1);
+  if (items <= 0 || key_blocks <= 1 || items * 10 >= slots * 8) return 1;
+  std::int64_t limit = p.max_splits;
+  if (key_blocks < limit) limit = key_blocks;
+  if (limit < 1) return 1;
+  const auto eligible = [&](std::int64_t n) {
+    return n == 1 || ceil_div(key_blocks, n) != ceil_div(key_blocks, n - 1);
+  };
+  const auto efficiency = [&](std::int64_t n) {
+    const double waves = static_cast<double>(items * n) / static_cast<double>(slots);
+    const auto whole = static_cast<double>(ceil_div(items * n, slots));
+    return waves / whole;
+  };
+  double best = 0.0;
+  for (std::int64_t n = 1; n <= limit; ++n)
+    if (eligible(n) && efficiency(n) > best) best = efficiency(n);
+  for (std::int64_t n = 1; n <= limit; ++n)
+    if (eligible(n) && efficiency(n) >= 0.85 * best) return static_cast<int>(n);
+  return 1;
+}
+
+}  // namespace flashattn

@@ -1,0 +1,86 @@
+// The num_splits heuristic of flash-decoding: a pure function, checked on the
+// shapes of issue 6 and on its edge cases.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "src/core/split_heuristic.hpp"
+
+namespace flashattn {
+namespace {
+
+constexpr int kH100Sms = 132;
+
+constexpr SplitProblem decode(std::int64_t batch, std::int64_t heads_kv, std::int64_t seqlen_k) {
+  SplitProblem p;
+  p.batch = batch;
+  p.heads_kv = heads_kv;
+  p.seqlen_k = seqlen_k;
+  p.block_n = 64;
+  p.sm_count = kH100Sms;
+  p.ctas_per_sm = 2;
+  p.max_splits = 64;
+  return p;
+}
+
+// It is constexpr: usable in static_assert (no hidden state, no device query).
+static_assert(choose_num_splits(decode(64, 8, 1024)) == 1);
+
+TEST(SplitHeuristic, EnoughWorkItemsMeansNoSplit) {
+  // 64 * 8 = 512 items fill 264 CTA slots already.
+  EXPECT_EQ(choose_num_splits(decode(64, 8, 1024)), 1);
+  EXPECT_EQ(choose_num_splits(decode(64, 8, 65536)), 1);
+  // Exactly 80% of the slots: still no split.
+  SplitProblem p = decode(1, 1, 1 << 20);
+  p.sm_count = 10, p.ctas_per_sm = 1, p.batch = 8;
+  EXPECT_EQ(choose_num_splits(p), 1);
+  p.batch = 7;
+  EXPECT_GT(choose_num_splits(p), 1);
+}
+
+TEST(SplitHeuristic, DecodeShapesOfIssue6FillTheGpu) {
+  // batch 8, 8 kv heads: 64 items; 4 splits give 256 of 264 slots (97%).
+  for (std::int64_t seqlen : {4096, 16384, 65536}) EXPECT_EQ(choose_num_splits(decode(8, 8, seqlen)), 4) << seqlen;
+  // batch 1, 8 kv heads, 128k keys: many splits, >= 85% of the best wave efficiency.
+  const int n = choose_num_splits(decode(1, 8, 131072));
+  EXPECT_GE(n, 25);
+  EXPECT_LE(n, 64);
+  const double waves = 8.0 * n / (2 * kH100Sms);
+  EXPECT_GE(waves / std::ceil(waves), 0.85);
+}
+
+TEST(SplitHeuristic, NeverMoreSplitsThanKeyBlocksOrTheCap) {
+  for (std::int64_t seqlen : {0, 1, 63, 64, 65, 129, 200, 1000})
+    for (std::int64_t batch : {1, 2, 3}) {
+      const SplitProblem p = decode(batch, 1, seqlen);
+      const int n = choose_num_splits(p);
+      EXPECT_GE(n, 1);
+      EXPECT_LE(n, std::max<std::int64_t>(1, ceil_div(seqlen, 64))) << seqlen;
+      EXPECT_LE(n, p.max_splits);
+    }
+  SplitProblem capped = decode(1, 1, 1 << 24);
+  capped.max_splits = 7;
+  EXPECT_LE(choose_num_splits(capped), 7);
+}
+
+TEST(SplitHeuristic, EverySplitGetsWork) {
+  // An eligible n changes the blocks per split, so no split is left empty by rounding.
+  for (std::int64_t seqlen = 64; seqlen <= 64 * 70; seqlen += 64) {
+    const int n = choose_num_splits(decode(1, 1, seqlen));
+    const std::int64_t blocks = ceil_div(seqlen, 64);
+    const std::int64_t per_split = ceil_div(blocks, n);
+    EXPECT_LT((n - 1) * per_split, blocks) << "seqlen " << seqlen << " splits " << n;
+  }
+}
+
+TEST(SplitHeuristic, DegenerateInputsGiveOneSplit) {
+  SplitProblem p = decode(0, 8, 4096);
+  EXPECT_EQ(choose_num_splits(p), 1);
+  p = decode(8, 8, 4096);
+  p.sm_count = 0;  // an unknown device counts as one SM
+  EXPECT_EQ(choose_num_splits(p), 1);
+}
+
+}  // namespace
+}  // namespace flashattn
