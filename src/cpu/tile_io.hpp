@@ -82,6 +82,20 @@ inline void load_tile_transposed(const void* base, DType dtype, std::int64_t off
   }
 }
 
+// Asks the cache for the next block's rows while this block computes: the rows of a
+// head are heads·head_dim elements apart, one page each for typical sizes, which the
+// hardware stream prefetchers do not follow.
+inline void prefetch_rows(const void* base, DType dtype, std::int64_t offset, std::int64_t row_stride, std::int64_t rows,
+                          std::int64_t head_dim) {
+  const std::size_t element = dtype_size(dtype);
+  const auto* bytes = static_cast<const char*>(base);
+  const std::size_t row_bytes = static_cast<std::size_t>(head_dim) * element;
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const char* row = bytes + static_cast<std::size_t>(offset + r * row_stride) * element;
+    for (std::size_t line = 0; line < row_bytes; line += 64) __builtin_prefetch(row + line, 0, 2);
+  }
+}
+
 // Zero-initialised float scratch aligned to 64 bytes (one cache line, the widest
 // vector); std::vector<float> only promises 16.
 class AlignedBuffer {

@@ -12,6 +12,10 @@
 
 #include <cstdint>
 
+#if defined(__x86_64__) || defined(_M_X64)
+#include <immintrin.h>  // static inline, always-inlined intrinsics: safe under per-file ISA flags
+#endif
+
 #include "src/cpu/kernels.hpp"
 
 namespace flashattn::cpu {
@@ -30,6 +34,18 @@ inline Vec load(const float* p) {
 }
 inline void store(float* p, Vec v) { __builtin_memcpy(p, &v, sizeof v); }
 inline Vec broadcast(float x) { return Vec{} + x; }
+// Broadcast straight from memory: on x86 one vbroadcastss from the load port (GCC
+// turns `Vec{} + *p` into a scalar load plus a shuffle on the port that AVX-512's
+// second FMA unit shares).
+inline Vec broadcast_from(const float* p) {
+#if FLASHATTN_CPU_VECTOR_BYTES == 64 && defined(__AVX512F__)
+  return (Vec)_mm512_set1_ps(*p);
+#elif FLASHATTN_CPU_VECTOR_BYTES == 32 && defined(__AVX__)
+  return (Vec)_mm256_broadcast_ss(p);
+#else
+  return broadcast(*p);
+#endif
+}
 inline Vec vmax(Vec a, Vec b) { return a > b ? a : b; }
 
 // 2^x: x = n + f with n = round(x), |f| <= 1/2; 2^f by its degree-6 Taylor polynomial
@@ -68,7 +84,7 @@ inline void micro_tile(const float* a, std::int64_t a_row_stride, std::int64_t a
     Vec b_row[kVecs];
     for (int v = 0; v < kVecs; ++v) b_row[v] = load(b + k * b_stride + v * kLanes);
     for (int r = 0; r < kRows; ++r) {
-      const Vec a_value = broadcast(a[r * a_row_stride + k * a_depth_stride]);
+      const Vec a_value = broadcast_from(a + r * a_row_stride + k * a_depth_stride);
       for (int v = 0; v < kVecs; ++v) acc[r][v] += a_value * b_row[v];
     }
   }

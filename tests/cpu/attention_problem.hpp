@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <limits>
 #include <numeric>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -46,6 +47,9 @@ struct ProblemShape {
     return s;
   }
 };
+
+// Readable test-parameter names in GoogleTest's output.
+inline void PrintTo(const ProblemShape& shape, std::ostream* os) { *os << shape.describe(); }
 
 class AttentionProblem {
  public:

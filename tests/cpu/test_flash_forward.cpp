@@ -72,8 +72,13 @@ std::vector<ForwardCase> forward_cases() {
   cases.push_back({Algorithm::flash2, causal(make(DType::float32, 1, 1023, 1023, 1, 1, 64))});
   cases.push_back({Algorithm::flash2, make(DType::bfloat16, 1, 1023, 1023, 1, 1, 64)});
   cases.push_back({Algorithm::flash1, make(DType::float32, 1, 1023, 1023, 1, 1, 64)});
+  // Enough query blocks per thread for the largest query block (256 rows).
+  cases.push_back({Algorithm::flash2, causal(make(DType::float32, 1, 600, 300, 4, 2, 64))});
+  cases.push_back({Algorithm::flash2, make(DType::float16, 1, 520, 700, 4, 4, 32)});
   return cases;
 }
+
+void PrintTo(const ForwardCase& c, std::ostream* os) { *os << algorithm_name(c.algorithm) << " " << c.shape.describe(); }
 
 class FlashForwardVsReference : public ::testing::TestWithParam<ForwardCase> {};
 
