@@ -21,6 +21,15 @@
 // only blocks that need the element mask are at the ends of the row range, and
 // visiting the diagonal block first means the running max is set by real scores
 // early (as FA2 does); every other block takes the mask-free path.
+//
+// Variable-length batches: sequence b's rows start at cu_seqlens_q[b] / cu_seqlens_k[b]
+// (params' offset helpers). What the kernel assumes and cannot check on the device
+// without a host synchronisation (validate.cpp checks it when cu_seqlens are host
+// memory): int32 [batch + 1], entry 0 is 0, non-decreasing, every length <=
+// max_seqlen_q/k (the grid covers max_seqlen_q rows per sequence: rows past it
+// would stay unwritten), last entry <= the packed tensors' rows (else out-of-bounds
+// reads). A zero-length query sequence's CTAs exit at once (it has no rows); a
+// zero-length key sequence gives its rows output 0 and LSE -inf.
 #pragma once
 
 #include <cuda_runtime.h>

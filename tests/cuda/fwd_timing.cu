@@ -1,0 +1,173 @@
+// tests/cuda/fwd_timing.cu — times the CUDA forward with CUDA events on random
+// inputs for the key shapes of ../shared/BENCHMARKS.md (not a test: no assertions on
+// timing). The full harness against PyTorch lives in bench/gpu; this is the kernel
+// engineer's loop: the production path (flashattn::forward) plus a few alternative
+// tile configs, so one device run can compare them.
+//
+// Usage: fwd_timing [--quick]   prints CSV: kind,dtype,batch,heads,seqlen,head_dim,causal,config,ms,tflops
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "flashattn/attention.hpp"
+#include "src/core/validate.hpp"
+#include "src/cuda/common/check.cuh"
+#include "src/cuda/fwd/kernel.cuh"
+
+namespace flashattn::cuda::fwd {
+namespace {
+
+// Normal-ish random values (sum of uniforms) from a counter hash: never zeros.
+template <class T>
+__global__ void fill_random(T* data, std::int64_t count, std::uint32_t seed) {
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < count;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    std::uint32_t x = static_cast<std::uint32_t>(i) * 2654435761u ^ seed;
+    float sum = 0.0f;
+    for (int r = 0; r < 4; ++r) {
+      x ^= x << 13, x ^= x >> 17, x ^= x << 5;
+      sum += static_cast<float>(x & 0xffffff) / 16777216.0f;
+    }
+    data[i] = Numeric<T>::from_float((sum - 2.0f) * 1.7f);
+  }
+}
+
+struct Shape {
+  const char* sweep;
+  DType dtype;
+  std::int64_t batch, heads, seqlen, head_dim;
+  bool causal;
+};
+
+template <class T>
+struct Buffers {
+  T *q = nullptr, *k = nullptr, *v = nullptr, *out = nullptr;
+  float* lse = nullptr;
+  explicit Buffers(const Shape& s) {
+    const std::int64_t n = s.batch * s.seqlen * s.heads * s.head_dim;
+    FLASHATTN_CUDA_CHECK(cudaMalloc(&q, n * sizeof(T)));
+    FLASHATTN_CUDA_CHECK(cudaMalloc(&k, n * sizeof(T)));
+    FLASHATTN_CUDA_CHECK(cudaMalloc(&v, n * sizeof(T)));
+    FLASHATTN_CUDA_CHECK(cudaMalloc(&out, n * sizeof(T)));
+    FLASHATTN_CUDA_CHECK(cudaMalloc(&lse, s.batch * s.heads * s.seqlen * sizeof(float)));
+    fill_random<<<1024, 256>>>(q, n, 1);
+    fill_random<<<1024, 256>>>(k, n, 2);
+    fill_random<<<1024, 256>>>(v, n, 3);
+    FLASHATTN_CUDA_CHECK(cudaMemset(out, 0xff, n * sizeof(T)));  // NaN poison
+    FLASHATTN_CUDA_CHECK_LAUNCH();
+    FLASHATTN_CUDA_CHECK(cudaDeviceSynchronize());
+  }
+  ~Buffers() {
+    cudaFree(q), cudaFree(k), cudaFree(v), cudaFree(out), cudaFree(lse);
+  }
+  ForwardArgs args(const Shape& s) const {
+    const Device gpu = Device::cuda(0);
+    ForwardArgs a;
+    a.q = TensorView::contiguous(q, s.dtype, {s.batch, s.seqlen, s.heads, s.head_dim}, gpu);
+    a.k = TensorView::contiguous(k, s.dtype, {s.batch, s.seqlen, s.heads, s.head_dim}, gpu);
+    a.v = TensorView::contiguous(v, s.dtype, {s.batch, s.seqlen, s.heads, s.head_dim}, gpu);
+    a.out = TensorView::contiguous(out, s.dtype, {s.batch, s.seqlen, s.heads, s.head_dim}, gpu);
+    a.maybe_lse = TensorView::contiguous(lse, DType::float32, {s.batch, s.heads, s.seqlen}, gpu);
+    a.options.causal = s.causal;
+    return a;
+  }
+};
+
+// Median of `reps` CUDA-event timings after `warmup` runs, in milliseconds.
+double median_ms(const std::function<void()>& run, int warmup, int reps) {
+  for (int i = 0; i < warmup; ++i) run();
+  cudaEvent_t start, stop;
+  FLASHATTN_CUDA_CHECK(cudaEventCreate(&start));
+  FLASHATTN_CUDA_CHECK(cudaEventCreate(&stop));
+  std::vector<float> times;
+  for (int i = 0; i < reps; ++i) {
+    FLASHATTN_CUDA_CHECK(cudaEventRecord(start));
+    run();
+    FLASHATTN_CUDA_CHECK(cudaEventRecord(stop));
+    FLASHATTN_CUDA_CHECK(cudaEventSynchronize(stop));
+    float ms = 0;
+    FLASHATTN_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+    times.push_back(ms);
+  }
+  cudaEventDestroy(start), cudaEventDestroy(stop);
+  std::sort(times.begin(), times.end());
+  return times[times.size() / 2];
+}
+
+double tflops(const Shape& s, double ms) {
+  const double flops = 4.0 * s.batch * s.heads * s.seqlen * s.seqlen * s.head_dim * (s.causal ? 0.5 : 1.0);
+  return flops / (ms * 1e-3) / 1e12;
+}
+
+void report(const char* kind, const Shape& s, const std::string& config, double ms) {
+  std::printf("%s,%s,%s,%lld,%lld,%lld,%lld,%d,%s,%.4f,%.1f\n", kind, s.sweep, dtype_name(s.dtype),
+              static_cast<long long>(s.batch), static_cast<long long>(s.heads), static_cast<long long>(s.seqlen),
+              static_cast<long long>(s.head_dim), s.causal ? 1 : 0, config.c_str(), ms, tflops(s, ms));
+  std::fflush(stdout);
+}
+
+std::string name_of(const TileConfig& c) {
+  return "M" + std::to_string(c.block_m) + "_N" + std::to_string(c.block_n) + "_W" + std::to_string(c.warps) + "_S" +
+         std::to_string(c.stages) + "_B" + std::to_string(c.min_blocks_per_sm);
+}
+
+template <class T, TileConfig kConfig>
+void time_variant(const Shape& s, int warmup, int reps) {
+  if (s.head_dim != kConfig.kernel_head_dim || Numeric<T>::kDType != s.dtype) return;
+  Buffers<T> buffers(s);
+  const AttentionParams params = validate_forward(buffers.args(s));
+  const double ms = median_ms([&] { launch_forward<T, kConfig>(params, nullptr); }, warmup, reps);
+  FLASHATTN_CUDA_CHECK(cudaDeviceSynchronize());
+  report("variant", s, name_of(kConfig), ms);
+}
+
+template <class T>
+void time_production(const Shape& s, int warmup, int reps) {
+  Buffers<T> buffers(s);
+  const ForwardArgs args = buffers.args(s);
+  const double ms = median_ms([&] { forward(args); }, warmup, reps);
+  FLASHATTN_CUDA_CHECK(cudaDeviceSynchronize());
+  report("production", s, "table", ms);
+}
+
+}  // namespace
+}  // namespace flashattn::cuda::fwd
+
+int main(int argc, char** argv) {
+  using namespace flashattn;
+  using namespace flashattn::cuda::fwd;
+  const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
+  const int warmup = 5, reps = quick ? 10 : 30;
+  std::vector<Shape> shapes;
+  for (std::int64_t n : {1024, 2048, 4096, 8192, 16384})
+    for (bool c : {false, true}) shapes.push_back({"seed004", DType::float16, 4, 48, n, 64, c});
+  for (std::int64_t d : {64, 128, 256})
+    for (std::int64_t n : {512, 1024, 2048, 4096, 8192, 16384})
+      for (bool c : {false, true}) shapes.push_back({"fa3", DType::bfloat16, 16384 / n, 2048 / d, n, d, c});
+  std::printf("kind,sweep,dtype,batch,heads,seqlen,head_dim,causal,config,ms,tflops\n");
+  for (const Shape& s : shapes) {
+    if (s.dtype == DType::float16) time_production<__half>(s, warmup, reps);
+    else time_production<__nv_bfloat16>(s, warmup, reps);
+  }
+  // Alternative tile configs (performance exploration only) at the sizes that matter most.
+  for (const Shape& s : shapes) {
+    if (s.seqlen != 4096 && s.seqlen != 16384) continue;
+    time_variant<__half, TileConfig{64, 128, 64, 4, 2, 1}>(s, warmup, reps);
+    time_variant<__half, TileConfig{64, 128, 128, 8, 2, 1}>(s, warmup, reps);
+    time_variant<__half, TileConfig{64, 64, 64, 4, 2, 1}>(s, warmup, reps);
+    time_variant<__half, TileConfig{64, 128, 64, 8, 3, 1}>(s, warmup, reps);
+    time_variant<__nv_bfloat16, TileConfig{128, 128, 64, 4, 2, 1}>(s, warmup, reps);
+    time_variant<__nv_bfloat16, TileConfig{128, 128, 32, 8, 2, 1}>(s, warmup, reps);
+    time_variant<__nv_bfloat16, TileConfig{128, 64, 64, 4, 2, 1}>(s, warmup, reps);
+    time_variant<__nv_bfloat16, TileConfig{128, 128, 64, 8, 3, 1}>(s, warmup, reps);
+  }
+  return 0;
+}
