@@ -27,12 +27,28 @@ typedef float Vec __attribute__((vector_size(kVectorBytes)));
 typedef std::int32_t IntVec __attribute__((vector_size(kVectorBytes)));
 static_assert(kTileWidthMultiple % kLanes == 0);
 
+// Unaligned vector load/store. The intrinsics keep GCC from routing the micro-tile
+// accumulators through a stack copy, which the memcpy form did (≈5% of a 64-deep tile).
 inline Vec load(const float* p) {
+#if FLASHATTN_CPU_VECTOR_BYTES == 64 && defined(__AVX512F__)
+  return (Vec)_mm512_loadu_ps(p);
+#elif FLASHATTN_CPU_VECTOR_BYTES == 32 && defined(__AVX__)
+  return (Vec)_mm256_loadu_ps(p);
+#else
   Vec v;
   __builtin_memcpy(&v, p, sizeof v);
   return v;
+#endif
 }
-inline void store(float* p, Vec v) { __builtin_memcpy(p, &v, sizeof v); }
+inline void store(float* p, Vec v) {
+#if FLASHATTN_CPU_VECTOR_BYTES == 64 && defined(__AVX512F__)
+  _mm512_storeu_ps(p, (__m512)v);
+#elif FLASHATTN_CPU_VECTOR_BYTES == 32 && defined(__AVX__)
+  _mm256_storeu_ps(p, (__m256)v);
+#else
+  __builtin_memcpy(p, &v, sizeof v);
+#endif
+}
 inline Vec broadcast(float x) { return Vec{} + x; }
 // Broadcast straight from memory: on x86 one vbroadcastss from the load port (GCC
 // turns `Vec{} + *p` into a scalar load plus a shuffle on the port that AVX-512's
