@@ -64,20 +64,23 @@ WRAPPER
 fi
 if [ "${SKIP_BUILD:-0}" != 1 ]; then
   step "build ($source_dir -> $build/tree)"
-  # shellcheck disable=SC2086  # CMAKE_ARGS is a list of flags
-  timeout "${BUILD_LIMIT:-300}" bash -c "
-    cmake -S '$source_dir' -B '$build/tree' -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHATTN_CUDA=ON \
-      -DCMAKE_CUDA_ARCHITECTURES=90a-real -DFLASHATTN_BUILD_PYTHON=ON -DFLASHATTN_BUILD_TESTS=OFF \
-      -DFLASHATTN_BUILD_TOOLS=OFF -DPython_EXECUTABLE=\$(command -v python3) ${CMAKE_ARGS:-} &&
-    /usr/bin/time -f 'build wall time %e s' ninja -C '$build/tree' -j $jobs -k 0" > "$results/build.log" 2>&1
-  echo "build exit $? ($(grep -c FAILED "$results/build.log") failed steps); $(grep 'build wall time' "$results/build.log")"
+  read -r -a cmake_extra <<< "${CMAKE_ARGS:-}"  # whitespace-separated flags; ';' lists stay one flag
+  build_start=$(date +%s)
+  {
+    timeout 120 cmake -S "$source_dir" -B "$build/tree" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHATTN_CUDA=ON \
+        -DCMAKE_CUDA_ARCHITECTURES=90a-real -DFLASHATTN_BUILD_PYTHON=ON -DFLASHATTN_BUILD_TESTS=OFF \
+        -DFLASHATTN_BUILD_TOOLS=OFF -DPython_EXECUTABLE="$(command -v python3)" "${cmake_extra[@]}" &&
+      timeout "${BUILD_LIMIT:-300}" ninja -C "$build/tree" -j "$jobs" -k 0
+  } > "$results/build.log" 2>&1
+  build_status=$?
+  echo "build exit $build_status, wall time $(( $(date +%s) - build_start )) s, $(grep -c FAILED "$results/build.log") failed steps"
   grep -A12 FAILED "$results/build.log" | head -40
 fi
-ladder_bench=$(find "$build/tree" -name ladder_bench -type f -perm -u+x 2>/dev/null | head -1)
+ladder_bench=$(find "$build/tree/" -name ladder_bench -type f -perm -u+x 2>/dev/null | head -1)
 
 # --- 2. the Python package ------------------------------------------------------------------
 step "python package"
-module_dir=$(dirname "$(dirname "$(find "$build/tree" -path '*python/flashattn/_C*.so' 2>/dev/null | head -1)")" 2>/dev/null)
+module_dir=$(dirname "$(dirname "$(find "$build/tree/" -path '*python/flashattn/_C*.so' 2>/dev/null | head -1)")" 2>/dev/null)
 if [ -n "$module_dir" ] && PYTHONPATH="$module_dir" python3 -c 'import flashattn' 2>/dev/null; then
   export PYTHONPATH="$module_dir${PYTHONPATH:+:$PYTHONPATH}"
   echo "using the build tree's module: $module_dir"
