@@ -23,8 +23,10 @@
 #   LADDER_ARGS  extra ladder_bench flags (default sweep: fp16, batch 1, 16 heads, d 64, N 512..8192)
 #   NCU_SEQLEN   sequence length of the ncu traffic measurement (2048)
 #   SKIP_BUILD=1 reuse an existing build tree
-#   step limits in seconds: BUILD_LIMIT (300) PIP_LIMIT (240) LADDER_LIMIT (90) NCU_LIMIT (90)
+#   step limits in seconds: BUILD_LIMIT (300) PIP_LIMIT (180) LADDER_LIMIT (90) NCU_LIMIT (90)
 #   FWD_LIMIT (150) BWD_LIMIT (180)
+#   TOTAL_LIMIT (560): every step's limit is cut to what is left of it, so the results are
+#   copied to $OUT before a 600-second device command is stopped.
 set -uo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -35,7 +37,15 @@ jobs=${JOBS:-16}
 results=$build/results  # staging; copied to $out at the end
 mkdir -p "$out" "$results"
 started=$(date +%s)
+deadline=$(( started + ${TOTAL_LIMIT:-560} ))
 step() { echo; echo "=== [$(( $(date +%s) - started ))s] $*"; }
+# The smaller of a step's own limit and the time left before the deadline (10 s kept for
+# the summary and the copy); at least 1 so `timeout` stops a step that cannot fit at once.
+cap() {
+  local left=$(( deadline - $(date +%s) - 10 ))
+  (( left < 1 )) && left=1
+  echo $(( $1 < left ? $1 : left ))
+}
 
 {
   echo "date: $(date -u '+%Y-%m-%d %H:%M:%S UTC')"
@@ -67,10 +77,10 @@ if [ "${SKIP_BUILD:-0}" != 1 ]; then
   read -r -a cmake_extra <<< "${CMAKE_ARGS:-}"  # whitespace-separated flags; ';' lists stay one flag
   build_start=$(date +%s)
   {
-    timeout 120 cmake -S "$source_dir" -B "$build/tree" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHATTN_CUDA=ON \
+    timeout "$(cap 120)" cmake -S "$source_dir" -B "$build/tree" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHATTN_CUDA=ON \
         -DCMAKE_CUDA_ARCHITECTURES=90a-real -DFLASHATTN_BUILD_PYTHON=ON -DFLASHATTN_BUILD_TESTS=OFF \
         -DFLASHATTN_BUILD_TOOLS=OFF -DPython_EXECUTABLE="$(command -v python3)" "${cmake_extra[@]}" &&
-      timeout "${BUILD_LIMIT:-300}" ninja -C "$build/tree" -j "$jobs" -k 0
+      timeout "$(cap "${BUILD_LIMIT:-300}")" ninja -C "$build/tree" -j "$jobs" -k 0
   } > "$results/build.log" 2>&1
   build_status=$?
   echo "build exit $build_status, wall time $(( $(date +%s) - build_start )) s, $(grep -c FAILED "$results/build.log") failed steps"
@@ -84,7 +94,7 @@ module_dir=$(dirname "$(dirname "$(find "$build/tree/" -path '*python/flashattn/
 if [ -n "$module_dir" ] && PYTHONPATH="$module_dir" python3 -c 'import flashattn' 2>/dev/null; then
   export PYTHONPATH="$module_dir${PYTHONPATH:+:$PYTHONPATH}"
   echo "using the build tree's module: $module_dir"
-elif timeout "${PIP_LIMIT:-240}" python3 -m pip install --no-build-isolation --no-deps -q . > "$results/pip.log" 2>&1 \
+elif timeout "$(cap "${PIP_LIMIT:-180}")" python3 -m pip install --no-build-isolation --no-deps -q . > "$results/pip.log" 2>&1 \
      && python3 -c 'import flashattn' 2>/dev/null; then
   echo "pip install . succeeded"
 else
@@ -96,13 +106,13 @@ python3 -c 'import flashattn; print("flashattn", flashattn.__version__, "cuda_av
 if [ -n "$ladder_bench" ]; then
   step "ladder ($ladder_bench)"
   # shellcheck disable=SC2086
-  timeout "${LADDER_LIMIT:-90}" "$ladder_bench" --csv "$results/gpu_ladder.csv" --md "$results/gpu_ladder.md" \
+  timeout "$(cap "${LADDER_LIMIT:-90}")" "$ladder_bench" --csv "$results/gpu_ladder.csv" --md "$results/gpu_ladder.md" \
       ${LADDER_ARGS:-} 2>&1 | tee "$results/ladder.log"
   # The memory rows of shared/BENCHMARKS.md (bf16, d 128): naive's O(N^2) against ours' O(N).
-  timeout 60 "$ladder_bench" --dtype bf16 --head-dim 128 --seqlens 4096,16384 --variants naive,ours \
+  timeout "$(cap 60)" "$ladder_bench" --dtype bf16 --head-dim 128 --seqlens 4096,16384 --variants naive,ours \
       --csv "$results/gpu_ladder_d128.csv" --md "$results/gpu_ladder_d128.md" 2>&1 | tee -a "$results/ladder.log"
   step "ncu HBM traffic (N=${NCU_SEQLEN:-2048})"
-  timeout "${NCU_LIMIT:-90}" bash "$root/bench/gpu/ladder_ncu.sh" "$ladder_bench" "$results/ncu" "${NCU_SEQLEN:-2048}" \
+  timeout "$(cap "${NCU_LIMIT:-90}")" bash "$root/bench/gpu/ladder_ncu.sh" "$ladder_bench" "$results/ncu" "${NCU_SEQLEN:-2048}" \
       2>&1 | tee "$results/ncu.log"
   cp "$results/ncu/gpu_ladder_ncu.csv" "$results/" 2>/dev/null
 else
@@ -112,7 +122,7 @@ fi
 # --- 4. the harness -------------------------------------------------------------------------
 export PYTHONUNBUFFERED=1
 for pass in fwd bwd; do
-  limit=$([ $pass = fwd ] && echo "${FWD_LIMIT:-150}" || echo "${BWD_LIMIT:-180}")
+  limit=$(cap "$([ $pass = fwd ] && echo "${FWD_LIMIT:-150}" || echo "${BWD_LIMIT:-180}")")
   step "harness $pass (limit ${limit}s)"
   # shellcheck disable=SC2086
   timeout "$limit" python3 "$root/bench/gpu/bench_attention.py" --passes $pass --out-dir "$results" ${HARNESS_ARGS:-} \
