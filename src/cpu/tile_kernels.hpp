@@ -66,12 +66,15 @@ inline Vec vmax(Vec a, Vec b) { return a > b ? a : b; }
 
 // 2^x: x = n + f with n = round(x), |f| <= 1/2; 2^f by its degree-6 Taylor polynomial
 // (relative error < 2e-7, about float32's own rounding), 2^n added to the exponent
-// bits. x < -126 (the mask's -inf included) gives exactly 0, so masked scores vanish;
-// callers pass x <= 0 up to rounding, so there is no overflow to handle.
+// bits. Rounding by the 1.5·2^23 trick: t = x + 1.5·2^23 holds round(x) in its low
+// mantissa bits, so n needs no float<->int conversion, and (bits of t) << 23 is
+// exactly n << 23. x < -126 (the mask's -inf included) gives exactly 0, so masked
+// scores vanish; callers pass x <= 0 up to rounding, so there is no overflow.
 inline Vec exp2(Vec x) {
-  const Vec clamped = x < -126.0f ? broadcast(-126.0f) : x;
-  const IntVec n = __builtin_convertvector(clamped + (clamped < 0.0f ? broadcast(-0.5f) : broadcast(0.5f)), IntVec);
-  const Vec f = clamped - __builtin_convertvector(n, Vec);
+  const Vec kRoundingMagic = broadcast(12582912.0f);  // 1.5 * 2^23
+  const Vec clamped = vmax(x, broadcast(-126.0f));
+  const Vec t = clamped + kRoundingMagic;
+  const Vec f = clamped - (t - kRoundingMagic);
   // (ln 2)^k / k!
   Vec p = broadcast(1.5403530393381608e-4f);
   p = p * f + 1.3333558146428443e-3f;
@@ -80,11 +83,12 @@ inline Vec exp2(Vec x) {
   p = p * f + 2.4022650695910071e-1f;
   p = p * f + 6.9314718055994531e-1f;
   p = p * f + 1.0f;
-  IntVec bits;
-  __builtin_memcpy(&bits, &p, sizeof bits);
-  bits += n << 23;
+  IntVec p_bits, t_bits;
+  __builtin_memcpy(&p_bits, &p, sizeof p_bits);
+  __builtin_memcpy(&t_bits, &t, sizeof t_bits);
+  p_bits += t_bits << 23;
   Vec result;
-  __builtin_memcpy(&result, &bits, sizeof result);
+  __builtin_memcpy(&result, &p_bits, sizeof result);
   return x < -126.0f ? Vec{} : result;
 }
 
@@ -159,6 +163,10 @@ void exp2_columns(float* s, std::int64_t stride, std::int64_t rows, std::int64_t
 void scale_columns(float* o, std::int64_t stride, std::int64_t rows, std::int64_t width, const float* factor) {
   for (std::int64_t i = 0; i < width; i += kLanes) {
     const Vec f = load(factor + i);
+    // Once the running maxima settle, most factors are exactly 1: skip those columns.
+    bool is_identity = true;
+    for (int lane = 0; lane < kLanes; ++lane) is_identity = is_identity && f[lane] == 1.0f;
+    if (is_identity) continue;
     for (std::int64_t r = 0; r < rows; ++r) store(o + r * stride + i, load(o + r * stride + i) * f);
   }
 }
