@@ -1,0 +1,233 @@
+// bench/gpu/decode_bench.cu — bandwidth of forward_with_kvcache (issue 6, seed 002).
+//
+// Method (shared/BENCHMARKS.md, decode section): random bf16 inputs (never zeros),
+// one query token per sequence, 32 query heads on 8 KV heads, head dim 128; the
+// cache rotated among kSets independent sets so a timed call never finds its K/V in
+// the 50 MB L2. The calls are captured in a CUDA graph (as serving engines run
+// decode steps), so host-side validation and launch latency are not in the timing;
+// warm-up replay, then the median over replays of (graph time / calls in it).
+// Bandwidth = bytes of K and V read / time. The device-to-device copy rate is
+// measured in the same run as the ceiling. Outputs are poisoned before the runs and
+// checked finite after. Writes CSV (argv[1], default decode_bench.csv).
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "flashattn/kvcache.hpp"
+
+namespace {
+
+void check(cudaError_t code, const char* what) {
+  if (code != cudaSuccess) {
+    std::fprintf(stderr, "CUDA error in %s: %s\n", what, cudaGetErrorString(code));
+    std::exit(1);
+  }
+}
+
+// Deterministic pseudo-random N(0,1)-ish values (sum of uniforms), never all zeros.
+__global__ void fill_random(__nv_bfloat16* data, std::int64_t count, std::uint64_t seed) {
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < count;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    std::uint64_t x = (static_cast<std::uint64_t>(i) + 1) * 0x9E3779B97F4A7C15ull ^ seed;
+    float sum = 0.0f;
+    for (int k = 0; k < 4; ++k) {
+      x ^= x >> 31, x *= 0xBF58476D1CE4E5B9ull, x ^= x >> 29;
+      sum += static_cast<float>(x >> 40) / static_cast<float>(1ull << 24);
+    }
+    data[i] = __float2bfloat16((sum - 2.0f) * 1.7f);
+  }
+}
+
+struct DeviceArray {
+  void* data = nullptr;
+  std::size_t bytes = 0;
+  explicit DeviceArray(std::size_t n) : bytes(n) { check(cudaMalloc(&data, n ? n : 16), "cudaMalloc"); }
+  ~DeviceArray() { cudaFree(data); }
+  DeviceArray(const DeviceArray&) = delete;
+  DeviceArray& operator=(const DeviceArray&) = delete;
+};
+
+flashattn::TensorView view(void* data, flashattn::DType dtype, std::initializer_list<std::int64_t> shape) {
+  return flashattn::TensorView::contiguous(data, dtype, shape, flashattn::Device::cuda(0));
+}
+
+constexpr int kSets = 4;
+constexpr int kCallsPerGraph = 16;  // a multiple of kSets
+constexpr int kWarmup = 3;
+constexpr int kRepeats = 15;
+
+struct Config {
+  std::int64_t batch, kv_len;
+  std::int64_t page_size;  // 0 = contiguous
+};
+
+double median(std::vector<float> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+double copy_bandwidth_tbps() {
+  const std::size_t bytes = std::size_t{1} << 30;
+  DeviceArray a(bytes), b(bytes);
+  check(cudaMemset(a.data, 1, bytes), "memset");
+  cudaEvent_t start, stop;
+  check(cudaEventCreate(&start), "event");
+  check(cudaEventCreate(&stop), "event");
+  std::vector<float> times;
+  for (int i = 0; i < 20; ++i) {
+    check(cudaEventRecord(start), "record");
+    check(cudaMemcpy(b.data, a.data, bytes, cudaMemcpyDeviceToDevice), "copy");
+    check(cudaEventRecord(stop), "record");
+    check(cudaEventSynchronize(stop), "sync");
+    float ms = 0;
+    check(cudaEventElapsedTime(&ms, start, stop), "elapsed");
+    if (i >= 5) times.push_back(ms);
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  return 2.0 * bytes / (median(times) * 1e-3) / 1e12;  // read + written
+}
+
+void run(const Config& c, std::FILE* csv) {
+  using flashattn::DType;
+  constexpr std::int64_t kHeadsQ = 32, kHeadsKv = 8, kHeadDim = 128;
+  const std::int64_t pages_per_seq = c.page_size ? (c.kv_len + c.page_size - 1) / c.page_size : 0;
+  const std::int64_t rows_per_set = c.page_size ? c.batch * pages_per_seq * c.page_size : c.batch * c.kv_len;
+  const std::size_t cache_bytes = static_cast<std::size_t>(rows_per_set * kHeadsKv * kHeadDim) * 2;
+  std::vector<std::unique_ptr<DeviceArray>> k_sets, v_sets, table_sets;
+  std::mt19937_64 rng(42);
+  for (int s = 0; s < kSets; ++s) {
+    k_sets.push_back(std::make_unique<DeviceArray>(cache_bytes));
+    v_sets.push_back(std::make_unique<DeviceArray>(cache_bytes));
+    const std::int64_t elements = static_cast<std::int64_t>(cache_bytes / 2);
+    fill_random<<<1024, 256>>>(static_cast<__nv_bfloat16*>(k_sets.back()->data), elements, 2 * s + 1);
+    fill_random<<<1024, 256>>>(static_cast<__nv_bfloat16*>(v_sets.back()->data), elements, 2 * s + 2);
+    check(cudaGetLastError(), "fill_random");
+    if (c.page_size) {  // pages in a random order, as an allocator that has run a while hands them out
+      std::vector<std::int32_t> table(static_cast<std::size_t>(c.batch * pages_per_seq));
+      std::iota(table.begin(), table.end(), 0);
+      std::shuffle(table.begin(), table.end(), rng);
+      table_sets.push_back(std::make_unique<DeviceArray>(table.size() * 4));
+      check(cudaMemcpy(table_sets.back()->data, table.data(), table.size() * 4, cudaMemcpyHostToDevice), "table");
+    }
+  }
+  DeviceArray q(static_cast<std::size_t>(c.batch * kHeadsQ * kHeadDim) * 2), out(q.bytes);
+  DeviceArray lse(static_cast<std::size_t>(c.batch * kHeadsQ) * 4), seqlens(static_cast<std::size_t>(c.batch) * 4);
+  fill_random<<<64, 256>>>(static_cast<__nv_bfloat16*>(q.data), c.batch * kHeadsQ * kHeadDim, 99);
+  check(cudaGetLastError(), "fill_random");
+  std::vector<std::int32_t> lengths(static_cast<std::size_t>(c.batch), static_cast<std::int32_t>(c.kv_len));
+  check(cudaMemcpy(seqlens.data, lengths.data(), lengths.size() * 4, cudaMemcpyHostToDevice), "seqlens");
+
+  auto args_for = [&](int s) {
+    flashattn::KVCacheArgs a;
+    a.q = view(q.data, DType::bfloat16, {c.batch, 1, kHeadsQ, kHeadDim});
+    const std::int64_t dim0 = c.page_size ? c.batch * pages_per_seq : c.batch;
+    const std::int64_t dim1 = c.page_size ? c.page_size : c.kv_len;
+    a.k_cache = view(k_sets[static_cast<std::size_t>(s)]->data, DType::bfloat16, {dim0, dim1, kHeadsKv, kHeadDim});
+    a.v_cache = view(v_sets[static_cast<std::size_t>(s)]->data, DType::bfloat16, {dim0, dim1, kHeadsKv, kHeadDim});
+    if (c.page_size) a.maybe_block_table = view(table_sets[static_cast<std::size_t>(s)]->data, DType::int32, {c.batch, pages_per_seq});
+    a.maybe_cache_seqlens = view(seqlens.data, DType::int32, {c.batch});
+    a.out = view(out.data, DType::bfloat16, {c.batch, 1, kHeadsQ, kHeadDim});
+    a.maybe_lse = view(lse.data, DType::float32, {c.batch, kHeadsQ, 1});
+    return a;
+  };
+  flashattn::KVCacheArgs probe = args_for(0);
+  const int num_splits = flashattn::kvcache_num_splits(probe);
+  const std::size_t workspace_bytes = flashattn::kvcache_workspace_bytes(probe);
+  DeviceArray workspace(workspace_bytes);
+
+  cudaStream_t stream;
+  check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream");
+  flashattn::ExecutionContext context;
+  context.stream = stream;
+  flashattn::forward_with_kvcache([&] {  // once outside the capture: one-time kernel attributes
+    flashattn::KVCacheArgs a = args_for(0);
+    if (workspace_bytes) a.maybe_workspace = view(workspace.data, DType::uint8, {static_cast<std::int64_t>(workspace_bytes)});
+    return a;
+  }(), context);
+  check(cudaStreamSynchronize(stream), "first call");
+  check(cudaMemset(out.data, 0xFF, out.bytes), "poison out");  // NaN in bf16: the timed calls must overwrite it
+  check(cudaMemset(lse.data, 0xFF, lse.bytes), "poison lse");
+  cudaGraph_t graph;
+  check(cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed), "capture");
+  for (int i = 0; i < kCallsPerGraph; ++i) {
+    flashattn::KVCacheArgs a = args_for(i % kSets);
+    if (workspace_bytes) a.maybe_workspace = view(workspace.data, DType::uint8, {static_cast<std::int64_t>(workspace_bytes)});
+    flashattn::forward_with_kvcache(a, context);
+  }
+  check(cudaStreamEndCapture(stream, &graph), "end capture");
+  cudaGraphExec_t exec;
+  check(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
+  cudaEvent_t start, stop;
+  check(cudaEventCreate(&start), "event");
+  check(cudaEventCreate(&stop), "event");
+  std::vector<float> times;
+  for (int i = 0; i < kWarmup + kRepeats; ++i) {
+    check(cudaEventRecord(start, stream), "record");
+    check(cudaGraphLaunch(exec, stream), "graph launch");
+    check(cudaEventRecord(stop, stream), "record");
+    check(cudaEventSynchronize(stop), "sync");
+    float ms = 0;
+    check(cudaEventElapsedTime(&ms, start, stop), "elapsed");
+    if (i >= kWarmup) times.push_back(ms / kCallsPerGraph);
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+  std::vector<__nv_bfloat16> host_out(static_cast<std::size_t>(c.batch * kHeadsQ * kHeadDim));
+  check(cudaMemcpy(host_out.data(), out.data, out.bytes, cudaMemcpyDeviceToHost), "download");
+  bool finite = true;
+  for (const auto& x : host_out) finite = finite && std::isfinite(__bfloat162float(x));
+
+  const double ms = median(times);
+  const double bytes_read = 2.0 * static_cast<double>(c.batch * c.kv_len * kHeadsKv * kHeadDim) * 2.0;  // K and V, bf16
+  const double tbps = bytes_read / (ms * 1e-3) / 1e12;
+  const std::string layout = c.page_size ? "paged" : "contiguous";
+  std::printf("%-10s page %3lld batch %3lld kv %7lld splits %2d: %8.2f us  %5.2f TB/s%s\n", layout.c_str(),
+              static_cast<long long>(c.page_size), static_cast<long long>(c.batch), static_cast<long long>(c.kv_len), num_splits,
+              ms * 1e3, tbps, finite ? "" : "  NON-FINITE OUTPUT");
+  std::fprintf(csv, "%s,%lld,%lld,%lld,%lld,%lld,%lld,%d,%.3f,%.4f,%d\n", layout.c_str(), static_cast<long long>(c.page_size),
+               static_cast<long long>(c.batch), static_cast<long long>(kHeadsQ), static_cast<long long>(kHeadsKv),
+               static_cast<long long>(kHeadDim), static_cast<long long>(c.kv_len), num_splits, ms * 1e3, tbps, finite ? 1 : 0);
+  if (!finite) std::exit(2);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const char* path = argc > 1 ? argv[1] : "decode_bench.csv";
+  std::FILE* csv = std::fopen(path, "w");
+  if (!csv) {
+    std::perror(path);
+    return 1;
+  }
+  cudaDeviceProp prop{};
+  check(cudaGetDeviceProperties(&prop, 0), "properties");
+  const double copy = copy_bandwidth_tbps();
+  std::printf("%s, %d SMs; device copy %.2f TB/s (read + written)\n", prop.name, prop.multiProcessorCount, copy);
+  std::fprintf(csv, "# device=%s copy_tbps=%.3f\n", prop.name, copy);
+  std::fprintf(csv, "layout,page_size,batch,heads_q,heads_kv,head_dim,kv_len,num_splits,time_us,bandwidth_tbps,finite\n");
+  std::vector<Config> configs;
+  for (std::int64_t page : {0, 16, 256})
+    for (std::int64_t kv : {1024, 4096, 16384, 65536}) configs.push_back({8, kv, page});
+  for (std::int64_t page : {0, 16, 256}) {
+    configs.push_back({1, 65536, page});
+    configs.push_back({1, 131072, page});
+    configs.push_back({64, 1024, page});
+  }
+  for (const auto& c : configs) run(c, csv);
+  std::fclose(csv);
+  return 0;
+}

@@ -1,0 +1,143 @@
+// src/cuda/decode/decode_api.cu — the CUDA backend of forward_with_kvcache: limits,
+// the split heuristic's view of the device, alignment checks, and the launch
+// sequence append -> split-KV kernel -> combine (one stream, in order).
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+#include <string>
+
+#include "flashattn/error.hpp"
+#include "src/core/kvcache_backend.hpp"
+#include "src/cuda/common/check.cuh"
+#include "src/cuda/decode/launch.hpp"
+
+namespace flashattn::cuda {
+namespace {
+
+// The kernel head dims built (FLASHATTN_CUDA_DECODE_HDIM_<d>, from src/cuda/CMakeLists.txt).
+constexpr int kBuiltHeadDims[] = {
+#if defined(FLASHATTN_CUDA_DECODE_HDIM_64)
+    64,
+#endif
+#if defined(FLASHATTN_CUDA_DECODE_HDIM_128)
+    128,
+#endif
+#if defined(FLASHATTN_CUDA_DECODE_HDIM_256)
+    256,
+#endif
+    0};
+
+// The smallest built kernel head dim that holds head_dim (features past head_dim are
+// zero-filled); 0 if none. The one selection used by limits and by the launch.
+int kernel_head_dim_for(std::int64_t head_dim) {
+  for (int d : kBuiltHeadDims)
+    if (d != 0 && head_dim <= d) return d;
+  return 0;
+}
+
+int largest_built_head_dim() {
+  int largest = 0;
+  for (int d : kBuiltHeadDims) largest = d > largest ? d : largest;
+  return largest;
+}
+
+// cp.async copies 16-byte chunks of each cache row: the base and every stride must keep that alignment.
+void require_16_byte_rows(const char* name, const void* data, std::int64_t batch_stride, std::int64_t row_stride,
+                          std::int64_t head_stride) {
+  const bool aligned = reinterpret_cast<std::uintptr_t>(data) % 16 == 0 && batch_stride % 8 == 0 && row_stride % 8 == 0 &&
+                       head_stride % 8 == 0;
+  if (!aligned)
+    throw NotSupported(std::string("flashattn: ") + name +
+                       ": the CUDA decode kernel needs 16-byte aligned cache rows (data aligned to 16 bytes, strides "
+                       "multiples of 8 elements), got strides " +
+                       std::to_string(batch_stride) + "/" + std::to_string(row_stride) + "/" + std::to_string(head_stride));
+}
+
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int device) {
+    FLASHATTN_CUDA_CHECK(cudaGetDevice(&previous_));
+    if (previous_ != device) FLASHATTN_CUDA_CHECK(cudaSetDevice(device));
+  }
+  ~DeviceGuard() {
+    int current = previous_;
+    if (cudaGetDevice(&current) == cudaSuccess && current != previous_) (void)cudaSetDevice(previous_);
+  }
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  int previous_ = 0;
+};
+
+template <class T>
+void run_decode_for_head_dim(int kernel_head_dim, const KVCacheParams& params, cudaStream_t stream) {
+  switch (kernel_head_dim) {
+#if defined(FLASHATTN_CUDA_DECODE_HDIM_64)
+    case 64: return decode::run_decode<T, 64>(params, stream);
+#endif
+#if defined(FLASHATTN_CUDA_DECODE_HDIM_128)
+    case 128: return decode::run_decode<T, 128>(params, stream);
+#endif
+#if defined(FLASHATTN_CUDA_DECODE_HDIM_256)
+    case 256: return decode::run_decode<T, 256>(params, stream);
+#endif
+    default:
+      throw NotSupported("flashattn: q: no CUDA decode kernel for head_dim " + std::to_string(params.attention.head_dim) +
+                         " in this build (see FLASHATTN_CUDA_HEAD_DIMS)");
+  }
+}
+
+}  // namespace
+
+KVCacheLimits kvcache_limits() noexcept { return KVCacheLimits{"cuda", false, largest_built_head_dim(), 8}; }
+
+SplitProblem kvcache_split_problem(const KVCacheParams& params) {
+  const AttentionParams& a = params.attention;
+  SplitProblem p;
+  const std::int64_t packed_rows = a.seqlen_q * a.group_size;
+  const int rows = decode::rows_per_cta(packed_rows);
+  p.batch = a.batch;
+  p.heads_kv = a.heads_kv;
+  p.query_blocks = (packed_rows + rows - 1) / rows;
+  // Device-resident lengths are unknown on the host: plan for the longest possible range.
+  p.seqlen_k = (params.maybe_cache_seqlens || params.maybe_cache_leftpad) ? params.capacity
+                                                                       : params.uniform_cache_seqlen + params.seqlen_new;
+  const int kernel_head_dim = kernel_head_dim_for(a.head_dim);
+  p.block_n = kernel_head_dim ? decode::tile_keys(kernel_head_dim) : 64;
+  int sm_count = 1;
+  if (cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, a.device.index) != cudaSuccess) sm_count = 1;
+  p.sm_count = sm_count;
+  // Three 64 KiB CTAs fit per SM; aim for ~4 per SM of work so the tail wave is short
+  // and enough loads are in flight (performance-only).
+  p.ctas_per_sm = 4;
+  p.max_splits = 64;
+  return p;
+}
+
+void forward_with_kvcache(const KVCacheParams& params, void* stream) {
+  const AttentionParams& a = params.attention;
+  const int kernel_head_dim = kernel_head_dim_for(a.head_dim);
+  if (kernel_head_dim == 0)
+    throw NotSupported("flashattn: q: head_dim " + std::to_string(a.head_dim) + " is larger than every CUDA decode kernel built (largest: " +
+                       std::to_string(largest_built_head_dim()) + ")");
+  if (a.dtype != DType::float16 && a.dtype != DType::bfloat16)
+    throw NotSupported(std::string("flashattn: q: the CUDA decode kernel runs float16 and bfloat16, got ") + dtype_name(a.dtype));
+  require_16_byte_rows("k_cache", params.k_cache, a.k_batch_stride, a.k_row_stride, a.k_head_stride);
+  require_16_byte_rows("v_cache", params.v_cache, a.v_batch_stride, a.v_row_stride, a.v_head_stride);
+  if (params.num_splits > 1 && reinterpret_cast<std::uintptr_t>(params.maybe_workspace) % 16 != 0)
+    throw NotSupported("flashattn: workspace: must be 16-byte aligned");
+  const DeviceGuard device_guard(a.device.index);
+  const auto cuda_stream = static_cast<cudaStream_t>(stream);
+  if (params.has_append()) decode::run_append(params, cuda_stream);  // the new keys are part of the cache read next
+  if (a.batch == 0 || a.seqlen_q == 0) return;
+  if (a.dtype == DType::bfloat16) {
+    run_decode_for_head_dim<__nv_bfloat16>(kernel_head_dim, params, cuda_stream);
+  } else {
+    run_decode_for_head_dim<__half>(kernel_head_dim, params, cuda_stream);
+  }
+  if (params.num_splits > 1) decode::run_combine(params, cuda_stream);
+}
+
+}  // namespace flashattn::cuda

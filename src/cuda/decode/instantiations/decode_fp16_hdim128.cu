@@ -1,0 +1,6 @@
+// One split-KV decode kernel: __half, kernel head dim 128 (rows per CTA 4 and 8).
+#include "src/cuda/decode/launch_decode.cuh"
+
+namespace flashattn::cuda::decode {
+template void run_decode<__half, 128>(const KVCacheParams&, cudaStream_t);
+}  // namespace flashattn::cuda::decode

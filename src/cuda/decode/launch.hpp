@@ -1,0 +1,30 @@
+// src/cuda/decode/launch.hpp — entry points of the decode kernels. The split-KV
+// kernel has one explicit instantiation per (dtype, kernel head dim) in
+// instantiations/ (both row counts in each); append and combine live in
+// append_combine.cu. Including this header compiles no kernel.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "src/core/kvcache_params.hpp"
+
+namespace flashattn::cuda::decode {
+
+// Query rows packed per CTA: the whole GQA group of one position when it fits in 4,
+// else 8 (more rows re-read K/V once per query block).
+inline int rows_per_cta(std::int64_t packed_rows) { return packed_rows <= 4 ? 4 : 8; }
+
+// Keys per tile of the kernel for a kernel head dim (DecodeConfig::kTileN).
+inline int tile_keys(int kernel_head_dim) { return (128 / (kernel_head_dim / 8)) * 4; }
+
+// The split-KV kernel: writes out/LSE (num_splits == 1) or the workspace partials.
+template <class T, int kHeadDim>
+void run_decode(const KVCacheParams& params, cudaStream_t stream);
+
+// Writes k_new/v_new (k rotated) into the cache at positions cache_seqlen(b) + j.
+void run_append(const KVCacheParams& params, cudaStream_t stream);
+
+// Merges the num_splits partial rows of the workspace into out/LSE.
+void run_combine(const KVCacheParams& params, cudaStream_t stream);
+
+}  // namespace flashattn::cuda::decode

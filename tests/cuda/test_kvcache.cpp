@@ -1,0 +1,212 @@
+// forward_with_kvcache on the GPU (split-KV decode kernel, append + rotary, combine):
+// the host problems of tests/cpu/kvcache_problem.hpp mirrored to device memory,
+// checked against the float64 reference of the gathered cache, the exact-append
+// rule, and the CPU path. Skipped without a GPU.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "flashattn/error.hpp"
+#include "flashattn/kvcache.hpp"
+#include "tests/cpu/kvcache_problem.hpp"
+#include "tests/cuda/device_problem.hpp"
+
+namespace flashattn::testing {
+namespace {
+
+#define SKIP_WITHOUT_GPU() \
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device"
+
+// Device mirrors of every host buffer of a DecodeProblem, byte for byte.
+class DeviceDecode {
+ public:
+  explicit DeviceDecode(DecodeProblem& p) : p_(p) {
+    for (HostTensor* t : {&p.q, &p.k_cache, &p.v_cache, &p.k_new, &p.v_new, &p.cache_seqlens, &p.cache_batch_idx, &p.cache_leftpad,
+                          &p.block_table, &p.rotary_cos, &p.rotary_sin, &p.out, &p.lse}) {
+      if (t->numel() == 0 && t->shape().empty()) continue;  // never allocated
+      DeviceBuffer buffer(host_bytes(*t));
+      buffer.upload(t->data());
+      mirrors_.emplace(t->data(), std::move(buffer));
+    }
+  }
+
+  // The host arguments with every tensor moved onto the device mirror.
+  KVCacheArgs args(const KVCacheArgs& host) {
+    KVCacheArgs a = host;
+    for (TensorView* t : {&a.q, &a.k_cache, &a.v_cache, &a.maybe_k_new, &a.maybe_v_new, &a.maybe_cache_seqlens, &a.maybe_cache_batch_idx,
+                          &a.maybe_cache_leftpad, &a.maybe_block_table, &a.maybe_rotary_cos, &a.maybe_rotary_sin, &a.out, &a.maybe_lse}) {
+      if (!t->defined()) continue;
+      auto it = mirrors_.find(t->data);
+      if (it == mirrors_.end()) throw std::runtime_error("tensor without a device mirror");
+      t->data = it->second.data();
+      t->device = Device::cuda(0);
+    }
+    return a;
+  }
+
+  // Runs on the GPU (allocating the split workspace the call asks for), then copies
+  // out, LSE and both caches back into the host problem.
+  void run(const KVCacheArgs& host_args) {
+    KVCacheArgs a = args(host_args);
+    const std::size_t bytes = kvcache_workspace_bytes(a);
+    DeviceBuffer workspace(bytes ? bytes : 16);
+    if (bytes) a.maybe_workspace = TensorView::contiguous(workspace.data(), DType::uint8, {static_cast<std::int64_t>(bytes)}, Device::cuda(0));
+    forward_with_kvcache(a);
+    cuda_or_throw(cudaGetLastError(), "launch");
+    cuda_or_throw(cudaDeviceSynchronize(), "forward_with_kvcache");
+    download();
+  }
+  void download() {
+    for (HostTensor* t : {&p_.out, &p_.lse, &p_.k_cache, &p_.v_cache}) mirrors_.at(t->data()).download(t->data());
+  }
+
+ private:
+  DecodeProblem& p_;
+  std::map<void*, DeviceBuffer> mirrors_;
+};
+
+// true if the case ran; false (and a note) if this build has no kernel for its head dim.
+bool run_on_gpu(DecodeProblem& p) {
+  p.snapshot();
+  DeviceDecode device(p);
+  try {
+    device.run(p.args());
+  } catch (const NotSupported& e) {
+    if (std::string(e.what()).find("head_dim") == std::string::npos) throw;
+    return false;
+  }
+  return true;
+}
+
+void run_and_check(DecodeProblem& p, const std::string& label) {
+  if (!run_on_gpu(p)) {
+    GTEST_SKIP() << label << ": head dim not built";
+  }
+  expect_matches_reference(p, label);
+  if (p.shape().seqlen_new > 0) expect_append_exact(p, label);
+}
+
+class KVCacheCuda : public ::testing::TestWithParam<DecodeShape> {};
+
+TEST_P(KVCacheCuda, MatchesReferenceAndAppendsExactly) {
+  SKIP_WITHOUT_GPU();
+  DecodeProblem p(GetParam(), 3);
+  run_and_check(p, GetParam().describe());
+}
+
+std::vector<DecodeShape> shapes() {
+  std::vector<DecodeShape> v;
+  for (DType dtype : {DType::float16, DType::bfloat16})
+    for (std::int64_t head_dim : {64, 96, 128, 256})
+      for (std::int64_t page : {0, 16, 48, 256}) {
+        DecodeShape s;
+        s.dtype = dtype, s.head_dim = head_dim, s.page_size = page, s.capacity = 300, s.heads_q = 8, s.heads_kv = 2, s.num_splits = 0;
+        v.push_back(s);  // plain decode, GQA 4 (4 rows per CTA), heuristic splits
+        s.seqlen_new = 3, s.seqlen_q = 3, s.causal = true, s.rotary_dim = head_dim / 2, s.num_splits = 3;
+        v.push_back(s);  // speculative decode: 12 packed rows (8-row CTAs, 2 query blocks), append + rotary
+        s.rotary_interleaved = false, s.rotary_dim = head_dim;
+        v.push_back(s);
+      }
+  DecodeShape mqa;  // 16 query heads on one kv head, window + softcap, many splits
+  mqa.heads_q = 16, mqa.heads_kv = 1, mqa.seqlen_q = 2, mqa.capacity = 1025, mqa.window_left = 100, mqa.window_right = 0,
+  mqa.softcap = 30.0, mqa.num_splits = 7, mqa.head_dim = 128, mqa.page_size = 32, mqa.dtype = DType::bfloat16;
+  v.push_back(mqa);
+  DecodeShape prefill;  // chunked prefill: 40 query rows, 40 new keys
+  prefill.seqlen_q = 40, prefill.seqlen_new = 40, prefill.cache_seqlens = {0, 60, 200}, prefill.batch = 3, prefill.capacity = 256,
+  prefill.causal = true, prefill.head_dim = 128, prefill.num_splits = 2;
+  v.push_back(prefill);
+  DecodeShape leftpad;
+  leftpad.batch = 3, leftpad.cache_seqlens = {40, 7, 90}, leftpad.leftpad = {5, 7, 0}, leftpad.seqlen_new = 2, leftpad.seqlen_q = 4,
+  leftpad.causal = true, leftpad.rotary_dim = 32, leftpad.head_dim = 64, leftpad.num_splits = 2;
+  v.push_back(leftpad);
+  DecodeShape batch_idx;
+  batch_idx.permute_batch = true, batch_idx.batch = 3, batch_idx.seqlen_new = 1, batch_idx.head_dim = 128, batch_idx.rotary_dim = 64,
+  batch_idx.rotary_interleaved = false;
+  v.push_back(batch_idx);
+  DecodeShape uniform;
+  uniform.uniform_seqlen = true, uniform.cache_seqlens = {97, 97}, uniform.seqlen_new = 1, uniform.head_dim = 128, uniform.num_splits = 0;
+  v.push_back(uniform);
+  return v;
+}
+INSTANTIATE_TEST_SUITE_P(Shapes, KVCacheCuda, ::testing::ValuesIn(shapes()));
+
+TEST(KVCacheCudaProperties, EverySplitCountAgrees) {
+  SKIP_WITHOUT_GPU();
+  DecodeShape s;
+  s.dtype = DType::bfloat16, s.head_dim = 128, s.heads_q = 8, s.heads_kv = 2, s.capacity = 2000, s.cache_seqlens = {1999, 700},
+  s.page_size = 16, s.seqlen_new = 1;
+  for (int splits = 1; splits <= 64; ++splits) {
+    s.num_splits = splits;
+    DecodeProblem p(s, 4);
+    run_and_check(p, "splits " + std::to_string(splits));
+  }
+}
+
+TEST(KVCacheCudaProperties, AgreesWithTheCpuPath) {
+  SKIP_WITHOUT_GPU();
+  DecodeShape s;
+  s.dtype = DType::float16, s.head_dim = 128, s.heads_q = 32, s.heads_kv = 8, s.capacity = 4096, s.page_size = 256, s.seqlen_new = 1,
+  s.rotary_dim = 128, s.num_splits = 0, s.batch = 2;
+  DecodeProblem gpu(s, 8), cpu(s, 8);
+  if (!run_on_gpu(gpu)) GTEST_SKIP() << "head dim not built";
+  cpu.snapshot();
+  forward_with_kvcache(cpu.args());
+  std::vector<double> gpu_out, gpu_lse, cpu_out, cpu_lse;
+  gather(gpu, gpu_out, gpu_lse);
+  gather(cpu, cpu_out, cpu_lse);
+  EXPECT_LE(max_abs_diff(gpu_out, cpu_out), 2e-3);  // fp16 outputs of O(0.1): a couple of roundings apart
+  EXPECT_LE(max_abs_diff(gpu_lse, cpu_lse), 1e-4);
+  expect_matches_reference(gpu, "gpu vs reference");
+}
+
+TEST(KVCacheCudaProperties, ZeroLengthCachesAndFullCapacity) {
+  SKIP_WITHOUT_GPU();
+  DecodeShape s;
+  s.head_dim = 128, s.cache_seqlens = {0, 0}, s.num_splits = 4;
+  DecodeProblem empty(s);
+  if (!run_on_gpu(empty)) GTEST_SKIP() << "head dim not built";
+  for (std::int64_t i = 0; i < empty.out.numel(); ++i) ASSERT_EQ(empty.out.get(i), 0.0f);
+  for (std::int64_t i = 0; i < empty.lse.numel(); ++i) ASSERT_EQ(empty.lse.get(i), -INFINITY);
+  s.cache_seqlens = {98, 0}, s.capacity = 100, s.seqlen_new = 2, s.page_size = 0;
+  DecodeProblem full(s);
+  run_and_check(full, "exactly full after the append");
+}
+
+TEST(KVCacheCudaValidation, OnePastCapacityAndMissingWorkspaceAreRejected) {
+  SKIP_WITHOUT_GPU();
+  DecodeShape s;
+  s.head_dim = 128, s.capacity = 64, s.page_size = 16, s.seqlen_new = 2, s.uniform_seqlen = true, s.cache_seqlens = {62, 62};
+  DecodeProblem p(s);
+  p.snapshot();
+  const HostTensor out_before = p.out, lse_before = p.lse;
+  DeviceDecode device(p);
+  KVCacheArgs args = device.args(p.args());
+  args.maybe_uniform_cache_seqlen = 63;  // host-visible: checked before any launch
+  try {
+    forward_with_kvcache(args);
+    ADD_FAILURE() << "one past capacity accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("cache_seqlens"), std::string::npos) << e.what();
+  }
+  args = device.args(p.args());
+  args.num_splits = 4;
+  try {
+    forward_with_kvcache(args);
+    ADD_FAILURE() << "4 splits without a workspace accepted";
+  } catch (const NotSupported& e) {
+    GTEST_SKIP() << e.what();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("workspace"), std::string::npos) << e.what();
+  }
+  device.download();
+  EXPECT_TRUE(p.k_cache.bitwise_equal(p.k_cache_initial));
+  EXPECT_TRUE(p.v_cache.bitwise_equal(p.v_cache_initial));
+  EXPECT_TRUE(p.out.bitwise_equal(out_before));
+  EXPECT_TRUE(p.lse.bitwise_equal(lse_before));
+}
+
+}  // namespace
+}  // namespace flashattn::testing
