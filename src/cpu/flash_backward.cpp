@@ -22,6 +22,7 @@
 
 #include "flashattn/online_softmax.hpp"
 #include "src/cpu/flash.hpp"
+#include "src/cpu/reference.hpp"  // dense_q_row
 #include "src/cpu/tile_io.hpp"
 
 namespace flashattn::cpu {
@@ -30,7 +31,7 @@ namespace {
 // Tile sizes: performance only. kBlockM a multiple of kTileWidthMultiple (the queries
 // are the vector lanes), kBlockN of kTileRowsMultiple.
 constexpr std::int64_t kBlockM = 64;
-constexpr std::int64_t kBlockN = 64;
+constexpr std::int64_t kBlockN = 128;
 
 constexpr float kInfinity = std::numeric_limits<float>::infinity();
 
@@ -43,14 +44,16 @@ struct QueryBlock {
   AlignedBuffer dout;      // (kBlockM, head_dim_padded)
   AlignedBuffer lse_log2;  // (kBlockM): LSE·log2e; +inf for empty and padding rows so P = 0
   AlignedBuffer delta;     // (kBlockM): D = rowsum(dO ∘ O)
-  std::vector<float> row_buffer, out_row;
+  std::vector<float> row_buffer;
 
   QueryBlock(std::int64_t head_dim_, std::int64_t head_dim_padded_)
       : head_dim(head_dim_), head_dim_padded(head_dim_padded_), q_t(head_dim_ * kBlockM), q(kBlockM * head_dim_padded_),
         dout_t(head_dim_ * kBlockM), dout(kBlockM * head_dim_padded_), lse_log2(kBlockM), delta(kBlockM),
-        row_buffer(static_cast<std::size_t>(head_dim_)), out_row(static_cast<std::size_t>(head_dim_)) {}
+        row_buffer(static_cast<std::size_t>(head_dim_)) {}
 
-  void load(const BackwardParams& p, std::int64_t b, std::int64_t h, std::int64_t row_begin, std::int64_t rows, float q_scale) {
+  // delta_all: D of every query row, dense (total_q, heads_q) (see flash_backward).
+  void load(const BackwardParams& p, std::int64_t b, std::int64_t h, std::int64_t row_begin, std::int64_t rows, float q_scale,
+            const std::vector<float>& delta_all) {
     const std::int64_t q0 = p.q_offset(b, h) + row_begin * p.q_row_stride;
     const std::int64_t dout0 = p.dout_offset(b, h) + row_begin * p.dout_row_stride;
     load_tile_transposed(p.q, p.dtype, q0, p.q_row_stride, rows, kBlockM, head_dim, q_scale, q_t.data(), row_buffer.data());
@@ -64,10 +67,7 @@ struct QueryBlock {
     for (std::int64_t i = 0; i < rows; ++i) {
       const float lse = p.lse[p.lse_offset(b, h) + (row_begin + i) * p.lse_row_stride];
       if (lse != -kInfinity) lse_log2.data()[i] = lse * static_cast<float>(online_softmax::kLog2e);
-      load_row(p.out, p.dtype, p.out_offset(b, h) + (row_begin + i) * p.out_row_stride, head_dim, 1.0f, out_row.data());
-      float dot = 0.0f;
-      for (std::int64_t d = 0; d < head_dim; ++d) dot += out_row[static_cast<std::size_t>(d)] * dout.data()[i * head_dim_padded + d];
-      delta.data()[i] = dot;
+      delta.data()[i] = delta_all[static_cast<std::size_t>(dense_q_row(p, b, row_begin + i) * p.heads_q + h)];
     }
   }
 };
@@ -113,8 +113,8 @@ void probabilities_and_score_gradients(const TileKernels& kernels, const Backwar
   kernels.score_gradient(s, ds, kBlockM, kBlockN, kBlockM, qb.delta.data(), p.has_softcap() ? t.cap_slope.data() : nullptr);
 }
 
-// K and V of one key block as float tiles (kBlockN, head_dim_padded), read in place
-// when they already are.
+// K and V of one key block, packed into float tiles (kBlockN, head_dim_padded) —
+// always, even for float32: in place, the rows of a block sit a page apart.
 struct KeyBlock {
   AlignedBuffer k_tile, v_tile;
   const float* k = nullptr;
@@ -127,11 +127,6 @@ struct KeyBlock {
             std::int64_t head_dim_padded) {
     const std::int64_t k0 = p.k_offset(b, h_kv) + col_begin * p.k_row_stride;
     const std::int64_t v0 = p.v_offset(b, h_kv) + col_begin * p.v_row_stride;
-    if (p.dtype == DType::float32 && p.head_dim == head_dim_padded && n == kBlockN) {
-      k = static_cast<const float*>(p.k) + k0, k_stride = p.k_row_stride;
-      v = static_cast<const float*>(p.v) + v0, v_stride = p.v_row_stride;
-      return;
-    }
     load_tile(p.k, p.dtype, k0, p.k_row_stride, n, kBlockN, p.head_dim, head_dim_padded, 1.0f, k_tile.data());
     load_tile(p.v, p.dtype, v0, p.v_row_stride, n, kBlockN, p.head_dim, head_dim_padded, 1.0f, v_tile.data());
     k = k_tile.data(), k_stride = head_dim_padded;
@@ -151,6 +146,23 @@ void flash_backward(const BackwardParams& params, int num_threads) {
   const float q_scale = params.has_softcap() ? params.softmax_scale : params.softmax_scale_log2;
   const int threads = thread_count(num_threads);
   const TileKernels& kernels = tile_kernels();
+
+  // Pass 0: D = rowsum(dO ∘ O) of every query row, once (not per tile pair): dense
+  // (total_q, heads_q) float32, O(seqlen) memory like the LSE.
+  std::vector<float> delta(static_cast<std::size_t>(params.total_q * params.heads_q), 0.0f);
+  const std::int64_t row_items = params.batch * params.heads_q;
+#pragma omp parallel for schedule(static) num_threads(threads)
+  for (std::int64_t item = 0; item < row_items; ++item) {
+    const std::int64_t b = item / params.heads_q, h = item % params.heads_q;
+    std::vector<float> out_row(static_cast<std::size_t>(head_dim)), dout_row(static_cast<std::size_t>(head_dim));
+    for (std::int64_t i = 0; i < params.seqlen_q_of(b); ++i) {
+      load_row(params.out, params.dtype, params.out_offset(b, h) + i * params.out_row_stride, head_dim, 1.0f, out_row.data());
+      load_row(params.dout, params.dtype, params.dout_offset(b, h) + i * params.dout_row_stride, head_dim, 1.0f, dout_row.data());
+      float dot = 0.0f;
+      for (std::int64_t d = 0; d < head_dim; ++d) dot += out_row[static_cast<std::size_t>(d)] * dout_row[static_cast<std::size_t>(d)];
+      delta[static_cast<std::size_t>(dense_q_row(params, b, i) * params.heads_q + h)] = dot;
+    }
+  }
 
   // Pass 1: dK, dV per (b, kv head, key block).
   const std::int64_t kv_items = params.batch * params.heads_kv * k_blocks;
@@ -177,7 +189,7 @@ void flash_backward(const BackwardParams& params, int num_threads) {
         const std::int64_t first_row = rows_seen.begin < rows_seen.end ? block_floor(rows_seen.begin, kBlockM) : rows_seen.end;
         for (std::int64_t row_begin = first_row; row_begin < rows_seen.end; row_begin += kBlockM) {
           const std::int64_t rows = std::min(kBlockM, mask.seqlen_q - row_begin);
-          qb.load(params, b, h, row_begin, rows, q_scale);
+          qb.load(params, b, h, row_begin, rows, q_scale, delta);
           probabilities_and_score_gradients(kernels, params, mask, qb, row_begin, rows, col_begin, kb.k, kb.k_stride, kb.v, kb.v_stride, scratch);
           // dV (kBlockN, head_dim_padded) += P^T dO;  dK += dS^T Q
           kernels.matmul(scratch.p_t.data(), kBlockM, 1, qb.dout.data(), head_dim_padded, kBlockM, dv.data(), head_dim_padded, kBlockN, head_dim_padded, true);
@@ -211,7 +223,7 @@ void flash_backward(const BackwardParams& params, int num_threads) {
       if (row_begin >= mask.seqlen_q) continue;
       const std::int64_t rows = std::min(kBlockM, mask.seqlen_q - row_begin);
       const std::int64_t h_kv = h / params.group_size;
-      qb.load(params, b, h, row_begin, rows, q_scale);
+      qb.load(params, b, h, row_begin, rows, q_scale, delta);
       std::fill(dq.data(), dq.data() + kBlockM * head_dim_padded, 0.0f);
       const auto cols = mask.columns_of_rows(row_begin, row_begin + rows);
       const std::int64_t first_col = cols.begin < cols.end ? block_floor(cols.begin, kBlockN) : cols.end;
