@@ -11,17 +11,22 @@ CMAKE_ARGS ?=
 PYTHON ?= $(shell if [ -x .venv/bin/python ]; then echo .venv/bin/python; else echo python3; fi)
 HAS_NANOBIND = $(shell $(PYTHON) -c 'import nanobind' >/dev/null 2>&1 && echo ON || echo OFF)
 
-.PHONY: run test build configure deps clean
+.PHONY: run test build configure deps deps-with-python clean
 
 run: build
 	./$(BUILD)/tools/flashattn run
 
-test: deps
+# deps-with-python runs first so that HAS_NANOBIND sees a freshly made .venv.
+test: deps-with-python
 	$(MAKE) --no-print-directory build PYTHON_MODULE=$(HAS_NANOBIND)
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
 
-deps:
+deps-with-python:
 	@scripts/install-deps.sh
+
+# The Python test dependencies only when the Python module is being built.
+deps:
+	@scripts/install-deps.sh $(if $(filter ON,$(PYTHON_MODULE)),,--no-python)
 
 # PYTHON_MODULE=ON|OFF; `make run` leaves it as the build directory has it.
 configure: deps
