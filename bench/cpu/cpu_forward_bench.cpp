@@ -17,6 +17,7 @@
 
 #include "flashattn/attention.hpp"
 #include "flashattn/error.hpp"
+#include "src/cpu/kernels.hpp"
 #include "tests/support/host_tensor.hpp"
 
 namespace {
@@ -93,6 +94,7 @@ double peak_rss_mib() {
 
 int main(int argc, char** argv) {
   const Options o = parse(argc, argv);
+  std::fprintf(stderr, "cpu_forward_bench: vector kernels %s\n", flashattn::cpu::tile_kernels().isa);
   if (o.header) std::printf("seqlen,causal,threads,algorithm,time_ms,gflops,cpu_ms,peak_rss_mib\n");
   for (const std::int64_t seqlen : o.seqlens) {
     using flashattn::testing::HostTensor;
