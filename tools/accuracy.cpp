@@ -112,9 +112,9 @@ ForwardAccuracy check_forward_rows(Workload& workload, const std::vector<RowInde
 
 std::vector<RowIndex> sample_rows(const Problem& p, std::int64_t count, std::uint64_t seed) {
   std::vector<RowIndex> rows;
-  if (p.batch == 0 || p.heads == 0 || p.seqlen_q == 0) return rows;
+  if (p.batch == 0 || p.heads == 0 || p.seqlen_q == 0 || count <= 0) return rows;
   rows.push_back({0, 0, 0});
-  rows.push_back({p.batch - 1, p.heads - 1, p.seqlen_q - 1});
+  if (count >= 2) rows.push_back({p.batch - 1, p.heads - 1, p.seqlen_q - 1});
   std::mt19937_64 rng(seed);
   std::uniform_int_distribution<std::int64_t> batch(0, p.batch - 1), head(0, p.heads - 1), row(0, p.seqlen_q - 1);
   while (static_cast<std::int64_t>(rows.size()) < count) rows.push_back({batch(rng), head(rng), row(rng)});

@@ -54,7 +54,7 @@ ForwardAccuracy check_forward(Workload& workload);
 // Only the given rows: each is checked as its own one-row problem over exactly
 // the keys its mask lets it see, so big problems check in milliseconds.
 ForwardAccuracy check_forward_rows(Workload& workload, const std::vector<RowIndex>& rows);
-// `count` distinct-ish random rows, always including the first and the last row.
+// `count` random rows (repeats possible), starting with the first and the last row.
 std::vector<RowIndex> sample_rows(const Problem& problem, std::int64_t count, std::uint64_t seed);
 // dq, dk, dv against the reference gradients (small problems).
 BackwardAccuracy check_backward(Workload& workload);
