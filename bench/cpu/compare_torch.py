@@ -3,10 +3,12 @@
 scaled_dot_product_attention, same machine, same thread count, same run.
 
 For each thread count and mask it runs our benchmark binary (bench/cpu/
-cpu_forward_bench, float32, layout [batch, seqlen, heads, head_dim]) as a child
-process and PyTorch SDPA in this process (torch.set_num_threads(N), inputs
-torch.randn [batch, heads, seqlen, head_dim]), both as the median of --repeats
-timed runs after a warm-up. FLOPs = 4*B*H*N*N*d, halved for causal (BENCHMARKS.md).
+cpu_forward_bench, float32) as a child process and PyTorch SDPA in this process
+(torch.set_num_threads(N), inputs torch.randn [batch, heads, seqlen, head_dim]),
+both as the median of --repeats timed runs after a warm-up. Both get the same
+memory layout: our binary stores [batch, heads, seqlen, head_dim] too (--layout
+bhsd) and passes flashattn strided [batch, seqlen, heads, head_dim] views of it;
+--layout bshd times flashattn's native layout instead. FLOPs = 4*B*H*N*N*d, halved for causal (BENCHMARKS.md).
 
 Writes --csv (both numbers and ours/torch), a PNG plot (--png, needs matplotlib),
 and the peak RSS of our forward at --rss-seqlen (getrusage of a child process), so
@@ -36,7 +38,8 @@ def flops(batch, heads, seqlen, head_dim, causal):
 
 def run_ours(binary, args, seqlen, causal, threads):
     command = [binary, "--batch", str(args.batch), "--heads", str(args.heads), "--head-dim", str(args.head_dim),
-               "--seqlens", str(seqlen), "--threads", str(threads), "--repeats", str(args.repeats)]
+               "--seqlens", str(seqlen), "--threads", str(threads), "--repeats", str(args.repeats),
+               "--layout", args.layout]
     if causal:
         command.append("--causal")
     result = subprocess.run(command, check=True, capture_output=True, text=True)
@@ -109,6 +112,8 @@ def main():
     parser.add_argument("--heads", type=int, default=16)
     parser.add_argument("--head-dim", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--layout", choices=["bhsd", "bshd"], default="bhsd",
+                        help="memory layout of our inputs (bhsd = PyTorch's, the fair comparison)")
     parser.add_argument("--no-torch", action="store_true", help="ours only (no PyTorch on this machine)")
     parser.add_argument("--rss-seqlen", type=int, default=32768, help="0 = skip the memory measurement")
     parser.add_argument("--csv", default="bench/results/cpu_forward.csv")

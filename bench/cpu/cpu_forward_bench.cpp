@@ -1,9 +1,14 @@
-// bench/cpu/cpu_forward_bench.cpp — times the CPU forward (float32, the
-// [batch, seqlen, heads, head_dim] layout) and prints one CSV row per seqlen:
+// bench/cpu/cpu_forward_bench.cpp — times the CPU forward (float32) and prints one
+// CSV row per seqlen:
 //   seqlen,causal,threads,algorithm,time_ms,gflops,cpu_ms,peak_rss_mib
 // Median of --repeats timed runs after one warm-up. cpu_ms is the process CPU time of
 // a run (all threads): on a shared machine, time_ms/cpu_ms shows the preemption. FLOPs = 4·B·H·Nq·Nk·d, halved for
 // causal (BENCHMARKS.md). Not a test: nothing here checks results (the tests do).
+//
+// --layout bhsd (default) stores q, k, v, out as [batch, heads, seqlen, head_dim] in
+// memory — what PyTorch's SDPA is given in compare_torch.py — and passes flashattn the
+// equivalent strided [batch, seqlen, heads, head_dim] views; bshd stores the flash_attn
+// layout itself, where the rows of one head are heads·head_dim elements apart.
 #include <sys/resource.h>
 #include <time.h>
 
@@ -29,6 +34,7 @@ struct Options {
   int threads = 0;
   int repeats = 5;
   flashattn::Algorithm algorithm = flashattn::Algorithm::flash2;
+  bool heads_outer = true;  // --layout bhsd
   bool header = true;
 };
 
@@ -46,7 +52,7 @@ std::vector<std::int64_t> parse_list(const char* text) {
 [[noreturn]] void usage(const char* why) {
   std::fprintf(stderr,
                "cpu_forward_bench: %s\nusage: cpu_forward_bench [--batch B] [--heads H] [--head-dim D] [--seqlens N1,N2,...]\n"
-               "       [--causal] [--threads T] [--repeats R] [--algorithm flash2|flash1] [--no-header]\n",
+               "       [--causal] [--threads T] [--repeats R] [--algorithm flash2|flash1] [--layout bhsd|bshd] [--no-header]\n",
                why);
   std::exit(2);
 }
@@ -67,6 +73,11 @@ Options parse(int argc, char** argv) {
     else if (arg == "--threads") o.threads = std::atoi(value());
     else if (arg == "--repeats") o.repeats = std::max(1, std::atoi(value()));
     else if (arg == "--no-header") o.header = false;
+    else if (arg == "--layout") {
+      const std::string name = value();
+      if (name != "bhsd" && name != "bshd") usage(("unknown layout " + name).c_str());
+      o.heads_outer = name == "bhsd";
+    }
     else if (arg == "--algorithm") {
       const std::string name = value();
       if (name == "flash2") o.algorithm = flashattn::Algorithm::flash2;
@@ -98,12 +109,18 @@ int main(int argc, char** argv) {
   if (o.header) std::printf("seqlen,causal,threads,algorithm,time_ms,gflops,cpu_ms,peak_rss_mib\n");
   for (const std::int64_t seqlen : o.seqlens) {
     using flashattn::testing::HostTensor;
-    HostTensor q(flashattn::DType::float32, {o.batch, seqlen, o.heads, o.head_dim});
-    HostTensor k(flashattn::DType::float32, q.shape()), v(flashattn::DType::float32, q.shape());
-    HostTensor out(flashattn::DType::float32, q.shape()), lse(flashattn::DType::float32, {o.batch, o.heads, seqlen});
+    const std::int64_t b = o.batch, n = seqlen, h = o.heads, d = o.head_dim;
+    const std::vector<std::int64_t> shape = o.heads_outer ? std::vector<std::int64_t>{b, h, n, d} : std::vector<std::int64_t>{b, n, h, d};
+    HostTensor q(flashattn::DType::float32, shape), k(flashattn::DType::float32, shape), v(flashattn::DType::float32, shape);
+    HostTensor out(flashattn::DType::float32, shape), lse(flashattn::DType::float32, {b, h, n});
     q.fill_random(1), k.fill_random(2), v.fill_random(3);
+    // The [batch, seqlen, heads, head_dim] view flashattn takes, onto either storage.
+    const auto view = [&](HostTensor& t) {
+      if (!o.heads_outer) return t.view();
+      return flashattn::TensorView::strided(t.data(), flashattn::DType::float32, {b, n, h, d}, {h * n * d, d, n * d, 1});
+    };
     flashattn::ForwardArgs args;
-    args.q = q.view(), args.k = k.view(), args.v = v.view(), args.out = out.view(), args.maybe_lse = lse.view();
+    args.q = view(q), args.k = view(k), args.v = view(v), args.out = view(out), args.maybe_lse = lse.view();
     args.options.causal = o.causal;
     args.options.algorithm = o.algorithm;
     flashattn::ExecutionContext context;

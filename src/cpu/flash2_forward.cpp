@@ -80,6 +80,7 @@ void flash2_forward(const AttentionParams& params, int num_threads) {
   const float q_scale = has_softcap ? params.softmax_scale : params.softmax_scale_log2;
   const float softcap = params.softcap;
   const float softcap_log2 = params.softcap * static_cast<float>(online_softmax::kLog2e);
+  const bool is_float32 = params.dtype == DType::float32;
 
 #pragma omp parallel num_threads(threads)
   {
@@ -126,10 +127,20 @@ void flash2_forward(const AttentionParams& params, int num_threads) {
           prefetch_rows(params.k, params.dtype, k_row0 + kBlockN * params.k_row_stride, params.k_row_stride, next_rows, head_dim);
           prefetch_rows(params.v, params.dtype, v_row0 + kBlockN * params.v_row_stride, params.v_row_stride, next_rows, head_dim);
         }
-        // Packed (and converted to float32) even when float32 already: read in place,
-        // the rows of a block sit a page apart and map to the same few L1 sets.
-        load_tile(params.k, params.dtype, k_row0, params.k_row_stride, n, kBlockN, head_dim, head_dim_padded, 1.0f, k_tile.data());
-        load_tile(params.v, params.dtype, v_row0, params.v_row_stride, n, kBlockN, head_dim, head_dim_padded, 1.0f, v_tile.data());
+        // A full float32 block whose rows are already dense (e.g. [batch, heads, seqlen,
+        // head_dim] storage) is used in place. Anything else is packed (and converted):
+        // in the [batch, seqlen, heads, head_dim] layout the rows of a block sit a page
+        // apart and, read in place, map to the same few L1 sets.
+        const float* k = k_tile.data();  // (kBlockN, head_dim_padded)
+        const float* v = v_tile.data();  // (kBlockN, head_dim_padded)
+        if (is_float32 && n == kBlockN && params.k_row_stride == head_dim_padded)
+          k = static_cast<const float*>(params.k) + k_row0;
+        else
+          load_tile(params.k, params.dtype, k_row0, params.k_row_stride, n, kBlockN, head_dim, head_dim_padded, 1.0f, k_tile.data());
+        if (is_float32 && n == kBlockN && params.v_row_stride == head_dim_padded)
+          v = static_cast<const float*>(params.v) + v_row0;
+        else
+          load_tile(params.v, params.dtype, v_row0, params.v_row_stride, n, kBlockN, head_dim, head_dim_padded, 1.0f, v_tile.data());
 
         for (std::int64_t t = 0; t < tiles; ++t) {
           const std::int64_t row_begin = item_begin + t * tile_m;
@@ -142,7 +153,7 @@ void flash2_forward(const AttentionParams& params, int num_threads) {
 
           // S^T (kBlockN, tile_m) = K Q^T
           float* s = s_t.data();
-          kernels.matmul(k_tile.data(), head_dim_padded, 1, q_tile_t, tile_m, head_dim, s, tile_m, kBlockN, tile_m, false);
+          kernels.matmul(k, head_dim_padded, 1, q_tile_t, tile_m, head_dim, s, tile_m, kBlockN, tile_m, false);
           if (has_softcap)
             for (std::int64_t e = 0; e < kBlockN * tile_m; ++e) s[e] = softcap_log2 * std::tanh(s[e] / softcap);
           // Only boundary tiles pay for the element mask (it also hides the zero
@@ -167,7 +178,7 @@ void flash2_forward(const AttentionParams& params, int num_threads) {
           kernels.scale_columns(o_tile_t, tile_m, head_dim_rows, tile_m, row_factor.data());
 
           // O^T (head_dim_rows, tile_m) += V^T P^T
-          kernels.matmul(v_tile.data(), 1, head_dim_padded, s, tile_m, kBlockN, o_tile_t, tile_m, head_dim_rows, tile_m, true);
+          kernels.matmul(v, 1, head_dim_padded, s, tile_m, kBlockN, o_tile_t, tile_m, head_dim_rows, tile_m, true);
         }
       }
 
