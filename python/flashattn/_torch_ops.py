@@ -17,7 +17,7 @@ import torch
 from torch.utils.dlpack import to_dlpack
 
 from flashattn import _C
-from flashattn.interface import check_rank, lse_shape
+from flashattn.interface import check_rank, kvcache_native_arguments, lse_shape
 
 # torch.utils.dlpack.to_dlpack is a C function: several times cheaper per tensor
 # than Tensor.__dlpack__ (a Python method that also handles stream hand-off, which we
@@ -142,6 +142,47 @@ def attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, s
                     window_left, window_right, softcap, deterministic)
     return _forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
                     window_left, window_right, softcap)
+
+
+def _kvcache_forward(*arguments):
+    q = arguments[0]
+    check_rank(q, "q", 4)
+    out, lse = _empty_outputs(q, False)
+    workspace = None
+    if q.is_cuda:  # the CPU needs no scratch
+        workspace_bytes = _C.kvcache_workspace_bytes(*kvcache_native_arguments(arguments, out, lse, to_dlpack))
+        if workspace_bytes > 0:
+            workspace = to_dlpack(torch.empty(workspace_bytes, dtype=torch.uint8, device=q.device))
+    stream, num_threads = _stream_and_threads(q)
+    _C.forward_with_kvcache(*kvcache_native_arguments(arguments, out, lse, to_dlpack), workspace, num_threads, stream)
+    return out, lse
+
+
+@torch.library.custom_op("flashattn::_kvcache", mutates_args=("k_cache", "v_cache"))
+def _kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, k: Optional[torch.Tensor],
+             v: Optional[torch.Tensor], rotary_cos: Optional[torch.Tensor], rotary_sin: Optional[torch.Tensor],
+             cache_seqlens: Optional[torch.Tensor], uniform_cache_seqlen: Optional[int],
+             cache_batch_idx: Optional[torch.Tensor], cache_leftpad: Optional[torch.Tensor],
+             block_table: Optional[torch.Tensor], softmax_scale: Optional[float], causal: bool, window_left: int,
+             window_right: int, softcap: float, rotary_interleaved: bool,
+             num_splits: int) -> Tuple[torch.Tensor, torch.Tensor]:
+    return _kvcache_forward(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, uniform_cache_seqlen,
+                            cache_batch_idx, cache_leftpad, block_table, softmax_scale, causal, window_left,
+                            window_right, softcap, rotary_interleaved, num_splits)
+
+
+@_kvcache.register_fake
+def _kvcache_fake(q, *rest):
+    check_rank(q, "q", 4)
+    return _empty_outputs(q, False)
+
+
+def with_kvcache(q, k_cache, v_cache, *rest):
+    """(out, lse) for flash_attn_with_kvcache; the custom op only while compiling."""
+    _check_tensors(k_cache=k_cache, v_cache=v_cache)
+    if torch.compiler.is_compiling():
+        return _kvcache(q, k_cache, v_cache, *rest)
+    return _kvcache_forward(q, k_cache, v_cache, *rest)
 
 
 @torch.library.custom_op("flashattn::_merge", mutates_args=())

@@ -165,6 +165,57 @@ def flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_q, cu_seqlens_k, max_seqle
                       return_attn_probs)
 
 
+def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None,
+                            cache_seqlens=None, cache_batch_idx=None, cache_leftpad=None, block_table=None,
+                            softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
+                            rotary_interleaved=True, alibi_slopes=None, num_splits=0, return_softmax_lse=False):
+    """Decoding attention of q (batch, seqlen_q, nheads, headdim) over a KV cache.
+
+    k_cache/v_cache: (batch_cache, seqlen_cache, nheads_k, headdim), or paged
+    (num_blocks, page_size, nheads_k, headdim) with block_table int32 (batch, max_blocks).
+    k/v (batch, seqlen_new, nheads_k, headdim), when given, are written into the cache
+    in place at positions cache_seqlens[b]... (rotated first with rotary_cos/sin) and
+    attended to. cache_seqlens: int32 (batch,) tensor or one int. No autograd.
+    Returns out, or (out, softmax_lse) with return_softmax_lse=True.
+    """
+    _check_unsupported(0.0, alibi_slopes)
+    window_left, window_right = _window(window_size)
+    if softmax_scale is not None:
+        softmax_scale = float(softmax_scale)
+    uniform_cache_seqlen = None
+    if isinstance(cache_seqlens, (int, np.integer)):
+        uniform_cache_seqlen, cache_seqlens = int(cache_seqlens), None
+    arguments = (q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, uniform_cache_seqlen,
+                 cache_batch_idx, cache_leftpad, block_table, softmax_scale, bool(causal), window_left, window_right,
+                 float(softcap), bool(rotary_interleaved), int(num_splits))
+    if _is_torch_tensor(q):
+        out, lse = _torch_ops().with_kvcache(*arguments)
+    elif isinstance(q, np.ndarray):
+        check_rank(q, "q", 4)
+        out = np.empty(q.shape, dtype=q.dtype)
+        lse = np.empty(lse_shape(q, False), dtype=np.float32)
+        _C.forward_with_kvcache(*kvcache_native_arguments(arguments, out, lse), None, 0, 0)
+    else:
+        raise TypeError(f"flashattn: q: expected a torch.Tensor or a numpy.ndarray, got {type(q).__name__}")
+    return (out, lse) if return_softmax_lse else out
+
+
+def kvcache_native_arguments(arguments, out, lse, convert=lambda x: x):
+    """flash_attn_with_kvcache's arguments in the native call's order; `convert` turns
+    each array into what the native layer takes (a DLPack capsule for torch)."""
+    (q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, uniform_cache_seqlen, cache_batch_idx,
+     cache_leftpad, block_table, softmax_scale, causal, window_left, window_right, softcap, rotary_interleaved,
+     num_splits) = arguments
+
+    def maybe(x):
+        return None if x is None else convert(x)
+
+    return (convert(q), convert(k_cache), convert(v_cache), maybe(k), maybe(v), maybe(cache_seqlens),
+            uniform_cache_seqlen, maybe(cache_batch_idx), maybe(cache_leftpad), maybe(block_table), maybe(rotary_cos),
+            maybe(rotary_sin), rotary_interleaved, convert(out), convert(lse), num_splits, softmax_scale, causal,
+            window_left, window_right, softcap)
+
+
 def merge_attention_states(out_a, lse_a, out_b, lse_b):
     """Combine two attentions of the same queries over disjoint key sets (e.g. two halves
     of a split KV cache) by their LSEs. out_* (batch, seqlen, nheads, headdim), lse_*

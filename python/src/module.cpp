@@ -14,6 +14,7 @@
 #include "flashattn/attention.hpp"
 #include "flashattn/config.hpp"
 #include "flashattn/error.hpp"
+#include "flashattn/kvcache.hpp"
 #include "python/src/tensor_view_from_dlpack.hpp"
 
 namespace nb = nanobind;
@@ -149,6 +150,63 @@ void merge_binding(const InputArray& out_a, const InputArray& lse_a, const Input
   flashattn::merge_attention_states(out_a_view, lse_a_view, out_b_view, lse_b_view, out_view, lse_view, context);
 }
 
+KVCacheArgs make_kvcache_args(const InputArray& q, const OutputArray& k_cache, const OutputArray& v_cache,
+                              const InputArray& maybe_k_new, const InputArray& maybe_v_new,
+                              const InputArray& maybe_cache_seqlens, std::optional<std::int64_t> maybe_uniform_cache_seqlen,
+                              const InputArray& maybe_cache_batch_idx, const InputArray& maybe_cache_leftpad,
+                              const InputArray& maybe_block_table, const InputArray& maybe_rotary_cos,
+                              const InputArray& maybe_rotary_sin, bool rotary_interleaved, const OutputArray& out,
+                              const OutputArray& maybe_lse, int num_splits, std::optional<double> softmax_scale, bool causal,
+                              std::int64_t window_left, std::int64_t window_right, double softcap) {
+  KVCacheArgs args;
+  args.q = tensor_view_from_dlpack(q, "q");
+  args.k_cache = tensor_view_from_dlpack(k_cache, "k_cache");
+  args.v_cache = tensor_view_from_dlpack(v_cache, "v_cache");
+  args.maybe_k_new = maybe_view(maybe_k_new, "k");
+  args.maybe_v_new = maybe_view(maybe_v_new, "v");
+  args.maybe_cache_seqlens = maybe_view(maybe_cache_seqlens, "cache_seqlens");
+  args.maybe_uniform_cache_seqlen = maybe_uniform_cache_seqlen;
+  args.maybe_cache_batch_idx = maybe_view(maybe_cache_batch_idx, "cache_batch_idx");
+  args.maybe_cache_leftpad = maybe_view(maybe_cache_leftpad, "cache_leftpad");
+  args.maybe_block_table = maybe_view(maybe_block_table, "block_table");
+  args.maybe_rotary_cos = maybe_view(maybe_rotary_cos, "rotary_cos");
+  args.maybe_rotary_sin = maybe_view(maybe_rotary_sin, "rotary_sin");
+  args.rotary_interleaved = rotary_interleaved;
+  args.out = tensor_view_from_dlpack(out, "out");
+  args.maybe_lse = maybe_view(maybe_lse, "lse");
+  args.num_splits = num_splits;
+  args.options = make_options(softmax_scale, causal, window_left, window_right, softcap, false, "automatic");
+  return args;
+}
+
+// The KV-cache arguments, in flash_attn_with_kvcache's order; k_cache/v_cache are
+// written when k/v (the new keys/values) are given.
+#define FLASHATTN_KVCACHE_PARAMETERS                                                                                     \
+  const InputArray &q, const OutputArray &k_cache, const OutputArray &v_cache, const InputArray &maybe_k_new,            \
+      const InputArray &maybe_v_new, const InputArray &maybe_cache_seqlens,                                              \
+      std::optional<std::int64_t> maybe_uniform_cache_seqlen, const InputArray &maybe_cache_batch_idx,                   \
+      const InputArray &maybe_cache_leftpad, const InputArray &maybe_block_table, const InputArray &maybe_rotary_cos,    \
+      const InputArray &maybe_rotary_sin, bool rotary_interleaved, const OutputArray &out, const OutputArray &maybe_lse, \
+      int num_splits, std::optional<double> softmax_scale, bool causal, std::int64_t window_left,                        \
+      std::int64_t window_right, double softcap
+#define FLASHATTN_KVCACHE_ARGUMENTS                                                                                 \
+  q, k_cache, v_cache, maybe_k_new, maybe_v_new, maybe_cache_seqlens, maybe_uniform_cache_seqlen,                   \
+      maybe_cache_batch_idx, maybe_cache_leftpad, maybe_block_table, maybe_rotary_cos, maybe_rotary_sin,            \
+      rotary_interleaved, out, maybe_lse, num_splits, softmax_scale, causal, window_left, window_right, softcap
+
+void forward_with_kvcache_binding(FLASHATTN_KVCACHE_PARAMETERS, const OutputArray& maybe_workspace, int num_threads,
+                                  std::uintptr_t stream) {
+  KVCacheArgs args = make_kvcache_args(FLASHATTN_KVCACHE_ARGUMENTS);
+  args.maybe_workspace = maybe_view(maybe_workspace, "workspace");
+  const ExecutionContext context = make_context(num_threads, stream);
+  nb::gil_scoped_release release;
+  flashattn::forward_with_kvcache(args, context);
+}
+
+std::size_t kvcache_workspace_bytes_binding(FLASHATTN_KVCACHE_PARAMETERS) {
+  return flashattn::kvcache_workspace_bytes(make_kvcache_args(FLASHATTN_KVCACHE_ARGUMENTS));
+}
+
 // flashattn::Error -> ValueError (TypeError when the problem is a dtype), NotSupported
 // -> NotImplementedError; the message is the C++ one, unchanged.
 void translate_errors(const std::exception_ptr& exception, void*) {
@@ -185,6 +243,16 @@ NB_MODULE(_C, m) {
         "dq"_a, "dk"_a, "dv"_a, "cu_seqlens_q"_a.none(), "cu_seqlens_k"_a.none(), "max_seqlen_q"_a, "max_seqlen_k"_a,
         "softmax_scale"_a.none(), "causal"_a, "window_left"_a, "window_right"_a, "softcap"_a, "deterministic"_a,
         "algorithm"_a, "Scratch bytes backward() needs for these arguments (0 on the CPU).");
+#define FLASHATTN_KVCACHE_NAMES                                                                                     \
+  "q"_a, "k_cache"_a, "v_cache"_a, "k"_a.none(), "v"_a.none(), "cache_seqlens"_a.none(), "uniform_cache_seqlen"_a.none(), \
+      "cache_batch_idx"_a.none(), "cache_leftpad"_a.none(), "block_table"_a.none(), "rotary_cos"_a.none(),             \
+      "rotary_sin"_a.none(), "rotary_interleaved"_a, "out"_a, "lse"_a.none(), "num_splits"_a, "softmax_scale"_a.none(), \
+      "causal"_a, "window_left"_a, "window_right"_a, "softcap"_a
+  m.def("forward_with_kvcache", &forward_with_kvcache_binding, FLASHATTN_KVCACHE_NAMES, "workspace"_a.none(),
+        "num_threads"_a, "stream"_a,
+        "Attention of q over a KV cache (flash_attn_with_kvcache), appending k/v to the cache in place when given.");
+  m.def("kvcache_workspace_bytes", &kvcache_workspace_bytes_binding, FLASHATTN_KVCACHE_NAMES,
+        "Scratch bytes forward_with_kvcache needs for these arguments (0 on the CPU or without a split).");
   m.def("merge_attention_states", &merge_binding, "out_a"_a, "lse_a"_a, "out_b"_a, "lse_b"_a, "out"_a, "lse"_a,
         "num_threads"_a, "stream"_a, "Combine two partial attentions of the same queries by their LSEs.");
   m.def("cuda_available", &flashattn::cuda_available, "Whether this build has the CUDA backend and a GPU is present.");

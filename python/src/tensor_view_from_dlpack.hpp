@@ -58,7 +58,7 @@ TensorView tensor_view_from_dlpack(const nb::ndarray<Config...>& array, const ch
     throw nb::value_error(("flashattn: " + std::string(name) + ": wrong rank: expected 1 to " + std::to_string(kMaxRank) +
                            ", got " + std::to_string(rank)).c_str());
   view.rank = rank;
-  view.data = static_cast<std::uint8_t*>(array.data_handle()) + array.byte_offset();
+  view.data = const_cast<void*>(static_cast<const void*>(array.data()));  // data() includes DLPack's byte_offset
   bool is_empty = false;
   for (int d = 0; d < rank; ++d) {
     view.shape[static_cast<std::size_t>(d)] = static_cast<std::int64_t>(array.shape(static_cast<std::size_t>(d)));

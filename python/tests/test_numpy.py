@@ -12,6 +12,7 @@ from flashattn import (
     flash_attn_varlen_func,
     flash_attn_varlen_kvpacked_func,
     flash_attn_varlen_qkvpacked_func,
+    flash_attn_with_kvcache,
     merge_attention_states,
 )
 from reference import absolute_floor, assert_close_to_oracle, attention
@@ -344,3 +345,108 @@ def test_read_only_inputs_are_accepted():
     out = flash_attn_func(q, k, v)
     q2, k2, v2 = random_qkv(1, 8, 8, 2, 2, 16, np.float32)
     np.testing.assert_array_equal(out, flash_attn_func(q2, k2, v2))
+
+
+# --- KV cache (flash_attn_with_kvcache) -------------------------------------------------------
+
+
+def random_cache(batch, capacity, heads_kv, head_dim, dtype=np.float32, seed=20):
+    rng = np.random.default_rng(seed)
+    return (rng.standard_normal((batch, capacity, heads_kv, head_dim)).astype(dtype),
+            rng.standard_normal((batch, capacity, heads_kv, head_dim)).astype(dtype))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_kvcache_decode_matches_oracle_on_each_prefix(dtype):
+    k_cache, v_cache = random_cache(3, 64, 2, 32, dtype)
+    q, _, _ = random_qkv(3, 1, 1, 4, 2, 32, dtype, seed=21)
+    cache_seqlens = np.array([10, 64, 0], np.int32)
+    out, lse = flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=cache_seqlens, causal=True,
+                                       return_softmax_lse=True)
+    for b, length in enumerate(cache_seqlens):
+        check_against_oracle(q[b:b + 1], k_cache[b:b + 1, :length], v_cache[b:b + 1, :length], out[b:b + 1],
+                             lse[b:b + 1], causal=True)
+
+
+def test_kvcache_append_writes_the_cache_in_place_and_attends_to_it():
+    k_cache, v_cache = random_cache(2, 40, 2, 16)
+    k_before, v_before = k_cache.copy(), v_cache.copy()
+    q, k_new, v_new = random_qkv(2, 3, 3, 4, 2, 16, np.float32, seed=22)
+    cache_seqlens = np.array([5, 37], np.int32)
+    out = flash_attn_with_kvcache(q, k_cache, v_cache, k_new, v_new, cache_seqlens=cache_seqlens, causal=True)
+    for b, length in enumerate(cache_seqlens):
+        np.testing.assert_array_equal(k_cache[b, length:length + 3], k_new[b])
+        np.testing.assert_array_equal(v_cache[b, length:length + 3], v_new[b])
+        np.testing.assert_array_equal(k_cache[b, :length], k_before[b, :length])
+        np.testing.assert_array_equal(k_cache[b, length + 3:], k_before[b, length + 3:])
+        expected = flash_attn_func(q[b:b + 1], k_cache[b:b + 1, :length + 3], v_cache[b:b + 1, :length + 3],
+                                   causal=True)
+        np.testing.assert_allclose(out[b:b + 1], expected, rtol=0, atol=2e-6)
+
+
+def test_kvcache_uniform_length_and_paged_cache_agree_with_contiguous():
+    k_cache, v_cache = random_cache(2, 64, 2, 32, seed=23)
+    q, _, _ = random_qkv(2, 2, 2, 4, 2, 32, np.float32, seed=24)
+    contiguous = flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=50, causal=True)
+    expected = flash_attn_func(q, k_cache[:, :50], v_cache[:, :50], causal=True)
+    np.testing.assert_allclose(contiguous, expected, rtol=0, atol=2e-6)
+    # Paged: 16-row pages, sequence b's pages scattered through one pool.
+    page_size, pages_per_sequence = 16, 4
+    block_table = np.array([[5, 0, 7, 2], [1, 6, 3, 4]], np.int32)
+    k_pages = np.zeros((8, page_size, 2, 32), np.float32)
+    v_pages = np.zeros_like(k_pages)
+    for b in range(2):
+        for page in range(pages_per_sequence):
+            rows = slice(page * page_size, (page + 1) * page_size)
+            k_pages[block_table[b, page]] = k_cache[b, rows]
+            v_pages[block_table[b, page]] = v_cache[b, rows]
+    paged = flash_attn_with_kvcache(q, k_pages, v_pages, cache_seqlens=np.array([50, 50], np.int32),
+                                    block_table=block_table, causal=True)
+    np.testing.assert_allclose(paged, contiguous, rtol=0, atol=2e-6)
+
+
+def rotate(x, cos, sin, positions, interleaved):
+    """Rotary embedding of x (seqlen, heads, d) at `positions`, on the first 2 * cos.shape[1] features."""
+    x = x.astype(np.float64).copy()
+    half = cos.shape[1]
+    c = cos[positions][:, None, :].astype(np.float64)
+    s = sin[positions][:, None, :].astype(np.float64)
+    if interleaved:
+        x1, x2 = x[..., 0:2 * half:2].copy(), x[..., 1:2 * half:2].copy()
+        x[..., 0:2 * half:2], x[..., 1:2 * half:2] = x1 * c - x2 * s, x1 * s + x2 * c
+    else:
+        x1, x2 = x[..., :half].copy(), x[..., half:2 * half].copy()
+        x[..., :half], x[..., half:2 * half] = x1 * c - x2 * s, x1 * s + x2 * c
+    return x.astype(np.float32)
+
+
+@pytest.mark.parametrize("interleaved", [True, False])
+def test_kvcache_rotary_embedding_of_new_keys_and_queries(interleaved):
+    k_cache, v_cache = random_cache(1, 32, 1, 16, seed=25)
+    q, k_new, v_new = random_qkv(1, 2, 2, 2, 1, 16, np.float32, seed=26)
+    rng = np.random.default_rng(27)
+    angles = rng.uniform(0, np.pi, (32, 4))  # rotary_dim 8 of head_dim 16
+    cos, sin = np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
+    length = 9
+    k_original = k_cache.copy()
+    out = flash_attn_with_kvcache(q, k_cache, v_cache, k_new, v_new, rotary_cos=cos, rotary_sin=sin,
+                                  cache_seqlens=np.array([length], np.int32), causal=True,
+                                  rotary_interleaved=interleaved)
+    positions = np.arange(length, length + 2)
+    k_rotated = rotate(k_new[0], cos, sin, positions, interleaved)
+    np.testing.assert_allclose(k_cache[0, length:length + 2], k_rotated, rtol=0, atol=1e-6)
+    keys = np.concatenate([k_original[0, :length], k_rotated])[None]
+    expected = attention(rotate(q[0], cos, sin, positions, interleaved)[None], keys,
+                         v_cache[:, :length + 2], causal=True)[0]
+    np.testing.assert_allclose(out, expected, rtol=0, atol=2e-6)
+
+
+def test_kvcache_bad_input_messages():
+    k_cache, v_cache = random_cache(1, 16, 2, 16)
+    q, k_new, v_new = random_qkv(1, 1, 1, 2, 2, 16, np.float32)
+    with pytest.raises(NotImplementedError, match="alibi_slopes"):
+        flash_attn_with_kvcache(q, k_cache, v_cache, alibi_slopes=np.zeros(2, np.float32))
+    with pytest.raises(TypeError, match="k_cache: dtype mismatch"):
+        flash_attn_with_kvcache(q, k_cache.astype(np.float16), v_cache)
+    with pytest.raises(ValueError, match="q: wrong rank: expected 4"):
+        flash_attn_with_kvcache(q[0], k_cache, v_cache)

@@ -20,6 +20,7 @@ from flashattn import (  # noqa: E402
     flash_attn_varlen_func,
     flash_attn_varlen_kvpacked_func,
     flash_attn_varlen_qkvpacked_func,
+    flash_attn_with_kvcache,
     merge_attention_states,
 )
 
@@ -342,6 +343,65 @@ def test_device_mismatch_is_rejected():
     q = torch.randn(1, 8, 2, 64, dtype=torch.float16)
     with pytest.raises((ValueError, NotImplementedError), match="k: device mismatch|cuda"):
         flash_attn_func(q.cuda() if HAS_CUDA else q, q if HAS_CUDA else q.cuda(), q)
+
+
+# --- KV cache ---------------------------------------------------------------------------------
+
+
+def kvcache_problem(device, dtype, seed=30):
+    generator = torch.Generator().manual_seed(seed)
+    def make(*shape):
+        return torch.randn(*shape, generator=generator).to(device=device, dtype=dtype)
+    k_cache, v_cache = make(2, 256, 2, 64), make(2, 256, 2, 64)
+    q, k_new, v_new = make(2, 1, 8, 64), make(2, 1, 2, 64), make(2, 1, 2, 64)
+    cache_seqlens = torch.tensor([17, 200], dtype=torch.int32, device=device)
+    return q, k_cache, v_cache, k_new, v_new, cache_seqlens
+
+
+@pytest.mark.parametrize("num_splits", [0, 1, 3])
+@pytest.mark.parametrize("device", DEVICES)
+def test_kvcache_append_and_decode(device, num_splits):
+    dtype = torch.float32 if device == "cpu" else torch.float16
+    q, k_cache, v_cache, k_new, v_new, cache_seqlens = kvcache_problem(device, dtype)
+    k_before = k_cache.clone()
+    out, lse = flash_attn_with_kvcache(q, k_cache, v_cache, k_new, v_new, cache_seqlens=cache_seqlens, causal=True,
+                                       num_splits=num_splits, return_softmax_lse=True)
+    for b, length in enumerate(cache_seqlens.tolist()):
+        assert torch.equal(k_cache[b, length], k_new[b, 0]) and torch.equal(v_cache[b, length], v_new[b, 0])
+        assert torch.equal(k_cache[b, :length], k_before[b, :length])
+        keys, values = k_cache[b:b + 1, :length + 1], v_cache[b:b + 1, :length + 1]
+        oracle_out, oracle_lse = reference(q[b:b + 1], keys, values, causal=True)
+        lowprec_out, lowprec_lse = reference(q[b:b + 1], keys, values, causal=True, upcast=False)
+        assert_within_rule(out[b:b + 1], oracle_out, lowprec_out, dtype, 2, "out")
+        assert_within_rule(lse[b:b + 1], oracle_lse, lowprec_lse.float(), dtype, 2, "lse")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_kvcache_torch_compile_fullgraph(device):
+    dtype = torch.float32 if device == "cpu" else torch.float16
+    q, k_cache, v_cache, k_new, v_new, cache_seqlens = kvcache_problem(device, dtype, seed=31)
+
+    def step(q, k_cache, v_cache, k_new, v_new, cache_seqlens):
+        return flash_attn_with_kvcache(q, k_cache, v_cache, k_new, v_new, cache_seqlens=cache_seqlens, causal=True)
+
+    eager_caches = (k_cache.clone(), v_cache.clone())
+    expected = step(q, *eager_caches, k_new, v_new, cache_seqlens)
+    compiled = torch.compile(step, fullgraph=True, backend="aot_eager" if device == "cpu" else "inductor")
+    got = compiled(q, k_cache, v_cache, k_new, v_new, cache_seqlens)
+    torch.testing.assert_close(got, expected, rtol=0, atol=0)
+    assert torch.equal(k_cache, eager_caches[0]) and torch.equal(v_cache, eager_caches[1])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_kvcache_opcheck(device):
+    dtype = torch.float32 if device == "cpu" else torch.float16
+    q, k_cache, v_cache, k_new, v_new, cache_seqlens = kvcache_problem(device, dtype, seed=32)
+    torch.library.opcheck(torch.ops.flashattn._kvcache.default,
+                          (q, k_cache, v_cache, k_new, v_new, None, None, cache_seqlens, None, None, None, None, None,
+                           True, -1, -1, 0.0, True, 0))
+    torch.library.opcheck(torch.ops.flashattn._kvcache.default,
+                          (q, k_cache, v_cache, None, None, None, None, None, 100, None, None, None, 0.3, False, 16,
+                           0, 2.0, True, 2))
 
 
 # --- CUDA only: graphs and streams -------------------------------------------------------------
