@@ -97,19 +97,24 @@ inline Vec exp2(Vec x) {
 template <int kRows, int kVecs, bool kAccumulate>
 inline void micro_tile(const float* a, std::int64_t a_row_stride, std::int64_t a_depth_stride, const float* b,
                        std::int64_t b_stride, std::int64_t depth, float* c, std::int64_t c_stride) {
-  Vec acc[kRows][kVecs];
-  for (int r = 0; r < kRows; ++r)
-    for (int v = 0; v < kVecs; ++v) acc[r][v] = kAccumulate ? load(c + r * c_stride + v * kLanes) : Vec{};
+  // One flat array, loops fully unrolled: GCC then keeps every accumulator in a
+  // register (with acc[kRows][kVecs] it spilled them around the depth loop).
+  Vec acc[kRows * kVecs];
+#pragma GCC unroll 16
+  for (int e = 0; e < kRows * kVecs; ++e) acc[e] = kAccumulate ? load(c + (e / kVecs) * c_stride + (e % kVecs) * kLanes) : Vec{};
   for (std::int64_t k = 0; k < depth; ++k) {
     Vec b_row[kVecs];
+#pragma GCC unroll 16
     for (int v = 0; v < kVecs; ++v) b_row[v] = load(b + k * b_stride + v * kLanes);
+#pragma GCC unroll 16
     for (int r = 0; r < kRows; ++r) {
       const Vec a_value = broadcast_from(a + r * a_row_stride + k * a_depth_stride);
-      for (int v = 0; v < kVecs; ++v) acc[r][v] += a_value * b_row[v];
+#pragma GCC unroll 16
+      for (int v = 0; v < kVecs; ++v) acc[r * kVecs + v] += a_value * b_row[v];
     }
   }
-  for (int r = 0; r < kRows; ++r)
-    for (int v = 0; v < kVecs; ++v) store(c + r * c_stride + v * kLanes, acc[r][v]);
+#pragma GCC unroll 16
+  for (int e = 0; e < kRows * kVecs; ++e) store(c + (e / kVecs) * c_stride + (e % kVecs) * kLanes, acc[e]);
 }
 
 // Register budget: 32 vector registers with AVX-512 (16 accumulators + 4 B rows +
