@@ -10,12 +10,18 @@
 
 namespace flashattn::cuda::decode {
 
-// Query rows packed per CTA: the whole GQA group of one position when it fits in 4,
-// else 8 (more rows re-read K/V once per query block).
+#if defined(FLASHATTN_CUDA_DECODE_FMA)
+// CUDA-core kernel (kernel_fma.cuh). Query rows packed per CTA: the whole GQA group of
+// one position when it fits in 4, else 8 (more rows re-read K/V once per query block).
 inline int rows_per_cta(std::int64_t packed_rows) { return packed_rows <= 4 ? 4 : 8; }
-
 // Keys per tile of the kernel for a kernel head dim (DecodeConfig::kTileN).
 inline int tile_keys(int kernel_head_dim) { return (128 / (kernel_head_dim / 8)) * 4; }
+#else
+// Tensor-core kernel (kernel_mma.cuh): 16 packed rows (one mma M tile), 64-key tiles
+// (MmaDecodeConfig::kRows, kTileN).
+inline int rows_per_cta(std::int64_t) { return 16; }
+inline int tile_keys(int) { return 64; }
+#endif
 
 // The split-KV kernel: writes out/LSE (num_splits == 1) or the workspace partials.
 template <class T, int kHeadDim>

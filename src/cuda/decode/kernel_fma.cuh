@@ -1,4 +1,8 @@
-// src/cuda/decode/kernel.cuh — the split-KV ("flash-decoding") attention kernel.
+// src/cuda/decode/kernel_fma.cuh — the split-KV ("flash-decoding") attention kernel
+// on CUDA cores (fp32 FMA). Built instead of the tensor-core kernel (kernel_mma.cuh)
+// with -DFLASHATTN_CUDA_DECODE_FMA=ON. It was the first decode kernel: verified on the
+// H100 (tests + compute-sanitizer clean, 2026-11-22) but issue-bound at ~1 TB/s
+// (batch 8, KV 64k, bf16: 1.06 TB/s); kept as the cross-check of kernel_mma.cuh.
 //
 // Decoding reads the whole KV cache for a handful of query rows, so it is bound by
 // HBM bandwidth, not by math: the design goal is that every K/V byte is read once,
@@ -19,7 +23,7 @@
 // unnormalised o over its 8 features) — no cross-group traffic in the main loop.
 // At the end the groups' states are merged through shared memory with
 // online_softmax::merge, and the CTA writes either the output (one split) or a
-// normalised partial (O, LSE) row for the combine kernel (combine.cu).
+// normalised partial (O, LSE) row for the combine kernel (append_combine.cu).
 #pragma once
 
 #include <cuda_runtime.h>

@@ -1,0 +1,313 @@
+// src/cuda/decode/kernel_mma.cuh — the split-KV ("flash-decoding") attention kernel
+// on tensor cores (mma.sync m16n8k16).
+//
+// Why tensor cores for a memory-bound kernel: at 3 TB/s an H100 SM must consume
+// ~13 bytes of K/V per clock. With fp32 FMAs, S = q K^T and O += P V cost 2 FMAs per
+// 16-bit element per query row, plus conversions, shuffles and the softmax: the FMA
+// kernel (kernel.cuh) measured 1.06 TB/s at batch 8 / KV 64k on the H100
+// (2026-11-22), issue-bound. One mma does 2048 FMAs, so even with the 16-row tile
+// mostly padding (a GQA group of 4 uses 4 of 16 rows) the math vanishes under the
+// loads and the kernel is left with what it should be: moving bytes.
+//
+// Work decomposition. One CTA = (query block, split, kv head, sequence):
+//   * query rows: the GQA group's query heads x seqlen_q positions, packed as
+//     row = i * group_size + g; a CTA takes kRows = 16 of them (one mma M tile), so
+//     one read of K/V serves the whole group (GQA packing);
+//   * keys: the sequence's key range cut into num_splits chunks of whole tiles;
+//     a tile is kTileN = 64 keys, warp w takes keys [16w, 16w + 16) of it.
+// K/V tiles stream through a kStages-deep cp.async pipeline in swizzled shared
+// memory (16-byte copies, page lookup per key row). Each warp keeps its own
+// online-softmax state for the 16 rows; at the end the warps' states are merged
+// with online_softmax::merge through shared memory, and the CTA writes the output
+// (one split) or a normalised partial (O, LSE) row for the combine kernel.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "flashattn/mask.hpp"
+#include "flashattn/online_softmax.hpp"
+#include "src/core/kvcache_params.hpp"
+#include "src/cuda/common/numeric.cuh"
+#include "src/cuda/common/swizzle.cuh"
+#include "src/cuda/decode/rotary.cuh"
+#include "src/cuda/ptx/cp_async.cuh"
+#include "src/cuda/ptx/ldmatrix.cuh"
+#include "src/cuda/ptx/mma_sync.cuh"
+
+namespace flashattn::cuda::decode {
+
+// Tile geometry (performance-only: results do not depend on it).
+template <int kHeadDim_>
+struct MmaDecodeConfig {
+  static constexpr int kHeadDim = kHeadDim_;  // padded head dim (64, 128, 256)
+  static constexpr int kRows = 16;            // packed query rows per CTA: one mma M tile
+  static constexpr int kWarps = 4;
+  static constexpr int kThreads = kWarps * 32;
+  static constexpr int kKeysPerWarp = 16;     // one mma K step of P V
+  static constexpr int kTileN = kWarps * kKeysPerWarp;
+  // Enough tiles in flight to cover HBM latency, within 2 CTAs per SM for d <= 128.
+  static constexpr int kStages = kHeadDim <= 64 ? 4 : (kHeadDim <= 128 ? 3 : 2);
+  static constexpr int kMinBlocksPerSm = kHeadDim <= 128 ? 2 : 1;
+  using KVTile = SwizzledTile<kTileN, kHeadDim>;  // (kTileN, kHeadDim)
+  using QTile = SwizzledTile<kRows, kHeadDim>;    // (kRows, kHeadDim)
+  static constexpr int kChunks = kHeadDim / 8;    // 16-byte chunks per row
+  static constexpr int kKSteps = kHeadDim / 16;   // mma K steps of S = Q K^T
+  static constexpr int kDTiles = kHeadDim / 8;    // mma N tiles of O = P V
+  static constexpr int kStageBytes = 2 * KVTile::kBytes;  // K and V
+  static constexpr int kQBytes = QTile::kBytes;
+  static constexpr int kPipelineBytes = kQBytes + kStages * kStageBytes;
+  // Merge area (reuses everything): per warp, per row, m and l, then o (kRows, kHeadDim).
+  static constexpr int kMergeBytes = kWarps * kRows * (2 + kHeadDim) * 4;
+  static constexpr int kSharedBytes = kPipelineBytes > kMergeBytes ? kPipelineBytes : kMergeBytes;
+  static_assert((kTileN * kChunks) % kThreads == 0, "whole chunks per thread");
+  static_assert(kKSteps % 1 == 0 && kDTiles % 2 == 0, "ldmatrix x4 covers pairs of tiles");
+};
+
+// Score of (q, k) in log2 units: scale * q.k (or softcap * tanh(scale * q.k / softcap)) * log2(e).
+__device__ __forceinline__ float mma_log2_score(const AttentionParams& a, float dot) {
+  if (a.has_softcap()) return a.softcap * tanhf(dot * a.softmax_scale / a.softcap) * static_cast<float>(online_softmax::kLog2e);
+  return dot * a.softmax_scale_log2;
+}
+
+template <class T, class Config>
+__global__ void __launch_bounds__(Config::kThreads, Config::kMinBlocksPerSm)
+    mma_decode_kernel(const __grid_constant__ KVCacheParams params) {
+  using Numeric = Numeric<T>;
+  using KVTile = typename Config::KVTile;
+  using QTile = typename Config::QTile;
+  constexpr int kRows = Config::kRows, kTileN = Config::kTileN, kStages = Config::kStages, kThreads = Config::kThreads;
+  constexpr int kChunks = Config::kChunks, kHeadDim = Config::kHeadDim;
+  extern __shared__ __align__(128) unsigned char shared[];
+  T* q_tile = reinterpret_cast<T*>(shared);                     // (kRows, kHeadDim), swizzled
+  T* kv_tiles = reinterpret_cast<T*>(shared + Config::kQBytes);  // [stage][K|V] (kTileN, kHeadDim), swizzled
+
+  const AttentionParams& a = params.attention;
+  const int num_splits = params.num_splits;
+  const int split = static_cast<int>(blockIdx.x) % num_splits;
+  const std::int64_t query_block = blockIdx.x / num_splits;
+  const std::int64_t h_kv = blockIdx.y;
+  const std::int64_t b = blockIdx.z;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int group_row = lane / 4, quad_lane = lane % 4;  // mma fragment coordinates
+
+  const std::int64_t group = a.group_size;
+  const std::int64_t packed_rows = a.seqlen_q * group;
+  const std::int64_t row_begin = query_block * kRows;
+  const std::int64_t row_end = row_begin + kRows < packed_rows ? row_begin + kRows : packed_rows;
+  const MaskRule mask = params.mask_of(b);
+  const std::int64_t first_position = params.leftpad(b);
+  const std::int64_t position_begin = row_begin / group, position_end = (row_end - 1) / group + 1;
+
+  // Keys this CTA visits: the rows' mask columns, intersected with the split's tiles.
+  const MaskRule::ColumnRange seen = mask.columns_of_rows(position_begin, position_end);
+  const std::int64_t key_blocks = (mask.seqlen_k + kTileN - 1) / kTileN;
+  const std::int64_t blocks_per_split = (key_blocks + num_splits - 1) / num_splits;
+  std::int64_t key_begin = split * blocks_per_split * kTileN, key_end = key_begin + blocks_per_split * kTileN;
+  if (key_begin < seen.begin) key_begin = seen.begin;
+  if (key_end > seen.end) key_end = seen.end;
+  const int num_tiles = key_end > key_begin ? static_cast<int>((key_end - key_begin + kTileN - 1) / kTileN) : 0;
+
+  const T* k_cache = static_cast<const T*>(a.k);
+  const T* v_cache = static_cast<const T*>(a.v);
+  // Each thread copies a fixed 16-byte column chunk of kTileN * kChunks / kThreads key rows.
+  constexpr int kRowsPerPass = kThreads / kChunks;
+  constexpr int kPasses = kTileN / kRowsPerPass;
+  const int copy_chunk = tid % kChunks;
+  const int copy_row = tid / kChunks;
+  const bool has_chunk = copy_chunk * 8 < a.head_dim;
+  const auto load_tile = [&](int tile, int stage) {
+    T* k_tile = kv_tiles + stage * 2 * KVTile::kElements;
+    T* v_tile = k_tile + KVTile::kElements;
+#pragma unroll
+    for (int pass = 0; pass < kPasses; ++pass) {
+      const int row = copy_row + pass * kRowsPerPass;
+      const std::int64_t key = key_begin + static_cast<std::int64_t>(tile) * kTileN + row;
+      const bool is_valid = key < key_end && has_chunk;
+      std::int64_t k_offset = 0, v_offset = 0;
+      if (is_valid) {
+        const std::int64_t position = first_position + key;
+        k_offset = params.k_cache_offset(b, position, h_kv) + copy_chunk * 8;
+        v_offset = params.v_cache_offset(b, position, h_kv) + copy_chunk * 8;
+      }
+      const int offset = KVTile::chunk_offset(row, copy_chunk);
+      ptx::cp_async_16(ptx::shared_address(k_tile + offset), k_cache + k_offset, is_valid);
+      ptx::cp_async_16(ptx::shared_address(v_tile + offset), v_cache + v_offset, is_valid);
+    }
+  };
+
+  // Start streaming K/V before touching q: the first tiles' latency overlaps the q setup.
+#pragma unroll
+  for (int stage = 0; stage < kStages - 1; ++stage) {
+    if (stage < num_tiles) load_tile(stage, stage);
+    ptx::cp_async_commit_group();  // empty groups keep the count uniform
+  }
+
+  // q rows of this CTA, rotated like flash_attn and rounded to T (zero past the rows / head_dim).
+  for (int element = tid; element < kRows * kHeadDim; element += kThreads) {
+    const int r = element / kHeadDim, d = element % kHeadDim;
+    const std::int64_t packed = row_begin + r;
+    float x = 0.0f;
+    if (packed < row_end && d < a.head_dim) {
+      const std::int64_t i = packed / group, h = h_kv * group + packed % group;
+      const T* q_row = static_cast<const T*>(a.q) + a.q_offset(b, h) + i * a.q_row_stride;
+      x = (params.has_rotary() && d < params.rotary_dim) ? rotate_feature<T>(params, q_row, d, params.q_rotary_position(b, i))
+                                                          : Numeric::to_float(q_row[d]);
+    }
+    q_tile[QTile::offset(r, d)] = Numeric::from_float(x);
+  }
+
+  // This thread's two rows of every fragment: group_row and group_row + 8.
+  std::int64_t row_position[2];
+  bool is_row[2];
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const std::int64_t packed = row_begin + group_row + 8 * half;
+    is_row[half] = packed < row_end;
+    row_position[half] = is_row[half] ? packed / group : 0;
+  }
+
+  online_softmax::State<float> state[2];  // rows group_row, group_row + 8 (l: this lane's columns only)
+  float o[Config::kDTiles][4];             // (16 rows, kHeadDim) accumulator fragments, unnormalised
+#pragma unroll
+  for (int n = 0; n < Config::kDTiles; ++n)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) o[n][e] = 0.0f;
+
+  // ldmatrix lane roles: matrix (lane / 8), row (lane % 8) of it.
+  const int matrix = lane / 8, matrix_row = lane % 8;
+  for (int tile = 0; tile < num_tiles; ++tile) {
+    ptx::cp_async_wait_group<kStages - 2>();  // this thread's copies of `tile` landed
+    __syncthreads();                          // ... everyone's; and everyone is done with tile - 1
+    if (tile + kStages - 1 < num_tiles) load_tile(tile + kStages - 1, (tile + kStages - 1) % kStages);
+    ptx::cp_async_commit_group();
+    const T* k_tile = kv_tiles + (tile % kStages) * 2 * KVTile::kElements;
+    const T* v_tile = k_tile + KVTile::kElements;
+    const int warp_key = warp * Config::kKeysPerWarp;  // first key row of this warp in the tile
+
+    // S = Q K^T for the warp's 16 keys: two n8 tiles, (16 rows, 8 keys) each.
+    float s[2][4] = {};
+#pragma unroll
+    for (int k_step = 0; k_step < Config::kKSteps; ++k_step) {
+      std::uint32_t q_fragment[4], k_fragment[4];
+      // A: matrices (rows 0-7 | 8-15) x (chunk 2k | 2k+1) -> a[0..3].
+      ptx::ldmatrix_x4(q_fragment[0], q_fragment[1], q_fragment[2], q_fragment[3],
+                       ptx::shared_address(q_tile + QTile::chunk_offset((matrix % 2) * 8 + matrix_row, 2 * k_step + matrix / 2)));
+      // B (K stored key-major = B column-major): matrices (keys 0-7 | 8-15) x (chunk 2k | 2k+1).
+      ptx::ldmatrix_x4(k_fragment[0], k_fragment[1], k_fragment[2], k_fragment[3],
+                       ptx::shared_address(k_tile + KVTile::chunk_offset(warp_key + (matrix / 2) * 8 + matrix_row, 2 * k_step + matrix % 2)));
+      const std::uint32_t b0[2] = {k_fragment[0], k_fragment[1]}, b1[2] = {k_fragment[2], k_fragment[3]};
+      ptx::mma_m16n8k16<Numeric::kIsBf16>(s[0], q_fragment, b0);
+      ptx::mma_m16n8k16<Numeric::kIsBf16>(s[1], q_fragment, b1);
+    }
+
+    // Scores in log2 units; keys past the range, masked pairs and padding rows -> -inf.
+    const std::int64_t tile_key = key_begin + static_cast<std::int64_t>(tile) * kTileN;
+    const bool is_full_tile = tile_key + kTileN <= key_end &&
+                              mask.tile_fully_allowed(position_begin, position_end, tile_key, tile_key + kTileN);
+#pragma unroll
+    for (int t = 0; t < 2; ++t)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int half = e / 2;
+        const std::int64_t key = tile_key + warp_key + 8 * t + 2 * quad_lane + (e % 2);
+        const bool is_allowed = is_row[half] && (is_full_tile || (key < key_end && mask.allowed(row_position[half], key)));
+        s[t][e] = is_allowed ? mma_log2_score(a, s[t][e]) : online_softmax::negative_infinity<float>();
+      }
+
+    // Online softmax per row (the row's 16 keys sit in the 4 lanes of a quad), then P.
+    std::uint32_t p_fragment[4];
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      float block_max = fmaxf(fmaxf(s[0][2 * half], s[0][2 * half + 1]), fmaxf(s[1][2 * half], s[1][2 * half + 1]));
+      block_max = fmaxf(block_max, __shfl_xor_sync(0xffffffffu, block_max, 1));
+      block_max = fmaxf(block_max, __shfl_xor_sync(0xffffffffu, block_max, 2));
+      const float factor = state[half].raise_max(block_max);
+#pragma unroll
+      for (int n = 0; n < Config::kDTiles; ++n) {
+        o[n][2 * half] *= factor;
+        o[n][2 * half + 1] *= factor;
+      }
+      const float base = state[half].base();
+      float p[2][2];
+#pragma unroll
+      for (int t = 0; t < 2; ++t)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) p[t][e] = online_softmax::exp2_of(s[t][2 * half + e] - base);
+      state[half].add(p[0][0] + p[0][1] + p[1][0] + p[1][1]);
+      // The S fragments of the two n8 tiles are the A fragment of P (mma_sync.cuh).
+      p_fragment[half] = pack_pair<T>(p[0][0], p[0][1]);
+      p_fragment[2 + half] = pack_pair<T>(p[1][0], p[1][1]);
+    }
+
+    // O += P V: V stored key-major = B row-major, so ldmatrix.trans; two n8 tiles per x4.
+#pragma unroll
+    for (int n = 0; n < Config::kDTiles; n += 2) {
+      std::uint32_t v_fragment[4];
+      ptx::ldmatrix_x4_trans(v_fragment[0], v_fragment[1], v_fragment[2], v_fragment[3],
+                             ptx::shared_address(v_tile + KVTile::chunk_offset(warp_key + (matrix % 2) * 8 + matrix_row, n + matrix / 2)));
+      const std::uint32_t b0[2] = {v_fragment[0], v_fragment[1]}, b1[2] = {v_fragment[2], v_fragment[3]};
+      ptx::mma_m16n8k16<Numeric::kIsBf16>(o[n], p_fragment, b0);
+      ptx::mma_m16n8k16<Numeric::kIsBf16>(o[n + 1], p_fragment, b1);
+    }
+  }
+  ptx::cp_async_wait_group<0>();
+  __syncthreads();  // everyone is done with the pipeline: reuse shared memory for the merge
+
+  // Row sums: each lane summed its own columns; the quad holds the whole row.
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    state[half].l += __shfl_xor_sync(0xffffffffu, state[half].l, 1);
+    state[half].l += __shfl_xor_sync(0xffffffffu, state[half].l, 2);
+  }
+  // Merge the warps: shared (kWarps, kRows) {m, l}, then (kWarps, kRows, kHeadDim) o.
+  float* merge_m = reinterpret_cast<float*>(shared);
+  float* merge_l = merge_m + Config::kWarps * kRows;
+  float* merge_o = merge_l + Config::kWarps * kRows;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int r = group_row + 8 * half;
+    if (quad_lane == 0) {
+      merge_m[warp * kRows + r] = state[half].m;
+      merge_l[warp * kRows + r] = state[half].l;
+    }
+#pragma unroll
+    for (int n = 0; n < Config::kDTiles; ++n) {
+      float2* dst = reinterpret_cast<float2*>(merge_o + (warp * kRows + r) * kHeadDim + 8 * n + 2 * quad_lane);
+      *dst = make_float2(o[n][2 * half], o[n][2 * half + 1]);
+    }
+  }
+  __syncthreads();
+
+  const bool is_single_split = num_splits == 1;
+  for (int element = tid; element < kRows * kHeadDim; element += kThreads) {
+    const int r = element / kHeadDim, d = element % kHeadDim;
+    const std::int64_t packed = row_begin + r;
+    if (packed >= row_end || d >= a.head_dim) continue;
+    online_softmax::State<float> total;
+    float acc = 0.0f;
+#pragma unroll
+    for (int w = 0; w < Config::kWarps; ++w) {
+      online_softmax::State<float> part;
+      part.m = merge_m[w * kRows + r];
+      part.l = merge_l[w * kRows + r];
+      float factor_total, factor_part;
+      total = online_softmax::merge(total, part, &factor_total, &factor_part);
+      acc = acc * factor_total + merge_o[(w * kRows + r) * kHeadDim + d] * factor_part;
+    }
+    const float value = acc * total.inverse_sum();
+    const std::int64_t i = packed / group, h = h_kv * group + packed % group;
+    if (is_single_split) {
+      static_cast<T*>(a.out)[a.out_offset(b, h) + i * a.out_row_stride + d] = Numeric::from_float(value);
+      if (d == 0 && a.maybe_lse) a.maybe_lse[a.lse_offset(b, h) + i * a.lse_row_stride] = total.lse();
+    } else {
+      float* partial_o = static_cast<float*>(params.maybe_workspace);
+      const std::int64_t row = params.partial_row(split, b, h, i);
+      partial_o[row * a.head_dim + d] = value;
+      if (d == 0) partial_o[params.num_splits * params.partial_rows() * a.head_dim + row] = total.lse();
+    }
+  }
+}
+
+}  // namespace flashattn::cuda::decode
