@@ -8,8 +8,8 @@
 //     for each query tile t of the item whose rows see block j:
 //       S^T = K_j Q_t^T                                          (kBlockN, tile_m)
 //       element mask only where !MaskRule::tile_fully_allowed
-//       m_new = max(m, rowmax S);  O_t^T *= 2^(m - m_new);  P^T = 2^(S^T - m_new);  l += rowsum P
-//       O_t^T += V_j^T P^T                                       (head_dim, tile_m)
+//       m_new = max(m, rowmax S);  P^T = 2^(S^T - m_new);  l += rowsum P
+//       O_t^T = O_t^T · 2^(m - m_new) + V_j^T P^T                 (head_dim, tile_m)
 //   O = transpose(O^T) / l   (one division per row, at the end);  LSE = (m + log2 l)·ln 2
 // The scores are kept transposed (keys x queries) so that both matmuls, the row max,
 // the exp2 and the rescale all run with the queries in the vector lanes: no
@@ -175,10 +175,9 @@ void flash2_forward(const AttentionParams& params, int num_threads) {
           }
           kernels.exp2_columns(s, tile_m, kBlockN, tile_m, row_base.data(), row_sum.data());  // P^T
           for (std::int64_t i = 0; i < tile_m; ++i) tile_states[i].add(row_sum.data()[i]);
-          kernels.scale_columns(o_tile_t, tile_m, head_dim_rows, tile_m, row_factor.data());
 
-          // O^T (head_dim_rows, tile_m) += V^T P^T
-          kernels.matmul(v, 1, head_dim_padded, s, tile_m, kBlockN, o_tile_t, tile_m, head_dim_rows, tile_m, true);
+          // O^T (head_dim_rows, tile_m) = O^T ∘ factor + V^T P^T  (the rescale fused in)
+          kernels.matmul_rescaled(v, 1, head_dim_padded, s, tile_m, kBlockN, o_tile_t, tile_m, head_dim_rows, tile_m, row_factor.data());
         }
       }
 

@@ -29,14 +29,17 @@ struct TileKernels {
   void (*matmul)(const float* a, std::int64_t a_row_stride, std::int64_t a_depth_stride, const float* b,
                  std::int64_t b_stride, std::int64_t depth, float* c, std::int64_t c_stride, std::int64_t rows,
                  std::int64_t width, bool accumulate);
+  // C (rows, width) = C ∘ column_scale + A (rows, depth) B (depth, width): the online
+  // softmax's rescale of O^T fused into its update (column_scale has width floats).
+  void (*matmul_rescaled)(const float* a, std::int64_t a_row_stride, std::int64_t a_depth_stride, const float* b,
+                          std::int64_t b_stride, std::int64_t depth, float* c, std::int64_t c_stride, std::int64_t rows,
+                          std::int64_t width, const float* column_scale);
   // column_max[i] = max_r s[r][i]  (rows >= 1).
   void (*column_max)(const float* s, std::int64_t stride, std::int64_t rows, std::int64_t width, float* column_max);
   // s[r][i] = 2^(s[r][i] - base[i]) in place (2^-inf = 0, exactly); maybe_column_sum[i]
   // = sum_r of the results when given.
   void (*exp2_columns)(float* s, std::int64_t stride, std::int64_t rows, std::int64_t width, const float* base,
                        float* maybe_column_sum);
-  // o[r][i] *= factor[i].
-  void (*scale_columns)(float* o, std::int64_t stride, std::int64_t rows, std::int64_t width, const float* factor);
   // ds[r][i] = p[r][i] * (ds[r][i] - delta[i]) [* maybe_slope[r][i]]: dS = P ∘ (dP - D),
   // times the softcap derivative when given. All three tiles share `stride`.
   void (*score_gradient)(const float* p, float* ds, std::int64_t stride, std::int64_t rows, std::int64_t width,

@@ -94,14 +94,22 @@ inline Vec exp2(Vec x) {
 
 // A (kRows, kVecs*kLanes) block of C held in registers for the whole depth loop: per
 // depth step kVecs loads of B and kRows broadcasts of A feed kRows*kVecs FMAs.
-template <int kRows, int kVecs, bool kAccumulate>
+// What a matmul does with C's old values.
+enum class Update { kOverwrite, kAccumulate, kRescaleAccumulate };  // C = AB | C + AB | C ∘ column_scale + AB
+
+template <int kRows, int kVecs, Update kUpdate>
 inline void micro_tile(const float* a, std::int64_t a_row_stride, std::int64_t a_depth_stride, const float* b,
-                       std::int64_t b_stride, std::int64_t depth, float* c, std::int64_t c_stride) {
+                       std::int64_t b_stride, std::int64_t depth, float* c, std::int64_t c_stride, const float* column_scale) {
   // One flat array, loops fully unrolled: GCC then keeps every accumulator in a
   // register (with acc[kRows][kVecs] it spilled them around the depth loop).
   Vec acc[kRows * kVecs];
 #pragma GCC unroll 16
-  for (int e = 0; e < kRows * kVecs; ++e) acc[e] = kAccumulate ? load(c + (e / kVecs) * c_stride + (e % kVecs) * kLanes) : Vec{};
+  for (int e = 0; e < kRows * kVecs; ++e) {
+    if constexpr (kUpdate == Update::kOverwrite) acc[e] = Vec{};
+    if constexpr (kUpdate == Update::kAccumulate) acc[e] = load(c + (e / kVecs) * c_stride + (e % kVecs) * kLanes);
+    if constexpr (kUpdate == Update::kRescaleAccumulate)
+      acc[e] = load(c + (e / kVecs) * c_stride + (e % kVecs) * kLanes) * load(column_scale + (e % kVecs) * kLanes);
+  }
   for (std::int64_t k = 0; k < depth; ++k) {
     Vec b_row[kVecs];
 #pragma GCC unroll 16
@@ -122,26 +130,34 @@ inline void micro_tile(const float* a, std::int64_t a_row_stride, std::int64_t a
 constexpr int kMicroRows = static_cast<int>(kTileRowsMultiple);
 constexpr int kMicroVecs = kVectorBytes == 64 ? 4 : 2;
 
-template <bool kAccumulate>
+template <Update kUpdate>
 void matmul_impl(const float* a, std::int64_t a_row_stride, std::int64_t a_depth_stride, const float* b, std::int64_t b_stride,
-                 std::int64_t depth, float* c, std::int64_t c_stride, std::int64_t rows, std::int64_t width) {
+                 std::int64_t depth, float* c, std::int64_t c_stride, std::int64_t rows, std::int64_t width, const float* column_scale) {
   for (std::int64_t r = 0; r < rows; r += kMicroRows) {
     const float* a_rows = a + r * a_row_stride;
     float* c_rows = c + r * c_stride;
     std::int64_t col = 0;
     for (; col + kMicroVecs * kLanes <= width; col += kMicroVecs * kLanes)
-      micro_tile<kMicroRows, kMicroVecs, kAccumulate>(a_rows, a_row_stride, a_depth_stride, b + col, b_stride, depth, c_rows + col, c_stride);
+      micro_tile<kMicroRows, kMicroVecs, kUpdate>(a_rows, a_row_stride, a_depth_stride, b + col, b_stride, depth, c_rows + col, c_stride,
+                                                  column_scale + col);
     for (; col < width; col += kLanes)
-      micro_tile<kMicroRows, 1, kAccumulate>(a_rows, a_row_stride, a_depth_stride, b + col, b_stride, depth, c_rows + col, c_stride);
+      micro_tile<kMicroRows, 1, kUpdate>(a_rows, a_row_stride, a_depth_stride, b + col, b_stride, depth, c_rows + col, c_stride,
+                                         column_scale + col);
   }
 }
 
 void matmul(const float* a, std::int64_t a_row_stride, std::int64_t a_depth_stride, const float* b, std::int64_t b_stride,
             std::int64_t depth, float* c, std::int64_t c_stride, std::int64_t rows, std::int64_t width, bool accumulate) {
   if (accumulate)
-    matmul_impl<true>(a, a_row_stride, a_depth_stride, b, b_stride, depth, c, c_stride, rows, width);
+    matmul_impl<Update::kAccumulate>(a, a_row_stride, a_depth_stride, b, b_stride, depth, c, c_stride, rows, width, nullptr);
   else
-    matmul_impl<false>(a, a_row_stride, a_depth_stride, b, b_stride, depth, c, c_stride, rows, width);
+    matmul_impl<Update::kOverwrite>(a, a_row_stride, a_depth_stride, b, b_stride, depth, c, c_stride, rows, width, nullptr);
+}
+
+void matmul_rescaled(const float* a, std::int64_t a_row_stride, std::int64_t a_depth_stride, const float* b, std::int64_t b_stride,
+                     std::int64_t depth, float* c, std::int64_t c_stride, std::int64_t rows, std::int64_t width,
+                     const float* column_scale) {
+  matmul_impl<Update::kRescaleAccumulate>(a, a_row_stride, a_depth_stride, b, b_stride, depth, c, c_stride, rows, width, column_scale);
 }
 
 void column_max(const float* s, std::int64_t stride, std::int64_t rows, std::int64_t width, float* out) {
@@ -165,17 +181,6 @@ void exp2_columns(float* s, std::int64_t stride, std::int64_t rows, std::int64_t
   }
 }
 
-void scale_columns(float* o, std::int64_t stride, std::int64_t rows, std::int64_t width, const float* factor) {
-  for (std::int64_t i = 0; i < width; i += kLanes) {
-    const Vec f = load(factor + i);
-    // Once the running maxima settle, most factors are exactly 1: skip those columns.
-    bool is_identity = true;
-    for (int lane = 0; lane < kLanes; ++lane) is_identity = is_identity && f[lane] == 1.0f;
-    if (is_identity) continue;
-    for (std::int64_t r = 0; r < rows; ++r) store(o + r * stride + i, load(o + r * stride + i) * f);
-  }
-}
-
 void score_gradient(const float* p, float* ds, std::int64_t stride, std::int64_t rows, std::int64_t width, const float* delta,
                     const float* maybe_slope) {
   for (std::int64_t r = 0; r < rows; ++r)
@@ -188,7 +193,7 @@ void score_gradient(const float* p, float* ds, std::int64_t stride, std::int64_t
 }
 
 constexpr TileKernels make_table(const char* isa) {
-  return TileKernels{isa, &matmul, &column_max, &exp2_columns, &scale_columns, &score_gradient};
+  return TileKernels{isa, &matmul, &matmul_rescaled, &column_max, &exp2_columns, &score_gradient};
 }
 
 }  // namespace
