@@ -109,9 +109,8 @@ SplitProblem kvcache_split_problem(const KVCacheParams& params) {
   int sm_count = 1;
   if (cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, a.device.index) != cudaSuccess) sm_count = 1;
   p.sm_count = sm_count;
-  // Three 64 KiB CTAs fit per SM; aim for ~4 per SM of work so the tail wave is short
-  // and enough loads are in flight (performance-only).
-  p.ctas_per_sm = 4;
+  // The wave-efficiency rule needs the real number of resident CTAs (performance-only).
+  p.ctas_per_sm = kernel_head_dim ? decode::ctas_per_sm(kernel_head_dim) : 1;
   p.max_splits = 64;
   return p;
 }

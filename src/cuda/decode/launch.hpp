@@ -16,11 +16,16 @@ namespace flashattn::cuda::decode {
 inline int rows_per_cta(std::int64_t packed_rows) { return packed_rows <= 4 ? 4 : 8; }
 // Keys per tile of the kernel for a kernel head dim (DecodeConfig::kTileN).
 inline int tile_keys(int kernel_head_dim) { return (128 / (kernel_head_dim / 8)) * 4; }
+// CTAs resident per SM (160-254 registers x 128 threads, 64 KiB shared memory).
+inline int ctas_per_sm(int) { return 2; }
 #else
 // Tensor-core kernel (kernel_mma.cuh): 16 packed rows (one mma M tile), 64-key tiles
 // (MmaDecodeConfig::kRows, kTileN).
 inline int rows_per_cta(std::int64_t) { return 16; }
 inline int tile_keys(int) { return 64; }
+// CTAs resident per SM: shared memory (MmaDecodeConfig::kSharedBytes, 100 KiB at d128,
+// 136 KiB at d256) allows 2 for head dims <= 128, 1 above.
+inline int ctas_per_sm(int kernel_head_dim) { return kernel_head_dim <= 128 ? 2 : 1; }
 #endif
 
 // The split-KV kernel: writes out/LSE (num_splits == 1) or the workspace partials.
