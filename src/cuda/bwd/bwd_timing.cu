@@ -1,5 +1,6 @@
 // src/cuda/bwd/bwd_timing.cu — times flashattn::backward alone (CUDA events, median
-// of repeats) on the shapes of shared/BENCHMARKS.md, default and deterministic.
+// of repeats) on the shapes of shared/BENCHMARKS.md, default and deterministic;
+// with --configs, alternative tile configs of the same kernels against the table's.
 // Not a test: it prints CSV; the anchors (FA2/cuDNN backward) come from
 // BENCHMARKS.md or a side-by-side PyTorch run. FLOPs = 2.5 x forward
 // (forward = 4 B H Nq Nk d, halved for causal).
@@ -17,10 +18,14 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 #include <vector>
 
 #include "flashattn/flashattn.hpp"
+#include "src/core/validate.hpp"
+#include "src/cuda/bwd/launch_main.cuh"
+#include "src/cuda/bwd/workspace.hpp"
 
 namespace {
 
@@ -63,45 +68,85 @@ void fill(void* data, std::int64_t n, std::uint32_t seed) {
   check(cudaGetLastError(), "fill_random");
 }
 
-double time_backward(const Shape& shape, bool deterministic, int repeats) {
-  using flashattn::TensorView;
-  const auto device = flashattn::Device::cuda(0);
-  const std::int64_t b = shape.batch, h = shape.heads, n = shape.seqlen, d = shape.head_dim;
-  const std::int64_t elements = b * n * h * d;
-  void *q, *k, *v, *o, *dout, *dq, *dk, *dv;
-  float* lse;
-  for (void** p : {&q, &k, &v, &o, &dout, &dq, &dk, &dv}) check(cudaMalloc(p, elements * 2), "cudaMalloc");
-  check(cudaMalloc(&lse, b * h * n * sizeof(float)), "cudaMalloc lse");
-  std::uint32_t seed = 1;
-  for (void* p : {q, k, v, o, dout, dq, dk, dv}) {
-    if (shape.dtype == flashattn::DType::float16) fill<__half>(p, elements, seed++);
-    else fill<__nv_bfloat16>(p, elements, seed++);
-  }
-  fill_value<<<1024, 256>>>(lse, b * h * n, std::log(static_cast<float>(n)) + 0.5f);
-  check(cudaGetLastError(), "fill_value");
-
+// Device tensors and BackwardArgs of one benchmark shape (contiguous [b, n, h, d]).
+struct Problem {
+  Shape shape;
+  std::int64_t elements = 0;
+  void *q = nullptr, *k = nullptr, *v = nullptr, *o = nullptr, *dout = nullptr, *dq = nullptr, *dk = nullptr,
+       *dv = nullptr, *workspace = nullptr;
+  float* lse = nullptr;
   flashattn::BackwardArgs args;
-  auto view = [&](void* data) { return TensorView::contiguous(data, shape.dtype, {b, n, h, d}, device); };
-  args.q = view(q), args.k = view(k), args.v = view(v), args.out = view(o), args.dout = view(dout);
-  args.dq = view(dq), args.dk = view(dk), args.dv = view(dv);
-  args.lse = TensorView::contiguous(lse, flashattn::DType::float32, {b, h, n}, device);
-  args.options.causal = shape.causal;
-  args.options.deterministic = deterministic;
-  const std::size_t workspace_bytes = flashattn::backward_workspace_bytes(args);
-  void* workspace = nullptr;
-  if (workspace_bytes > 0) check(cudaMalloc(&workspace, workspace_bytes), "cudaMalloc workspace");
-  args.maybe_workspace = TensorView::contiguous(workspace, flashattn::DType::uint8,
-                                                {static_cast<std::int64_t>(std::max<std::size_t>(workspace_bytes, 1))}, device);
 
+  Problem(const Shape& s, bool deterministic) : shape(s) {
+    using flashattn::TensorView;
+    const auto device = flashattn::Device::cuda(0);
+    const std::int64_t b = s.batch, h = s.heads, n = s.seqlen, d = s.head_dim;
+    elements = b * n * h * d;
+    for (void** p : {&q, &k, &v, &o, &dout, &dq, &dk, &dv}) check(cudaMalloc(p, elements * 2), "cudaMalloc");
+    check(cudaMalloc(&lse, b * h * n * sizeof(float)), "cudaMalloc lse");
+    std::uint32_t seed = 1;
+    for (void* p : {q, k, v, o, dout, dq, dk, dv}) {
+      if (s.dtype == flashattn::DType::float16) fill<__half>(p, elements, seed++);
+      else fill<__nv_bfloat16>(p, elements, seed++);
+    }
+    fill_value<<<1024, 256>>>(lse, b * h * n, std::log(static_cast<float>(n)) + 0.5f);
+    check(cudaGetLastError(), "fill_value");
+    auto view = [&](void* data) { return TensorView::contiguous(data, s.dtype, {b, n, h, d}, device); };
+    args.q = view(q), args.k = view(k), args.v = view(v), args.out = view(o), args.dout = view(dout);
+    args.dq = view(dq), args.dk = view(dk), args.dv = view(dv);
+    args.lse = TensorView::contiguous(lse, flashattn::DType::float32, {b, h, n}, device);
+    args.options.causal = s.causal;
+    args.options.deterministic = deterministic;
+    const std::size_t workspace_bytes = flashattn::backward_workspace_bytes(args);
+    if (workspace_bytes > 0) check(cudaMalloc(&workspace, workspace_bytes), "cudaMalloc workspace");
+    args.maybe_workspace = TensorView::contiguous(
+        workspace, flashattn::DType::uint8, {static_cast<std::int64_t>(std::max<std::size_t>(workspace_bytes, 1))}, device);
+  }
+  ~Problem() {
+    for (void* p : {q, k, v, o, dout, dq, dk, dv, static_cast<void*>(lse), workspace}) cudaFree(p);
+  }
+  Problem(const Problem&) = delete;
+  Problem& operator=(const Problem&) = delete;
+
+  double forward_flops() const {
+    return 4.0 * shape.batch * shape.heads * shape.seqlen * shape.seqlen * shape.head_dim * (shape.causal ? 0.5 : 1.0);
+  }
+  // dq, dk, dv as floats (for comparing tile configs).
+  std::vector<float> gradients() const {
+    std::vector<std::uint16_t> bits(static_cast<std::size_t>(elements));
+    std::vector<float> values;
+    for (void* p : {dq, dk, dv}) {
+      check(cudaMemcpy(bits.data(), p, elements * 2, cudaMemcpyDeviceToHost), "download");
+      for (std::uint16_t x : bits) {
+        std::uint32_t u;
+        if (shape.dtype == flashattn::DType::bfloat16) {
+          u = static_cast<std::uint32_t>(x) << 16;
+        } else {
+          const __half h = *reinterpret_cast<const __half*>(&x);
+          const float f = __half2float(h);
+          std::memcpy(&u, &f, 4);
+        }
+        float f;
+        std::memcpy(&f, &u, 4);
+        values.push_back(f);
+      }
+    }
+    return values;
+  }
+};
+
+// Median milliseconds of `run` over `repeats` after 3 warm-ups.
+template <class Run>
+double median_ms(Run run, int repeats) {
   cudaEvent_t start, stop;
   check(cudaEventCreate(&start), "event");
   check(cudaEventCreate(&stop), "event");
-  for (int i = 0; i < 3; ++i) flashattn::backward(args);
+  for (int i = 0; i < 3; ++i) run();
   check(cudaDeviceSynchronize(), "warm-up");
   std::vector<float> times;
   for (int i = 0; i < repeats; ++i) {
     check(cudaEventRecord(start), "record");
-    flashattn::backward(args);
+    run();
     check(cudaEventRecord(stop), "record");
     check(cudaEventSynchronize(stop), "sync");
     float ms = 0;
@@ -109,20 +154,94 @@ double time_backward(const Shape& shape, bool deterministic, int repeats) {
     times.push_back(ms);
   }
   check(cudaGetLastError(), "backward");
-  std::sort(times.begin(), times.end());
-  for (void* p : {q, k, v, o, dout, dq, dk, dv, static_cast<void*>(lse), workspace}) cudaFree(p);
   cudaEventDestroy(start);
   cudaEventDestroy(stop);
+  std::sort(times.begin(), times.end());
   return times[times.size() / 2];
+}
+
+// The library's backward with an alternative tile config (same kernels, other traits).
+template <class T>
+void run_with_traits(const flashattn::BackwardArgs& args) {
+  namespace bwd = flashattn::cuda::bwd;
+  const flashattn::BackwardParams params = flashattn::validate_backward(args);
+  const bwd::Workspace workspace = bwd::carve_workspace(params);
+  bwd::launch_preprocess(params, workspace, nullptr);
+  bwd::launch_kernels<T>(params, workspace, bwd::allows_vector_access(params), nullptr);
+  if (!params.deterministic) bwd::launch_convert_dq(params, workspace, nullptr);
+}
+
+void print_row(const Problem& p, bool deterministic, const char* config, double ms, double max_difference) {
+  const Shape& s = p.shape;
+  std::printf("%s,%s,%lld,%lld,%lld,%lld,%d,%d,%s,%.4f,%.1f,%.3g\n", s.sweep, flashattn::dtype_name(s.dtype),
+              static_cast<long long>(s.batch), static_cast<long long>(s.heads), static_cast<long long>(s.seqlen),
+              static_cast<long long>(s.head_dim), s.causal ? 1 : 0, deterministic ? 1 : 0, config, ms,
+              2.5 * p.forward_flops() / (ms * 1e-3) / 1e12, max_difference);
+  std::fflush(stdout);
+}
+
+// Times tile config `kConfig` against the table's on one shape; max_difference is
+// max|grad - grad_table| / max|grad_table| over dq, dk, dv (a broken config shows).
+template <class Element, int kHeadDim, flashattn::cuda::bwd::TileConfig kConfig>
+void compare_config(const Shape& shape, int repeats, const char* name) {
+  for (bool deterministic : {false, true}) {
+    Problem p(shape, deterministic);
+    flashattn::backward(p.args);
+    const std::vector<float> reference = p.gradients();
+    using T = flashattn::cuda::bwd::Traits<Element, kHeadDim, kConfig>;
+    try {
+      run_with_traits<T>(p.args);
+    } catch (const std::exception& e) {
+      std::printf("# %s: %s\n", name, e.what());
+      continue;
+    }
+    const std::vector<float> ours = p.gradients();
+    double difference = 0, magnitude = 0;
+    for (std::size_t i = 0; i < ours.size(); ++i) {
+      difference = std::max(difference, static_cast<double>(std::fabs(ours[i] - reference[i])));
+      magnitude = std::max(magnitude, static_cast<double>(std::fabs(reference[i])));
+    }
+    if (std::isnan(difference) || std::any_of(ours.begin(), ours.end(), [](float x) { return std::isnan(x); }))
+      difference = NAN;
+    const double ms = median_ms([&] { run_with_traits<T>(p.args); }, repeats);
+    print_row(p, deterministic, name, ms, magnitude > 0 ? difference / magnitude : difference);
+  }
+}
+
+void sweep_configs(int repeats) {
+  using flashattn::cuda::bwd::TileConfig;
+  std::printf("sweep,dtype,batch,heads,seqlen,head_dim,causal,deterministic,config,ms,tflops,max_rel_diff_vs_table\n");
+  for (bool causal : {false, true}) {
+    const Shape d64{"seed004_fp16_b4h48_d64", flashattn::DType::float16, 4, 48, 4096, 64, causal};
+    compare_config<__half, 64, TileConfig{64, 64, 8, 2}>(d64, repeats, "m64_n64_w8_s2");
+    compare_config<__half, 64, TileConfig{64, 128, 8, 2}>(d64, repeats, "m64_n128_w8_s2");
+    compare_config<__half, 64, TileConfig{128, 64, 8, 2}>(d64, repeats, "m128_n64_w8_s2");
+    compare_config<__half, 64, TileConfig{128, 128, 8, 2}>(d64, repeats, "m128_n128_w8_s2");
+    const Shape d128{"fa3_bf16_16k_tokens", flashattn::DType::bfloat16, 4, 16, 4096, 128, causal};
+    compare_config<__nv_bfloat16, 128, TileConfig{64, 64, 8, 2}>(d128, repeats, "m64_n64_w8_s2");
+    compare_config<__nv_bfloat16, 128, TileConfig{64, 128, 8, 2}>(d128, repeats, "m64_n128_w8_s2");
+    compare_config<__nv_bfloat16, 128, TileConfig{128, 64, 8, 2}>(d128, repeats, "m128_n64_w8_s2");
+    const Shape d256{"fa3_bf16_16k_tokens", flashattn::DType::bfloat16, 4, 8, 4096, 256, causal};
+    compare_config<__nv_bfloat16, 256, TileConfig{64, 32, 8, 2}>(d256, repeats, "m64_n32_w8_s2");
+    compare_config<__nv_bfloat16, 256, TileConfig{32, 32, 8, 2}>(d256, repeats, "m32_n32_w8_s2");
+    compare_config<__nv_bfloat16, 256, TileConfig{64, 32, 8, 1}>(d256, repeats, "m64_n32_w8_s1");
+  }
 }
 
 }  // namespace
 
+// flashattn_bwd_timing [repeats]            the BENCHMARKS.md shapes, default + deterministic
+// flashattn_bwd_timing [repeats] --configs  alternative tile configs on a few shapes
 int main(int argc, char** argv) {
   const int repeats = argc > 1 ? std::atoi(argv[1]) : 20;
+  const bool is_config_sweep = argc > 2 && std::string(argv[2]) == "--configs";
   if (!flashattn::cuda_available()) {
     std::fprintf(stderr, "no CUDA device\n");
     return 1;
+  }
+  if (is_config_sweep) {
+    sweep_configs(repeats);
+    return 0;
   }
   std::vector<Shape> shapes;
   for (std::int64_t n : {1024, 2048, 4096, 8192, 16384})
@@ -131,23 +250,16 @@ int main(int argc, char** argv) {
     for (std::int64_t n : {512, 1024, 2048, 4096, 8192, 16384})
       for (bool causal : {false, true})
         shapes.push_back({"fa3_bf16_16k_tokens", flashattn::DType::bfloat16, 16384 / n, 2048 / d, n, d, causal});
-  std::printf("sweep,dtype,batch,heads,seqlen,head_dim,causal,deterministic,ms,tflops\n");
+  std::printf("sweep,dtype,batch,heads,seqlen,head_dim,causal,deterministic,config,ms,tflops,max_rel_diff_vs_table\n");
   for (const Shape& shape : shapes) {
     for (bool deterministic : {false, true}) {
-      double ms = 0;
       try {
-        ms = time_backward(shape, deterministic, repeats);
+        Problem p(shape, deterministic);
+        const double ms = median_ms([&] { flashattn::backward(p.args); }, repeats);
+        print_row(p, deterministic, "table", ms, 0.0);
       } catch (const std::exception& e) {
         std::printf("# %s d%lld: %s\n", shape.sweep, static_cast<long long>(shape.head_dim), e.what());
-        continue;
       }
-      const double forward_flops = 4.0 * shape.batch * shape.heads * shape.seqlen * shape.seqlen * shape.head_dim *
-                                   (shape.causal ? 0.5 : 1.0);
-      std::printf("%s,%s,%lld,%lld,%lld,%lld,%d,%d,%.4f,%.1f\n", shape.sweep, flashattn::dtype_name(shape.dtype),
-                  static_cast<long long>(shape.batch), static_cast<long long>(shape.heads),
-                  static_cast<long long>(shape.seqlen), static_cast<long long>(shape.head_dim), shape.causal ? 1 : 0,
-                  deterministic ? 1 : 0, ms, 2.5 * forward_flops / (ms * 1e-3) / 1e12);
-      std::fflush(stdout);
     }
   }
   return 0;

@@ -24,27 +24,23 @@
 #include "src/core/params.hpp"
 #include "src/cuda/bwd/tile_config.hpp"
 #include "src/cuda/bwd/warp_mma.cuh"
+#include "src/cuda/bwd/workspace.hpp"
 #include "src/cuda/common/numeric.cuh"
 #include "src/cuda/ptx/cp_async.cuh"
 
 namespace flashattn::cuda::bwd {
-
-// Scratch of one backward call, carved out of the caller's workspace (backward_api.cu).
-struct Workspace {
-  float* dsum = nullptr;      // D, [heads_q, total_q rows]
-  float* dq_accum = nullptr;  // unscaled dQ, fp32 [total_q rows, heads_q, head_dim]
-};
 
 // Row of query i of sequence b in the packed workspace arrays (dense_q_row of the reference).
 __host__ __device__ inline std::int64_t packed_q_row(const BackwardParams& params, std::int64_t b, std::int64_t i) {
   return params.is_varlen() ? params.q_start(b) + i : b * params.seqlen_q + i;
 }
 
-template <class Element_, int kHeadDim_>
+// kConfig_ defaults to the table; the timing tool instantiates alternatives.
+template <class Element_, int kHeadDim_, TileConfig kConfig_ = tile_config(kHeadDim_)>
 struct Traits {
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_;
-  static constexpr TileConfig kConfig = tile_config(kHeadDim);
+  static constexpr TileConfig kConfig = kConfig_;
   static constexpr int kBlockM = kConfig.block_m;
   static constexpr int kBlockN = kConfig.block_n;
   static constexpr int kWarps = kConfig.warps;

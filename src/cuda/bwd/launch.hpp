@@ -5,10 +5,9 @@
 #include <cuda_runtime.h>
 
 #include "src/core/params.hpp"
+#include "src/cuda/bwd/workspace.hpp"
 
 namespace flashattn::cuda::bwd {
-
-struct Workspace;
 
 // D = rowsum(dO ∘ O) into workspace.dsum (and dq_accum zeroed unless deterministic).
 void launch_preprocess(const BackwardParams& params, const Workspace& workspace, cudaStream_t stream);

@@ -33,9 +33,9 @@ void allow_shared_memory(Kernel kernel, std::size_t bytes) {
   FLASHATTN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
 }
 
-template <class Element, int kHeadDim>
-void launch_main(const BackwardParams& params, const Workspace& workspace, bool is_aligned, cudaStream_t stream) {
-  using T = Traits<Element, kHeadDim>;
+// The dK/dV kernel, and the dQ kernel when deterministic, for tile traits T.
+template <class T>
+void launch_kernels(const BackwardParams& params, const Workspace& workspace, bool is_aligned, cudaStream_t stream) {
   const std::int64_t num_n_blocks = (params.seqlen_k + T::kBlockN - 1) / T::kBlockN;
   const unsigned int dkdv_grid = flat_grid(num_n_blocks, params.heads_kv, params.batch);
   if (dkdv_grid > 0) {
@@ -54,6 +54,11 @@ void launch_main(const BackwardParams& params, const Workspace& workspace, bool 
       FLASHATTN_CUDA_CHECK_LAUNCH();
     }
   }
+}
+
+template <class Element, int kHeadDim>
+void launch_main(const BackwardParams& params, const Workspace& workspace, bool is_aligned, cudaStream_t stream) {
+  launch_kernels<Traits<Element, kHeadDim>>(params, workspace, is_aligned, stream);
 }
 
 }  // namespace flashattn::cuda::bwd
