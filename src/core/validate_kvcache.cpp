@@ -196,6 +196,10 @@ KVCacheParams validate_kvcache(const KVCacheArgs& args) {
     }
   }
 
+  // Cache positions are int32 in flash_attn's API (cache_seqlens); kernels index them so.
+  if (capacity > 0x7fffffff)
+    unsupported(is_paged ? "block_table" : "k_cache", "a cache of " + std::to_string(capacity) + " positions per sequence exceeds 2^31 - 1");
+
   // New keys/values.
   const bool has_append = args.maybe_k_new.defined() || args.maybe_v_new.defined();
   std::int64_t seqlen_new = 0;

@@ -109,31 +109,51 @@ __global__ void __launch_bounds__(Config::kThreads, Config::kMinBlocksPerSm)
   if (key_end > seen.end) key_end = seen.end;
   const int num_tiles = key_end > key_begin ? static_cast<int>((key_end - key_begin + kTileN - 1) / kTileN) : 0;
 
-  const T* k_cache = static_cast<const T*>(a.k);
-  const T* v_cache = static_cast<const T*>(a.v);
   // Each thread copies a fixed 16-byte column chunk of kTileN * kChunks / kThreads key rows.
   constexpr int kRowsPerPass = kThreads / kChunks;
   constexpr int kPasses = kTileN / kRowsPerPass;
   const int copy_chunk = tid % kChunks;
   const int copy_row = tid / kChunks;
   const bool has_chunk = copy_chunk * 8 < a.head_dim;
+  // Per-CTA constant parts of the K/V addresses (kv head, this thread's chunk, and for a
+  // contiguous cache the sequence's cache row), so a key row costs one multiply-add,
+  // or one page-table lookup for a paged cache.
+  const T* k_base = static_cast<const T*>(a.k) + h_kv * a.k_head_stride + copy_chunk * 8;
+  const T* v_base = static_cast<const T*>(a.v) + h_kv * a.v_head_stride + copy_chunk * 8;
+  const bool is_paged = params.is_paged();
+  const std::int32_t* page_table = params.maybe_block_table + b * params.block_table_stride;
+  const int page_size = static_cast<int>(params.page_size);
+  if (!is_paged) {
+    const std::int64_t cache_b = params.maybe_cache_batch_idx ? params.maybe_cache_batch_idx[b] : b;
+    k_base += cache_b * a.k_batch_stride;
+    v_base += cache_b * a.v_batch_stride;
+  }
   const auto load_tile = [&](int tile, int stage) {
     T* k_tile = kv_tiles + stage * 2 * KVTile::kElements;
     T* v_tile = k_tile + KVTile::kElements;
+    const std::int64_t tile_position = first_position + key_begin + static_cast<std::int64_t>(tile) * kTileN;
+    const std::int64_t tile_rows_left = key_end - key_begin - static_cast<std::int64_t>(tile) * kTileN;
 #pragma unroll
     for (int pass = 0; pass < kPasses; ++pass) {
       const int row = copy_row + pass * kRowsPerPass;
-      const std::int64_t key = key_begin + static_cast<std::int64_t>(tile) * kTileN + row;
-      const bool is_valid = key < key_end && has_chunk;
+      const bool is_valid = row < tile_rows_left && has_chunk;
       std::int64_t k_offset = 0, v_offset = 0;
       if (is_valid) {
-        const std::int64_t position = first_position + key;
-        k_offset = params.k_cache_offset(b, position, h_kv) + copy_chunk * 8;
-        v_offset = params.v_cache_offset(b, position, h_kv) + copy_chunk * 8;
+        const std::int64_t position = tile_position + row;
+        if (is_paged) {
+          const int page = static_cast<int>(position) / page_size;  // positions < 2^31 (validate_kvcache)
+          const std::int64_t block = page_table[page];
+          const std::int64_t in_page = position - static_cast<std::int64_t>(page) * page_size;
+          k_offset = block * a.k_batch_stride + in_page * a.k_row_stride;
+          v_offset = block * a.v_batch_stride + in_page * a.v_row_stride;
+        } else {
+          k_offset = position * a.k_row_stride;
+          v_offset = position * a.v_row_stride;
+        }
       }
       const int offset = KVTile::chunk_offset(row, copy_chunk);
-      ptx::cp_async_16(ptx::shared_address(k_tile + offset), k_cache + k_offset, is_valid);
-      ptx::cp_async_16(ptx::shared_address(v_tile + offset), v_cache + v_offset, is_valid);
+      ptx::cp_async_16(ptx::shared_address(k_tile + offset), k_base + k_offset, is_valid);
+      ptx::cp_async_16(ptx::shared_address(v_tile + offset), v_base + v_offset, is_valid);
     }
   };
 
@@ -145,17 +165,19 @@ __global__ void __launch_bounds__(Config::kThreads, Config::kMinBlocksPerSm)
   }
 
   // q rows of this CTA, rotated like flash_attn and rounded to T (zero past the rows / head_dim).
-  for (int element = tid; element < kRows * kHeadDim; element += kThreads) {
-    const int r = element / kHeadDim, d = element % kHeadDim;
+  for (int r = 0; r < kRows; ++r) {
     const std::int64_t packed = row_begin + r;
-    float x = 0.0f;
-    if (packed < row_end && d < a.head_dim) {
-      const std::int64_t i = packed / group, h = h_kv * group + packed % group;
-      const T* q_row = static_cast<const T*>(a.q) + a.q_offset(b, h) + i * a.q_row_stride;
-      x = (params.has_rotary() && d < params.rotary_dim) ? rotate_feature<T>(params, q_row, d, params.q_rotary_position(b, i))
-                                                          : Numeric::to_float(q_row[d]);
+    const bool is_row = packed < row_end;
+    const std::int64_t i = is_row ? packed / group : 0, h = h_kv * group + (is_row ? packed % group : 0);
+    const T* q_row = static_cast<const T*>(a.q) + a.q_offset(b, h) + i * a.q_row_stride;
+    const std::int64_t rotary_position = params.has_rotary() ? params.q_rotary_position(b, i) : 0;
+    for (int d = tid; d < kHeadDim; d += kThreads) {
+      float x = 0.0f;
+      if (is_row && d < a.head_dim)
+        x = (params.has_rotary() && d < params.rotary_dim) ? rotate_feature<T>(params, q_row, d, rotary_position)
+                                                            : Numeric::to_float(q_row[d]);
+      q_tile[QTile::offset(r, d)] = Numeric::from_float(x);
     }
-    q_tile[QTile::offset(r, d)] = Numeric::from_float(x);
   }
 
   // This thread's two rows of every fragment: group_row and group_row + 8.
