@@ -142,42 +142,57 @@ void flash2_forward(const AttentionParams& params, int num_threads) {
         else
           load_tile(params.v, params.dtype, v_row0, params.v_row_stride, n, kBlockN, head_dim, head_dim_padded, 1.0f, v_tile.data());
 
+        // Queries that see some key of this block: a contiguous run of rows.
+        const auto rows_seeing = mask.rows_of_columns(col_begin, col_begin + n);
         for (std::int64_t t = 0; t < tiles; ++t) {
           const std::int64_t row_begin = item_begin + t * tile_m;
           const std::int64_t rows = std::min(tile_m, mask.seqlen_q - row_begin);
-          const auto tile_cols = mask.columns_of_rows(row_begin, row_begin + rows);
-          if (tile_cols.begin >= tile_cols.end || col_begin >= tile_cols.end || col_begin + kBlockN <= tile_cols.begin) continue;
-          float* q_tile_t = q_t.data() + t * head_dim * tile_m;
-          float* o_tile_t = o_t.data() + t * head_dim_rows * tile_m;
-          online_softmax::State<float>* tile_states = states.data() + t * tile_m;
+          // Trim the tile to the lanes (queries) that see this block and the keys that
+          // those lanes see, on vector/micro-tile boundaries: a causal diagonal block
+          // then costs about half. Trimmed entries are masked ones, which would add
+          // exactly 0, so results do not depend on the trimming.
+          const std::int64_t lane_begin = std::clamp(rows_seeing.begin - row_begin, std::int64_t{0}, rows) / kTileWidthMultiple * kTileWidthMultiple;
+          const std::int64_t lane_end = std::min(tile_m, round_up(std::clamp(rows_seeing.end - row_begin, std::int64_t{0}, rows), kTileWidthMultiple));
+          if (lane_begin >= lane_end) continue;
+          const auto keys_seen = mask.columns_of_rows(row_begin + lane_begin, row_begin + std::min(lane_end, rows));
+          const std::int64_t key_begin = std::clamp(keys_seen.begin - col_begin, std::int64_t{0}, n) / kTileRowsMultiple * kTileRowsMultiple;
+          const std::int64_t key_end = std::min(kBlockN, round_up(std::clamp(keys_seen.end - col_begin, std::int64_t{0}, n), kTileRowsMultiple));
+          if (key_begin >= key_end) continue;
+          const std::int64_t lanes = lane_end - lane_begin, keys = key_end - key_begin;
+          const float* q_lanes_t = q_t.data() + t * head_dim * tile_m + lane_begin;  // (head_dim, lanes), row stride tile_m
+          float* o_lanes_t = o_t.data() + t * head_dim_rows * tile_m + lane_begin;   // (head_dim_rows, lanes), row stride tile_m
+          float* s = s_t.data() + key_begin * tile_m + lane_begin;                   // (keys, lanes), row stride tile_m
+          online_softmax::State<float>* lane_states = states.data() + t * tile_m + lane_begin;
 
-          // S^T (kBlockN, tile_m) = K Q^T
-          float* s = s_t.data();
-          kernels.matmul(k, head_dim_padded, 1, q_tile_t, tile_m, head_dim, s, tile_m, kBlockN, tile_m, false);
+          // S^T (keys, lanes) = K Q^T
+          kernels.matmul(k + key_begin * head_dim_padded, head_dim_padded, 1, q_lanes_t, tile_m, head_dim, s, tile_m, keys, lanes, false);
           if (has_softcap)
-            for (std::int64_t e = 0; e < kBlockN * tile_m; ++e) s[e] = softcap_log2 * std::tanh(s[e] / softcap);
+            for (std::int64_t j = 0; j < keys; ++j)
+              for (std::int64_t i = 0; i < lanes; ++i) s[j * tile_m + i] = softcap_log2 * std::tanh(s[j * tile_m + i] / softcap);
           // Only boundary tiles pay for the element mask (it also hides the zero
           // padding of a tail key block: col_end never passes seqlen_k).
-          if (!mask.tile_fully_allowed(row_begin, row_begin + rows, col_begin, col_begin + kBlockN)) {
-            for (std::int64_t i = 0; i < rows; ++i) {
-              const std::int64_t allowed_begin = mask.col_begin(row_begin + i) - col_begin;
-              const std::int64_t allowed_end = mask.col_end(row_begin + i) - col_begin;
-              for (std::int64_t j = 0; j < kBlockN; ++j)
+          const std::int64_t lane_rows_end = std::min(lane_end, rows);
+          if (!mask.tile_fully_allowed(row_begin + lane_begin, row_begin + lane_rows_end, col_begin + key_begin, col_begin + key_end)) {
+            for (std::int64_t i = 0; i < lane_rows_end - lane_begin; ++i) {
+              const std::int64_t allowed_begin = mask.col_begin(row_begin + lane_begin + i) - col_begin - key_begin;
+              const std::int64_t allowed_end = mask.col_end(row_begin + lane_begin + i) - col_begin - key_begin;
+              for (std::int64_t j = 0; j < keys; ++j)
                 if (j < allowed_begin || j >= allowed_end) s[j * tile_m + i] = -kInfinity;
             }
           }
 
           // Online softmax: the rescale rule is online_softmax::State's, per query row.
-          kernels.column_max(s, tile_m, kBlockN, tile_m, row_max.data());
-          for (std::int64_t i = 0; i < tile_m; ++i) {
-            row_factor.data()[i] = tile_states[i].raise_max(row_max.data()[i]);
-            row_base.data()[i] = tile_states[i].base();
+          kernels.column_max(s, tile_m, keys, lanes, row_max.data());
+          for (std::int64_t i = 0; i < lanes; ++i) {
+            row_factor.data()[i] = lane_states[i].raise_max(row_max.data()[i]);
+            row_base.data()[i] = lane_states[i].base();
           }
-          kernels.exp2_columns(s, tile_m, kBlockN, tile_m, row_base.data(), row_sum.data());  // P^T
-          for (std::int64_t i = 0; i < tile_m; ++i) tile_states[i].add(row_sum.data()[i]);
+          kernels.exp2_columns(s, tile_m, keys, lanes, row_base.data(), row_sum.data());  // P^T
+          for (std::int64_t i = 0; i < lanes; ++i) lane_states[i].add(row_sum.data()[i]);
 
-          // O^T (head_dim_rows, tile_m) = O^T ∘ factor + V^T P^T  (the rescale fused in)
-          kernels.matmul_rescaled(v, 1, head_dim_padded, s, tile_m, kBlockN, o_tile_t, tile_m, head_dim_rows, tile_m, row_factor.data());
+          // O^T (head_dim_rows, lanes) = O^T ∘ factor + V^T P^T  (the rescale fused in)
+          kernels.matmul_rescaled(v + key_begin * head_dim_padded, 1, head_dim_padded, s, tile_m, keys, o_lanes_t, tile_m, head_dim_rows,
+                                  lanes, row_factor.data());
         }
       }
 
