@@ -45,19 +45,19 @@ def _check_tensors(**tensors):
             raise TypeError(f"flashattn: {name}: expected a torch.Tensor like q, got {type(tensor).__name__}")
 
 
-def _empty_outputs(q, is_varlen):
+def _empty_outputs(q, is_varlen, need_lse=True):
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    lse = torch.empty(lse_shape(q, is_varlen), dtype=torch.float32, device=q.device)
+    lse = torch.empty(lse_shape(q, is_varlen), dtype=torch.float32, device=q.device) if need_lse else None
     return out, lse
 
 
 def _forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left,
-             window_right, softcap):
+             window_right, softcap, need_lse=True):
     is_varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
     check_rank(q, "q", 3 if is_varlen else 4)
-    out, lse = _empty_outputs(q, is_varlen)
+    out, lse = _empty_outputs(q, is_varlen, need_lse)
     stream, num_threads = _stream_and_threads(q)
-    _C.forward(to_dlpack(q), to_dlpack(k), to_dlpack(v), to_dlpack(out), to_dlpack(lse), _capsule(cu_seqlens_q),
+    _C.forward(to_dlpack(q), to_dlpack(k), to_dlpack(v), to_dlpack(out), _capsule(lse), _capsule(cu_seqlens_q),
                _capsule(cu_seqlens_k), max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left, window_right,
                softcap, "automatic", num_threads, stream)
     return out, lse
@@ -132,16 +132,20 @@ _fwd.register_autograd(_backward, setup_context=_setup_context)
 
 
 def attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left,
-              window_right, softcap, deterministic):
-    """(out, lse) for torch tensors; through the custom op when a graph is needed."""
-    _check_tensors(k=k, v=v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k)
+              window_right, softcap, deterministic, need_lse):
+    """(out, lse) for torch tensors; through the custom op when a graph is needed.
+    Without one, lse is None unless need_lse."""
+    if not (isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor)):
+        _check_tensors(k=k, v=v)
+    if cu_seqlens_q is not None or cu_seqlens_k is not None:
+        _check_tensors(cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k)
     needs_op = torch.compiler.is_compiling() or (
         torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad))
     if needs_op:
         return _fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
                     window_left, window_right, softcap, deterministic)
     return _forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
-                    window_left, window_right, softcap)
+                    window_left, window_right, softcap, need_lse)
 
 
 def _kvcache_forward(*arguments):

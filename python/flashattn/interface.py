@@ -54,6 +54,8 @@ def _check_unsupported(dropout_p, alibi_slopes, block_table=None):
 
 
 def _window(window_size):
+    if type(window_size) is tuple and window_size == (-1, -1):  # the default, on the hot path
+        return -1, -1
     try:
         left, right = window_size
         return int(left), int(right)
@@ -83,11 +85,11 @@ def lse_shape(q, is_varlen):
 
 
 def _numpy_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
-                   window_left, window_right, softcap):
+                   window_left, window_right, softcap, need_lse):
     is_varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
     check_rank(q, "q", 3 if is_varlen else 4)
     out = np.empty(q.shape, dtype=q.dtype)
-    lse = np.empty(lse_shape(q, is_varlen), dtype=np.float32)
+    lse = np.empty(lse_shape(q, is_varlen), dtype=np.float32) if need_lse else None
     _C.forward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
                window_left, window_right, softcap, "automatic", 0, 0)
     return out, lse
@@ -95,17 +97,20 @@ def _numpy_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen
 
 def _attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale, causal,
                window_size, softcap, alibi_slopes, deterministic, return_attn_probs, block_table=None):
-    _check_unsupported(dropout_p, alibi_slopes, block_table)
+    if dropout_p != 0.0 or alibi_slopes is not None or block_table is not None:
+        _check_unsupported(dropout_p, alibi_slopes, block_table)
     window_left, window_right = _window(window_size)
     if softmax_scale is not None:
         softmax_scale = float(softmax_scale)
+    # The LSE is computed only when returned, or saved for the backward pass.
+    need_lse = bool(return_attn_probs)
     if _is_torch_tensor(q):
         out, lse = _torch_ops().attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                           softmax_scale, bool(causal), window_left, window_right, float(softcap),
-                                          bool(deterministic))
+                                          bool(deterministic), need_lse)
     elif isinstance(q, np.ndarray):
         out, lse = _numpy_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
-                                  bool(causal), window_left, window_right, float(softcap))
+                                  bool(causal), window_left, window_right, float(softcap), need_lse)
     else:
         raise TypeError(f"flashattn: q: expected a torch.Tensor or a numpy.ndarray, got {type(q).__name__}")
     return (out, lse, None) if return_attn_probs else out
