@@ -152,6 +152,10 @@ int main(int argc, char** argv) {
   for (std::int64_t d : {64, 128, 256})
     for (std::int64_t n : {512, 1024, 2048, 4096, 8192, 16384})
       for (bool c : {false, true}) shapes.push_back({"fa3", DType::bfloat16, 16384 / n, 2048 / d, n, d, c});
+  // Head dims outside the benchmark sweeps, one size each.
+  for (std::int64_t d : {32, 96, 192})
+    for (std::int64_t n : {4096})
+      for (bool c : {false, true}) shapes.push_back({"extra", DType::bfloat16, 16384 / n, 2048 / d, n, d, c});
   std::printf("kind,sweep,dtype,batch,heads,seqlen,head_dim,causal,config,ms,tflops\n");
   for (const Shape& s : shapes) {
     if (s.dtype == DType::float16) time_production<__half>(s, warmup, reps);
@@ -160,14 +164,17 @@ int main(int argc, char** argv) {
   // Alternative tile configs (performance exploration only) at the sizes that matter most.
   for (const Shape& s : shapes) {
     if (s.seqlen != 4096 && s.seqlen != 16384) continue;
-    time_variant<__half, TileConfig{64, 128, 64, 4, 2, 1}>(s, warmup, reps);
-    time_variant<__half, TileConfig{64, 128, 128, 8, 2, 1}>(s, warmup, reps);
-    time_variant<__half, TileConfig{64, 64, 64, 4, 2, 1}>(s, warmup, reps);
-    time_variant<__half, TileConfig{64, 128, 64, 8, 3, 1}>(s, warmup, reps);
-    time_variant<__nv_bfloat16, TileConfig{128, 128, 64, 4, 2, 1}>(s, warmup, reps);
-    time_variant<__nv_bfloat16, TileConfig{128, 128, 32, 8, 2, 1}>(s, warmup, reps);
-    time_variant<__nv_bfloat16, TileConfig{128, 64, 64, 4, 2, 1}>(s, warmup, reps);
-    time_variant<__nv_bfloat16, TileConfig{128, 128, 64, 8, 3, 1}>(s, warmup, reps);
+    time_variant<__half, TileConfig{64, 128, 64, 8, 2, 1}>(s, warmup, reps);
+    time_variant<__half, TileConfig{64, 128, 32, 4, 2, 2}>(s, warmup, reps);
+    time_variant<__half, TileConfig{64, 128, 128, 4, 2, 1}>(s, warmup, reps);
+    time_variant<__nv_bfloat16, TileConfig{64, 128, 32, 4, 2, 2}>(s, warmup, reps);
+    time_variant<__nv_bfloat16, TileConfig{128, 128, 64, 8, 2, 1}>(s, warmup, reps);
+    time_variant<__nv_bfloat16, TileConfig{128, 128, 32, 4, 2, 2}>(s, warmup, reps);
+    time_variant<__nv_bfloat16, TileConfig{128, 64, 64, 4, 2, 2}>(s, warmup, reps);
+    time_variant<__nv_bfloat16, TileConfig{256, 128, 32, 8, 2, 1}>(s, warmup, reps);
+    time_variant<__nv_bfloat16, TileConfig{32, 128, 128, 8, 2, 1}>(s, warmup, reps);
+    time_variant<__nv_bfloat16, TileConfig{96, 128, 64, 8, 2, 1}>(s, warmup, reps);
+    time_variant<__nv_bfloat16, TileConfig{192, 128, 32, 8, 2, 1}>(s, warmup, reps);
   }
   return 0;
 }

@@ -6,10 +6,11 @@
 //   for each key block j (reverse order, see below), K_j/V_j streamed through a
 //   kStages-deep cp.async ring in shared memory:
 //     S   = Q K_j^T                       tensor cores, fp32 accumulators
-//     S   = S * scale * log2(e)           (softcap: softcap * tanh(S * scale / softcap) * log2(e))
+//     (softcap: S = softcap * tanh(S * scale / softcap))
 //     S   = -inf where MaskRule forbids   only on boundary blocks (tile_fully_allowed)
-//     m   = max(m, rowmax S);  O *= 2^(m_old - m);  l = l * 2^(m_old - m) + rowsum 2^(S - m)
-//     O  += 2^(S - m) V_j                 P never leaves registers
+//     m   = max(m, rowmax S * c);  O *= 2^(m_old - m);  l = l * 2^(m_old - m) + rowsum P
+//     P   = 2^(S * c - m), c = scale * log2(e)   one FFMA + one ex2 per score
+//     O  += P V_j                          P never leaves registers
 //   O /= l, LSE = (m + log2 l) ln 2       one normalisation at the end
 // The running (m, l) per row is online_softmax::State (the shared rule, -inf safe).
 //
@@ -48,6 +49,7 @@
 #include "src/cuda/fwd/tile_config.hpp"
 #include "src/cuda/ptx/cp_async.cuh"
 #include "src/cuda/ptx/ldmatrix.cuh"
+#include "src/cuda/ptx/math.cuh"
 #include "src/cuda/ptx/mma_sync.cuh"
 
 namespace flashattn::cuda::fwd {
@@ -70,13 +72,21 @@ __device__ __forceinline__ void load_tile_async(T* shared_tile, const T* global_
     const int first_row = thread / Tile::kChunks;
     const bool is_column_valid = chunk * kChunkElements < head_dim;
     const T* source = global_tile + first_row * row_stride + chunk * kChunkElements;
+    const std::int64_t step = kRowStep * row_stride;
+    const std::uint32_t destination = ptx::shared_address(shared_tile + Tile::chunk_offset(first_row, chunk));
 #pragma unroll
     for (int iteration = 0; iteration < kIterations; ++iteration) {
       const int row = first_row + iteration * kRowStep;
       if (kTotalChunks % kThreads != 0 && row >= kRows) break;
       const bool is_valid = is_column_valid && row < rows_valid;
-      ptx::cp_async_16(ptx::shared_address(shared_tile + Tile::chunk_offset(row, chunk)),
-                       is_valid ? source + iteration * kRowStep * row_stride : global_tile, is_valid);
+      // The swizzle repeats every 8 rows: with such a step the destination is one
+      // base plus immediates.
+      const std::uint32_t shared_chunk = kRowStep % 8 == 0
+                                             ? destination + iteration * kRowStep * kCols * 2
+                                             : ptx::shared_address(shared_tile + Tile::chunk_offset(row, chunk));
+      // One running pointer (not kIterations precomputed 64-bit addresses).
+      ptx::cp_async_16(shared_chunk, is_valid ? source : global_tile, is_valid);
+      source += step;
     }
   } else {
 #pragma unroll
@@ -185,9 +195,13 @@ __global__ void __launch_bounds__(kWarpsArg * 32, kMinBlocksArg)
   static_assert(QTile::kSwizzleWidth >= 2 && KVTile::kSwizzleWidth >= 2, "lane chunk bit must stay inside the XOR");
   static_assert((16 / QTile::kRowsPerStep) % QTile::kSwizzleWidth == 0, "row_swizzle must repeat every 16 rows");
 
+  // Scores stay raw q.k until the exponent: 2^(s * exp_scale - m) is one FFMA + one
+  // MUFU per element (the scale is > 0, so the max commutes with it). Softcap needs
+  // the scaled score inside tanh, so there the scores are mapped to log2 units first.
   const bool has_softcap = params.has_softcap();
-  const float score_scale = has_softcap ? params.softmax_scale / params.softcap : params.softmax_scale_log2;
+  const float softcap_input_scale = has_softcap ? params.softmax_scale / params.softcap : 0.0f;
   const float softcap_scale_log2 = params.softcap * static_cast<float>(online_softmax::kLog2e);
+  const float exp_scale = has_softcap ? 1.0f : params.softmax_scale_log2;
 
   float o[kMTiles][kDTiles][4] = {};                // (16 * kMTiles, kHeadDim) per warp, fp32
   online_softmax::State<float> row_state[kMTiles][2];  // rows group and group + 8 of each m16 tile;
@@ -230,21 +244,13 @@ __global__ void __launch_bounds__(kWarpsArg * 32, kMinBlocksArg)
       }
     }
 
-    // Scores into the log2 domain; softcap first (it acts on scale * q.k).
     if (has_softcap) {
 #pragma unroll
       for (int mi = 0; mi < kMTiles; ++mi)
 #pragma unroll
         for (int ni = 0; ni < kNTiles; ++ni)
 #pragma unroll
-          for (int e = 0; e < 4; ++e) s[mi][ni][e] = tanhf(s[mi][ni][e] * score_scale) * softcap_scale_log2;
-    } else {
-#pragma unroll
-      for (int mi = 0; mi < kMTiles; ++mi)
-#pragma unroll
-        for (int ni = 0; ni < kNTiles; ++ni)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) s[mi][ni][e] *= score_scale;
+          for (int e = 0; e < 4; ++e) s[mi][ni][e] = tanhf(s[mi][ni][e] * softcap_input_scale) * softcap_scale_log2;
     }
 
     // Element mask only where the block crosses a mask edge or the end of the keys.
@@ -281,14 +287,14 @@ __global__ void __launch_bounds__(kWarpsArg * 32, kMinBlocksArg)
         block_max = fmaxf(block_max, __shfl_xor_sync(0xffffffffu, block_max, 1));
         block_max = fmaxf(block_max, __shfl_xor_sync(0xffffffffu, block_max, 2));
         online_softmax::State<float>& state = row_state[mi][half];
-        const float factor = state.raise_max(block_max);
+        const float factor = state.raise_max(block_max * exp_scale);  // -inf stays -inf
         const float base = state.base();
         float block_sum = 0.0f;
 #pragma unroll
         for (int ni = 0; ni < kNTiles; ++ni)
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
-            const float p = exp2f(s[mi][ni][2 * half + e] - base);
+            const float p = ptx::exp2_approx_ftz(fmaf(s[mi][ni][2 * half + e], exp_scale, -base));
             s[mi][ni][2 * half + e] = p;
             block_sum += p;
           }

@@ -31,18 +31,23 @@ struct TileConfig {
 };
 
 // Sized for sm_80..sm_90 (Ampere's 164 KB and Hopper's 227 KB of shared memory per
-// CTA; every entry also fits sm_86/89's 99 KB). Rationale per row:
-//  - 16 query rows per warp keeps the fp32 O accumulator at head_dim/2 registers per
-//    thread, so d <= 128 compiles without spills at 2 CTAs per SM.
-//  - d 192/256 halve block_m (4 warps) so Q + two K/V stages stay under 99 KB.
+// CTA; every entry also fits sm_86/89's 99 KB). Rationale (H100 timings,
+// 2026-11-22, in src/cuda/fwd/TUNING.md):
+//  - 4 warps x 32 query rows (two m16 tiles per warp) for d <= 128: each K/V
+//    fragment read from shared memory feeds two mma, which halves shared-memory
+//    traffic per flop against 16 rows per warp (+15% at d64 and d128). The fp32 O
+//    accumulator is then d registers per thread, so d96/d128 take 255 registers
+//    with a small spill outside the hot path; 2 CTAs (8 warps) per SM.
+//  - d 192/256: 16 rows per warp (O alone is d/2 registers), block_m 64 so Q + two
+//    K/V stages stay under 99 KB.
 inline constexpr TileConfig kForwardTileTable[] = {
     // dim  M    N    warps stages minCTAs
-    {32, 128, 128, 8, 2, 1},
-    {64, 128, 64, 8, 2, 1},
-    {96, 128, 64, 8, 2, 1},
-    {128, 128, 64, 8, 2, 1},
-    {192, 64, 32, 4, 2, 1},
-    {256, 64, 32, 4, 2, 1},
+    {32, 128, 64, 4, 2, 2},
+    {64, 128, 64, 4, 2, 2},
+    {96, 128, 32, 4, 2, 2},
+    {128, 128, 64, 4, 2, 2},
+    {192, 64, 32, 4, 2, 2},
+    {256, 64, 32, 4, 2, 2},
 };
 
 inline constexpr int kMaxKernelHeadDim = 256;
