@@ -9,7 +9,7 @@
 //   (softcap: dS *= 1 - tanh²(S_raw / softcap))
 //   dV += P^T dO;  dK += dS^T Q · scale;  dQ += dS K · scale
 // Two parallel passes keep it race-free and deterministic without atomics:
-//   pass 1, items (b, kv head, key block): dK and dV of that block, summed over the
+//   pass 1, items (b, kv head, run of key blocks): dK and dV of those blocks, summed over the
 //           group's query heads and the query blocks MaskRule::rows_of_columns allows;
 //   pass 2, items (b, query head, query block): dQ of that block over the key blocks
 //           MaskRule::columns_of_rows allows.
@@ -136,6 +136,15 @@ struct KeyBlock {
 
 std::int64_t block_floor(std::int64_t x, std::int64_t block) { return x / block * block; }
 
+// Key blocks per pass-1 item: up to 4, while that leaves >= 4 items per thread.
+std::int64_t backward_key_blocks_per_item(std::int64_t batch_heads_kv, std::int64_t k_blocks, int threads) {
+  std::int64_t blocks = 1;
+  while (blocks < 4 && 2 * blocks <= k_blocks &&
+         batch_heads_kv * ((k_blocks + 2 * blocks - 1) / (2 * blocks)) >= 4 * static_cast<std::int64_t>(threads))
+    blocks *= 2;
+  return blocks;
+}
+
 }  // namespace
 
 void flash_backward(const BackwardParams& params, int num_threads) {
@@ -164,43 +173,62 @@ void flash_backward(const BackwardParams& params, int num_threads) {
     }
   }
 
-  // Pass 1: dK, dV per (b, kv head, key block).
-  const std::int64_t kv_items = params.batch * params.heads_kv * k_blocks;
+  // Pass 1: dK, dV per (b, kv head, run of key blocks). Several key blocks per item
+  // let each loaded query block (Q, Q^T, dO, dO^T: strided rows, converted) serve
+  // several key blocks; each key block still sums its query blocks in ascending order,
+  // so the result does not depend on the grouping.
+  const std::int64_t blocks_per_item = backward_key_blocks_per_item(params.batch * params.heads_kv, k_blocks, threads);
+  const std::int64_t key_items = (k_blocks + blocks_per_item - 1) / blocks_per_item;
+  const std::int64_t kv_items = params.batch * params.heads_kv * key_items;
 #pragma omp parallel num_threads(threads)
   {
     QueryBlock qb(head_dim, head_dim_padded);
-    KeyBlock kb(head_dim_padded);
+    std::vector<KeyBlock> key_blocks;
+    for (std::int64_t c = 0; c < blocks_per_item; ++c) key_blocks.emplace_back(head_dim_padded);
     TileScratch scratch;
-    AlignedBuffer dk(kBlockN * head_dim_padded), dv(kBlockN * head_dim_padded);  // (kBlockN, head_dim_padded)
+    // Block c: (kBlockN, head_dim_padded) at c * kBlockN * head_dim_padded.
+    AlignedBuffer dk(blocks_per_item * kBlockN * head_dim_padded), dv(blocks_per_item * kBlockN * head_dim_padded);
 #pragma omp for schedule(dynamic, 1)
     for (std::int64_t item = 0; item < kv_items; ++item) {
-      const std::int64_t n_block = item % k_blocks;
-      const std::int64_t h_kv = (item / k_blocks) % params.heads_kv;
-      const std::int64_t b = item / (k_blocks * params.heads_kv);
+      const std::int64_t key_item = item % key_items;
+      const std::int64_t h_kv = (item / key_items) % params.heads_kv;
+      const std::int64_t b = item / (key_items * params.heads_kv);
       const MaskRule mask = params.mask_of(b);
-      const std::int64_t col_begin = n_block * kBlockN;
-      if (col_begin >= mask.seqlen_k) continue;
-      const std::int64_t n = std::min(kBlockN, mask.seqlen_k - col_begin);
-      kb.load(params, b, h_kv, col_begin, n, head_dim_padded);
-      std::fill(dk.data(), dk.data() + kBlockN * head_dim_padded, 0.0f);
-      std::fill(dv.data(), dv.data() + kBlockN * head_dim_padded, 0.0f);
-      const auto rows_seen = mask.rows_of_columns(col_begin, col_begin + n);
+      const std::int64_t item_col_begin = key_item * blocks_per_item * kBlockN;
+      if (item_col_begin >= mask.seqlen_k) continue;
+      const std::int64_t blocks = std::min(blocks_per_item, (mask.seqlen_k - item_col_begin + kBlockN - 1) / kBlockN);
+      const std::int64_t item_col_end = std::min(mask.seqlen_k, item_col_begin + blocks * kBlockN);
+      for (std::int64_t c = 0; c < blocks; ++c) {
+        const std::int64_t col_begin = item_col_begin + c * kBlockN;
+        key_blocks[static_cast<std::size_t>(c)].load(params, b, h_kv, col_begin, std::min(kBlockN, mask.seqlen_k - col_begin), head_dim_padded);
+      }
+      std::fill(dk.data(), dk.data() + blocks * kBlockN * head_dim_padded, 0.0f);
+      std::fill(dv.data(), dv.data() + blocks * kBlockN * head_dim_padded, 0.0f);
+      const auto rows_seen = mask.rows_of_columns(item_col_begin, item_col_end);
       for (std::int64_t h = h_kv * params.group_size; h < (h_kv + 1) * params.group_size; ++h) {
         const std::int64_t first_row = rows_seen.begin < rows_seen.end ? block_floor(rows_seen.begin, kBlockM) : rows_seen.end;
         for (std::int64_t row_begin = first_row; row_begin < rows_seen.end; row_begin += kBlockM) {
           const std::int64_t rows = std::min(kBlockM, mask.seqlen_q - row_begin);
           qb.load(params, b, h, row_begin, rows, q_scale, delta);
-          probabilities_and_score_gradients(kernels, params, mask, qb, row_begin, rows, col_begin, kb.k, kb.k_stride, kb.v, kb.v_stride, scratch);
-          // dV (kBlockN, head_dim_padded) += P^T dO;  dK += dS^T Q
-          kernels.matmul(scratch.p_t.data(), kBlockM, 1, qb.dout.data(), head_dim_padded, kBlockM, dv.data(), head_dim_padded, kBlockN, head_dim_padded, true);
-          kernels.matmul(scratch.ds_t.data(), kBlockM, 1, qb.q.data(), head_dim_padded, kBlockM, dk.data(), head_dim_padded, kBlockN, head_dim_padded, true);
+          for (std::int64_t c = 0; c < blocks; ++c) {
+            const std::int64_t col_begin = item_col_begin + c * kBlockN;
+            const auto block_rows = mask.rows_of_columns(col_begin, std::min(mask.seqlen_k, col_begin + kBlockN));
+            if (block_rows.begin >= block_rows.end || row_begin >= block_rows.end || row_begin + rows <= block_rows.begin) continue;
+            const KeyBlock& kb = key_blocks[static_cast<std::size_t>(c)];
+            probabilities_and_score_gradients(kernels, params, mask, qb, row_begin, rows, col_begin, kb.k, kb.k_stride, kb.v, kb.v_stride, scratch);
+            // dV (kBlockN, head_dim_padded) += P^T dO;  dK += dS^T Q
+            float* dv_block = dv.data() + c * kBlockN * head_dim_padded;
+            float* dk_block = dk.data() + c * kBlockN * head_dim_padded;
+            kernels.matmul(scratch.p_t.data(), kBlockM, 1, qb.dout.data(), head_dim_padded, kBlockM, dv_block, head_dim_padded, kBlockN, head_dim_padded, true);
+            kernels.matmul(scratch.ds_t.data(), kBlockM, 1, qb.q.data(), head_dim_padded, kBlockM, dk_block, head_dim_padded, kBlockN, head_dim_padded, true);
+          }
         }
       }
-      for (std::int64_t j = 0; j < n; ++j) {
+      for (std::int64_t j = 0; j < item_col_end - item_col_begin; ++j) {
         store_row(dk.data() + j * head_dim_padded, head_dim, params.softmax_scale, params.dk, params.dtype,
-                  params.dk_offset(b, h_kv) + (col_begin + j) * params.dk_row_stride);
+                  params.dk_offset(b, h_kv) + (item_col_begin + j) * params.dk_row_stride);
         store_row(dv.data() + j * head_dim_padded, head_dim, 1.0f, params.dv, params.dtype,
-                  params.dv_offset(b, h_kv) + (col_begin + j) * params.dv_row_stride);
+                  params.dv_offset(b, h_kv) + (item_col_begin + j) * params.dv_row_stride);
       }
     }
   }

@@ -66,6 +66,16 @@ TEST_P(FlashBackwardVsReference, WithinPrecisionRelativeTolerance) {
 
 INSTANTIATE_TEST_SUITE_P(Sweep, FlashBackwardVsReference, ::testing::ValuesIn(backward_shapes()));
 
+// One thread: the pass-1 items then hold several key blocks each.
+TEST(FlashBackward, SingleThreadMultiBlockItemsMatchReference) {
+  for (const ProblemShape& shape : {causal(make(DType::float32, 1, 600, 620, 2, 1, 64)), window(make(DType::bfloat16, 1, 500, 700, 2, 2, 32), 90, 30)}) {
+    AttentionProblem problem(shape, 5);
+    problem.run_forward(Algorithm::flash2, 1);
+    problem.run_backward(1);
+    expect_backward_matches_reference(problem, shape.describe() + " threads 1");
+  }
+}
+
 // The flash gradients (float32 inputs) against central differences of the float64
 // forward: L = sum(dO ∘ O).
 TEST(FlashBackward, MatchesFiniteDifferences) {
