@@ -116,6 +116,18 @@ def _attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, 
     return (out, lse, None) if return_attn_probs else out
 
 
+def _unpack(packed, name, dim, count):
+    """The `count` views of `packed` along `dim` (q, k, v or k, v), never copies. For torch,
+    unbind: its gradient is one stack into the packed gradient, not a zero-filled copy per slice."""
+    rank = dim + 3
+    if packed.ndim != rank or packed.shape[dim] != count:
+        raise ValueError(f"flashattn: {name}: expected rank {rank} with size {count} in dimension {dim}, got shape "
+                         f"{_shape_string(packed.shape)}")
+    if _is_torch_tensor(packed):
+        return packed.unbind(dim)
+    return tuple(np.moveaxis(packed, dim, 0))
+
+
 def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
                     alibi_slopes=None, deterministic=False, return_attn_probs=False):
     """Attention over q (batch, seqlen_q, nheads, headdim), k/v (batch, seqlen_k, nheads_k, headdim).
@@ -141,33 +153,35 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
 def flash_attn_qkvpacked_func(qkv, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
                               softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False):
     """qkv (batch, seqlen, 3, nheads, headdim); q, k and v are strided views, not copies."""
-    return _attention(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], None, None, 0, 0, dropout_p, softmax_scale, causal,
-                      window_size, softcap, alibi_slopes, deterministic, return_attn_probs)
+    q, k, v = _unpack(qkv, "qkv", 2, 3)
+    return _attention(q, k, v, None, None, 0, 0, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
+                      deterministic, return_attn_probs)
 
 
 def flash_attn_kvpacked_func(q, kv, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
                              softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False):
     """q (batch, seqlen_q, nheads, headdim), kv (batch, seqlen_k, 2, nheads_k, headdim)."""
-    return _attention(q, kv[:, :, 0], kv[:, :, 1], None, None, 0, 0, dropout_p, softmax_scale, causal, window_size,
-                      softcap, alibi_slopes, deterministic, return_attn_probs)
+    k, v = _unpack(kv, "kv", 2, 2)
+    return _attention(q, k, v, None, None, 0, 0, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
+                      deterministic, return_attn_probs)
 
 
 def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, dropout_p=0.0, softmax_scale=None, causal=False,
                                      window_size=(-1, -1), softcap=0.0, alibi_slopes=None, deterministic=False,
                                      return_attn_probs=False):
     """qkv (total, 3, nheads, headdim), cu_seqlens int32 (batch + 1,)."""
-    return _attention(qkv[:, 0], qkv[:, 1], qkv[:, 2], cu_seqlens, cu_seqlens, int(max_seqlen), int(max_seqlen),
-                      dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
-                      return_attn_probs)
+    q, k, v = _unpack(qkv, "qkv", 1, 3)
+    return _attention(q, k, v, cu_seqlens, cu_seqlens, int(max_seqlen), int(max_seqlen), dropout_p, softmax_scale,
+                      causal, window_size, softcap, alibi_slopes, deterministic, return_attn_probs)
 
 
 def flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
                                     softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
                                     alibi_slopes=None, deterministic=False, return_attn_probs=False):
     """q (total_q, nheads, headdim), kv (total_k, 2, nheads_k, headdim)."""
-    return _attention(q, kv[:, 0], kv[:, 1], cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k),
-                      dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
-                      return_attn_probs)
+    k, v = _unpack(kv, "kv", 1, 2)
+    return _attention(q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k), dropout_p,
+                      softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic, return_attn_probs)
 
 
 def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None,

@@ -170,6 +170,14 @@ def test_varlen_packed_forms_equal_separate_tensors():
                                   expected)
 
 
+def test_packed_shape_errors():
+    with pytest.raises(ValueError, match=r"qkv: expected rank 5 with size 3 in dimension 2, got shape \[2, 4, 2, 1, 8\]"):
+        flash_attn_qkvpacked_func(np.zeros((2, 4, 2, 1, 8), np.float32))
+    with pytest.raises(ValueError, match="kv: expected rank 4 with size 2 in dimension 1"):
+        flash_attn_varlen_kvpacked_func(np.zeros((4, 1, 8), np.float32), np.zeros((4, 1, 8), np.float32),
+                                        np.array([0, 4], np.int32), np.array([0, 4], np.int32), 4, 4)
+
+
 def test_non_contiguous_inputs():
     q, k, v = random_qkv(2, 16, 16, 4, 4, 32, np.float32, seed=6)
     q_strided = np.swapaxes(np.ascontiguousarray(np.swapaxes(q, 1, 2)), 1, 2)  # (b, s, h, d) view of (b, h, s, d)
