@@ -1,5 +1,7 @@
 // src/cpu/backend.cpp — the CPU backend's entry points: limits, algorithm choice,
 // the run-time choice of the vector kernels, and merge_attention_states.
+#include <string>
+
 #include "flashattn/error.hpp"
 #include "flashattn/online_softmax.hpp"
 #include "src/core/backend.hpp"
@@ -30,7 +32,17 @@ const TileKernels& tile_kernels() {
 #endif
 }
 
+namespace {
+// Validation admits only these for attention tensors; checked again here, before any
+// parallel region (an exception cannot leave one), because tile_io.hpp relies on it.
+void require_float_dtype(DType dtype, const char* pass) {
+  if (dtype != DType::float32 && dtype != DType::float16 && dtype != DType::bfloat16)
+    throw NotSupported(std::string("flashattn: cpu ") + pass + ": dtype " + dtype_name(dtype) + " is not float32, float16 or bfloat16");
+}
+}  // namespace
+
 void forward(const AttentionParams& params, Algorithm algorithm, int num_threads) {
+  require_float_dtype(params.dtype, "forward");
   switch (algorithm) {
     case Algorithm::automatic:
     case Algorithm::flash2: flash2_forward(params, num_threads); return;
@@ -41,6 +53,7 @@ void forward(const AttentionParams& params, Algorithm algorithm, int num_threads
 }
 
 void backward(const BackwardParams& params, Algorithm algorithm, int num_threads) {
+  require_float_dtype(params.dtype, "backward");
   switch (algorithm) {
     case Algorithm::automatic:
     case Algorithm::flash2:

@@ -1,6 +1,8 @@
 // src/cpu/tile_io.hpp — moving tiles between the strided, typed tensors of the
-// params and the dense float32 tiles of tile_kernels.hpp. Each tile is converted
-// once per block, so the micro-kernels see only float32 whatever the input dtype.
+// params and the dense float32 tiles the TileKernels (kernels.hpp) work on. Each tile
+// is converted once per block, so the micro-kernels see only float32 whatever the
+// input dtype. The dtype switches have no error branch: cpu::forward/backward reject
+// anything but the three float dtypes before any of this runs.
 #pragma once
 
 #include <algorithm>
@@ -15,8 +17,8 @@ namespace flashattn::cpu {
 
 inline std::int64_t round_up(std::int64_t x, std::int64_t multiple) { return (x + multiple - 1) / multiple * multiple; }
 
-// Row `row` of a typed tensor (head_dim elements at base + offset) into float dst,
-// multiplied by `scale`.
+// One row of a typed tensor (head_dim elements at base + offset) into float dst,
+// times `scale`.
 inline void load_row(const void* base, DType dtype, std::int64_t offset, std::int64_t head_dim, float scale, float* dst) {
   switch (dtype) {
     case DType::float32: {
@@ -38,6 +40,8 @@ inline void load_row(const void* base, DType dtype, std::int64_t offset, std::in
   }
 }
 
+// head_dim floats of src, times `scale`, into one row of a typed tensor (rounded to
+// its dtype).
 inline void store_row(const float* src, std::int64_t head_dim, float scale, void* base, DType dtype, std::int64_t offset) {
   switch (dtype) {
     case DType::float32: {
