@@ -22,8 +22,9 @@ const TileKernels& tile_kernels() {
   // Decided once: the widest vector ISA this CPU has (and the kernels were built for).
   static const TileKernels& chosen = [] () -> const TileKernels& {
     __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl")) return tile_kernels_avx512();
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return tile_kernels_avx2();
+    // Both x86 tables also use F16C (every AVX2 CPU has it; checked all the same).
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("f16c")) return tile_kernels_avx512();
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c")) return tile_kernels_avx2();
     return tile_kernels_baseline();
   }();
   return chosen;

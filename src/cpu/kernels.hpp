@@ -40,6 +40,9 @@ struct TileKernels {
   // = sum_r of the results when given.
   void (*exp2_columns)(float* s, std::int64_t stride, std::int64_t rows, std::int64_t width, const float* base,
                        float* maybe_column_sum);
+  // dst[e] = float(src[e]) * scale for e < count, src float16 (or bfloat16 when
+  // is_bfloat16). Null in the baseline table (tile_io.hpp then converts one by one).
+  void (*half_to_float)(const std::uint16_t* src, bool is_bfloat16, std::int64_t count, float scale, float* dst);
   // ds[r][i] = p[r][i] * (ds[r][i] - delta[i]) [* maybe_slope[r][i]]: dS = P ∘ (dP - D),
   // times the softcap derivative when given. All three tiles share `stride`.
   void (*score_gradient)(const float* p, float* ds, std::int64_t stride, std::int64_t rows, std::int64_t width,

@@ -26,14 +26,17 @@ inline void load_row(const void* base, DType dtype, std::int64_t offset, std::in
       for (std::int64_t d = 0; d < head_dim; ++d) dst[d] = src[d] * scale;
       break;
     }
-    case DType::float16: {
-      const auto* src = static_cast<const std::uint16_t*>(base) + offset;
-      for (std::int64_t d = 0; d < head_dim; ++d) dst[d] = numeric::float16_to_float(src[d]) * scale;
-      break;
-    }
+    case DType::float16:
     case DType::bfloat16: {
       const auto* src = static_cast<const std::uint16_t*>(base) + offset;
-      for (std::int64_t d = 0; d < head_dim; ++d) dst[d] = numeric::bfloat16_to_float(src[d]) * scale;
+      const bool is_bfloat16 = dtype == DType::bfloat16;
+      if (const auto convert = tile_kernels().half_to_float) {
+        convert(src, is_bfloat16, head_dim, scale, dst);
+      } else if (is_bfloat16) {
+        for (std::int64_t d = 0; d < head_dim; ++d) dst[d] = numeric::bfloat16_to_float(src[d]) * scale;
+      } else {
+        for (std::int64_t d = 0; d < head_dim; ++d) dst[d] = numeric::float16_to_float(src[d]) * scale;
+      }
       break;
     }
     default: break;

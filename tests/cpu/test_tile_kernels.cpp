@@ -9,6 +9,7 @@
 #include <random>
 #include <vector>
 
+#include "src/core/numeric.hpp"
 #include "src/cpu/kernels.hpp"
 
 namespace flashattn::cpu {
@@ -18,8 +19,10 @@ std::vector<const TileKernels*> runnable_tables() {
   std::vector<const TileKernels*> tables{&tile_kernels_baseline()};
 #if defined(__x86_64__) || defined(_M_X64)
   __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) tables.push_back(&tile_kernels_avx2());
-  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl")) tables.push_back(&tile_kernels_avx512());
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c"))
+    tables.push_back(&tile_kernels_avx2());
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("f16c"))
+    tables.push_back(&tile_kernels_avx512());
 #endif
   return tables;
 }
@@ -113,6 +116,30 @@ TEST(TileKernels, ColumnMaxAndExp2Columns) {
         expected_sum += got;
       }
       ASSERT_NEAR(sums[static_cast<std::size_t>(i)], expected_sum, 1e-5 * expected_sum) << kernels->isa;
+    }
+  }
+}
+
+// Bitwise the host conversions of numeric.hpp (both are exact), subnormals, infinities
+// and a count that leaves a tail after the vector steps.
+TEST(TileKernels, HalfToFloatMatchesHostConversions) {
+  const std::int64_t count = 53;
+  std::vector<std::uint16_t> bits(static_cast<std::size_t>(count));
+  for (std::int64_t e = 0; e < count; ++e) bits[static_cast<std::size_t>(e)] = static_cast<std::uint16_t>(e * 1237 + 11);
+  bits[0] = 0x0001, bits[1] = 0x7c00, bits[2] = 0x8000, bits[3] = 0x03ff;  // fp16: smallest subnormal, +inf, -0, largest subnormal
+  for (const TileKernels* kernels : runnable_tables()) {
+    if (!kernels->half_to_float) continue;  // the baseline converts in tile_io.hpp
+    for (bool is_bfloat16 : {false, true}) {
+      std::vector<float> got(static_cast<std::size_t>(count));
+      kernels->half_to_float(bits.data(), is_bfloat16, count, 0.5f, got.data());
+      for (std::int64_t e = 0; e < count; ++e) {
+        const std::uint16_t h = bits[static_cast<std::size_t>(e)];
+        const float expected = (is_bfloat16 ? numeric::bfloat16_to_float(h) : numeric::float16_to_float(h)) * 0.5f;
+        if (std::isnan(expected))
+          ASSERT_TRUE(std::isnan(got[static_cast<std::size_t>(e)])) << kernels->isa;
+        else
+          ASSERT_EQ(got[static_cast<std::size_t>(e)], expected) << kernels->isa << " bits " << h << (is_bfloat16 ? " bf16" : " fp16");
+      }
     }
   }
 }
