@@ -197,8 +197,10 @@ void score_gradient(const float* p, float* ds, std::int64_t stride, std::int64_t
 // high half; 8 (AVX2) or 16 (AVX-512) values per step, the tail one at a time.
 // GCC 12 flags the _mm512_undefined_* inside avx512fintrin.h's conversions as
 // maybe-uninitialized: a false positive, silenced for this function only.
+#if !defined(__clang__)
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 void half_to_float(const std::uint16_t* src, bool is_bfloat16, std::int64_t count, float scale, float* dst) {
   std::int64_t e = 0;
 #if FLASHATTN_CPU_VECTOR_BYTES == 64 && defined(__AVX512F__)
@@ -229,7 +231,9 @@ void half_to_float(const std::uint16_t* src, bool is_bfloat16, std::int64_t coun
     dst[e] = value * scale;
   }
 }
+#if !defined(__clang__)
 #pragma GCC diagnostic pop
+#endif
 constexpr auto kHalfToFloat = &half_to_float;
 #else
 constexpr decltype(TileKernels::half_to_float) kHalfToFloat = nullptr;
