@@ -11,7 +11,7 @@
 // Two parallel passes keep it race-free and deterministic without atomics:
 //   pass 1, items (b, kv head, run of key blocks): dK and dV of those blocks, summed over the
 //           group's query heads and the query blocks MaskRule::rows_of_columns allows;
-//   pass 2, items (b, query head, query block): dQ of that block over the key blocks
+//   pass 2, items (b, query head, run of query blocks): dQ of those blocks over the key blocks
 //           MaskRule::columns_of_rows allows.
 // Pass 2 recomputes S and dP (2 of the 5 matmuls again): the price of no shared dQ
 // accumulator. Scratch is O(block) per thread.
@@ -136,11 +136,12 @@ struct KeyBlock {
 
 std::int64_t block_floor(std::int64_t x, std::int64_t block) { return x / block * block; }
 
-// Key blocks per pass-1 item: up to 4, while that leaves >= 4 items per thread.
-std::int64_t backward_key_blocks_per_item(std::int64_t batch_heads_kv, std::int64_t k_blocks, int threads) {
+// Blocks per item (key blocks in pass 1, query blocks in pass 2): up to 4, while
+// that leaves >= 4 items per thread.
+std::int64_t backward_blocks_per_item(std::int64_t batch_heads, std::int64_t block_count, int threads) {
   std::int64_t blocks = 1;
-  while (blocks < 4 && 2 * blocks <= k_blocks &&
-         batch_heads_kv * ((k_blocks + 2 * blocks - 1) / (2 * blocks)) >= 4 * static_cast<std::int64_t>(threads))
+  while (blocks < 4 && 2 * blocks <= block_count &&
+         batch_heads * ((block_count + 2 * blocks - 1) / (2 * blocks)) >= 4 * static_cast<std::int64_t>(threads))
     blocks *= 2;
   return blocks;
 }
@@ -177,7 +178,7 @@ void flash_backward(const BackwardParams& params, int num_threads) {
   // let each loaded query block (Q, Q^T, dO, dO^T: strided rows, converted) serve
   // several key blocks; each key block still sums its query blocks in ascending order,
   // so the result does not depend on the grouping.
-  const std::int64_t blocks_per_item = backward_key_blocks_per_item(params.batch * params.heads_kv, k_blocks, threads);
+  const std::int64_t blocks_per_item = backward_blocks_per_item(params.batch * params.heads_kv, k_blocks, threads);
   const std::int64_t key_items = (k_blocks + blocks_per_item - 1) / blocks_per_item;
   const std::int64_t kv_items = params.batch * params.heads_kv * key_items;
 #pragma omp parallel num_threads(threads)
@@ -233,38 +234,54 @@ void flash_backward(const BackwardParams& params, int num_threads) {
     }
   }
 
-  // Pass 2: dQ per (b, query head, query block).
-  const std::int64_t q_items = params.batch * params.heads_q * q_blocks;
+  // Pass 2: dQ per (b, query head, run of query blocks). Like pass 1, several query
+  // blocks per item share each packed key block; each query block still sums its key
+  // blocks in ascending order, so the grouping does not change the result.
+  const std::int64_t q_blocks_per_item = backward_blocks_per_item(params.batch * params.heads_q, q_blocks, threads);
+  const std::int64_t query_items = (q_blocks + q_blocks_per_item - 1) / q_blocks_per_item;
+  const std::int64_t q_items = params.batch * params.heads_q * query_items;
 #pragma omp parallel num_threads(threads)
   {
-    QueryBlock qb(head_dim, head_dim_padded);
+    std::vector<QueryBlock> query_blocks;
+    for (std::int64_t c = 0; c < q_blocks_per_item; ++c) query_blocks.emplace_back(head_dim, head_dim_padded);
     KeyBlock kb(head_dim_padded);
     TileScratch scratch;
-    AlignedBuffer dq(kBlockM * head_dim_padded);  // (kBlockM, head_dim_padded)
+    AlignedBuffer dq(q_blocks_per_item * kBlockM * head_dim_padded);  // block c: (kBlockM, head_dim_padded) at c * kBlockM * head_dim_padded
 #pragma omp for schedule(dynamic, 1)
     for (std::int64_t item = 0; item < q_items; ++item) {
-      const std::int64_t m_block = item % q_blocks;
-      const std::int64_t h = (item / q_blocks) % params.heads_q;
-      const std::int64_t b = item / (q_blocks * params.heads_q);
+      const std::int64_t query_item = query_items - 1 - item % query_items;  // most keys first under a causal mask
+      const std::int64_t h = (item / query_items) % params.heads_q;
+      const std::int64_t b = item / (query_items * params.heads_q);
       const MaskRule mask = params.mask_of(b);
-      const std::int64_t row_begin = m_block * kBlockM;
-      if (row_begin >= mask.seqlen_q) continue;
-      const std::int64_t rows = std::min(kBlockM, mask.seqlen_q - row_begin);
+      const std::int64_t item_row_begin = query_item * q_blocks_per_item * kBlockM;
+      if (item_row_begin >= mask.seqlen_q) continue;
+      const std::int64_t blocks = std::min(q_blocks_per_item, (mask.seqlen_q - item_row_begin + kBlockM - 1) / kBlockM);
+      const std::int64_t item_row_end = std::min(mask.seqlen_q, item_row_begin + blocks * kBlockM);
       const std::int64_t h_kv = h / params.group_size;
-      qb.load(params, b, h, row_begin, rows, q_scale, delta);
-      std::fill(dq.data(), dq.data() + kBlockM * head_dim_padded, 0.0f);
-      const auto cols = mask.columns_of_rows(row_begin, row_begin + rows);
+      for (std::int64_t c = 0; c < blocks; ++c) {
+        const std::int64_t row_begin = item_row_begin + c * kBlockM;
+        query_blocks[static_cast<std::size_t>(c)].load(params, b, h, row_begin, std::min(kBlockM, mask.seqlen_q - row_begin), q_scale, delta);
+      }
+      std::fill(dq.data(), dq.data() + blocks * kBlockM * head_dim_padded, 0.0f);
+      const auto cols = mask.columns_of_rows(item_row_begin, item_row_end);
       const std::int64_t first_col = cols.begin < cols.end ? block_floor(cols.begin, kBlockN) : cols.end;
       for (std::int64_t col_begin = first_col; col_begin < cols.end; col_begin += kBlockN) {
-        const std::int64_t n = std::min(kBlockN, mask.seqlen_k - col_begin);
-        kb.load(params, b, h_kv, col_begin, n, head_dim_padded);
-        probabilities_and_score_gradients(kernels, params, mask, qb, row_begin, rows, col_begin, kb.k, kb.k_stride, kb.v, kb.v_stride, scratch);
-        // dQ (kBlockM, head_dim_padded) += dS K: dS read through dS^T's strides.
-        kernels.matmul(scratch.ds_t.data(), 1, kBlockM, kb.k, kb.k_stride, kBlockN, dq.data(), head_dim_padded, kBlockM, head_dim_padded, true);
+        kb.load(params, b, h_kv, col_begin, std::min(kBlockN, mask.seqlen_k - col_begin), head_dim_padded);
+        for (std::int64_t c = 0; c < blocks; ++c) {
+          const std::int64_t row_begin = item_row_begin + c * kBlockM;
+          const std::int64_t rows = std::min(kBlockM, mask.seqlen_q - row_begin);
+          const auto block_cols = mask.columns_of_rows(row_begin, row_begin + rows);
+          if (block_cols.begin >= block_cols.end || col_begin >= block_cols.end || col_begin + kBlockN <= block_cols.begin) continue;
+          probabilities_and_score_gradients(kernels, params, mask, query_blocks[static_cast<std::size_t>(c)], row_begin, rows, col_begin,
+                                            kb.k, kb.k_stride, kb.v, kb.v_stride, scratch);
+          // dQ (kBlockM, head_dim_padded) += dS K: dS read through dS^T's strides.
+          kernels.matmul(scratch.ds_t.data(), 1, kBlockM, kb.k, kb.k_stride, kBlockN, dq.data() + c * kBlockM * head_dim_padded,
+                         head_dim_padded, kBlockM, head_dim_padded, true);
+        }
       }
-      for (std::int64_t i = 0; i < rows; ++i)
-        store_row(dq.data() + i * head_dim_padded, head_dim, params.softmax_scale, params.dq, params.dtype,
-                  params.dq_offset(b, h) + (row_begin + i) * params.dq_row_stride);
+      for (std::int64_t r = 0; r < item_row_end - item_row_begin; ++r)
+        store_row(dq.data() + r * head_dim_padded, head_dim, params.softmax_scale, params.dq, params.dtype,
+                  params.dq_offset(b, h) + (item_row_begin + r) * params.dq_row_stride);
     }
   }
 }
