@@ -38,6 +38,7 @@ constexpr float kInfinity = std::numeric_limits<float>::infinity();
 constexpr std::int64_t kBlockN = 128;    // key rows per packed K/V block (multiple of kTileRowsMultiple)
 constexpr std::int64_t kMaxTileM = 256;  // query rows per tile (multiple of kTileWidthMultiple)
 constexpr std::int64_t kMaxTilesPerItem = 4;
+constexpr std::int64_t kMaxItemFloats = 256 * 1024;  // per item buffer (Q^T, O^T): 1024 rows of head_dim 256
 
 struct ForwardTiling {
   std::int64_t tile_m;          // query rows per tile: the vector lanes of S^T and O^T
@@ -49,14 +50,16 @@ struct ForwardTiling {
 // thread (so a causal mask's uneven items balance under the dynamic schedule).
 // On a 2-core Zen 4 at seqlen 2048: tile 256 ≈ 6% faster than 128, 128 ≈ 10% faster
 // than 64; 4 tiles per item saved the ≈15% that packing K/V cost with one.
-ForwardTiling forward_tiling(std::int64_t seqlen_q, std::int64_t batch_heads, int threads) {
+ForwardTiling forward_tiling(std::int64_t seqlen_q, std::int64_t batch_heads, std::int64_t head_dim, int threads) {
   const auto enough_items = [&](std::int64_t rows_per_item) {
     return batch_heads * ((seqlen_q + rows_per_item - 1) / rows_per_item) >= 4 * static_cast<std::int64_t>(threads);
   };
   ForwardTiling tiling{kMaxTileM, 1};
   while (tiling.tile_m > kTileWidthMultiple && tiling.tile_m / 2 >= seqlen_q) tiling.tile_m /= 2;  // fewer idle lanes
   while (tiling.tile_m > 64 && !enough_items(tiling.tile_m)) tiling.tile_m /= 2;
-  while (tiling.tiles_per_item < kMaxTilesPerItem && tiling.item_m() < seqlen_q && enough_items(2 * tiling.item_m()))
+  // Q^T and O^T of an item stay within 256 Ki floats (1 MiB) each.
+  while (tiling.tiles_per_item < kMaxTilesPerItem && tiling.item_m() < seqlen_q && enough_items(2 * tiling.item_m()) &&
+         2 * tiling.item_m() * head_dim <= kMaxItemFloats)
     tiling.tiles_per_item *= 2;
   return tiling;
 }
@@ -68,7 +71,7 @@ void flash2_forward(const AttentionParams& params, int num_threads) {
   const std::int64_t head_dim_padded = round_up(head_dim, kTileWidthMultiple);
   const std::int64_t head_dim_rows = round_up(head_dim, kTileRowsMultiple);  // rows of O^T the matmul fills
   const int threads = thread_count(num_threads);
-  const ForwardTiling tiling = forward_tiling(params.seqlen_q, params.batch * params.heads_q, threads);
+  const ForwardTiling tiling = forward_tiling(params.seqlen_q, params.batch * params.heads_q, head_dim, threads);
   const std::int64_t tile_m = tiling.tile_m, item_m = tiling.item_m();
   const std::int64_t q_items = (params.seqlen_q + item_m - 1) / item_m;
   const std::int64_t items = params.batch * params.heads_q * q_items;
