@@ -10,6 +10,8 @@ the GPU kernels) with autograd and torch.compile support; NumPy arrays run the
 forward pass on the CPU. PyTorch is imported only when a torch.Tensor comes in.
 """
 
+import sys
+
 from flashattn._C import __version__, cuda_available
 from flashattn.interface import (
     flash_attn_func,
@@ -21,6 +23,11 @@ from flashattn.interface import (
     flash_attn_with_kvcache,
     merge_attention_states,
 )
+
+# With torch already imported, register the torch.ops.flashattn ops now (otherwise on
+# the first torch.Tensor call, or by importing flashattn._torch_ops).
+if "torch" in sys.modules:
+    from flashattn import _torch_ops  # noqa: F401
 
 __all__ = [
     "__version__",

@@ -14,14 +14,16 @@ Two routes to the same native call:
 from typing import Optional, Tuple
 
 import torch
+# A C function: several times cheaper per tensor than Tensor.__dlpack__ (a Python
+# method that also handles a stream hand-off, which we do not need: the kernels run on
+# the caller's current stream).
 from torch.utils.dlpack import to_dlpack
 
 from flashattn import _C
 from flashattn.interface import check_rank, kvcache_native_arguments, lse_shape
 
-# torch.utils.dlpack.to_dlpack is a C function: several times cheaper per tensor
-# than Tensor.__dlpack__ (a Python method that also handles stream hand-off, which we
-# do not need: the kernels run on the caller's current stream).
+# The current stream's cudaStream_t as an int without building a torch.cuda.Stream
+# object (what torch.compile's generated code uses); the public API is the fallback.
 _get_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 
 
@@ -81,6 +83,11 @@ def _fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, s
     return _empty_outputs(q, is_varlen)
 
 
+def _empty_gradients(q, k, v):
+    """dq, dk, dv: row-major like the forward's out (the fake and the real op agree)."""
+    return tuple(torch.empty(x.shape, dtype=x.dtype, device=x.device) for x in (q, k, v))
+
+
 @torch.library.custom_op("flashattn::_bwd", mutates_args=())
 def _bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
          lse: torch.Tensor, cu_seqlens_q: Optional[torch.Tensor], cu_seqlens_k: Optional[torch.Tensor],
@@ -88,9 +95,7 @@ def _bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
          window_right: int, softcap: float, deterministic: bool) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     if dout.stride(-1) != 1:  # autograd may hand us an expanded gradient
         dout = dout.contiguous()
-    dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
-    dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
+    dq, dk, dv = _empty_gradients(q, k, v)
     tensors = [to_dlpack(t) for t in (q, k, v, out, dout, lse)]
     grads = [to_dlpack(t) for t in (dq, dk, dv)]
     options = (_capsule(cu_seqlens_q), _capsule(cu_seqlens_k), max_seqlen_q, max_seqlen_k, softmax_scale, causal,
@@ -111,7 +116,7 @@ def _bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
 @_bwd.register_fake
 def _bwd_fake(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
               window_left, window_right, softcap, deterministic):
-    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    return _empty_gradients(q, k, v)
 
 
 def _setup_context(ctx, inputs, output):

@@ -12,6 +12,7 @@ import flashattn
 
 torch = pytest.importorskip("torch", reason="PyTorch is not installed: torch tests skipped")
 F = torch.nn.functional
+import flashattn._torch_ops  # noqa: E402,F401  registers torch.ops.flashattn.* for the opcheck tests
 
 from flashattn import (  # noqa: E402
     flash_attn_func,
@@ -293,6 +294,11 @@ def test_opcheck(device):
     torch.library.opcheck(torch.ops.flashattn._fwd.default, fwd_args)
     torch.library.opcheck(torch.ops.flashattn._fwd.default, (q, k, v, None, None, 0, 0, 0.2, False, 8, 3, 4.0, True))
 
+    # (batch, seqlen, heads, d) views of (batch, heads, seqlen, d) storage: strides are preserved, not copied.
+    q_strided = q.detach().transpose(1, 2).contiguous().transpose(1, 2).requires_grad_()
+    assert not q_strided.is_contiguous()
+    torch.library.opcheck(torch.ops.flashattn._fwd.default, (q_strided,) + fwd_args[1:])
+
     qv, kv, vv = (x.detach()[0] for x in (q, k, v))
     cu_q = torch.tensor([0, 9, 24], dtype=torch.int32, device=device)
     cu_k = torch.tensor([0, 30, 40], dtype=torch.int32, device=device)
@@ -304,6 +310,8 @@ def test_opcheck(device):
     bwd_args = (torch.randn_like(out), q.detach(), k.detach(), v.detach(), out, lse, None, None, 0, 0, None, True,
                 -1, -1, 0.0, False)
     torch.library.opcheck(torch.ops.flashattn._bwd.default, bwd_args)
+
+    torch.library.opcheck(torch.ops.flashattn._bwd.default, (bwd_args[0], q_strided.detach()) + bwd_args[2:])
 
     lse_b = torch.randn_like(lse)
     torch.library.opcheck(torch.ops.flashattn._merge.default, (out, lse, torch.randn_like(out), lse_b))
