@@ -261,9 +261,10 @@ __global__ void __launch_bounds__(kWarpsArg * 32, kMinBlocksArg)
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
           const std::int64_t row = m0 + warp_row0 + mi * 16 + group + 8 * half;
-          // Allowed columns of this row, relative to n0 and clamped to the block.
-          const std::int64_t begin = MaskRule::clamp(mask.col_begin(row) - n0, 0, kBlockN);
-          const std::int64_t end = MaskRule::clamp(mask.col_end(row) - n0, 0, kBlockN);
+          // Allowed columns of this row, relative to n0 and clamped to the block: 32-bit
+          // from here on (fewer registers, one compare per element).
+          const int begin = static_cast<int>(MaskRule::clamp(mask.col_begin(row) - n0, 0, kBlockN));
+          const int end = static_cast<int>(MaskRule::clamp(mask.col_end(row) - n0, 0, kBlockN));
 #pragma unroll
           for (int ni = 0; ni < kNTiles; ++ni)
 #pragma unroll
