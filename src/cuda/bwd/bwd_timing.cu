@@ -213,18 +213,23 @@ void sweep_configs(int repeats) {
   std::printf("sweep,dtype,batch,heads,seqlen,head_dim,causal,deterministic,config,ms,tflops,max_rel_diff_vs_table\n");
   for (bool causal : {false, true}) {
     const Shape d64{"seed004_fp16_b4h48_d64", flashattn::DType::float16, 4, 48, 4096, 64, causal};
-    compare_config<__half, 64, TileConfig{64, 64, 8, 2}>(d64, repeats, "m64_n64_w8_s2");
-    compare_config<__half, 64, TileConfig{64, 128, 8, 2}>(d64, repeats, "m64_n128_w8_s2");
-    compare_config<__half, 64, TileConfig{128, 64, 8, 2}>(d64, repeats, "m128_n64_w8_s2");
-    compare_config<__half, 64, TileConfig{128, 128, 8, 2}>(d64, repeats, "m128_n128_w8_s2");
+    compare_config<__half, 64, TileConfig{64, 64, 8, 2, 1}>(d64, repeats, "m64_n64_w8_s2_a1");
+    compare_config<__half, 64, TileConfig{64, 64, 8, 2, 2}>(d64, repeats, "m64_n64_w8_s2_a2");
+    compare_config<__half, 64, TileConfig{64, 64, 8, 2, 4}>(d64, repeats, "m64_n64_w8_s2_a4");
+    compare_config<__half, 64, TileConfig{64, 128, 8, 2, 4}>(d64, repeats, "m64_n128_w8_s2_a4");
+    compare_config<__half, 64, TileConfig{128, 64, 8, 2, 4}>(d64, repeats, "m128_n64_w8_s2_a4");
+    compare_config<__half, 64, TileConfig{128, 128, 8, 2, 4}>(d64, repeats, "m128_n128_w8_s2_a4");
     const Shape d128{"fa3_bf16_16k_tokens", flashattn::DType::bfloat16, 4, 16, 4096, 128, causal};
-    compare_config<__nv_bfloat16, 128, TileConfig{64, 64, 8, 2}>(d128, repeats, "m64_n64_w8_s2");
-    compare_config<__nv_bfloat16, 128, TileConfig{64, 128, 8, 2}>(d128, repeats, "m64_n128_w8_s2");
-    compare_config<__nv_bfloat16, 128, TileConfig{128, 64, 8, 2}>(d128, repeats, "m128_n64_w8_s2");
+    compare_config<__nv_bfloat16, 128, TileConfig{64, 64, 8, 2, 1}>(d128, repeats, "m64_n64_w8_s2_a1");
+    compare_config<__nv_bfloat16, 128, TileConfig{64, 64, 8, 2, 2}>(d128, repeats, "m64_n64_w8_s2_a2");
+    compare_config<__nv_bfloat16, 128, TileConfig{64, 64, 8, 2, 4}>(d128, repeats, "m64_n64_w8_s2_a4");
+    compare_config<__nv_bfloat16, 128, TileConfig{64, 128, 8, 2, 4}>(d128, repeats, "m64_n128_w8_s2_a4");
+    compare_config<__nv_bfloat16, 128, TileConfig{128, 64, 8, 2, 4}>(d128, repeats, "m128_n64_w8_s2_a4");
     const Shape d256{"fa3_bf16_16k_tokens", flashattn::DType::bfloat16, 4, 8, 4096, 256, causal};
-    compare_config<__nv_bfloat16, 256, TileConfig{64, 32, 8, 2}>(d256, repeats, "m64_n32_w8_s2");
-    compare_config<__nv_bfloat16, 256, TileConfig{32, 32, 8, 2}>(d256, repeats, "m32_n32_w8_s2");
-    compare_config<__nv_bfloat16, 256, TileConfig{64, 32, 8, 1}>(d256, repeats, "m64_n32_w8_s1");
+    compare_config<__nv_bfloat16, 256, TileConfig{64, 32, 8, 2, 1}>(d256, repeats, "m64_n32_w8_s2_a1");
+    compare_config<__nv_bfloat16, 256, TileConfig{64, 32, 8, 2, 4}>(d256, repeats, "m64_n32_w8_s2_a4");
+    compare_config<__nv_bfloat16, 256, TileConfig{32, 32, 8, 2, 4}>(d256, repeats, "m32_n32_w8_s2_a4");
+    compare_config<__nv_bfloat16, 256, TileConfig{64, 32, 8, 1, 4}>(d256, repeats, "m64_n32_w8_s1_a4");
   }
 }
 

@@ -200,6 +200,68 @@ __device__ __forceinline__ void store_fragment_tile(const float (&acc)[kTiles][4
   }
 }
 
+// Adds a warp's (16, 8*kTiles) fp32 dQ fragments at (row0, col0) to the fp32
+// accumulator (rows < rows_valid, columns < head_dim). kConfig.dq_atomic_width
+// elements per atomic: 1 (red.f32), 2 (red.v2.f32) or 4 (red.v4.f32, the lane
+// pair t, t^1 first swaps halves so each lane holds 4 consecutive columns of one
+// row); vector atomics need sm_90 and a 16-byte-aligned accumulator (is_aligned).
+template <class T, int kTiles>
+__device__ __forceinline__ void add_dq_fragments(const float (&dq)[kTiles][4], float* dq_rows,
+                                                 std::int64_t dq_row_stride, int row0, int col0,
+                                                 std::int64_t rows_valid, int head_dim, bool is_aligned, int lane) {
+  const int g = lane / 4, t = lane % 4;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if constexpr (T::kConfig.dq_atomic_width == 4) {
+    if (is_aligned) {
+      const bool is_even = t % 2 == 0;
+      const int row = row0 + g + (is_even ? 0 : 8);
+#pragma unroll
+      for (int j = 0; j < kTiles; ++j) {
+        // Even lanes keep row g (their c0,c1 + the partner's c0,c1); odd lanes row g+8.
+        const float give0 = is_even ? dq[j][2] : dq[j][0];
+        const float give1 = is_even ? dq[j][3] : dq[j][1];
+        const float take0 = __shfl_xor_sync(0xffffffffu, give0, 1);
+        const float take1 = __shfl_xor_sync(0xffffffffu, give1, 1);
+        const float4 value = is_even ? make_float4(dq[j][0], dq[j][1], take0, take1)
+                                     : make_float4(take0, take1, dq[j][2], dq[j][3]);
+        const int col = col0 + 8 * j + 4 * (t / 2);
+        if (row < rows_valid && col < head_dim) atomicAdd(reinterpret_cast<float4*>(dq_rows + row * dq_row_stride + col), value);
+      }
+      return;
+    }
+  }
+  if constexpr (T::kConfig.dq_atomic_width == 2) {
+    if (is_aligned) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int row = row0 + g + 8 * half;
+        if (row >= rows_valid) continue;
+#pragma unroll
+        for (int j = 0; j < kTiles; ++j) {
+          const int col = col0 + 8 * j + 2 * t;
+          if (col < head_dim)
+            atomicAdd(reinterpret_cast<float2*>(dq_rows + row * dq_row_stride + col),
+                      make_float2(dq[j][2 * half], dq[j][2 * half + 1]));
+        }
+      }
+      return;
+    }
+  }
+#endif
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int row = row0 + g + 8 * half;
+    if (row >= rows_valid) continue;
+#pragma unroll
+    for (int j = 0; j < kTiles; ++j) {
+      const int col = col0 + 8 * j + 2 * t;
+      if (col >= head_dim) continue;
+      atomicAdd(dq_rows + row * dq_row_stride + col, dq[j][2 * half]);
+      atomicAdd(dq_rows + row * dq_row_stride + col + 1, dq[j][2 * half + 1]);
+    }
+  }
+}
+
 template <class T>
 __global__ void __launch_bounds__(T::kThreads)
     dkdv_kernel(const __grid_constant__ BackwardParams params, const Workspace workspace, int num_n_blocks,
@@ -304,25 +366,14 @@ __global__ void __launch_bounds__(T::kThreads)
       // dQ += dS K: (kBlockM, kHeadDim) with depth kBlockN, added to the fp32 accumulator
       float* dq_rows = workspace.dq_accum + (packed_q_row(params, b, m0) * params.heads_q + h_q) * params.head_dim;
       const std::int64_t dq_row_stride = params.heads_q * params.head_dim;
-      const int g = lane / 4, t = lane % 4;
 #pragma unroll
       for (int chunk = 0; chunk < T::kDqTiles; chunk += T::kDqChunkTiles) {
         float dq[T::kDqChunkTiles][4];
         zero(dq);
         warp_gemm<T::kDqChunkTiles, kBlockN, false, true>(dq, ds_smem, T::kLdN, score_row0, k_smem, T::kLdHead,
                                                            dq_col0 + 8 * chunk, lane);
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          const int row = score_row0 + g + 8 * half;
-          if (m0 + row >= seqlen_q) continue;
-#pragma unroll
-          for (int j = 0; j < T::kDqChunkTiles; ++j) {
-            const int col = dq_col0 + 8 * (chunk + j) + 2 * t;
-            if (col >= head_dim) continue;
-            atomicAdd(dq_rows + row * dq_row_stride + col, dq[j][2 * half]);
-            atomicAdd(dq_rows + row * dq_row_stride + col + 1, dq[j][2 * half + 1]);
-          }
-        }
+        add_dq_fragments<T>(dq, dq_rows, dq_row_stride, score_row0, dq_col0 + 8 * chunk, seqlen_q - m0, head_dim,
+                            is_aligned, lane);
       }
     }
     __syncthreads();

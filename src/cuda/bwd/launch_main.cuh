@@ -39,9 +39,12 @@ void launch_kernels(const BackwardParams& params, const Workspace& workspace, bo
   const std::int64_t num_n_blocks = (params.seqlen_k + T::kBlockN - 1) / T::kBlockN;
   const unsigned int dkdv_grid = flat_grid(num_n_blocks, params.heads_kv, params.batch);
   if (dkdv_grid > 0) {
+    // Vector dQ atomics also need a 16-byte-aligned accumulator (the caller's workspace).
+    const bool is_dkdv_aligned = is_aligned && (T::kConfig.dq_atomic_width == 1 || workspace.dq_accum == nullptr ||
+                                                reinterpret_cast<std::uintptr_t>(workspace.dq_accum) % 16 == 0);
     allow_shared_memory(dkdv_kernel<T>, T::kDkdvSmemBytes);
     dkdv_kernel<T><<<dkdv_grid, T::kThreads, T::kDkdvSmemBytes, stream>>>(params, workspace,
-                                                                           static_cast<int>(num_n_blocks), is_aligned);
+                                                                           static_cast<int>(num_n_blocks), is_dkdv_aligned);
     FLASHATTN_CUDA_CHECK_LAUNCH();
   }
   if (params.deterministic) {

@@ -11,6 +11,7 @@ struct TileConfig {
   int block_n;  // key rows per CTA of the dK/dV kernel (and per step of the dQ kernel)
   int warps;
   int stages;   // cp.async pipeline depth of the streamed tiles (1 or 2)
+  int dq_atomic_width = 1;  // fp32 dQ elements per atomic add: 1, 2 or 4 (vector atomics: sm_90)
 };
 
 // Head dims instantiated (a head dim in between runs padded to the next one).
