@@ -153,10 +153,10 @@ def attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, s
                     window_left, window_right, softcap, need_lse)
 
 
-def _kvcache_forward(*arguments):
+def _kvcache_forward(*arguments, need_lse=True):
     q = arguments[0]
     check_rank(q, "q", 4)
-    out, lse = _empty_outputs(q, False)
+    out, lse = _empty_outputs(q, False, need_lse)
     workspace = None
     if q.is_cuda:  # the CPU needs no scratch
         workspace_bytes = _C.kvcache_workspace_bytes(*kvcache_native_arguments(arguments, out, lse, to_dlpack))
@@ -186,12 +186,13 @@ def _kvcache_fake(q, *rest):
     return _empty_outputs(q, False)
 
 
-def with_kvcache(q, k_cache, v_cache, *rest):
-    """(out, lse) for flash_attn_with_kvcache; the custom op only while compiling."""
+def with_kvcache(q, k_cache, v_cache, *rest, need_lse):
+    """(out, lse) for flash_attn_with_kvcache; the custom op only while compiling.
+    Without it, lse is None unless need_lse."""
     _check_tensors(k_cache=k_cache, v_cache=v_cache)
     if torch.compiler.is_compiling():
         return _kvcache(q, k_cache, v_cache, *rest)
-    return _kvcache_forward(q, k_cache, v_cache, *rest)
+    return _kvcache_forward(q, k_cache, v_cache, *rest, need_lse=need_lse)
 
 
 @torch.library.custom_op("flashattn::_merge", mutates_args=())

@@ -208,11 +208,11 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                  cache_batch_idx, cache_leftpad, block_table, softmax_scale, bool(causal), window_left, window_right,
                  float(softcap), bool(rotary_interleaved), int(num_splits))
     if _is_torch_tensor(q):
-        out, lse = _torch_ops().with_kvcache(*arguments)
+        out, lse = _torch_ops().with_kvcache(*arguments, need_lse=bool(return_softmax_lse))
     elif isinstance(q, np.ndarray):
         check_rank(q, "q", 4)
         out = np.empty(q.shape, dtype=q.dtype)
-        lse = np.empty(lse_shape(q, False), dtype=np.float32)
+        lse = np.empty(lse_shape(q, False), dtype=np.float32) if return_softmax_lse else None
         _C.forward_with_kvcache(*kvcache_native_arguments(arguments, out, lse), None, 0, 0)
     else:
         raise TypeError(f"flashattn: q: expected a torch.Tensor or a numpy.ndarray, got {type(q).__name__}")
@@ -231,7 +231,7 @@ def kvcache_native_arguments(arguments, out, lse, convert=lambda x: x):
 
     return (convert(q), convert(k_cache), convert(v_cache), maybe(k), maybe(v), maybe(cache_seqlens),
             uniform_cache_seqlen, maybe(cache_batch_idx), maybe(cache_leftpad), maybe(block_table), maybe(rotary_cos),
-            maybe(rotary_sin), rotary_interleaved, convert(out), convert(lse), num_splits, softmax_scale, causal,
+            maybe(rotary_sin), rotary_interleaved, convert(out), maybe(lse), num_splits, softmax_scale, causal,
             window_left, window_right, softcap)
 
 
