@@ -106,6 +106,19 @@ TEST(FlashForward, ReferenceAlgorithmWritesRoundedReference) {
   for (std::size_t e = 0; e < ref.lse.size(); ++e) ASSERT_EQ(got.lse[e], static_cast<double>(static_cast<float>(ref.lse[e])));
 }
 
+// Scores of several hundred (in log2 units) across a row: the running max must keep
+// every exponent <= 0, and rows dominated by one key stay exact.
+TEST(FlashForward, LargeLogitsStayFinite) {
+  for (Algorithm algorithm : {Algorithm::flash2, Algorithm::flash1}) {
+    AttentionProblem problem(causal(make(DType::float32, 1, 150, 300, 2, 1, 32)), 61);
+    for (std::int64_t e = 0; e < problem.q.numel(); ++e) problem.q.set(e, 12.0f * problem.q.get(e));
+    for (std::int64_t e = 0; e < problem.k.numel(); ++e) problem.k.set(e, 12.0f * problem.k.get(e));
+    problem.run_forward(algorithm);
+    for (std::int64_t e = 0; e < problem.out.numel(); ++e) ASSERT_TRUE(std::isfinite(problem.out.get(e))) << algorithm_name(algorithm);
+    expect_forward_matches_reference(problem, std::string(algorithm_name(algorithm)) + " large logits");
+  }
+}
+
 // Permuting the K/V rows together permutes the terms of each row's sums only.
 TEST(FlashForward, KeyValuePermutationInvariance) {
   const ProblemShape shape = make(DType::float32, 1, 50, 77, 2, 1, 32);
