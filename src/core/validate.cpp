@@ -57,7 +57,9 @@ Extent check_layout(const TensorView& t, const std::string& name, int expected_r
     if (t.stride(d) < 0) fail(name, "negative stride " + std::to_string(t.stride(d)) + " in dimension " + std::to_string(d));
     if (t.size(d) == 0) is_empty = true;
   }
-  if (t.size(t.rank - 1) > 1 && t.stride(t.rank - 1) != 1)
+  // An empty tensor touches no memory, so its strides are irrelevant (NumPy exports
+  // zero strides for empty arrays).
+  if (!is_empty && t.size(t.rank - 1) > 1 && t.stride(t.rank - 1) != 1)
     fail(name, "last dimension must be contiguous: stride " + expected_got(1, t.stride(t.rank - 1)));
   for (std::int64_t d = 0, n = 1; d < t.rank; ++d) n = checked_mul(n, t.size(static_cast<int>(d)), name);  // element count fits int64
   if (is_empty) return {};
