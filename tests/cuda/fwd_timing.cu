@@ -4,7 +4,9 @@
 // engineer's loop: the production path (flashattn::forward) plus a few alternative
 // tile configs, so one device run can compare them.
 //
-// Usage: fwd_timing [--quick | --profile]   prints CSV: kind,dtype,batch,heads,seqlen,head_dim,causal,config,ms,tflops
+// Usage: fwd_timing [--quick | --profile]   prints CSV: kind,sweep,dtype,batch,heads,seqlen,head_dim,causal,
+//   config,ms,tflops,max_abs_diff_vs_table,unwritten (outputs are poisoned with NaN and
+//   checked written; a variant is compared with the production kernel on the same inputs)
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -38,6 +40,25 @@ __global__ void fill_random(T* data, std::int64_t count, std::uint32_t seed) {
     }
     data[i] = Numeric<T>::from_float((sum - 2.0f) * 1.7f);
   }
+}
+
+// Elements of `out` still holding the NaN poison, and max |out - reference| over the rest.
+template <class T>
+__global__ void compare_outputs(const T* out, const T* reference, std::int64_t count, unsigned long long* unwritten,
+                                int* max_difference_bits) {
+  unsigned long long local_unwritten = 0;
+  float local_max = 0.0f;
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < count;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    const float value = Numeric<T>::to_float(out[i]);
+    if (value != value) {
+      ++local_unwritten;
+    } else {
+      local_max = fmaxf(local_max, fabsf(value - Numeric<T>::to_float(reference[i])));
+    }
+  }
+  if (local_unwritten != 0) atomicAdd(unwritten, local_unwritten);
+  atomicMax(max_difference_bits, __float_as_int(local_max));  // non-negative floats order like their bits
 }
 
 struct Shape {
@@ -107,11 +128,38 @@ double tflops(const Shape& s, double ms) {
   return flops / (ms * 1e-3) / 1e12;
 }
 
-void report(const char* kind, const Shape& s, const std::string& config, double ms) {
-  std::printf("%s,%s,%s,%lld,%lld,%lld,%lld,%d,%s,%.4f,%.1f\n", kind, s.sweep, dtype_name(s.dtype),
+void report(const char* kind, const Shape& s, const std::string& config, double ms, double max_difference,
+            unsigned long long unwritten) {
+  std::printf("%s,%s,%s,%lld,%lld,%lld,%lld,%d,%s,%.4f,%.1f,%.3g,%llu\n", kind, s.sweep, dtype_name(s.dtype),
               static_cast<long long>(s.batch), static_cast<long long>(s.heads), static_cast<long long>(s.seqlen),
-              static_cast<long long>(s.head_dim), s.causal ? 1 : 0, config.c_str(), ms, tflops(s, ms));
+              static_cast<long long>(s.head_dim), s.causal ? 1 : 0, config.c_str(), ms, tflops(s, ms), max_difference,
+              unwritten);
   std::fflush(stdout);
+}
+
+// Poisons out, runs `run` once, and compares out with `reference` (or with itself
+// when reference is null: then only the unwritten count is meaningful).
+template <class T>
+void check_output(const Shape& s, T* out, const T* reference, const std::function<void()>& run,
+                  double& max_difference, unsigned long long& unwritten) {
+  const std::int64_t n = s.batch * s.seqlen * s.heads * s.head_dim;
+  FLASHATTN_CUDA_CHECK(cudaMemset(out, 0xff, n * sizeof(T)));
+  run();
+  unsigned long long* device_unwritten = nullptr;
+  int* device_max_bits = nullptr;
+  FLASHATTN_CUDA_CHECK(cudaMalloc(&device_unwritten, sizeof(unsigned long long)));
+  FLASHATTN_CUDA_CHECK(cudaMalloc(&device_max_bits, sizeof(int)));
+  FLASHATTN_CUDA_CHECK(cudaMemset(device_unwritten, 0, sizeof(unsigned long long)));
+  FLASHATTN_CUDA_CHECK(cudaMemset(device_max_bits, 0, sizeof(int)));
+  compare_outputs<<<1024, 256>>>(out, reference != nullptr ? reference : out, n, device_unwritten, device_max_bits);
+  FLASHATTN_CUDA_CHECK_LAUNCH();
+  int max_bits = 0;
+  FLASHATTN_CUDA_CHECK(cudaMemcpy(&unwritten, device_unwritten, sizeof unwritten, cudaMemcpyDeviceToHost));
+  FLASHATTN_CUDA_CHECK(cudaMemcpy(&max_bits, device_max_bits, sizeof max_bits, cudaMemcpyDeviceToHost));
+  cudaFree(device_unwritten), cudaFree(device_max_bits);
+  float max_float = 0.0f;
+  std::memcpy(&max_float, &max_bits, sizeof max_float);
+  max_difference = max_float;
 }
 
 std::string name_of(const TileConfig& c) {
@@ -119,14 +167,27 @@ std::string name_of(const TileConfig& c) {
          std::to_string(c.stages) + "_B" + std::to_string(c.min_blocks_per_sm);
 }
 
+// A variant is timed, then checked against the production kernel on the same inputs
+// (max |difference| should be a few units of the dtype's rounding; unwritten 0).
 template <class T, TileConfig kConfig>
 void time_variant(const Shape& s, int warmup, int reps) {
   if (s.head_dim != kConfig.kernel_head_dim || Numeric<T>::kDType != s.dtype) return;
   Buffers<T> buffers(s);
   const AttentionParams params = validate_forward(buffers.args(s));
   const double ms = median_ms([&] { launch_forward<T, kConfig>(params, nullptr); }, warmup, reps);
+  const std::int64_t n = s.batch * s.seqlen * s.heads * s.head_dim;
+  T* production_out = nullptr;
+  FLASHATTN_CUDA_CHECK(cudaMalloc(&production_out, n * sizeof(T)));
+  ForwardArgs production_args = buffers.args(s);
+  production_args.out.data = production_out;
+  forward(production_args);
+  double max_difference = 0;
+  unsigned long long unwritten = 0;
+  check_output<T>(s, buffers.out, production_out, [&] { launch_forward<T, kConfig>(params, nullptr); },
+                  max_difference, unwritten);
   FLASHATTN_CUDA_CHECK(cudaDeviceSynchronize());
-  report("variant", s, name_of(kConfig), ms);
+  cudaFree(production_out);
+  report("variant", s, name_of(kConfig), ms, max_difference, unwritten);
 }
 
 template <class T>
@@ -134,8 +195,11 @@ void time_production(const Shape& s, int warmup, int reps) {
   Buffers<T> buffers(s);
   const ForwardArgs args = buffers.args(s);
   const double ms = median_ms([&] { forward(args); }, warmup, reps);
+  double max_difference = 0;
+  unsigned long long unwritten = 0;
+  check_output<T>(s, buffers.out, nullptr, [&] { forward(args); }, max_difference, unwritten);
   FLASHATTN_CUDA_CHECK(cudaDeviceSynchronize());
-  report("production", s, "table", ms);
+  report("production", s, "table", ms, max_difference, unwritten);
 }
 
 }  // namespace
@@ -162,7 +226,7 @@ int main(int argc, char** argv) {
   for (std::int64_t d : {32, 96, 192})
     for (std::int64_t n : {4096})
       for (bool c : {false, true}) shapes.push_back({"extra", DType::bfloat16, 16384 / n, 2048 / d, n, d, c});
-  std::printf("kind,sweep,dtype,batch,heads,seqlen,head_dim,causal,config,ms,tflops\n");
+  std::printf("kind,sweep,dtype,batch,heads,seqlen,head_dim,causal,config,ms,tflops,max_abs_diff_vs_table,unwritten\n");
   for (const Shape& s : shapes) {
     if (s.dtype == DType::float16) time_production<__half>(s, warmup, reps);
     else time_production<__nv_bfloat16>(s, warmup, reps);
