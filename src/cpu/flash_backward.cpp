@@ -80,37 +80,64 @@ struct TileScratch {
   TileScratch() : p_t(kBlockN * kBlockM), ds_t(kBlockN * kBlockM), cap_slope(kBlockN * kBlockM) {}
 };
 
-// P^T and dS^T of one tile; k/v are (kBlockN, .) row-major with strides k_stride/v_stride.
+// The part of a (key block x query block) tile that the mask lets through: query
+// lanes [lane_begin, lane_end) (multiples of kTileWidthMultiple) and keys
+// [key_begin, key_end) (multiples of kTileRowsMultiple). Everything outside is masked,
+// would contribute exactly 0, and is neither computed nor read.
+struct TileRange {
+  std::int64_t lane_begin = 0, lane_end = 0, key_begin = 0, key_end = 0;
+  bool empty() const { return lane_begin >= lane_end || key_begin >= key_end; }
+  std::int64_t lanes() const { return lane_end - lane_begin; }
+  std::int64_t keys() const { return key_end - key_begin; }
+};
+
+TileRange tile_range(const MaskRule& mask, std::int64_t row_begin, std::int64_t rows, std::int64_t col_begin, std::int64_t cols) {
+  TileRange range;
+  const auto rows_seeing = mask.rows_of_columns(col_begin, col_begin + cols);
+  range.lane_begin = std::clamp(rows_seeing.begin - row_begin, std::int64_t{0}, rows) / kTileWidthMultiple * kTileWidthMultiple;
+  range.lane_end = std::min(kBlockM, round_up(std::clamp(rows_seeing.end - row_begin, std::int64_t{0}, rows), kTileWidthMultiple));
+  if (range.lane_begin >= range.lane_end) return range;
+  const auto keys_seen = mask.columns_of_rows(row_begin + range.lane_begin, row_begin + std::min(range.lane_end, rows));
+  range.key_begin = std::clamp(keys_seen.begin - col_begin, std::int64_t{0}, cols) / kTileRowsMultiple * kTileRowsMultiple;
+  range.key_end = std::min(kBlockN, round_up(std::clamp(keys_seen.end - col_begin, std::int64_t{0}, cols), kTileRowsMultiple));
+  return range;
+}
+
+// P^T and dS^T of the range r of one tile, in place in t.p_t / t.ds_t (element (j, i)
+// at j * kBlockM + i); k/v are (kBlockN, .) row-major with strides k_stride/v_stride.
 void probabilities_and_score_gradients(const TileKernels& kernels, const BackwardParams& p, const MaskRule& mask, const QueryBlock& qb,
-                                              std::int64_t row_begin, std::int64_t rows, std::int64_t col_begin,
-                                              const float* k, std::int64_t k_stride, const float* v, std::int64_t v_stride,
-                                              TileScratch& t) {
+                                       std::int64_t row_begin, std::int64_t rows, std::int64_t col_begin, const TileRange& r,
+                                       const float* k, std::int64_t k_stride, const float* v, std::int64_t v_stride, TileScratch& t) {
   const std::int64_t head_dim = qb.head_dim;
-  float* s = t.p_t.data();
-  // S^T (kBlockN, kBlockM) = K Q^T
-  kernels.matmul(k, k_stride, 1, qb.q_t.data(), kBlockM, head_dim, s, kBlockM, kBlockN, kBlockM, false);
+  const std::int64_t offset = r.key_begin * kBlockM + r.lane_begin;
+  float* s = t.p_t.data() + offset;
+  float* slope = t.cap_slope.data() + offset;
+  // S^T (keys, lanes) = K Q^T
+  kernels.matmul(k + r.key_begin * k_stride, k_stride, 1, qb.q_t.data() + r.lane_begin, kBlockM, head_dim, s, kBlockM, r.keys(), r.lanes(), false);
   if (p.has_softcap()) {
     const float softcap_log2 = p.softcap * static_cast<float>(online_softmax::kLog2e);
-    for (std::int64_t e = 0; e < kBlockN * kBlockM; ++e) {
-      const float slope_t = std::tanh(s[e] / p.softcap);
-      t.cap_slope.data()[e] = 1.0f - slope_t * slope_t;
-      s[e] = softcap_log2 * slope_t;
-    }
+    for (std::int64_t j = 0; j < r.keys(); ++j)
+      for (std::int64_t i = 0; i < r.lanes(); ++i) {
+        const float slope_t = std::tanh(s[j * kBlockM + i] / p.softcap);
+        slope[j * kBlockM + i] = 1.0f - slope_t * slope_t;
+        s[j * kBlockM + i] = softcap_log2 * slope_t;
+      }
   }
-  if (!mask.tile_fully_allowed(row_begin, row_begin + rows, col_begin, col_begin + kBlockN)) {
-    for (std::int64_t i = 0; i < rows; ++i) {
-      const std::int64_t allowed_begin = mask.col_begin(row_begin + i) - col_begin;
-      const std::int64_t allowed_end = mask.col_end(row_begin + i) - col_begin;
-      for (std::int64_t j = 0; j < kBlockN; ++j)
+  const std::int64_t lane_rows_end = std::min(r.lane_end, rows);
+  if (!mask.tile_fully_allowed(row_begin + r.lane_begin, row_begin + lane_rows_end, col_begin + r.key_begin, col_begin + r.key_end)) {
+    for (std::int64_t i = 0; i < lane_rows_end - r.lane_begin; ++i) {
+      const std::int64_t allowed_begin = mask.col_begin(row_begin + r.lane_begin + i) - col_begin - r.key_begin;
+      const std::int64_t allowed_end = mask.col_end(row_begin + r.lane_begin + i) - col_begin - r.key_begin;
+      for (std::int64_t j = 0; j < r.keys(); ++j)
         if (j < allowed_begin || j >= allowed_end) s[j * kBlockM + i] = -kInfinity;
     }
   }
   // P^T = 2^(S^T - LSE·log2e)
-  kernels.exp2_columns(s, kBlockM, kBlockN, kBlockM, qb.lse_log2.data(), nullptr);
-  // dP^T (kBlockN, kBlockM) = V dO^T;  dS^T = P^T ∘ (dP^T - D)
-  float* ds = t.ds_t.data();
-  kernels.matmul(v, v_stride, 1, qb.dout_t.data(), kBlockM, head_dim, ds, kBlockM, kBlockN, kBlockM, false);
-  kernels.score_gradient(s, ds, kBlockM, kBlockN, kBlockM, qb.delta.data(), p.has_softcap() ? t.cap_slope.data() : nullptr);
+  kernels.exp2_columns(s, kBlockM, r.keys(), r.lanes(), qb.lse_log2.data() + r.lane_begin, nullptr);
+  // dP^T (keys, lanes) = V dO^T;  dS^T = P^T ∘ (dP^T - D)
+  float* ds = t.ds_t.data() + offset;
+  kernels.matmul(v + r.key_begin * v_stride, v_stride, 1, qb.dout_t.data() + r.lane_begin, kBlockM, head_dim, ds, kBlockM, r.keys(), r.lanes(), false);
+  kernels.score_gradient(s, ds, kBlockM, r.keys(), r.lanes(), qb.delta.data() + r.lane_begin, p.has_softcap() ? slope : nullptr);
 }
 
 // K and V of one key block, packed into float tiles (kBlockN, head_dim_padded) —
@@ -213,15 +240,18 @@ void flash_backward(const BackwardParams& params, int num_threads) {
           qb.load(params, b, h, row_begin, rows, q_scale, delta);
           for (std::int64_t c = 0; c < blocks; ++c) {
             const std::int64_t col_begin = item_col_begin + c * kBlockN;
-            const auto block_rows = mask.rows_of_columns(col_begin, std::min(mask.seqlen_k, col_begin + kBlockN));
-            if (block_rows.begin >= block_rows.end || row_begin >= block_rows.end || row_begin + rows <= block_rows.begin) continue;
+            const TileRange r = tile_range(mask, row_begin, rows, col_begin, std::min(kBlockN, mask.seqlen_k - col_begin));
+            if (r.empty()) continue;
             const KeyBlock& kb = key_blocks[static_cast<std::size_t>(c)];
-            probabilities_and_score_gradients(kernels, params, mask, qb, row_begin, rows, col_begin, kb.k, kb.k_stride, kb.v, kb.v_stride, scratch);
-            // dV (kBlockN, head_dim_padded) += P^T dO;  dK += dS^T Q
-            float* dv_block = dv.data() + c * kBlockN * head_dim_padded;
-            float* dk_block = dk.data() + c * kBlockN * head_dim_padded;
-            kernels.matmul(scratch.p_t.data(), kBlockM, 1, qb.dout.data(), head_dim_padded, kBlockM, dv_block, head_dim_padded, kBlockN, head_dim_padded, true);
-            kernels.matmul(scratch.ds_t.data(), kBlockM, 1, qb.q.data(), head_dim_padded, kBlockM, dk_block, head_dim_padded, kBlockN, head_dim_padded, true);
+            probabilities_and_score_gradients(kernels, params, mask, qb, row_begin, rows, col_begin, r, kb.k, kb.k_stride, kb.v, kb.v_stride, scratch);
+            // dV (keys, head_dim_padded) += P^T dO;  dK += dS^T Q   (over the range's lanes)
+            const std::int64_t offset = r.key_begin * kBlockM + r.lane_begin;
+            float* dv_rows = dv.data() + (c * kBlockN + r.key_begin) * head_dim_padded;
+            float* dk_rows = dk.data() + (c * kBlockN + r.key_begin) * head_dim_padded;
+            kernels.matmul(scratch.p_t.data() + offset, kBlockM, 1, qb.dout.data() + r.lane_begin * head_dim_padded, head_dim_padded,
+                           r.lanes(), dv_rows, head_dim_padded, r.keys(), head_dim_padded, true);
+            kernels.matmul(scratch.ds_t.data() + offset, kBlockM, 1, qb.q.data() + r.lane_begin * head_dim_padded, head_dim_padded,
+                           r.lanes(), dk_rows, head_dim_padded, r.keys(), head_dim_padded, true);
           }
         }
       }
@@ -270,13 +300,13 @@ void flash_backward(const BackwardParams& params, int num_threads) {
         for (std::int64_t c = 0; c < blocks; ++c) {
           const std::int64_t row_begin = item_row_begin + c * kBlockM;
           const std::int64_t rows = std::min(kBlockM, mask.seqlen_q - row_begin);
-          const auto block_cols = mask.columns_of_rows(row_begin, row_begin + rows);
-          if (block_cols.begin >= block_cols.end || col_begin >= block_cols.end || col_begin + kBlockN <= block_cols.begin) continue;
-          probabilities_and_score_gradients(kernels, params, mask, query_blocks[static_cast<std::size_t>(c)], row_begin, rows, col_begin,
+          const TileRange r = tile_range(mask, row_begin, rows, col_begin, std::min(kBlockN, mask.seqlen_k - col_begin));
+          if (r.empty()) continue;
+          probabilities_and_score_gradients(kernels, params, mask, query_blocks[static_cast<std::size_t>(c)], row_begin, rows, col_begin, r,
                                             kb.k, kb.k_stride, kb.v, kb.v_stride, scratch);
-          // dQ (kBlockM, head_dim_padded) += dS K: dS read through dS^T's strides.
-          kernels.matmul(scratch.ds_t.data(), 1, kBlockM, kb.k, kb.k_stride, kBlockN, dq.data() + c * kBlockM * head_dim_padded,
-                         head_dim_padded, kBlockM, head_dim_padded, true);
+          // dQ (lanes, head_dim_padded) += dS K: dS read through dS^T's strides.
+          kernels.matmul(scratch.ds_t.data() + r.key_begin * kBlockM + r.lane_begin, 1, kBlockM, kb.k + r.key_begin * kb.k_stride, kb.k_stride,
+                         r.keys(), dq.data() + (c * kBlockM + r.lane_begin) * head_dim_padded, head_dim_padded, r.lanes(), head_dim_padded, true);
         }
       }
       for (std::int64_t r = 0; r < item_row_end - item_row_begin; ++r)
