@@ -4,8 +4,9 @@
 // (OpenMP) with O(block) scratch per thread. Q blocks outer, K/V blocks inner:
 //   Q^T = transpose(Q rows) · scale·log2(e)                    once per item
 //   for each key block the mask lets through (MaskRule::columns_of_rows):
-//     pack K_j, V_j into float32 tiles                           once per item
-//     for each query tile t of the item whose rows see block j:
+//     pack K_j, V_j into float32 tiles (unless dense float32)   once per item
+//     for each query tile t of the item whose rows see block j, trimmed to the
+//     lanes (queries) and keys that the mask lets through:
 //       S^T = K_j Q_t^T                                          (kBlockN, tile_m)
 //       element mask only where !MaskRule::tile_fully_allowed
 //       m_new = max(m, rowmax S);  P^T = 2^(S^T - m_new);  l += rowsum P
