@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# scripts/device_check.sh — the GPU verification in one device call (<= 600 s):
+#   1. build everything (library, CUDA kernels, tests, CLI, Python module) with ninja -j16
+#      into build-bench/tree — the tree bench/gpu/run_all.sh reuses with SKIP_BUILD=1;
+#   2. all CTest suites but the Python one (GPU tests run: forward, backward, decode);
+#   3. compute-sanitizer memcheck/racecheck/synccheck/initcheck on the reduced sweeps;
+#   4. the Python tests on CUDA (vs SDPA, compile, opcheck, graphs, streams) and the
+#      per-call overhead benchmark;
+#   5. the CLI's run/check on the GPU, the decode benchmark and its SDPA anchor.
+# Logs go to $OUT (device.tar.gz + summary.txt). Dependencies the GPU machine lacks
+# (GoogleTest libraries, CLI11 headers) come from .device-deps/ (carried; see README).
+set -uo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$root"
+out=${OUT:-$root/build-bench/out}
+logs=$root/build-bench/device-logs
+tree=$root/build-bench/tree
+mkdir -p "$out" "$logs"
+started=$(date +%s)
+step() { echo "=== [$(( $(date +%s) - started ))s] $*" | tee -a "$logs/summary.txt"; }
+note() { echo "$*" | tee -a "$logs/summary.txt"; }
+
+{ date -u; nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader; nvcc --version | tail -1
+  git log -1 --format='commit %H %s' 2>/dev/null; } > "$logs/summary.txt" 2>&1
+cat "$logs/summary.txt"
+
+step "configure + build"
+deps=$root/.device-deps
+cmake -S . -B "$tree" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHATTN_CUDA=ON \
+  -DCMAKE_CUDA_ARCHITECTURES=90a-real -DFLASHATTN_BUILD_PYTHON=ON -DFLASHATTN_BUILD_TESTS=ON \
+  -DFLASHATTN_BUILD_TOOLS=ON -DGTEST_ROOT="$deps/gtest" -DCLI11_INCLUDE_DIR="$deps" \
+  -DPython_EXECUTABLE="$(command -v python3)" ${CMAKE_ARGS:-} > "$logs/build.log" 2>&1
+( time timeout "${BUILD_LIMIT:-330}" ninja -C "$tree" -j16 -k 0 ) >> "$logs/build.log" 2>&1
+note "build rc=$? ($(grep -c FAILED "$logs/build.log") failed steps) $(grep real "$logs/build.log" | tail -1)"
+grep -A8 FAILED "$logs/build.log" | head -30
+
+step "ctest (all but python)"
+(cd "$tree" && timeout "${CTEST_LIMIT:-150}" ctest -j6 -E python_tests --timeout 140 > "$logs/ctest.log" 2>&1)
+note "ctest rc=$? $(grep -E 'tests passed|tests failed' "$logs/ctest.log")"
+grep -E "\*\*\*Failed|\*\*\*Timeout|Exception" "$logs/ctest.log" | head -20 | tee -a "$logs/summary.txt"
+
+step "compute-sanitizer"
+sanitize() {  # tool binary filter
+  timeout 60 compute-sanitizer --tool "$1" --error-exitcode 3 "$tree/tests/cuda/$2" --gtest_brief=1 --gtest_filter="$3" \
+    >> "$logs/sanitizer.log" 2>&1
+  note "$1 $2 rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$logs/sanitizer.log" | tail -1)"
+}
+for tool in memcheck racecheck synccheck initcheck; do sanitize $tool test_cuda_forward 'Reduced/ForwardSanitizer.*'; done
+for tool in memcheck racecheck; do sanitize $tool test_cuda_backward '*SanitizerSweep*:*NoNan*'; done
+sanitize memcheck test_cuda_kvcache 'Shapes/KVCacheCuda.MatchesReferenceAndAppendsExactly/1*:KVCacheCudaProperties.ZeroLength*'
+sanitize racecheck test_cuda_kvcache 'Shapes/KVCacheCuda.MatchesReferenceAndAppendsExactly/2:Shapes/KVCacheCuda.MatchesReferenceAndAppendsExactly/29'
+
+step "python tests (CUDA)"
+export PYTHONUNBUFFERED=1 PYTHONPATH="$tree/python"
+timeout "${PYTEST_LIMIT:-150}" python3 -m pytest python/tests -q -rs -x --timeout 120 -p no:cacheprovider > "$logs/pytest.log" 2>&1
+note "pytest rc=$? $(tail -1 "$logs/pytest.log")"
+grep -E "^FAILED|Error" "$logs/pytest.log" | head -10 | tee -a "$logs/summary.txt"
+timeout 60 python3 bench/python/overhead.py --out "$logs/python_overhead.csv" > "$logs/overhead.log" 2>&1
+note "overhead rc=$?"; tail -8 "$logs/overhead.log" | tee -a "$logs/summary.txt"
+
+step "CLI on the GPU"
+timeout 60 "$tree/tools/flashattn" run 2>&1 | tee "$logs/cli.log" | tail -8 | tee -a "$logs/summary.txt"
+timeout 60 "$tree/tools/flashattn" check --device cuda --backward >> "$logs/cli.log" 2>&1
+note "check --device cuda --backward rc=$? $(tail -1 "$logs/cli.log")"
+
+step "decode benchmark + SDPA anchor"
+decode_bench=$(find "$tree" -name decode_bench -type f -perm -u+x | head -1)
+timeout 90 "$decode_bench" "$logs/gpu_decode.csv" > "$logs/decode.log" 2>&1; note "decode_bench rc=$?"
+timeout 60 python3 bench/gpu/decode_anchor.py "$logs/gpu_decode_anchor.csv" >> "$logs/decode.log" 2>&1; note "decode_anchor rc=$?"
+tail -30 "$logs/decode.log" | tee -a "$logs/summary.txt"
+
+step "done"
+tar -czf "$out/device.tar.gz" -C "$logs" . 2>/dev/null
+cp "$logs/summary.txt" "$out/"
+for f in gpu_decode.csv gpu_decode_anchor.csv python_overhead.csv; do [ -f "$logs/$f" ] && cp "$logs/$f" "$out/"; done
