@@ -8,109 +8,13 @@
 
 #include "flashattn/error.hpp"
 #include "flashattn/online_softmax.hpp"
+#include "src/core/checks.hpp"
 
 namespace flashattn {
 namespace {
 
-[[noreturn]] void fail(const std::string& argument, const std::string& problem) {
-  throw Error("flashattn: " + argument + ": " + problem);
-}
+using namespace checks;
 
-[[noreturn]] void unsupported(const std::string& argument, const std::string& problem) {
-  throw NotSupported("flashattn: " + argument + ": " + problem);
-}
-
-template <class A, class B>
-std::string expected_got(const A& expected, const B& got) {
-  std::ostringstream s;
-  s << "expected " << expected << ", got " << got;
-  return s.str();
-}
-
-std::int64_t checked_mul(std::int64_t a, std::int64_t b, const std::string& argument) {
-  std::int64_t r;
-  if (__builtin_mul_overflow(a, b, &r)) fail(argument, "size computation overflows int64");
-  return r;
-}
-std::int64_t checked_add(std::int64_t a, std::int64_t b, const std::string& argument) {
-  std::int64_t r;
-  if (__builtin_add_overflow(a, b, &r)) fail(argument, "size computation overflows int64");
-  return r;
-}
-
-// Byte range [begin, end) a view can touch; empty for a tensor with no elements.
-struct Extent {
-  std::uintptr_t begin = 0;
-  std::uintptr_t end = 0;
-  bool empty() const { return end <= begin; }
-};
-
-// Structural checks common to all tensors: rank, non-negative sizes and strides,
-// unit stride on the last dimension, extent that fits int64 bytes.
-Extent check_layout(const TensorView& t, const std::string& name, int expected_rank) {
-  if (!t.defined()) fail(name, "missing tensor (rank 0)");
-  if (t.rank != expected_rank) fail(name, "wrong rank: " + expected_got(expected_rank, t.rank) + " " + shape_string(t));
-  std::int64_t last_offset = 0;
-  bool is_empty = false;
-  for (int d = 0; d < t.rank; ++d) {
-    if (t.size(d) < 0) fail(name, "negative size in shape " + shape_string(t));
-    if (t.stride(d) < 0) fail(name, "negative stride " + std::to_string(t.stride(d)) + " in dimension " + std::to_string(d));
-    if (t.size(d) == 0) is_empty = true;
-  }
-  // An empty tensor touches no memory, so its strides are irrelevant (NumPy exports
-  // zero strides for empty arrays).
-  if (!is_empty && t.size(t.rank - 1) > 1 && t.stride(t.rank - 1) != 1)
-    fail(name, "last dimension must be contiguous: stride " + expected_got(1, t.stride(t.rank - 1)));
-  for (std::int64_t d = 0, n = 1; d < t.rank; ++d) n = checked_mul(n, t.size(static_cast<int>(d)), name);  // element count fits int64
-  if (is_empty) return {};
-  if (t.data == nullptr) fail(name, "null data pointer for a non-empty tensor");
-  for (int d = 0; d < t.rank; ++d)
-    last_offset = checked_add(last_offset, checked_mul(t.size(d) - 1, t.stride(d), name), name);
-  const auto element = static_cast<std::int64_t>(dtype_size(t.dtype));
-  const std::int64_t bytes = checked_mul(checked_add(last_offset, 1, name), element, name);
-  const auto begin = reinterpret_cast<std::uintptr_t>(t.data);
-  return {begin, begin + static_cast<std::uintptr_t>(bytes)};
-}
-
-void check_dtype(const TensorView& t, const std::string& name, DType expected, const std::string& why) {
-  if (t.dtype != expected)
-    fail(name, "dtype mismatch: " + expected_got(std::string(dtype_name(expected)) + why, dtype_name(t.dtype)));
-}
-
-void check_device(const TensorView& t, const std::string& name, Device expected) {
-  if (t.device != expected)
-    fail(name, "device mismatch: " + expected_got(to_string(expected) + " (like q)", to_string(t.device)));
-}
-
-void check_shape(const TensorView& t, const std::string& name, const std::vector<std::int64_t>& expected,
-                 const std::string& like) {
-  bool same = static_cast<int>(expected.size()) == t.rank;
-  for (int d = 0; same && d < t.rank; ++d) same = expected[static_cast<std::size_t>(d)] == t.size(d);
-  if (!same) {
-    std::ostringstream e;
-    e << "[";
-    for (std::size_t i = 0; i < expected.size(); ++i) e << (i ? ", " : "") << expected[i];
-    e << "]" << like;
-    fail(name, "shape mismatch: " + expected_got(e.str(), shape_string(t)));
-  }
-}
-
-// An output must not share bytes with any input or other output: a kernel reading
-// q while writing out would see its own partial results.
-struct NamedExtent {
-  std::string name;
-  Extent extent;
-};
-void check_no_overlap(const std::vector<NamedExtent>& outputs, const std::vector<NamedExtent>& all) {
-  for (const auto& o : outputs) {
-    if (o.extent.empty()) continue;
-    for (const auto& other : all) {
-      if (&other.extent == &o.extent || other.name == o.name || other.extent.empty()) continue;
-      if (o.extent.begin < other.extent.end && other.extent.begin < o.extent.end)
-        fail(o.name, "output overlaps " + other.name + " in memory");
-    }
-  }
-}
 
 void check_options(const AttentionOptions& options, std::int64_t head_dim, const BackendLimits& limits,
                    Device device) {
@@ -429,10 +333,10 @@ MergeParams validate_merge(const TensorView& out_a, const TensorView& lse_a, con
       if (in_place && same(o.extent, in.extent) && (o.name == "out" ? (out.strides == (in.name == "out_a" ? out_a : out_b).strides)
                                                                    : (lse.strides == (in.name == "lse_a" ? lse_a : lse_b).strides)))
         continue;
-      if (o.extent.begin < in.extent.end && in.extent.begin < o.extent.end)
+      if (o.extent.overlaps(in.extent))
         fail(o.name, "output overlaps " + in.name + " in memory (only exact in-place aliasing is allowed)");
     }
-  if (eo.begin < lse_extents[2].end && lse_extents[2].begin < eo.end && !eo.empty() && !lse_extents[2].empty())
+  if (eo.overlaps(lse_extents[2]))
     fail("lse", "output overlaps out in memory");
 
   MergeParams p;

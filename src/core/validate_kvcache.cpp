@@ -12,84 +12,12 @@
 
 #include "flashattn/error.hpp"
 #include "flashattn/online_softmax.hpp"
+#include "src/core/checks.hpp"
 
 namespace flashattn {
 namespace {
 
-[[noreturn]] void fail(const std::string& argument, const std::string& problem) {
-  throw Error("flashattn: " + argument + ": " + problem);
-}
-[[noreturn]] void unsupported(const std::string& argument, const std::string& problem) {
-  throw NotSupported("flashattn: " + argument + ": " + problem);
-}
-
-template <class A, class B>
-std::string expected_got(const A& expected, const B& got) {
-  std::ostringstream s;
-  s << "expected " << expected << ", got " << got;
-  return s.str();
-}
-
-std::int64_t checked_mul(std::int64_t a, std::int64_t b, const std::string& argument) {
-  std::int64_t r;
-  if (__builtin_mul_overflow(a, b, &r)) fail(argument, "size computation overflows int64");
-  return r;
-}
-std::int64_t checked_add(std::int64_t a, std::int64_t b, const std::string& argument) {
-  std::int64_t r;
-  if (__builtin_add_overflow(a, b, &r)) fail(argument, "size computation overflows int64");
-  return r;
-}
-
-struct Extent {
-  std::uintptr_t begin = 0;
-  std::uintptr_t end = 0;
-  bool empty() const { return end <= begin; }
-};
-struct NamedExtent {
-  std::string name;
-  Extent extent;
-};
-
-// Rank, non-negative sizes/strides, unit stride on the last dimension, byte extent.
-Extent check_layout(const TensorView& t, const std::string& name, int expected_rank) {
-  if (!t.defined()) fail(name, "missing tensor (rank 0)");
-  if (t.rank != expected_rank) fail(name, "wrong rank: " + expected_got(expected_rank, t.rank) + " " + shape_string(t));
-  bool is_empty = false;
-  for (int d = 0; d < t.rank; ++d) {
-    if (t.size(d) < 0) fail(name, "negative size in shape " + shape_string(t));
-    if (t.stride(d) < 0) fail(name, "negative stride " + std::to_string(t.stride(d)) + " in dimension " + std::to_string(d));
-    if (t.size(d) == 0) is_empty = true;
-  }
-  if (t.size(t.rank - 1) > 1 && t.stride(t.rank - 1) != 1)
-    fail(name, "last dimension must be contiguous: stride " + expected_got(1, t.stride(t.rank - 1)));
-  for (std::int64_t d = 0, n = 1; d < t.rank; ++d) n = checked_mul(n, t.size(static_cast<int>(d)), name);
-  if (is_empty) return {};
-  if (t.data == nullptr) fail(name, "null data pointer for a non-empty tensor");
-  std::int64_t last_offset = 0;
-  for (int d = 0; d < t.rank; ++d) last_offset = checked_add(last_offset, checked_mul(t.size(d) - 1, t.stride(d), name), name);
-  const auto bytes = checked_mul(checked_add(last_offset, 1, name), static_cast<std::int64_t>(dtype_size(t.dtype)), name);
-  const auto begin = reinterpret_cast<std::uintptr_t>(t.data);
-  return {begin, begin + static_cast<std::uintptr_t>(bytes)};
-}
-
-void check_dtype(const TensorView& t, const std::string& name, DType expected, const std::string& why) {
-  if (t.dtype != expected)
-    fail(name, "dtype mismatch: " + expected_got(std::string(dtype_name(expected)) + why, dtype_name(t.dtype)));
-}
-void check_device(const TensorView& t, const std::string& name, Device expected) {
-  if (t.device != expected) fail(name, "device mismatch: " + expected_got(to_string(expected) + " (like q)", to_string(t.device)));
-}
-void check_shape(const TensorView& t, const std::string& name, const std::vector<std::int64_t>& expected, const std::string& like) {
-  bool same = static_cast<int>(expected.size()) == t.rank;
-  for (int d = 0; same && d < t.rank; ++d) same = expected[static_cast<std::size_t>(d)] == t.size(d);
-  if (same) return;
-  std::ostringstream e;
-  e << "[";
-  for (std::size_t i = 0; i < expected.size(); ++i) e << (i ? ", " : "") << expected[i];
-  e << "]" << like;
-  fail(name, "shape mismatch: " + expected_got(e.str(), shape_string(t)));
-}
+using namespace checks;
 
 // A small int32 [batch] tensor on q's device (cache_seqlens, cache_batch_idx, cache_leftpad).
 Extent check_index_vector(const TensorView& t, const std::string& name, std::int64_t batch, Device device) {
@@ -330,7 +258,7 @@ KVCacheParams validate_kvcache(const KVCacheArgs& args) {
       if (other.name == o.name || other.extent.empty()) continue;
       const bool both_caches = (o.name == "k_cache" || o.name == "v_cache") && (other.name == "k_cache" || other.name == "v_cache");
       if (both_caches) continue;
-      if (o.extent.begin < other.extent.end && other.extent.begin < o.extent.end) fail(o.name, "output overlaps " + other.name + " in memory");
+      if (o.extent.overlaps(other.extent)) fail(o.name, "output overlaps " + other.name + " in memory");
     }
   }
 

@@ -1,0 +1,54 @@
+// src/core/checks.hpp — the building blocks of argument validation, shared by every
+// entry point's validator (validate.cpp, validate_kvcache.cpp). Each check throws
+// flashattn::Error naming the argument, with "expected …, got …"; none writes anything.
+#pragma once
+
+#include <cstdint>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "flashattn/tensor.hpp"
+
+namespace flashattn::checks {
+
+[[noreturn]] void fail(const std::string& argument, const std::string& problem);
+// Valid input that this build or backend cannot run (throws NotSupported).
+[[noreturn]] void unsupported(const std::string& argument, const std::string& problem);
+
+template <class A, class B>
+std::string expected_got(const A& expected, const B& got) {
+  std::ostringstream s;
+  s << "expected " << expected << ", got " << got;
+  return s.str();
+}
+
+std::int64_t checked_mul(std::int64_t a, std::int64_t b, const std::string& argument);
+std::int64_t checked_add(std::int64_t a, std::int64_t b, const std::string& argument);
+
+// Byte range [begin, end) a view can touch; empty for a tensor with no elements.
+struct Extent {
+  std::uintptr_t begin = 0;
+  std::uintptr_t end = 0;
+  bool empty() const { return end <= begin; }
+  bool overlaps(const Extent& other) const {
+    return !empty() && !other.empty() && begin < other.end && other.begin < end;
+  }
+};
+struct NamedExtent {
+  std::string name;
+  Extent extent;
+};
+
+// Rank, non-negative sizes and strides, unit stride on the last dimension (for
+// non-empty tensors), element count and byte extent that fit int64.
+Extent check_layout(const TensorView& t, const std::string& name, int expected_rank);
+void check_dtype(const TensorView& t, const std::string& name, DType expected, const std::string& why);
+void check_device(const TensorView& t, const std::string& name, Device expected);
+void check_shape(const TensorView& t, const std::string& name, const std::vector<std::int64_t>& expected,
+                 const std::string& like);
+// No output may share bytes with any input or other output: a kernel reading q while
+// writing out would see its own partial results.
+void check_no_overlap(const std::vector<NamedExtent>& outputs, const std::vector<NamedExtent>& all);
+
+}  // namespace flashattn::checks
