@@ -10,6 +10,7 @@
 #include "flashattn/error.hpp"
 #include "flashattn/online_softmax.hpp"
 #include "src/core/backend.hpp"
+#include "src/cuda/common/call_guards.hpp"
 #include "src/cuda/common/check.cuh"
 #include "src/cuda/common/numeric.cuh"
 #include "src/cuda/fwd/launch.hpp"
@@ -75,38 +76,6 @@ void run_forward_for_head_dim(int kernel_head_dim, const AttentionParams& params
                          std::to_string(kernel_head_dim) + "); rebuild with it in FLASHATTN_CUDA_HEAD_DIMS");
   }
 }
-
-// The kernels move 16-byte chunks (cp.async, vector stores): every row of q, k, v
-// and out must start on a 16-byte boundary.
-void require_16_byte_rows(const char* name, const void* data, std::int64_t batch_stride, std::int64_t row_stride,
-                          std::int64_t head_stride) {
-  const bool aligned = reinterpret_cast<std::uintptr_t>(data) % 16 == 0 && batch_stride % 8 == 0 &&
-                       row_stride % 8 == 0 && head_stride % 8 == 0;
-  if (!aligned)
-    throw NotSupported(std::string("flashattn: ") + name +
-                       ": the CUDA kernels need 16-byte aligned rows (data pointer aligned to 16 bytes and "
-                       "batch/row/head strides multiples of 8 elements), got strides " +
-                       std::to_string(batch_stride) + "/" + std::to_string(row_stride) + "/" +
-                       std::to_string(head_stride));
-}
-
-// Makes params.device current for the duration of a call, restoring the caller's.
-class DeviceGuard {
- public:
-  explicit DeviceGuard(int device) {
-    FLASHATTN_CUDA_CHECK(cudaGetDevice(&previous_));
-    if (previous_ != device) FLASHATTN_CUDA_CHECK(cudaSetDevice(device));
-  }
-  ~DeviceGuard() {
-    int current = previous_;
-    if (cudaGetDevice(&current) == cudaSuccess && current != previous_) (void)cudaSetDevice(previous_);
-  }
-  DeviceGuard(const DeviceGuard&) = delete;
-  DeviceGuard& operator=(const DeviceGuard&) = delete;
-
- private:
-  int previous_ = 0;
-};
 
 // merge_attention_states: one warp per (batch, row, head). All lanes read both LSEs
 // before lane 0 writes the merged one, so lse may alias lse_a/lse_b; each output

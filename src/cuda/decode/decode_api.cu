@@ -9,6 +9,7 @@
 
 #include "flashattn/error.hpp"
 #include "src/core/kvcache_backend.hpp"
+#include "src/cuda/common/call_guards.hpp"
 #include "src/cuda/common/check.cuh"
 #include "src/cuda/decode/launch.hpp"
 
@@ -41,35 +42,6 @@ int largest_built_head_dim() {
   for (int d : kBuiltHeadDims) largest = d > largest ? d : largest;
   return largest;
 }
-
-// cp.async copies 16-byte chunks of each cache row: the base and every stride must keep that alignment.
-void require_16_byte_rows(const char* name, const void* data, std::int64_t batch_stride, std::int64_t row_stride,
-                          std::int64_t head_stride) {
-  const bool aligned = reinterpret_cast<std::uintptr_t>(data) % 16 == 0 && batch_stride % 8 == 0 && row_stride % 8 == 0 &&
-                       head_stride % 8 == 0;
-  if (!aligned)
-    throw NotSupported(std::string("flashattn: ") + name +
-                       ": the CUDA decode kernel needs 16-byte aligned cache rows (data aligned to 16 bytes, strides "
-                       "multiples of 8 elements), got strides " +
-                       std::to_string(batch_stride) + "/" + std::to_string(row_stride) + "/" + std::to_string(head_stride));
-}
-
-class DeviceGuard {
- public:
-  explicit DeviceGuard(int device) {
-    FLASHATTN_CUDA_CHECK(cudaGetDevice(&previous_));
-    if (previous_ != device) FLASHATTN_CUDA_CHECK(cudaSetDevice(device));
-  }
-  ~DeviceGuard() {
-    int current = previous_;
-    if (cudaGetDevice(&current) == cudaSuccess && current != previous_) (void)cudaSetDevice(previous_);
-  }
-  DeviceGuard(const DeviceGuard&) = delete;
-  DeviceGuard& operator=(const DeviceGuard&) = delete;
-
- private:
-  int previous_ = 0;
-};
 
 template <class T>
 void run_decode_for_head_dim(int kernel_head_dim, const KVCacheParams& params, cudaStream_t stream) {
