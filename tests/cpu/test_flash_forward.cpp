@@ -13,23 +13,6 @@
 namespace flashattn::testing {
 namespace {
 
-ProblemShape make(DType dtype, std::int64_t batch, std::int64_t seqlen_q, std::int64_t seqlen_k, std::int64_t heads_q,
-                  std::int64_t heads_kv, std::int64_t head_dim) {
-  ProblemShape s;
-  s.dtype = dtype, s.batch = batch, s.seqlen_q = seqlen_q, s.seqlen_k = seqlen_k;
-  s.heads_q = heads_q, s.heads_kv = heads_kv, s.head_dim = head_dim;
-  return s;
-}
-ProblemShape causal(ProblemShape s) { return s.causal = true, s; }
-ProblemShape window(ProblemShape s, std::int64_t left, std::int64_t right) { return s.window_left = left, s.window_right = right, s; }
-ProblemShape softcap(ProblemShape s, double cap) { return s.softcap = cap, s; }
-ProblemShape varlen(ProblemShape s, std::vector<std::int32_t> q, std::vector<std::int32_t> k) {
-  s.batch = static_cast<std::int64_t>(q.size());
-  s.seqlen_q = *std::max_element(q.begin(), q.end());
-  s.seqlen_k = *std::max_element(k.begin(), k.end());
-  s.varlen_q = std::move(q), s.varlen_k = std::move(k);
-  return s;
-}
 
 // Awkward shapes on purpose: tails of every tile size, seqlen_q != seqlen_k both ways
 // (causal then has fully masked rows), head dims off the vector width, GQA/MQA.
