@@ -75,9 +75,10 @@ void report(const char* verdict, const std::string& what, const std::string& det
   std::fflush(stdout);
 }
 
-void check_case_forward(const Problem& p, std::uint64_t seed, Tally& tally) {
-  const std::string what = case_text(p) + "  " + algorithm_name(p.algorithm) + " fwd";
-  Workload workload(p, seed, /*with_backward=*/false);
+// One case, one pass: skipped if not supported, run, then compared with the reference.
+void check_case(const Problem& p, std::uint64_t seed, bool is_backward, Tally& tally) {
+  const std::string what = case_text(p) + "  " + algorithm_name(p.algorithm) + (is_backward ? " bwd" : " fwd");
+  Workload workload(p, seed, /*with_backward=*/is_backward);
   const std::string reason = why_unsupported(workload.forward_args());
   if (!reason.empty()) {
     ++tally.skipped;
@@ -85,40 +86,30 @@ void check_case_forward(const Problem& p, std::uint64_t seed, Tally& tally) {
     return;
   }
   try {
-    workload.run_forward();
+    if (is_backward) {
+      workload.run_backward();
+    } else {
+      workload.run_forward();
+    }
   } catch (const Error& e) {  // advertised as supported (why_unsupported was empty) but did not run
     ++tally.failed;
     report("FAIL", what, e.what());
     return;
   }
   workload.download_outputs();
-  const ForwardAccuracy a = check_forward(workload);
-  const bool ok = a.passed();
-  ++(ok ? tally.passed : tally.failed);
-  report(ok ? "PASS" : "FAIL", what, "out " + a.out.summary() + "  lse " + a.lse.summary());
-}
-
-void check_case_backward(const Problem& p, std::uint64_t seed, Tally& tally) {
-  const std::string what = case_text(p) + "  " + algorithm_name(p.algorithm) + " bwd";
-  Workload workload(p, seed, /*with_backward=*/true);
-  const std::string reason = why_unsupported(workload.forward_args());
-  if (!reason.empty()) {
-    ++tally.skipped;
-    report("SKIP", what, reason);
-    return;
+  bool ok = false;
+  std::string detail;
+  if (is_backward) {
+    const BackwardAccuracy a = check_backward(workload);
+    ok = a.passed();
+    detail = "dq " + a.dq.summary() + "  dk " + a.dk.summary() + "  dv " + a.dv.summary();
+  } else {
+    const ForwardAccuracy a = check_forward(workload);
+    ok = a.passed();
+    detail = "out " + a.out.summary() + "  lse " + a.lse.summary();
   }
-  try {
-    workload.run_backward();
-  } catch (const Error& e) {
-    ++tally.failed;
-    report("FAIL", what, e.what());
-    return;
-  }
-  workload.download_outputs();
-  const BackwardAccuracy a = check_backward(workload);
-  const bool ok = a.passed();
   ++(ok ? tally.passed : tally.failed);
-  report(ok ? "PASS" : "FAIL", what, "dq " + a.dq.summary() + "  dk " + a.dk.summary() + "  dv " + a.dv.summary());
+  report(ok ? "PASS" : "FAIL", what, detail);
 }
 
 }  // namespace
@@ -163,11 +154,11 @@ int check_command(const CheckOptions& o) {
     ++seed;
     for (Algorithm algorithm : algorithms) {
       p.algorithm = algorithm;
-      check_case_forward(p, seed, tally);
+      check_case(p, seed, /*is_backward=*/false, tally);
     }
     if (o.backward) {
       p.algorithm = Algorithm::automatic;
-      check_case_backward(p, seed, tally);
+      check_case(p, seed, /*is_backward=*/true, tally);
     }
   }
   std::printf("%d passed, %d failed, %d skipped\n", tally.passed, tally.failed, tally.skipped);
