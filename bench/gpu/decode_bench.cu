@@ -69,6 +69,7 @@ constexpr int kRepeats = 15;
 struct Config {
   std::int64_t batch, kv_len;
   std::int64_t page_size;  // 0 = contiguous
+  int num_splits = 0;      // 0 = the library's heuristic
 };
 
 double median(std::vector<float> v) {
@@ -139,6 +140,7 @@ void run(const Config& c, std::FILE* csv) {
     a.maybe_cache_seqlens = view(seqlens.data, DType::int32, {c.batch});
     a.out = view(out.data, DType::bfloat16, {c.batch, 1, kHeadsQ, kHeadDim});
     a.maybe_lse = view(lse.data, DType::float32, {c.batch, kHeadsQ, 1});
+    a.num_splits = c.num_splits;
     return a;
   };
   flashattn::KVCacheArgs probe = args_for(0);
@@ -204,15 +206,22 @@ void run(const Config& c, std::FILE* csv) {
   if (!finite) std::exit(2);
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  const char* path = argc > 1 ? argv[1] : "decode_bench.csv";
+std::FILE* open_csv(const char* path) {
   std::FILE* csv = std::fopen(path, "w");
   if (!csv) {
     std::perror(path);
-    return 1;
+    std::exit(1);
   }
+  return csv;
+}
+
+}  // namespace
+
+// decode_bench [out.csv [sweep.csv]]: the issue-6 shapes with the library's split
+// heuristic into out.csv; with sweep.csv, also forced split counts on some of them and
+// a 64-key cache (the step's fixed cost: launches, prologue, combine), for tuning.
+int main(int argc, char** argv) {
+  std::FILE* csv = open_csv(argc > 1 ? argv[1] : "decode_bench.csv");
   cudaDeviceProp prop{};
   check(cudaGetDeviceProperties(&prop, 0), "properties");
   const double copy = copy_bandwidth_tbps();
@@ -229,5 +238,19 @@ int main(int argc, char** argv) {
   }
   for (const auto& c : configs) run(c, csv);
   std::fclose(csv);
+  if (argc > 2) {
+    std::FILE* sweep = open_csv(argv[2]);
+    std::fprintf(sweep, "layout,page_size,batch,heads_q,heads_kv,head_dim,kv_len,num_splits,time_us,bandwidth_tbps,finite\n");
+    std::printf("split sweep:\n");
+    std::vector<Config> sweeps;
+    for (int splits : {0, 1, 2, 4, 8}) sweeps.push_back({8, 64, 0, splits});
+    for (std::int64_t kv : {1024, 4096, 16384})
+      for (int splits : {1, 2, 3, 4, 6, 8}) sweeps.push_back({8, kv, 0, splits});
+    for (int splits : {2, 4, 8}) sweeps.push_back({8, 4096, 16, splits});
+    for (int splits : {8, 16, 33, 48, 64}) sweeps.push_back({1, 65536, 0, splits});
+    for (int splits : {1, 2}) sweeps.push_back({64, 1024, 0, splits});
+    for (const auto& c : sweeps) run(c, sweep);
+    std::fclose(sweep);
+  }
   return 0;
 }

@@ -31,6 +31,7 @@
 #include "src/core/kvcache_params.hpp"
 #include "src/cuda/common/numeric.cuh"
 #include "src/cuda/common/swizzle.cuh"
+#include "src/cuda/decode/grid_dependency.cuh"
 #include "src/cuda/decode/rotary.cuh"
 #include "src/cuda/ptx/cp_async.cuh"
 #include "src/cuda/ptx/ldmatrix.cuh"
@@ -58,8 +59,9 @@ struct MmaDecodeConfig {
   static constexpr int kStageBytes = 2 * KVTile::kBytes;  // K and V
   static constexpr int kQBytes = QTile::kBytes;
   static constexpr int kPipelineBytes = kQBytes + kStages * kStageBytes;
-  // Merge area (reuses everything): per warp, per row, m and l, then o (kRows, kHeadDim).
-  static constexpr int kMergeBytes = kWarps * kRows * (2 + kHeadDim) * 4;
+  // Merge area (reuses everything): per warp, per row, m and l, then o (kRows, kHeadDim),
+  // then per warp and row the merge scale, and per row the LSE.
+  static constexpr int kMergeBytes = (kWarps * kRows * (3 + kHeadDim) + kRows) * 4;
   static constexpr int kSharedBytes = kPipelineBytes > kMergeBytes ? kPipelineBytes : kMergeBytes;
   static_assert((kTileN * kChunks) % kThreads == 0, "whole chunks per thread");
   static_assert(kKSteps % 1 == 0 && kDTiles % 2 == 0, "ldmatrix x4 covers pairs of tiles");
@@ -82,6 +84,11 @@ __global__ void __launch_bounds__(Config::kThreads, Config::kMinBlocksPerSm)
   extern __shared__ __align__(128) unsigned char shared[];
   T* q_tile = reinterpret_cast<T*>(shared);                     // (kRows, kHeadDim), swizzled
   T* kv_tiles = reinterpret_cast<T*>(shared + Config::kQBytes);  // [stage][K|V] (kTileN, kHeadDim), swizzled
+
+  // Everything below reads what earlier kernels wrote (cache, q, lengths, page table).
+  wait_for_prior_grids();
+  // The combine (or the next step) may start launching: it waits for our completion.
+  allow_dependent_launch();
 
   const AttentionParams& a = params.attention;
   const int num_splits = params.num_splits;
@@ -109,15 +116,15 @@ __global__ void __launch_bounds__(Config::kThreads, Config::kMinBlocksPerSm)
   if (key_end > seen.end) key_end = seen.end;
   const int num_tiles = key_end > key_begin ? static_cast<int>((key_end - key_begin + kTileN - 1) / kTileN) : 0;
 
-  // Each thread copies a fixed 16-byte column chunk of kTileN * kChunks / kThreads key rows.
+  // Each thread copies a fixed 16-byte column chunk of kPasses key rows, kRowsPerPass apart.
   constexpr int kRowsPerPass = kThreads / kChunks;
   constexpr int kPasses = kTileN / kRowsPerPass;
+  static_assert(kRowsPerPass <= 16, "one pass crosses at most one page boundary (page_size >= 16)");
   const int copy_chunk = tid % kChunks;
   const int copy_row = tid / kChunks;
   const bool has_chunk = copy_chunk * 8 < a.head_dim;
   // Per-CTA constant parts of the K/V addresses (kv head, this thread's chunk, and for a
-  // contiguous cache the sequence's cache row), so a key row costs one multiply-add,
-  // or one page-table lookup for a paged cache.
+  // contiguous cache the sequence's cache row), so a key row costs one multiply-add.
   const T* k_base = static_cast<const T*>(a.k) + h_kv * a.k_head_stride + copy_chunk * 8;
   const T* v_base = static_cast<const T*>(a.v) + h_kv * a.v_head_stride + copy_chunk * 8;
   const bool is_paged = params.is_paged();
@@ -128,28 +135,43 @@ __global__ void __launch_bounds__(Config::kThreads, Config::kMinBlocksPerSm)
     k_base += cache_b * a.k_batch_stride;
     v_base += cache_b * a.v_batch_stride;
   }
+  const std::int64_t range_position = first_position + key_begin;  // cache position of the first key visited
+
+  // Paged cache: (block, row in block) of this thread's rows of the next tile to load,
+  // looked up one tile ahead, so the page-table loads of tile t + 1 are in flight
+  // while tile t is computed instead of stalling the copies; the page index advances
+  // by comparison, one division per tile.
+  std::int32_t page_block[kPasses], page_row[kPasses];
+  const auto resolve_pages = [&](int tile) {
+    const std::int64_t tile_rows_left = key_end - key_begin - static_cast<std::int64_t>(tile) * kTileN;
+    const int position = static_cast<int>(range_position + static_cast<std::int64_t>(tile) * kTileN) + copy_row;  // < 2^31 (validate_kvcache)
+    int page = position / page_size, in_page = position - page * page_size;
+#pragma unroll
+    for (int pass = 0; pass < kPasses; ++pass) {
+      if (pass > 0) {
+        in_page += kRowsPerPass;
+        if (in_page >= page_size) in_page -= page_size, ++page;
+      }
+      page_block[pass] = copy_row + pass * kRowsPerPass < tile_rows_left ? page_table[page] : 0;
+      page_row[pass] = in_page;
+    }
+  };
   const auto load_tile = [&](int tile, int stage) {
     T* k_tile = kv_tiles + stage * 2 * KVTile::kElements;
     T* v_tile = k_tile + KVTile::kElements;
-    const std::int64_t tile_position = first_position + key_begin + static_cast<std::int64_t>(tile) * kTileN;
+    const std::int64_t tile_position = range_position + static_cast<std::int64_t>(tile) * kTileN;
     const std::int64_t tile_rows_left = key_end - key_begin - static_cast<std::int64_t>(tile) * kTileN;
 #pragma unroll
     for (int pass = 0; pass < kPasses; ++pass) {
       const int row = copy_row + pass * kRowsPerPass;
       const bool is_valid = row < tile_rows_left && has_chunk;
-      std::int64_t k_offset = 0, v_offset = 0;
-      if (is_valid) {
-        const std::int64_t position = tile_position + row;
-        if (is_paged) {
-          const int page = static_cast<int>(position) / page_size;  // positions < 2^31 (validate_kvcache)
-          const std::int64_t block = page_table[page];
-          const std::int64_t in_page = position - static_cast<std::int64_t>(page) * page_size;
-          k_offset = block * a.k_batch_stride + in_page * a.k_row_stride;
-          v_offset = block * a.v_batch_stride + in_page * a.v_row_stride;
-        } else {
-          k_offset = position * a.k_row_stride;
-          v_offset = position * a.v_row_stride;
-        }
+      std::int64_t k_offset, v_offset;
+      if (is_paged) {
+        k_offset = page_block[pass] * a.k_batch_stride + page_row[pass] * a.k_row_stride;
+        v_offset = page_block[pass] * a.v_batch_stride + page_row[pass] * a.v_row_stride;
+      } else {
+        k_offset = (tile_position + row) * a.k_row_stride;
+        v_offset = (tile_position + row) * a.v_row_stride;
       }
       const int offset = KVTile::chunk_offset(row, copy_chunk);
       ptx::cp_async_16(ptx::shared_address(k_tile + offset), k_base + k_offset, is_valid);
@@ -157,26 +179,50 @@ __global__ void __launch_bounds__(Config::kThreads, Config::kMinBlocksPerSm)
     }
   };
 
-  // Start streaming K/V before touching q: the first tiles' latency overlaps the q setup.
-#pragma unroll
-  for (int stage = 0; stage < kStages - 1; ++stage) {
-    if (stage < num_tiles) load_tile(stage, stage);
-    ptx::cp_async_commit_group();  // empty groups keep the count uniform
-  }
-
-  // q rows of this CTA, rotated like flash_attn and rounded to T (zero past the rows / head_dim).
-  for (int r = 0; r < kRows; ++r) {
+  // q rows of this CTA (row r = packed query row row_begin + r), zero past the rows and
+  // head_dim. Without rotary and with 16-byte aligned rows, q takes the cp.async path in
+  // the first copy group (all its loads in flight at once); otherwise it is rotated like
+  // flash_attn and rounded to T, feature by feature, after the K/V copies are issued.
+  const bool is_q_copied = !params.has_rotary() && reinterpret_cast<std::uintptr_t>(a.q) % 16 == 0 && a.q_batch_stride % 8 == 0 &&
+                           a.q_row_stride % 8 == 0 && a.q_head_stride % 8 == 0;
+  const auto q_row_of = [&](int r) {
     const std::int64_t packed = row_begin + r;
     const bool is_row = packed < row_end;
     const std::int64_t i = is_row ? packed / group : 0, h = h_kv * group + (is_row ? packed % group : 0);
-    const T* q_row = static_cast<const T*>(a.q) + a.q_offset(b, h) + i * a.q_row_stride;
-    const std::int64_t rotary_position = params.has_rotary() ? params.q_rotary_position(b, i) : 0;
-    for (int d = tid; d < kHeadDim; d += kThreads) {
-      float x = 0.0f;
-      if (is_row && d < a.head_dim)
-        x = (params.has_rotary() && d < params.rotary_dim) ? rotate_feature<T>(params, q_row, d, rotary_position)
-                                                            : Numeric::to_float(q_row[d]);
-      q_tile[QTile::offset(r, d)] = Numeric::from_float(x);
+    return static_cast<const T*>(a.q) + a.q_offset(b, h) + i * a.q_row_stride;
+  };
+  if (is_q_copied) {
+#pragma unroll
+    for (int c = tid; c < kRows * kChunks; c += kThreads) {
+      const int r = c / kChunks, chunk = c % kChunks;
+      const bool is_valid = row_begin + r < row_end && chunk * 8 < a.head_dim;
+      ptx::cp_async_16(ptx::shared_address(q_tile + QTile::chunk_offset(r, chunk)), q_row_of(r) + chunk * 8, is_valid);
+    }
+  }
+
+  // Start streaming K/V: the first tiles' latency overlaps the q setup.
+  if (is_paged && num_tiles > 0) resolve_pages(0);
+#pragma unroll
+  for (int stage = 0; stage < kStages - 1; ++stage) {
+    if (stage < num_tiles) {
+      load_tile(stage, stage);
+      if (is_paged && stage + 1 < num_tiles) resolve_pages(stage + 1);
+    }
+    ptx::cp_async_commit_group();  // empty groups keep the count uniform
+  }
+
+  if (!is_q_copied) {
+    for (int r = 0; r < kRows; ++r) {
+      const bool is_row = row_begin + r < row_end;
+      const T* q_row = q_row_of(r);
+      const std::int64_t rotary_position = params.has_rotary() && is_row ? params.q_rotary_position(b, (row_begin + r) / group) : 0;
+      for (int d = tid; d < kHeadDim; d += kThreads) {
+        float x = 0.0f;
+        if (is_row && d < a.head_dim)
+          x = (params.has_rotary() && d < params.rotary_dim) ? rotate_feature<T>(params, q_row, d, rotary_position)
+                                                              : Numeric::to_float(q_row[d]);
+        q_tile[QTile::offset(r, d)] = Numeric::from_float(x);
+      }
     }
   }
 
@@ -202,7 +248,10 @@ __global__ void __launch_bounds__(Config::kThreads, Config::kMinBlocksPerSm)
   for (int tile = 0; tile < num_tiles; ++tile) {
     ptx::cp_async_wait_group<kStages - 2>();  // this thread's copies of `tile` landed
     __syncthreads();                          // ... everyone's; and everyone is done with tile - 1
-    if (tile + kStages - 1 < num_tiles) load_tile(tile + kStages - 1, (tile + kStages - 1) % kStages);
+    if (tile + kStages - 1 < num_tiles) {
+      load_tile(tile + kStages - 1, (tile + kStages - 1) % kStages);
+      if (is_paged && tile + kStages < num_tiles) resolve_pages(tile + kStages);
+    }
     ptx::cp_async_commit_group();
     const T* k_tile = kv_tiles + (tile % kStages) * 2 * KVTile::kElements;
     const T* v_tile = k_tile + KVTile::kElements;
@@ -302,32 +351,56 @@ __global__ void __launch_bounds__(Config::kThreads, Config::kMinBlocksPerSm)
   }
   __syncthreads();
 
-  const bool is_single_split = num_splits == 1;
-  for (int element = tid; element < kRows * kHeadDim; element += kThreads) {
-    const int r = element / kHeadDim, d = element % kHeadDim;
-    const std::int64_t packed = row_begin + r;
-    if (packed >= row_end || d >= a.head_dim) continue;
+  // Per row: the merged state and each warp's scale (rescale factor / row sum), so the
+  // per-element loop below is kWarps multiply-adds.
+  float* merge_scale = merge_o + Config::kWarps * kRows * kHeadDim;  // (kWarps, kRows)
+  float* merge_lse = merge_scale + Config::kWarps * kRows;            // (kRows)
+  if (tid < kRows) {
     online_softmax::State<float> total;
-    float acc = 0.0f;
+    float factor[Config::kWarps];
 #pragma unroll
     for (int w = 0; w < Config::kWarps; ++w) {
       online_softmax::State<float> part;
-      part.m = merge_m[w * kRows + r];
-      part.l = merge_l[w * kRows + r];
+      part.m = merge_m[w * kRows + tid];
+      part.l = merge_l[w * kRows + tid];
       float factor_total, factor_part;
       total = online_softmax::merge(total, part, &factor_total, &factor_part);
-      acc = acc * factor_total + merge_o[(w * kRows + r) * kHeadDim + d] * factor_part;
+#pragma unroll
+      for (int v = 0; v < w; ++v) factor[v] *= factor_total;
+      factor[w] = factor_part;
     }
-    const float value = acc * total.inverse_sum();
+#pragma unroll
+    for (int w = 0; w < Config::kWarps; ++w) merge_scale[w * kRows + tid] = factor[w] * total.inverse_sum();
+    merge_lse[tid] = total.lse();
+  }
+  __syncthreads();
+
+  // Output (one split) or normalised partial row, four features per thread per step.
+  const bool is_single_split = num_splits == 1;
+  constexpr int kQuads = kHeadDim / 4;
+  const int rows_here = static_cast<int>(row_end - row_begin);
+  for (int element = tid; element < rows_here * kQuads; element += kThreads) {
+    const int r = element / kQuads, d = 4 * (element % kQuads);
+    if (d >= a.head_dim) continue;  // head_dim is a multiple of 8: a quad is all in or all out
+    float4 value = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+    for (int w = 0; w < Config::kWarps; ++w) {
+      const float scale = merge_scale[w * kRows + r];
+      const float4 x = *reinterpret_cast<const float4*>(merge_o + (w * kRows + r) * kHeadDim + d);
+      value.x += scale * x.x, value.y += scale * x.y, value.z += scale * x.z, value.w += scale * x.w;
+    }
+    const std::int64_t packed = row_begin + r;
     const std::int64_t i = packed / group, h = h_kv * group + packed % group;
     if (is_single_split) {
-      static_cast<T*>(a.out)[a.out_offset(b, h) + i * a.out_row_stride + d] = Numeric::from_float(value);
-      if (d == 0 && a.maybe_lse) a.maybe_lse[a.lse_offset(b, h) + i * a.lse_row_stride] = total.lse();
+      T* out = static_cast<T*>(a.out) + a.out_offset(b, h) + i * a.out_row_stride + d;
+      out[0] = Numeric::from_float(value.x), out[1] = Numeric::from_float(value.y);
+      out[2] = Numeric::from_float(value.z), out[3] = Numeric::from_float(value.w);
+      if (d == 0 && a.maybe_lse) a.maybe_lse[a.lse_offset(b, h) + i * a.lse_row_stride] = merge_lse[r];
     } else {
       float* partial_o = static_cast<float*>(params.maybe_workspace);
       const std::int64_t row = params.partial_row(split, b, h, i);
-      partial_o[row * a.head_dim + d] = value;
-      if (d == 0) partial_o[params.num_splits * params.partial_rows() * a.head_dim + row] = total.lse();
+      *reinterpret_cast<float4*>(partial_o + row * a.head_dim + d) = value;
+      if (d == 0) partial_o[params.num_splits * params.partial_rows() * a.head_dim + row] = merge_lse[r];
     }
   }
 }

@@ -9,6 +9,7 @@
 #else
 #include "src/cuda/decode/kernel_mma.cuh"
 #endif
+#include "src/cuda/decode/grid_dependency.cuh"
 #include "src/cuda/decode/launch.hpp"
 
 namespace flashattn::cuda::decode {
@@ -22,8 +23,7 @@ void launch_decode_config(Kernel* kernel, const KVCacheParams& params, cudaStrea
     throw NotSupported("flashattn: q: too many query blocks, kv heads (> 65535) or sequences (> 65535) for one decode launch");
   FLASHATTN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Config::kSharedBytes));
   const dim3 grid(static_cast<unsigned>(grid_x), static_cast<unsigned>(a.heads_kv), static_cast<unsigned>(a.batch));
-  kernel<<<grid, Config::kThreads, Config::kSharedBytes, stream>>>(params);
-  FLASHATTN_CUDA_CHECK_LAUNCH();
+  FLASHATTN_CUDA_CHECK(launch_with_pdl(kernel, grid, dim3(Config::kThreads), Config::kSharedBytes, stream, params));
 }
 
 template <class T, int kHeadDim>
