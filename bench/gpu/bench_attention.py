@@ -122,6 +122,8 @@ class Implementation:
     def forward(self, problem, q, k, v):
         if self.backend is not None:
             return F.scaled_dot_product_attention(q, k, v, is_causal=problem.causal)
+        if self.name in FORCED_ALGORITHM_IMPLS:
+            return forward_with_algorithm(self.ours, q, k, v, problem.causal, FORCED_ALGORITHM_IMPLS[self.name])
         deterministic = self.name == "ours_det"
         return self.ours.flash_attn_func(q, k, v, causal=problem.causal, deterministic=deterministic)
 
@@ -130,6 +132,20 @@ class Implementation:
 
     def dout_for(self, problem):
         return problem.dout if self.backend is not None else to_flash_layout(problem.dout)
+
+
+# Forward-only series that force one CUDA kernel of ours (the default "ours" runs
+# algorithm "automatic"): ours_flash2 = the mma.sync kernel, ours_flash3 = the Hopper kernel.
+FORCED_ALGORITHM_IMPLS = {"ours_flash2": "flash2", "ours_flash3": "flash3"}
+
+
+def forward_with_algorithm(ours, q, k, v, causal, algorithm):
+    """flash_attn_func's forward (output allocated per call, like every other series) with a forced algorithm."""
+    out = torch.empty_like(q)
+    lse = torch.empty((q.shape[0], q.shape[2], q.shape[1]), device=q.device, dtype=torch.float32)
+    ours._C.forward(q, k, v, out, lse, None, None, 0, 0, None, causal, -1, -1, 0.0, algorithm, 0,
+                    torch.cuda.current_stream().cuda_stream)
+    return out
 
 
 class _null_context:

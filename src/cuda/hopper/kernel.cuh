@@ -1,0 +1,378 @@
+// src/cuda/hopper/kernel.cuh — the FlashAttention-3 forward kernel for Hopper (sm_90a):
+// TMA loads, wgmma, warp-specialised producer/consumer warpgroups.
+//
+// The algorithm is the FA2 forward of src/cuda/fwd/kernel.cuh (same visit order,
+// same online softmax through online_softmax::State, same MaskRule); what changes is
+// how it is mapped onto the hardware (seed 004, FA3 paper section 3):
+//   CTA = warpgroup 0, the producer: one thread issues TMA copies — the Q tile once,
+//         then K_j/V_j into a kStages-deep ring of shared-memory stages, each guarded
+//         by a "full" mbarrier (TMA completes its byte count) and an "empty" mbarrier
+//         (every consumer warp has finished reading it);
+//         warpgroups 1..2, the consumers: 64 query rows each, per key block
+//           S = Q K_j^T      wgmma m64n{kBlockN}k16, both operands in shared memory
+//           online softmax   in registers (the accumulator is the mma.sync C layout
+//                            repeated, so rows reduce over the 4 lanes of a quad)
+//           O += P V_j       wgmma m64n{kHeadDim}k16, P from registers (16-bit),
+//                            V read MN-major (the transpose-B bit)
+//         then O /= l once, LSE, O through shared memory to 16-byte global stores.
+//   setmaxnreg gives the consumers 240 registers and the producer 24.
+//
+// Shared-memory tiles are stored as 64-column panels (128 bytes per row, the TMA/wgmma
+// 128-byte swizzle: 16-byte chunk c of row r lives at chunk c ^ (r % 8) of its 1024-byte
+// 8-row atom); panel p of a (rows, d) tile starts at p * rows * 128 bytes.
+//
+// Variable-length batches: the tensor maps span the packed rows; a sequence's tile
+// starts at its cu_seqlens offset. Rows of the next sequence that a tile reaches are
+// masked (keys: n0 + kBlockN > seqlen_k takes the element mask) or not stored
+// (queries), exactly like the zero-filled rows past the end of a dense tensor.
+#pragma once
+
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include <atomic>
+#include <climits>
+#include <cstdint>
+#include <cuda/ptx>
+#include <string>
+
+#include "flashattn/error.hpp"
+#include "flashattn/mask.hpp"
+#include "flashattn/online_softmax.hpp"
+#include "src/core/params.hpp"
+#include "src/cuda/common/check.cuh"
+#include "src/cuda/common/numeric.cuh"
+#include "src/cuda/hopper/launch.hpp"
+#include "src/cuda/hopper/tile_config.hpp"
+#include "src/cuda/ptx/math.cuh"
+#include "src/cuda/ptx/warpgroup.cuh"
+#include "src/cuda/ptx/wgmma.cuh"
+
+namespace flashattn::cuda::hopper {
+
+inline constexpr int kProducerRegisters = 24;
+inline constexpr int kConsumerRegisters = 240;
+static_assert(128 * kProducerRegisters + 128 * kConsumerWarpgroups * kConsumerRegisters <= 65536,
+              "register file: 64K 32-bit registers per SM");
+
+// Named barrier ids (0 is __syncthreads): one per consumer warpgroup for its epilogue.
+enum class NamedBarrier : int { kConsumerEpilogueFirst = 1 };
+
+#if FLASHATTN_HOPPER_DEVICE_CODE
+__device__ __forceinline__ void wait_barrier(std::uint64_t* barrier, std::uint32_t parity) {
+  while (!::cuda::ptx::mbarrier_try_wait_parity(barrier, parity)) {
+  }
+}
+#endif
+
+template <class T, int kHeadDimArg, int kBlockMArg, int kBlockNArg, int kStagesArg>
+__global__ void __launch_bounds__(kThreads, 1) forward_kernel_sm90(const __grid_constant__ HopperForwardParams params) {
+#if FLASHATTN_HOPPER_DEVICE_CODE
+  constexpr HopperTileConfig kConfig{kHeadDimArg, kBlockMArg, kBlockNArg, kStagesArg};
+  constexpr int kHeadDim = kConfig.kernel_head_dim;
+  constexpr int kBlockM = kConfig.block_m;
+  constexpr int kBlockN = kConfig.block_n;
+  constexpr int kStages = kConfig.stages;
+  constexpr int kPanels = kConfig.panels();
+  constexpr int kQBytes = kConfig.q_bytes();
+  constexpr int kKVBytes = kConfig.kv_tile_bytes();
+  constexpr bool kIsBf16 = Numeric<T>::kIsBf16;
+  static_assert(kBlockM == 64 * kConsumerWarpgroups, "each consumer warpgroup owns 64 query rows");
+  static_assert(kHeadDim % kPanelColumns == 0, "tiles are whole 64-column panels");
+  static_assert(kBlockN % 16 == 0 && kBlockN <= 256, "wgmma N: multiple of 16 (P's k16 steps), at most 256");
+  static_assert(kConfig.shared_bytes() <= kMaxSharedBytes, "tiles exceed 227 KB of shared memory");
+
+  const AttentionParams& attention = params.attention;
+  // Grid: one flat x dimension, query tile fastest, last query tiles (the most keys
+  // under a causal mask) launched first — as in the FA2 kernel.
+  const std::int64_t num_m_blocks = (attention.seqlen_q + kBlockM - 1) / kBlockM;
+  std::int64_t linear = blockIdx.x;
+  const std::int64_t m_block = num_m_blocks - 1 - linear % num_m_blocks;
+  linear /= num_m_blocks;
+  const std::int64_t head = linear % attention.heads_q;
+  const std::int64_t batch = linear / attention.heads_q;
+
+  const std::int64_t seqlen_q = attention.seqlen_q_of(batch);
+  const std::int64_t m0 = m_block * kBlockM;
+  if (m0 >= seqlen_q) return;  // varlen: this sequence is shorter than the longest
+  const std::int64_t seqlen_k = attention.seqlen_k_of(batch);
+  const std::int64_t row_end = m0 + kBlockM < seqlen_q ? m0 + kBlockM : seqlen_q;
+  const MaskRule mask = attention.mask_of(batch);
+  const MaskRule::ColumnRange columns = mask.columns_of_rows(m0, row_end);
+  const std::int64_t n_block_begin = columns.begin / kBlockN;
+  const std::int64_t n_block_end = (columns.end + kBlockN - 1) / kBlockN;
+  const int num_n_blocks = columns.end > columns.begin ? static_cast<int>(n_block_end - n_block_begin) : 0;
+  const std::int64_t head_kv = head / attention.group_size;
+
+  // Tiles 1024-byte aligned (the swizzle atom; the descriptors' base offset is 0).
+  extern __shared__ unsigned char shared_storage[];
+  const std::uint32_t raw_address = static_cast<std::uint32_t>(__cvta_generic_to_shared(shared_storage));
+  unsigned char* shared_base = shared_storage + ((1024 - raw_address % 1024) % 1024);
+  T* shared_q = reinterpret_cast<T*>(shared_base);                   // (kBlockM, kHeadDim) in panels
+  T* shared_k = shared_q + kBlockM * kHeadDim;                       // kStages x (kBlockN, kHeadDim)
+  T* shared_v = shared_k + kStages * kBlockN * kHeadDim;             // kStages x (kBlockN, kHeadDim)
+  auto* barriers = reinterpret_cast<std::uint64_t*>(shared_v + kStages * kBlockN * kHeadDim);
+  std::uint64_t* q_full = barriers;                // Q landed
+  std::uint64_t* kv_full = barriers + 1;           // [kStages]: K/V stage landed
+  std::uint64_t* kv_empty = barriers + 1 + kStages;  // [kStages]: every consumer warp is done with it
+  constexpr int kConsumerWarps = 4 * kConsumerWarpgroups;
+
+  if (threadIdx.x == 0) {
+    ::cuda::ptx::mbarrier_init(q_full, 1);
+    for (int stage = 0; stage < kStages; ++stage) {
+      ::cuda::ptx::mbarrier_init(&kv_full[stage], 1);
+      ::cuda::ptx::mbarrier_init(&kv_empty[stage], kConsumerWarps);
+    }
+    ::cuda::ptx::fence_mbarrier_init(::cuda::ptx::sem_release, ::cuda::ptx::scope_cluster);
+  }
+  __syncthreads();
+
+  const int warpgroup = threadIdx.x / 128;
+  // Varlen tensors are one batch entry whose sequences are row ranges.
+  const bool is_varlen = attention.is_varlen();
+  const std::int32_t batch_coordinate = is_varlen ? 0 : static_cast<std::int32_t>(batch);
+
+  if (warpgroup == 0) {
+    // ---- producer ----------------------------------------------------------------
+    ptx::setmaxnreg_decrease<kProducerRegisters>();
+    if (threadIdx.x != 0) return;
+    const std::int32_t q_row = static_cast<std::int32_t>(attention.q_start(batch) + m0);
+    ::cuda::ptx::mbarrier_arrive_expect_tx(::cuda::ptx::sem_release, ::cuda::ptx::scope_cta,
+                                           ::cuda::ptx::space_shared, q_full, kQBytes);
+#pragma unroll
+    for (int panel = 0; panel < kPanels; ++panel) {
+      const std::int32_t coordinates[4] = {panel * kPanelColumns, q_row, static_cast<std::int32_t>(head),
+                                           batch_coordinate};
+      ::cuda::ptx::cp_async_bulk_tensor(::cuda::ptx::space_cluster, ::cuda::ptx::space_global,
+                                        shared_q + panel * kBlockM * kPanelColumns, &params.q_map, coordinates, q_full);
+    }
+    const std::int64_t k_start = attention.k_start(batch);
+    for (int iteration = 0; iteration < num_n_blocks; ++iteration) {
+      const int stage = iteration % kStages;
+      if (iteration >= kStages) wait_barrier(&kv_empty[stage], ((iteration / kStages) - 1) & 1);
+      ::cuda::ptx::mbarrier_arrive_expect_tx(::cuda::ptx::sem_release, ::cuda::ptx::scope_cta,
+                                             ::cuda::ptx::space_shared, &kv_full[stage], 2 * kKVBytes);
+      const std::int32_t kv_row = static_cast<std::int32_t>(k_start + (n_block_end - 1 - iteration) * kBlockN);
+#pragma unroll
+      for (int panel = 0; panel < kPanels; ++panel) {
+        const std::int32_t coordinates[4] = {panel * kPanelColumns, kv_row, static_cast<std::int32_t>(head_kv),
+                                             batch_coordinate};
+        const int panel_offset = stage * kBlockN * kHeadDim + panel * kBlockN * kPanelColumns;
+        ::cuda::ptx::cp_async_bulk_tensor(::cuda::ptx::space_cluster, ::cuda::ptx::space_global,
+                                          shared_k + panel_offset, &params.k_map, coordinates, &kv_full[stage]);
+        ::cuda::ptx::cp_async_bulk_tensor(::cuda::ptx::space_cluster, ::cuda::ptx::space_global,
+                                          shared_v + panel_offset, &params.v_map, coordinates, &kv_full[stage]);
+      }
+    }
+    return;
+  }
+
+  // ---- consumers -------------------------------------------------------------------
+  ptx::setmaxnreg_increase<kConsumerRegisters>();
+  const int consumer = warpgroup - 1;
+  const int thread_in_warpgroup = threadIdx.x % 128;
+  const int lane = threadIdx.x % 32;
+  const int group = lane / 4;      // accumulator row within an 8-row half
+  const int quad_lane = lane % 4;  // accumulator column pair
+  const int warpgroup_row0 = consumer * 64;
+  const int thread_row0 = warpgroup_row0 + (thread_in_warpgroup / 32) * 16 + group;  // + 8 * half
+
+  // Descriptors (see wgmma.cuh). Q and K are K-major (rows of head-dim elements), V is
+  // read MN-major for O += P V (rows of head-dim elements indexed by the key).
+  const std::uint32_t q_address = static_cast<std::uint32_t>(__cvta_generic_to_shared(shared_q));
+  const std::uint32_t k_address = static_cast<std::uint32_t>(__cvta_generic_to_shared(shared_k));
+  const std::uint32_t v_address = static_cast<std::uint32_t>(__cvta_generic_to_shared(shared_v));
+  const std::uint64_t q_descriptor =
+      ptx::make_smem_descriptor(q_address + warpgroup_row0 * 128, 16, 1024, ptx::SwizzleMode::bytes128);
+  const std::uint64_t k_descriptor = ptx::make_smem_descriptor(k_address, 16, 1024, ptx::SwizzleMode::bytes128);
+  const std::uint64_t v_descriptor =
+      ptx::make_smem_descriptor(v_address, kBlockN * 128, 1024, ptx::SwizzleMode::bytes128);
+  // Descriptor increments are byte offsets >> 4 in the start-address field.
+  auto k_step_offset = [](int kk, int rows) { return ((kk / 4) * rows * 128 + (kk % 4) * 32) >> 4; };
+
+  // Scores stay raw q.k until the exponent: 2^(s * exp_scale - m) is one FFMA + one
+  // MUFU per element. Softcap needs the scaled score inside tanh, so there the scores
+  // are mapped to log2 units first (as in the FA2 kernel).
+  const bool has_softcap = attention.has_softcap();
+  const float softcap_input_scale = has_softcap ? attention.softmax_scale / attention.softcap : 0.0f;
+  const float softcap_scale_log2 = attention.softcap * static_cast<float>(online_softmax::kLog2e);
+  const float exp_scale = has_softcap ? 1.0f : attention.softmax_scale_log2;
+
+  float o[kHeadDim / 2] = {};                 // (64, kHeadDim) per warpgroup, fp32 accumulator
+  online_softmax::State<float> row_state[2];  // rows thread_row0 and thread_row0 + 8; l is this
+                                              // thread's partial sum until the end
+
+  wait_barrier(q_full, 0);
+  for (int iteration = 0; iteration < num_n_blocks; ++iteration) {
+    const int stage = iteration % kStages;
+    const std::int64_t n0 = (n_block_end - 1 - iteration) * kBlockN;
+    wait_barrier(&kv_full[stage], (iteration / kStages) & 1);
+
+    // S = Q K^T: (64, kBlockN) per warpgroup.
+    float s[kBlockN / 2];
+    const std::uint64_t stage_k_descriptor = k_descriptor + ((stage * kKVBytes) >> 4);
+    ptx::wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+      ptx::wgmma_ss<kBlockN, kIsBf16, 0>(s, q_descriptor + k_step_offset(kk, kBlockM),
+                                         stage_k_descriptor + k_step_offset(kk, kBlockN), kk > 0 ? 1 : 0);
+    }
+    ptx::wgmma_commit_group();
+    ptx::wgmma_wait_group<0>();
+    ptx::fence_operands(s);
+
+    if (has_softcap) {
+#pragma unroll
+      for (int i = 0; i < kBlockN / 2; ++i) s[i] = tanhf(s[i] * softcap_input_scale) * softcap_scale_log2;
+    }
+
+    // Element mask only where the block crosses a mask edge or the end of the keys.
+    const bool needs_mask = n0 + kBlockN > seqlen_k || !mask.tile_fully_allowed(m0, row_end, n0, n0 + kBlockN);
+    if (needs_mask) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const std::int64_t row = m0 + thread_row0 + 8 * half;
+        const int begin = static_cast<int>(MaskRule::clamp(mask.col_begin(row) - n0, 0, kBlockN));
+        const int end = static_cast<int>(MaskRule::clamp(mask.col_end(row) - n0, 0, kBlockN));
+#pragma unroll
+        for (int j = 0; j < kBlockN / 8; ++j)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int col = j * 8 + 2 * quad_lane + e;
+            if (col < begin || col >= end) s[4 * j + 2 * half + e] = online_softmax::negative_infinity<float>();
+          }
+      }
+    }
+
+    // Online softmax per row: raise the max, rescale O and l, exponentiate in place.
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      float block_max = online_softmax::negative_infinity<float>();
+#pragma unroll
+      for (int j = 0; j < kBlockN / 8; ++j)
+        block_max = fmaxf(block_max, fmaxf(s[4 * j + 2 * half], s[4 * j + 2 * half + 1]));
+      block_max = fmaxf(block_max, __shfl_xor_sync(0xffffffffu, block_max, 1));
+      block_max = fmaxf(block_max, __shfl_xor_sync(0xffffffffu, block_max, 2));
+      online_softmax::State<float>& state = row_state[half];
+      const float factor = state.raise_max(block_max * exp_scale);  // -inf stays -inf
+      const float base = state.base();
+      float block_sum = 0.0f;
+#pragma unroll
+      for (int j = 0; j < kBlockN / 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const float p = ptx::exp2_approx_ftz(fmaf(s[4 * j + 2 * half + e], exp_scale, -base));
+          s[4 * j + 2 * half + e] = p;
+          block_sum += p;
+        }
+      state.add(block_sum);
+#pragma unroll
+      for (int j = 0; j < kHeadDim / 8; ++j) {
+        o[4 * j + 2 * half] *= factor;
+        o[4 * j + 2 * half + 1] *= factor;
+      }
+    }
+
+    // O += P V: two adjacent n8 column tiles of P, packed to 16 bits, are the A
+    // fragment of one k16 step.
+    std::uint32_t p[kBlockN / 16][4];  // (64, kBlockN) per warpgroup, A fragments
+#pragma unroll
+    for (int kp = 0; kp < kBlockN / 16; ++kp) {
+      p[kp][0] = pack_pair<T>(s[8 * kp + 0], s[8 * kp + 1]);
+      p[kp][1] = pack_pair<T>(s[8 * kp + 2], s[8 * kp + 3]);
+      p[kp][2] = pack_pair<T>(s[8 * kp + 4], s[8 * kp + 5]);
+      p[kp][3] = pack_pair<T>(s[8 * kp + 6], s[8 * kp + 7]);
+    }
+    const std::uint64_t stage_v_descriptor = v_descriptor + ((stage * kKVBytes) >> 4);
+    ptx::fence_operands(o);
+    ptx::wgmma_fence();
+#pragma unroll
+    for (int kp = 0; kp < kBlockN / 16; ++kp) {
+      // Keys [16 kp, 16 kp + 16) are rows 16 kp.. of V: two 8-row atoms of 1024 bytes.
+      ptx::wgmma_rs<kHeadDim, kIsBf16, 1>(o, p[kp], stage_v_descriptor + ((kp * 16 * 128) >> 4), 1);
+    }
+    ptx::wgmma_commit_group();
+    ptx::wgmma_wait_group<0>();
+    ptx::fence_operands(o);
+    // This warp no longer reads the stage: the producer may refill it.
+    if (lane == 0) ::cuda::ptx::mbarrier_arrive(&kv_empty[stage]);
+  }
+
+  // ---- epilogue: normalise once, LSE, O through this warpgroup's own Q rows ----------
+  // Only this warpgroup ever reads its 64 Q rows, so after its own barrier it may
+  // overwrite them; the other consumer warpgroup is not waited for.
+  const int epilogue_barrier = static_cast<int>(NamedBarrier::kConsumerEpilogueFirst) + consumer;
+  ptx::named_barrier_sync(epilogue_barrier, 128);
+  unsigned char* shared_q_bytes = reinterpret_cast<unsigned char*>(shared_q);
+  float* maybe_lse = attention.maybe_lse;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    online_softmax::State<float> state = row_state[half];
+    state.l += __shfl_xor_sync(0xffffffffu, state.l, 1);
+    state.l += __shfl_xor_sync(0xffffffffu, state.l, 2);
+    const float inverse_sum = state.inverse_sum();
+    const int tile_row = thread_row0 + 8 * half;
+#pragma unroll
+    for (int j = 0; j < kHeadDim / 8; ++j) {
+      // Column 8j + 2 quad_lane: panel j / 8, 16-byte chunk j % 8 of the row.
+      const int byte_offset = (j / 8) * kBlockM * 128 + tile_row * 128 + (((j % 8) ^ (tile_row % 8)) * 16) +
+                              quad_lane * 4;
+      *reinterpret_cast<std::uint32_t*>(shared_q_bytes + byte_offset) =
+          pack_pair<T>(o[4 * j + 2 * half] * inverse_sum, o[4 * j + 2 * half + 1] * inverse_sum);
+    }
+    if (maybe_lse != nullptr && quad_lane == 0 && m0 + tile_row < seqlen_q)
+      maybe_lse[attention.lse_offset(batch, head) + (m0 + tile_row) * attention.lse_row_stride] = state.lse();
+  }
+  ptx::named_barrier_sync(epilogue_barrier, 128);
+
+  // Coalesced 16-byte stores of the valid rows and head-dim columns.
+  T* out = static_cast<T*>(attention.out) + attention.out_offset(batch, head) + m0 * attention.out_row_stride;
+  constexpr int kRowChunks = kHeadDim / 8;
+#pragma unroll
+  for (int index = thread_in_warpgroup; index < 64 * kRowChunks; index += 128) {
+    const int tile_row = warpgroup_row0 + index / kRowChunks;
+    const int chunk = index % kRowChunks;
+    if (tile_row < row_end - m0 && chunk * 8 < attention.head_dim) {
+      const int byte_offset = (chunk / 8) * kBlockM * 128 + tile_row * 128 + (((chunk % 8) ^ (tile_row % 8)) * 16);
+      *reinterpret_cast<uint4*>(out + tile_row * attention.out_row_stride + chunk * 8) =
+          *reinterpret_cast<const uint4*>(shared_q_bytes + byte_offset);
+    }
+  }
+#endif
+}
+
+// Launches forward_kernel_sm90 with kConfig's tile shape for already validated params.
+// No allocation, no synchronisation; launch errors throw CudaError.
+template <class T, HopperTileConfig kConfig>
+void launch_forward_sm90(const HopperForwardParams& params, cudaStream_t stream) {
+  const AttentionParams& attention = params.attention;
+  const std::int64_t num_m_blocks = (attention.seqlen_q + kConfig.block_m - 1) / kConfig.block_m;
+  const std::int64_t num_ctas = num_m_blocks * attention.heads_q * attention.batch;
+  if (num_ctas == 0) return;
+  if (num_ctas > INT_MAX)
+    throw NotSupported("flashattn: q: too many query tiles x heads x batch for one launch (" +
+                       std::to_string(num_ctas) + " > 2^31 - 1)");
+  constexpr int kSharedBytes = kConfig.shared_bytes();
+  auto* kernel =
+      forward_kernel_sm90<T, kConfig.kernel_head_dim, kConfig.block_m, kConfig.block_n, kConfig.stages>;
+  // Above 48 KB of dynamic shared memory a kernel must opt in, once per device.
+  static std::atomic<std::uint64_t> opted_in_devices{0};
+  int device = 0;
+  FLASHATTN_CUDA_CHECK(cudaGetDevice(&device));
+  const std::uint64_t device_bit = device < 64 ? (std::uint64_t{1} << device) : 0;
+  if (device_bit == 0 || (opted_in_devices.load(std::memory_order_acquire) & device_bit) == 0) {
+    FLASHATTN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSharedBytes));
+    opted_in_devices.fetch_or(device_bit, std::memory_order_release);
+  }
+  kernel<<<static_cast<unsigned>(num_ctas), kThreads, kSharedBytes, stream>>>(params);
+  FLASHATTN_CUDA_CHECK_LAUNCH();
+}
+
+// What a generated translation unit instantiates (see src/cuda/generate_kernels.py).
+template <class T, int kHeadDim>
+void run_forward_sm90(const HopperForwardParams& params, cudaStream_t stream) {
+  static_assert(hopper_tile_config(kHeadDim).kernel_head_dim == kHeadDim, "no Hopper tile config for this head dim");
+  launch_forward_sm90<T, hopper_tile_config(kHeadDim)>(params, stream);
+}
+
+}  // namespace flashattn::cuda::hopper

@@ -1,0 +1,208 @@
+// src/cuda/hopper/launch.cu — host side of the Hopper forward: the support predicate,
+// the TMA tensor maps, and the dispatch to the generated (dtype, head dim) kernels.
+#include <cuda.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled
+
+#include <atomic>
+#include <cstdint>
+#include <string>
+
+#include "flashattn/error.hpp"
+#include "src/cuda/common/check.cuh"
+#include "src/cuda/hopper/launch.hpp"
+#include "src/cuda/hopper/tile_config.hpp"
+
+namespace flashattn::cuda::hopper {
+namespace {
+
+// Kernel head dims compiled into this library (CMake: the 64/128/256 entries of
+// FLASHATTN_CUDA_HEAD_DIMS, and only when sm_90a is among the CUDA architectures).
+constexpr int kBuiltHeadDims[] = {
+#ifdef FLASHATTN_CUDA_HOPPER_HDIM_64
+    64,
+#endif
+#ifdef FLASHATTN_CUDA_HOPPER_HDIM_128
+    128,
+#endif
+#ifdef FLASHATTN_CUDA_HOPPER_HDIM_256
+    256,
+#endif
+    0,  // sentinel
+};
+constexpr int kBuiltCount = static_cast<int>(sizeof(kBuiltHeadDims) / sizeof(int)) - 1;
+
+// Compute capability (major * 10 + minor) per device index, asked once per device:
+// the dispatch runs on every call and must stay in the microseconds.
+constexpr int kMaxCachedDevices = 64;
+std::atomic<int> cached_capability[kMaxCachedDevices];
+
+int compute_capability(int device) {
+  if (device < 0 || device >= kMaxCachedDevices) return 0;
+  int capability = cached_capability[device].load(std::memory_order_relaxed);
+  if (capability != 0) return capability;
+  int major = 0, minor = 0;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess) {
+    (void)cudaGetLastError();  // not sticky: clear it so the caller's next check is not blamed
+    return 0;
+  }
+  capability = major * 10 + minor;
+  cached_capability[device].store(capability, std::memory_order_relaxed);
+  return capability;
+}
+
+PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
+  // The driver's entry point through the runtime: libcuda is never linked, so the
+  // static-cudart binary keeps running on machines without a GPU.
+  static const PFN_cuTensorMapEncodeTiled_v12000 encoder = [] {
+    void* function = nullptr;
+    cudaDriverEntryPointQueryResult status = cudaDriverEntryPointSymbolNotFound;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &function, 12000, cudaEnableDefault, &status) !=
+            cudaSuccess ||
+        status != cudaDriverEntryPointSuccess) {
+      (void)cudaGetLastError();
+      return static_cast<PFN_cuTensorMapEncodeTiled_v12000>(nullptr);
+    }
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(function);
+  }();
+  return encoder;
+}
+
+// A stride (elements) the tensor map can encode: a positive multiple of 16 bytes below
+// 2^40 bytes. A dimension of extent 1 is never stepped over, so its stride is free.
+bool is_encodable_stride(std::int64_t stride_elements, std::int64_t extent) {
+  if (extent <= 1) return true;
+  const std::int64_t bytes = stride_elements * 2;
+  return bytes > 0 && bytes % 16 == 0 && bytes < (std::int64_t{1} << 40);
+}
+
+std::uint64_t encodable_stride_bytes(std::int64_t stride_elements, std::int64_t extent) {
+  return extent <= 1 ? 16 : static_cast<std::uint64_t>(stride_elements * 2);
+}
+
+// 4-D map (head_dim, rows, heads, batch) over one 16-bit tensor; box (64, box_rows, 1, 1).
+CUtensorMap make_tensor_map(const char* name, const void* data, DType dtype, std::int64_t head_dim, std::int64_t rows,
+                            std::int64_t heads, std::int64_t batch, std::int64_t row_stride, std::int64_t head_stride,
+                            std::int64_t batch_stride, int box_rows) {
+  const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
+  if (encode == nullptr) throw NotSupported("flashattn: algorithm: flash3 needs the driver's cuTensorMapEncodeTiled");
+  const cuuint64_t extents[4] = {static_cast<cuuint64_t>(head_dim), static_cast<cuuint64_t>(rows > 0 ? rows : 1),
+                                 static_cast<cuuint64_t>(heads > 0 ? heads : 1),
+                                 static_cast<cuuint64_t>(batch > 0 ? batch : 1)};
+  const cuuint64_t strides[3] = {encodable_stride_bytes(row_stride, rows), encodable_stride_bytes(head_stride, heads),
+                                 encodable_stride_bytes(batch_stride, batch)};
+  const cuuint32_t box[4] = {static_cast<cuuint32_t>(kPanelColumns), static_cast<cuuint32_t>(box_rows), 1, 1};
+  const cuuint32_t element_strides[4] = {1, 1, 1, 1};
+  CUtensorMap map;
+  const CUresult result =
+      encode(&map, dtype == DType::bfloat16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 4,
+             const_cast<void*>(data), extents, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+             CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (result != CUDA_SUCCESS)
+    throw NotSupported(std::string("flashattn: ") + name + ": cuTensorMapEncodeTiled failed (CUresult " +
+                       std::to_string(static_cast<int>(result)) + ") for the flash3 kernel's TMA tensor map");
+  return map;
+}
+
+template <class T>
+void run_for_head_dim(int kernel_head_dim, const HopperForwardParams& params, cudaStream_t stream) {
+  switch (kernel_head_dim) {
+#ifdef FLASHATTN_CUDA_HOPPER_HDIM_64
+    case 64: return run_forward_sm90<T, 64>(params, stream);
+#endif
+#ifdef FLASHATTN_CUDA_HOPPER_HDIM_128
+    case 128: return run_forward_sm90<T, 128>(params, stream);
+#endif
+#ifdef FLASHATTN_CUDA_HOPPER_HDIM_256
+    case 256: return run_forward_sm90<T, 256>(params, stream);
+#endif
+    default:
+      throw NotSupported("flashattn: q: head_dim " + std::to_string(params.attention.head_dim) +
+                         ": no flash3 kernel was built for it (kernel head dim " + std::to_string(kernel_head_dim) +
+                         ")");
+  }
+}
+
+}  // namespace
+
+bool is_built() { return kBuiltCount > 0; }
+
+int kernel_head_dim_for(std::int64_t head_dim) {
+  int best = 0;
+  for (int i = 0; i < kBuiltCount; ++i)
+    if (kBuiltHeadDims[i] >= head_dim && (best == 0 || kBuiltHeadDims[i] < best)) best = kBuiltHeadDims[i];
+  return best;
+}
+
+std::string why_unsupported(const AttentionParams& params) {
+  if (!is_built())
+    return "this library has no flash3 kernel (it needs sm_90a among CMAKE_CUDA_ARCHITECTURES and head dim 64, "
+           "128 or 256 in FLASHATTN_CUDA_HEAD_DIMS)";
+  const int capability = compute_capability(params.device.index);
+  if (capability != 90)
+    return "flash3 runs on compute capability 9.0 (Hopper) only; device " + std::to_string(params.device.index) +
+           " has " + std::to_string(capability / 10) + "." + std::to_string(capability % 10);
+  if (params.dtype != DType::float16 && params.dtype != DType::bfloat16)
+    return std::string("flash3 runs float16 and bfloat16, got ") + dtype_name(params.dtype);
+  if (kernel_head_dim_for(params.head_dim) == 0)
+    return "flash3 has no kernel for head_dim " + std::to_string(params.head_dim) + " in this build";
+  const std::int64_t rows_q = params.is_varlen() ? params.total_q : params.seqlen_q;
+  const std::int64_t rows_k = params.is_varlen() ? params.total_k : params.seqlen_k;
+  const std::int64_t batch = params.is_varlen() ? 1 : params.batch;
+  // An empty tensor is never read (no CTA for no query row; no K/V map without keys),
+  // so its strides (often 0) need not be encodable.
+  const bool is_q_empty = rows_q == 0 || batch == 0 || params.heads_q == 0;
+  const bool is_k_empty = is_q_empty || rows_k == 0;
+  const bool encodable =
+      (is_q_empty || (is_encodable_stride(params.q_row_stride, rows_q) &&
+                      is_encodable_stride(params.q_head_stride, params.heads_q) &&
+                      is_encodable_stride(params.q_batch_stride, batch))) &&
+      (is_k_empty ||
+       (is_encodable_stride(params.k_row_stride, rows_k) && is_encodable_stride(params.k_head_stride, params.heads_kv) &&
+        is_encodable_stride(params.k_batch_stride, batch) && is_encodable_stride(params.v_row_stride, rows_k) &&
+        is_encodable_stride(params.v_head_stride, params.heads_kv) && is_encodable_stride(params.v_batch_stride, batch)));
+  if (!encodable) return "flash3's TMA needs positive q/k/v strides below 2^40 bytes";
+  const std::int64_t int32_limit = std::int64_t{1} << 31;
+  if (rows_q + 256 >= int32_limit || rows_k + 256 >= int32_limit)
+    return "flash3's TMA coordinates are 32-bit: too many rows";
+  return {};
+}
+
+void forward(const AttentionParams& params, cudaStream_t stream) {
+  const int kernel_head_dim = kernel_head_dim_for(params.head_dim);
+  const HopperTileConfig config = hopper_tile_config(kernel_head_dim);
+  const bool is_varlen = params.is_varlen();
+  const std::int64_t rows_q = is_varlen ? params.total_q : params.seqlen_q;
+  const std::int64_t rows_k = is_varlen ? params.total_k : params.seqlen_k;
+  const std::int64_t batch = is_varlen ? 1 : params.batch;
+  if (params.batch == 0 || params.seqlen_q == 0 || params.heads_q == 0 || rows_q == 0) return;
+  HopperForwardParams hopper_params{};
+  hopper_params.attention = params;
+  hopper_params.q_map = make_tensor_map("q", params.q, params.dtype, params.head_dim, rows_q, params.heads_q, batch,
+                                        params.q_row_stride, params.q_head_stride, params.q_batch_stride,
+                                        config.block_m);
+  if (rows_k == 0) {  // no key to load: the kernel never touches the K/V maps
+    if (params.dtype == DType::bfloat16) {
+      run_for_head_dim<__nv_bfloat16>(kernel_head_dim, hopper_params, stream);
+    } else {
+      run_for_head_dim<__half>(kernel_head_dim, hopper_params, stream);
+    }
+    return;
+  }
+  hopper_params.k_map = make_tensor_map("k", params.k, params.dtype, params.head_dim, rows_k, params.heads_kv, batch,
+                                        params.k_row_stride, params.k_head_stride, params.k_batch_stride,
+                                        config.block_n);
+  hopper_params.v_map = make_tensor_map("v", params.v, params.dtype, params.head_dim, rows_k, params.heads_kv, batch,
+                                        params.v_row_stride, params.v_head_stride, params.v_batch_stride,
+                                        config.block_n);
+  if (params.dtype == DType::bfloat16) {
+    run_for_head_dim<__nv_bfloat16>(kernel_head_dim, hopper_params, stream);
+  } else {
+    run_for_head_dim<__half>(kernel_head_dim, hopper_params, stream);
+  }
+}
+
+}  // namespace flashattn::cuda::hopper
