@@ -1,9 +1,9 @@
 // src/cuda/backward_api.cu — the CUDA backward entry points: workspace layout,
 // head-dim dispatch, and the order of the kernels (src/cuda/bwd/).
 //
-//   1. preprocess: D = rowsum(dO ∘ O); dq_accum = 0         (bwd/pre_post.cu)
-//   2. dK/dV kernel, dQ by fp32 atomics into dq_accum      (bwd/kernel.cuh)
-//      deterministic: + dQ kernel writing dQ directly, no atomics
+//   1. preprocess: D = rowsum(dO ∘ O), LSE in log2 units; dq_accum = 0   (bwd/pre_post.cu)
+//   2. dK/dV kernel, dQ added to dq_accum by bulk reductions     (bwd/dkdv_kernel.cuh)
+//      deterministic: + dQ kernel writing dQ directly, no atomics    (bwd/dq_kernel.cuh)
 //   3. dQ = scale * dq_accum in the user's dtype/strides   (skipped when deterministic)
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>

@@ -161,13 +161,13 @@ double median_ms(Run run, int repeats) {
 }
 
 // The library's backward with an alternative tile config (same kernels, other traits).
-template <class T>
+template <class T, class D>
 void run_with_traits(const flashattn::BackwardArgs& args) {
   namespace bwd = flashattn::cuda::bwd;
   const flashattn::BackwardParams params = flashattn::validate_backward(args);
   const bwd::Workspace workspace = bwd::carve_workspace(params);
   bwd::launch_preprocess(params, workspace, nullptr);
-  bwd::launch_kernels<T>(params, workspace, bwd::allows_vector_access(params), nullptr);
+  bwd::launch_kernels<T, D>(params, workspace, bwd::allows_vector_access(params), nullptr);
   if (!params.deterministic) bwd::launch_convert_dq(params, workspace, nullptr);
 }
 
@@ -182,15 +182,16 @@ void print_row(const Problem& p, bool deterministic, const char* config, double 
 
 // Times tile config `kConfig` against the table's on one shape; max_difference is
 // max|grad - grad_table| / max|grad_table| over dq, dk, dv (a broken config shows).
-template <class Element, int kHeadDim, flashattn::cuda::bwd::TileConfig kConfig>
+template <class Element, int kHeadDim, flashattn::cuda::bwd::DkdvConfig kConfig>
 void compare_config(const Shape& shape, int repeats, const char* name) {
   for (bool deterministic : {false, true}) {
     Problem p(shape, deterministic);
     flashattn::backward(p.args);
     const std::vector<float> reference = p.gradients();
-    using T = flashattn::cuda::bwd::Traits<Element, kHeadDim, kConfig>;
+    using T = flashattn::cuda::bwd::DkdvTraits<Element, kHeadDim, kConfig>;
+    using D = flashattn::cuda::bwd::DqTraits<Element, kHeadDim>;
     try {
-      run_with_traits<T>(p.args);
+      run_with_traits<T, D>(p.args);
     } catch (const std::exception& e) {
       std::printf("# %s: %s\n", name, e.what());
       continue;
@@ -203,33 +204,31 @@ void compare_config(const Shape& shape, int repeats, const char* name) {
     }
     if (std::isnan(difference) || std::any_of(ours.begin(), ours.end(), [](float x) { return std::isnan(x); }))
       difference = NAN;
-    const double ms = median_ms([&] { run_with_traits<T>(p.args); }, repeats);
+    const double ms = median_ms([&] { run_with_traits<T, D>(p.args); }, repeats);
     print_row(p, deterministic, name, ms, magnitude > 0 ? difference / magnitude : difference);
   }
 }
 
+// Config names: m<block_m>_n<block_n>_w<warps>_s<stages>_<sdp_warps_m>.<dkdv_warps_n>.<dq_warps_m>.
 void sweep_configs(int repeats) {
-  using flashattn::cuda::bwd::TileConfig;
+  using flashattn::cuda::bwd::DkdvConfig;
   std::printf("sweep,dtype,batch,heads,seqlen,head_dim,causal,deterministic,config,ms,tflops,max_rel_diff_vs_table\n");
   for (bool causal : {false, true}) {
     const Shape d64{"seed004_fp16_b4h48_d64", flashattn::DType::float16, 4, 48, 4096, 64, causal};
-    compare_config<__half, 64, TileConfig{64, 64, 8, 2, 1}>(d64, repeats, "m64_n64_w8_s2_a1");
-    compare_config<__half, 64, TileConfig{64, 64, 8, 2, 2}>(d64, repeats, "m64_n64_w8_s2_a2");
-    compare_config<__half, 64, TileConfig{64, 64, 8, 2, 4}>(d64, repeats, "m64_n64_w8_s2_a4");
-    compare_config<__half, 64, TileConfig{64, 128, 8, 2, 4}>(d64, repeats, "m64_n128_w8_s2_a4");
-    compare_config<__half, 64, TileConfig{128, 64, 8, 2, 4}>(d64, repeats, "m128_n64_w8_s2_a4");
-    compare_config<__half, 64, TileConfig{128, 128, 8, 2, 4}>(d64, repeats, "m128_n128_w8_s2_a4");
+    compare_config<__half, 64, DkdvConfig{128, 128, 8, 2, 2, 4, 4}>(d64, repeats, "m128_n128_w8_s2_2.4.4");
+    compare_config<__half, 64, DkdvConfig{128, 128, 8, 2, 4, 4, 4}>(d64, repeats, "m128_n128_w8_s2_4.4.4");
+    compare_config<__half, 64, DkdvConfig{64, 128, 8, 2, 2, 4, 2}>(d64, repeats, "m64_n128_w8_s2_2.4.2");
+    compare_config<__half, 64, DkdvConfig{128, 64, 8, 2, 4, 4, 4}>(d64, repeats, "m128_n64_w8_s2_4.4.4");
     const Shape d128{"fa3_bf16_16k_tokens", flashattn::DType::bfloat16, 4, 16, 4096, 128, causal};
-    compare_config<__nv_bfloat16, 128, TileConfig{64, 64, 8, 2, 1}>(d128, repeats, "m64_n64_w8_s2_a1");
-    compare_config<__nv_bfloat16, 128, TileConfig{64, 64, 8, 2, 2}>(d128, repeats, "m64_n64_w8_s2_a2");
-    compare_config<__nv_bfloat16, 128, TileConfig{64, 64, 8, 2, 4}>(d128, repeats, "m64_n64_w8_s2_a4");
-    compare_config<__nv_bfloat16, 128, TileConfig{64, 128, 8, 2, 4}>(d128, repeats, "m64_n128_w8_s2_a4");
-    compare_config<__nv_bfloat16, 128, TileConfig{128, 64, 8, 2, 4}>(d128, repeats, "m128_n64_w8_s2_a4");
+    compare_config<__nv_bfloat16, 128, DkdvConfig{64, 128, 8, 2, 2, 4, 2}>(d128, repeats, "m64_n128_w8_s2_2.4.2");
+    compare_config<__nv_bfloat16, 128, DkdvConfig{64, 128, 8, 2, 2, 4, 4}>(d128, repeats, "m64_n128_w8_s2_2.4.4");
+    compare_config<__nv_bfloat16, 128, DkdvConfig{64, 128, 8, 2, 4, 4, 2}>(d128, repeats, "m64_n128_w8_s2_4.4.2");
+    compare_config<__nv_bfloat16, 128, DkdvConfig{64, 64, 8, 2, 2, 2, 2}>(d128, repeats, "m64_n64_w8_s2_2.2.2");
+    compare_config<__nv_bfloat16, 128, DkdvConfig{32, 128, 8, 2, 2, 8, 2}>(d128, repeats, "m32_n128_w8_s2_2.8.2");
     const Shape d256{"fa3_bf16_16k_tokens", flashattn::DType::bfloat16, 4, 8, 4096, 256, causal};
-    compare_config<__nv_bfloat16, 256, TileConfig{64, 32, 8, 2, 1}>(d256, repeats, "m64_n32_w8_s2_a1");
-    compare_config<__nv_bfloat16, 256, TileConfig{64, 32, 8, 2, 4}>(d256, repeats, "m64_n32_w8_s2_a4");
-    compare_config<__nv_bfloat16, 256, TileConfig{32, 32, 8, 2, 4}>(d256, repeats, "m32_n32_w8_s2_a4");
-    compare_config<__nv_bfloat16, 256, TileConfig{64, 32, 8, 1, 4}>(d256, repeats, "m64_n32_w8_s1_a4");
+    compare_config<__nv_bfloat16, 256, DkdvConfig{64, 64, 8, 1, 4, 2, 2}>(d256, repeats, "m64_n64_w8_s1_4.2.2");
+    compare_config<__nv_bfloat16, 256, DkdvConfig{32, 64, 8, 2, 2, 4, 2}>(d256, repeats, "m32_n64_w8_s2_2.4.2");
+    compare_config<__nv_bfloat16, 256, DkdvConfig{64, 64, 8, 1, 4, 4, 4}>(d256, repeats, "m64_n64_w8_s1_4.4.4");
   }
 }
 

@@ -7,7 +7,8 @@
 #include <string>
 
 #include "flashattn/error.hpp"
-#include "src/cuda/bwd/kernel.cuh"
+#include "src/cuda/bwd/dkdv_kernel.cuh"
+#include "src/cuda/bwd/dq_kernel.cuh"
 #include "src/cuda/bwd/launch.hpp"
 #include "src/cuda/common/check.cuh"
 
@@ -33,26 +34,23 @@ void allow_shared_memory(Kernel kernel, std::size_t bytes) {
   FLASHATTN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
 }
 
-// The dK/dV kernel, and the dQ kernel when deterministic, for tile traits T.
-template <class T>
+// The dK/dV kernel (traits T), and the dQ kernel (traits D) when deterministic.
+template <class T, class D>
 void launch_kernels(const BackwardParams& params, const Workspace& workspace, bool is_aligned, cudaStream_t stream) {
   const std::int64_t num_n_blocks = (params.seqlen_k + T::kBlockN - 1) / T::kBlockN;
   const unsigned int dkdv_grid = flat_grid(num_n_blocks, params.heads_kv, params.batch);
   if (dkdv_grid > 0) {
-    // Vector dQ atomics also need a 16-byte-aligned accumulator (the caller's workspace).
-    const bool is_dkdv_aligned = is_aligned && (T::kConfig.dq_atomic_width == 1 || workspace.dq_accum == nullptr ||
-                                                reinterpret_cast<std::uintptr_t>(workspace.dq_accum) % 16 == 0);
-    allow_shared_memory(dkdv_kernel<T>, T::kDkdvSmemBytes);
-    dkdv_kernel<T><<<dkdv_grid, T::kThreads, T::kDkdvSmemBytes, stream>>>(params, workspace,
-                                                                           static_cast<int>(num_n_blocks), is_dkdv_aligned);
+    allow_shared_memory(dkdv_kernel<T>, T::kSmemBytes);
+    dkdv_kernel<T><<<dkdv_grid, T::kThreads, T::kSmemBytes, stream>>>(params, workspace, static_cast<int>(num_n_blocks),
+                                                                       is_aligned);
     FLASHATTN_CUDA_CHECK_LAUNCH();
   }
   if (params.deterministic) {
-    const std::int64_t num_m_blocks = (params.seqlen_q + T::kBlockM - 1) / T::kBlockM;
+    const std::int64_t num_m_blocks = (params.seqlen_q + D::kBlockM - 1) / D::kBlockM;
     const unsigned int dq_grid = flat_grid(num_m_blocks, params.heads_q, params.batch);
     if (dq_grid > 0) {
-      allow_shared_memory(dq_kernel<T>, T::kDqSmemBytes);
-      dq_kernel<T><<<dq_grid, T::kThreads, T::kDqSmemBytes, stream>>>(params, workspace, static_cast<int>(num_m_blocks),
+      allow_shared_memory(dq_kernel<D>, D::kDqSmemBytes);
+      dq_kernel<D><<<dq_grid, D::kThreads, D::kDqSmemBytes, stream>>>(params, workspace, static_cast<int>(num_m_blocks),
                                                                        is_aligned);
       FLASHATTN_CUDA_CHECK_LAUNCH();
     }
@@ -61,7 +59,7 @@ void launch_kernels(const BackwardParams& params, const Workspace& workspace, bo
 
 template <class Element, int kHeadDim>
 void launch_main(const BackwardParams& params, const Workspace& workspace, bool is_aligned, cudaStream_t stream) {
-  launch_kernels<Traits<Element, kHeadDim>>(params, workspace, is_aligned, stream);
+  launch_kernels<DkdvTraits<Element, kHeadDim>, DqTraits<Element, kHeadDim>>(params, workspace, is_aligned, stream);
 }
 
 }  // namespace flashattn::cuda::bwd

@@ -1,13 +1,15 @@
 // src/cuda/bwd/pre_post.cu — the small kernels around the main backward kernel:
-// D = rowsum(dO ∘ O) before it, dQ conversion after it. One warp per (query row,
-// head); CTAs flattened over (row block, head, sequence) like the main kernels.
+// D = rowsum(dO ∘ O) and LSE in log2 units before it, dQ conversion after it. One
+// warp per (query row, head); CTAs flattened over (row block, head, sequence) like
+// the main kernels.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 #include <limits>
 
 #include "flashattn/error.hpp"
-#include "src/cuda/bwd/kernel.cuh"
+#include "flashattn/online_softmax.hpp"
+#include "src/cuda/bwd/common.cuh"
 #include "src/cuda/bwd/launch.hpp"
 #include "src/cuda/common/check.cuh"
 #include "src/cuda/common/numeric.cuh"
@@ -31,22 +33,37 @@ __device__ RowOfWarp row_of_warp(const BackwardParams& params, int row_blocks) {
   return {b, h, i, i < params.seqlen_q_of(b)};
 }
 
+// D = rowsum(dO ∘ O) and LSE in log2 units (-inf -> +inf, so exp2(s - LSE) = 0 for a
+// fully masked row) into the padded statistics rows; the padding rows of the
+// sequence's last kMaxBlockM tile get LSE = +inf, D = 0.
 template <class Element>
 __global__ void __launch_bounds__(kThreads) dsum_kernel(const __grid_constant__ BackwardParams params,
                                                         const Workspace workspace, int row_blocks) {
   const RowOfWarp row = row_of_warp(params, row_blocks);
-  if (!row.is_valid) return;
+  const std::int64_t stats_row = row.h * workspace.stats_head_stride + Workspace::stats_start(params, row.b) + row.i;
+  const int lane = threadIdx.x % 32;
+  if (!row.is_valid) {
+    const std::int64_t padded_rows = (params.seqlen_q_of(row.b) + kMaxBlockM - 1) / kMaxBlockM * kMaxBlockM;
+    if (lane == 0 && row.i < padded_rows) {
+      workspace.lse_log2[stats_row] = INFINITY;
+      workspace.dsum[stats_row] = 0.0f;
+    }
+    return;
+  }
   const Element* dout = static_cast<const Element*>(params.dout) + params.dout_offset(row.b, row.h) +
                         row.i * params.dout_row_stride;
   const Element* out = static_cast<const Element*>(params.out) + params.out_offset(row.b, row.h) +
                        row.i * params.out_row_stride;
-  const int lane = threadIdx.x % 32;
   float sum = 0.0f;
   for (std::int64_t d = lane; d < params.head_dim; d += 32)
     sum += Numeric<Element>::to_float(dout[d]) * Numeric<Element>::to_float(out[d]);
 #pragma unroll
   for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
-  if (lane == 0) workspace.dsum[row.h * params.total_q + packed_q_row(params, row.b, row.i)] = sum;
+  if (lane == 0) {
+    const float lse = params.lse[params.lse_offset(row.b, row.h) + row.i * params.lse_row_stride];
+    workspace.lse_log2[stats_row] = lse == -INFINITY ? INFINITY : lse * static_cast<float>(online_softmax::kLog2e);
+    workspace.dsum[stats_row] = sum;
+  }
 }
 
 template <class Element>
@@ -63,9 +80,10 @@ __global__ void __launch_bounds__(kThreads) convert_dq_kernel(const __grid_const
 
 using RowKernel = void (*)(BackwardParams, Workspace, int);
 
+// rows_per_sequence: the rows each sequence's CTAs cover (>= seqlen_q).
 void launch_per_row(RowKernel half_kernel, RowKernel bfloat16_kernel, const BackwardParams& params,
-                    const Workspace& workspace, cudaStream_t stream) {
-  const std::int64_t row_blocks = (params.seqlen_q + kRowsPerCta - 1) / kRowsPerCta;
+                    const Workspace& workspace, std::int64_t rows_per_sequence, cudaStream_t stream) {
+  const std::int64_t row_blocks = (rows_per_sequence + kRowsPerCta - 1) / kRowsPerCta;
   const std::int64_t grid = row_blocks * params.heads_q * params.batch;
   if (grid == 0) return;
   if (grid > std::numeric_limits<int>::max())
@@ -82,11 +100,13 @@ void launch_preprocess(const BackwardParams& params, const Workspace& workspace,
     const std::size_t bytes = sizeof(float) * static_cast<std::size_t>(params.total_q * params.heads_q * params.head_dim);
     FLASHATTN_CUDA_CHECK(cudaMemsetAsync(workspace.dq_accum, 0, bytes, stream));
   }
-  launch_per_row(dsum_kernel<__half>, dsum_kernel<__nv_bfloat16>, params, workspace, stream);
+  const std::int64_t padded_rows = (params.seqlen_q + kMaxBlockM - 1) / kMaxBlockM * kMaxBlockM;
+  launch_per_row(dsum_kernel<__half>, dsum_kernel<__nv_bfloat16>, params, workspace, padded_rows, stream);
 }
 
 void launch_convert_dq(const BackwardParams& params, const Workspace& workspace, cudaStream_t stream) {
-  launch_per_row(convert_dq_kernel<__half>, convert_dq_kernel<__nv_bfloat16>, params, workspace, stream);
+  launch_per_row(convert_dq_kernel<__half>, convert_dq_kernel<__nv_bfloat16>, params, workspace, params.seqlen_q,
+                 stream);
 }
 
 }  // namespace flashattn::cuda::bwd

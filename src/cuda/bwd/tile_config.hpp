@@ -6,22 +6,53 @@
 
 namespace flashattn::cuda::bwd {
 
-struct TileConfig {
-  int block_m;  // query rows per step of the dK/dV kernel (and per CTA of the dQ kernel)
-  int block_n;  // key rows per CTA of the dK/dV kernel (and per step of the dQ kernel)
+// The dK/dV kernel (dkdv_kernel.cuh). Three products run on three warp grids:
+//   S, dP   (block_m, block_n):  sdp_warps_m warps along the queries, the rest along the keys;
+//   dK, dV  (block_n, head_dim): dkdv_warps_n warps along the keys, the rest along the head dim;
+//   dQ      (block_m, head_dim): dq_warps_m warps along the queries, the rest along the head dim.
+struct DkdvConfig {
+  int block_m;  // query rows per step
+  int block_n;  // key rows per CTA
   int warps;
-  int stages;   // cp.async pipeline depth of the streamed tiles (1 or 2)
-  int dq_atomic_width = 1;  // fp32 dQ elements per atomic add: 1, 2 or 4 (vector atomics: sm_90)
+  int stages;   // Q/dO/LSE/D buffers: 2 = the next step's tiles load during this one
+  int sdp_warps_m;
+  int dkdv_warps_n;
+  int dq_warps_m;
+};
+
+// The deterministic dQ kernel (kernel.cuh): one CTA per query block sums dS K over
+// the key blocks in registers.
+struct TileConfig {
+  int block_m;  // query rows per CTA
+  int block_n;  // key rows per step
+  int warps;
+  int stages;   // cp.async pipeline depth of the streamed K/V tiles (1 or 2)
 };
 
 // Head dims instantiated (a head dim in between runs padded to the next one).
 inline constexpr int kHeadDims[] = {32, 64, 96, 128, 192, 256};
 
-// dK and dV of a key block stay in registers for the whole CTA: 2 * block_n *
-// head_dim fp32 over warps*32 threads, 64 per thread at d128 with 8 warps.
-// Head dims above 128 halve block_n to keep that (and the shared memory of the
-// double-buffered Q/dO tiles, ~180 KB at d256) within the H100's limits.
-constexpr TileConfig tile_config(int head_dim) {
+// The largest block_m of any config: the padding of the per-sequence statistics rows
+// (workspace.hpp) lets every step load whole block_m tiles of LSE and D.
+inline constexpr int kMaxBlockM = 128;
+
+// As FA2 picks them for sm80/sm90 (flash_bwd_launch_template.h), with dK and dV of
+// the CTA's key block in registers: 2 * block_n * head_dim fp32 over warps * 32
+// threads = 64 (d <= 64), 128 (d128, d256) per thread. One CTA per SM (~200 KB of
+// shared memory: K, V, Q/dO stages, P, dS, the fp32 dQ staging tile).
+//  - d <= 64: 128 x 128 steps halve the per-flop Q/dO traffic and dQ reductions of 64 x 128.
+//  - d96: all warps along the keys (48-column warp tiles do not divide a 32-column grid).
+//  - d >= 192: block_n 64 keeps dK/dV in registers; d256 single-buffers Q/dO to fit
+//    the dQ staging tile in 227 KB.
+constexpr DkdvConfig dkdv_config(int head_dim) {
+  if (head_dim <= 64) return {128, 128, 8, 2, 2, 4, 4};
+  if (head_dim <= 96) return {64, 128, 8, 2, 2, 8, 4};
+  if (head_dim <= 128) return {64, 128, 8, 2, 2, 4, 2};
+  if (head_dim <= 192) return {64, 64, 8, 2, 4, 2, 2};
+  return {64, 64, 8, 1, 4, 2, 2};
+}
+
+constexpr TileConfig dq_config(int head_dim) {
   if (head_dim <= 128) return {64, 64, 8, 2};
   return {64, 32, 8, 2};
 }

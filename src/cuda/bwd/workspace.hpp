@@ -7,13 +7,31 @@
 #include <cstdint>
 
 #include "src/core/params.hpp"
+#include "src/cuda/bwd/tile_config.hpp"
 
 namespace flashattn::cuda::bwd {
 
+// Per-row statistics are stored per head in padded rows: sequence b starts at a
+// 16-byte-aligned row and owns round_up(seqlen_q(b), kMaxBlockM) rows, so a kernel
+// loads whole block_m tiles with cp.async and no bounds checks. Rows past the
+// sequence hold LSE = +inf, D = 0: P = 0 there.
+inline constexpr std::int64_t kStatsPadRows = kMaxBlockM + 4;
+
 // Scratch of one backward call, carved out of the caller's workspace.
 struct Workspace {
-  float* dsum = nullptr;      // D, [heads_q, total_q rows]
+  float* lse_log2 = nullptr;  // LSE * log2(e) (+inf for fully masked and padding rows), [heads_q, stats rows]
+  float* dsum = nullptr;      // D = rowsum(dO ∘ O), [heads_q, stats rows]
   float* dq_accum = nullptr;  // unscaled dQ, fp32 [total_q rows, heads_q, head_dim]
+  std::int64_t stats_head_stride = 0;  // rows per head of lse_log2 / dsum
+
+  // Row of (sequence b, query 0) in the statistics of one head.
+  FLASHATTN_HOST_DEVICE static std::int64_t stats_start(const BackwardParams& params, std::int64_t b) {
+    const std::int64_t packed = params.is_varlen() ? params.q_start(b) : b * params.seqlen_q;
+    return (packed + 3) / 4 * 4 + kStatsPadRows * b;
+  }
+  FLASHATTN_HOST_DEVICE static std::int64_t stats_rows_per_head(const BackwardParams& params) {
+    return (params.total_q + kStatsPadRows * params.batch + 3) / 4 * 4;
+  }
 };
 
 inline constexpr std::size_t kWorkspaceAlignment = 256;
@@ -22,18 +40,21 @@ inline std::size_t round_up_to_alignment(std::size_t bytes) {
   return (bytes + kWorkspaceAlignment - 1) / kWorkspaceAlignment * kWorkspaceAlignment;
 }
 
-// D [heads_q, total_q] fp32 | dq_accum [total_q, heads_q, head_dim] fp32 (absent when
-// deterministic: the dQ kernel writes dQ directly). Sections start on 256-byte boundaries.
+// LSE [heads_q, stats rows] fp32 | D [heads_q, stats rows] fp32 | dq_accum [total_q,
+// heads_q, head_dim] fp32 (absent when deterministic: the dQ kernel writes dQ directly).
+// Sections start on 256-byte boundaries.
 struct WorkspaceLayout {
-  std::size_t dsum_bytes = 0;
+  std::size_t stats_bytes = 0;  // each of LSE and D
   std::size_t dq_accum_bytes = 0;
-  std::size_t total() const { return dsum_bytes + dq_accum_bytes; }
+  // + alignment slack: the sections are carved from the caller's pointer rounded up to 256 bytes.
+  std::size_t total() const { return 2 * stats_bytes + dq_accum_bytes + kWorkspaceAlignment; }
 };
 
 inline WorkspaceLayout workspace_layout(const BackwardParams& params) {
   const auto rows = static_cast<std::size_t>(params.total_q) * static_cast<std::size_t>(params.heads_q);
   WorkspaceLayout layout;
-  layout.dsum_bytes = round_up_to_alignment(sizeof(float) * rows);
+  layout.stats_bytes = round_up_to_alignment(sizeof(float) * static_cast<std::size_t>(params.heads_q) *
+                                             static_cast<std::size_t>(Workspace::stats_rows_per_head(params)));
   if (!params.deterministic)
     layout.dq_accum_bytes = round_up_to_alignment(sizeof(float) * rows * static_cast<std::size_t>(params.head_dim));
   return layout;
@@ -41,10 +62,14 @@ inline WorkspaceLayout workspace_layout(const BackwardParams& params) {
 
 inline Workspace carve_workspace(const BackwardParams& params) {
   const WorkspaceLayout layout = workspace_layout(params);
-  auto* base = static_cast<unsigned char*>(params.maybe_workspace);
+  const auto address = reinterpret_cast<std::uintptr_t>(params.maybe_workspace);
+  auto* base = reinterpret_cast<unsigned char*>((address + kWorkspaceAlignment - 1) / kWorkspaceAlignment *
+                                                kWorkspaceAlignment);
   Workspace workspace;
-  workspace.dsum = reinterpret_cast<float*>(base);
-  if (layout.dq_accum_bytes > 0) workspace.dq_accum = reinterpret_cast<float*>(base + layout.dsum_bytes);
+  workspace.lse_log2 = reinterpret_cast<float*>(base);
+  workspace.dsum = reinterpret_cast<float*>(base + layout.stats_bytes);
+  if (layout.dq_accum_bytes > 0) workspace.dq_accum = reinterpret_cast<float*>(base + 2 * layout.stats_bytes);
+  workspace.stats_head_stride = Workspace::stats_rows_per_head(params);
   return workspace;
 }
 
