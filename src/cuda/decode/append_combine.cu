@@ -2,7 +2,7 @@
 // kernel: the in-place append of k_new/v_new (with rotary on k) that runs first,
 // and the combine that merges the splits' partial rows with online_softmax's
 // merge_weights and rescale_factor — the same rules as merge_attention_states and
-// the CPU path. Both are launched with PDL (grid_dependency.cuh).
+// the CPU path. Both are launched with PDL (launch_kernel.cuh).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -13,7 +13,7 @@
 #include "flashattn/online_softmax.hpp"
 #include "src/cuda/common/check.cuh"
 #include "src/cuda/common/numeric.cuh"
-#include "src/cuda/decode/grid_dependency.cuh"
+#include "src/cuda/decode/launch_kernel.cuh"
 #include "src/cuda/decode/launch.hpp"
 #include "src/cuda/decode/rotary.cuh"
 
@@ -43,7 +43,10 @@ __global__ void append_kernel(const __grid_constant__ KVCacheParams params) {
 
 // Splits per lane of the combine's warp (kMaxKVCacheSplits = 128 = 32 lanes x 4).
 constexpr int kCombineSplitsPerLane = (kMaxKVCacheSplits + 31) / 32;
-constexpr int kCombineWarps = 8;
+// Small CTAs (4 warps x ~48 registers = 6K registers) fit beside two split-KV CTAs
+// (2 x 27K of the SM's 64K registers), so the combine launches early (PDL) and waits
+// on the SM instead of launching after the split-KV kernel's last CTA has exited.
+constexpr int kCombineWarps = 4;
 
 // One warp per output row (sequence b, head h, position i): out = sum over splits s of
 // w_s o_s with w_s = e^(lse_s - lse), lse = log sum_s e^(lse_s) — the merge of the
@@ -129,14 +132,14 @@ void launch_append(const KVCacheParams& p, cudaStream_t stream) {
     throw NotSupported("flashattn: k: too many new rows, kv heads or sequences for one append launch");
   const dim3 grid(static_cast<unsigned>(p.seqlen_new), static_cast<unsigned>(a.heads_kv), static_cast<unsigned>(a.batch));
   const dim3 block(static_cast<unsigned>(a.head_dim < 256 ? a.head_dim : 256));
-  FLASHATTN_CUDA_CHECK(launch_with_pdl(&append_kernel<T>, grid, block, 0, stream, p));
+  FLASHATTN_CUDA_CHECK(launch_kernel(&append_kernel<T>, grid, block, 0, stream, 1, p));
 }
 
 template <class T>
 void launch_combine(const KVCacheParams& p, cudaStream_t stream) {
   const std::int64_t blocks = (p.partial_rows() + kCombineWarps - 1) / kCombineWarps;
   if (blocks > 0x7fffffff) throw NotSupported("flashattn: out: too many rows for one combine launch");
-  FLASHATTN_CUDA_CHECK(launch_with_pdl(&combine_kernel<T>, dim3(static_cast<unsigned>(blocks)), dim3(kCombineWarps * 32), 0, stream, p));
+  FLASHATTN_CUDA_CHECK(launch_kernel(&combine_kernel<T>, dim3(static_cast<unsigned>(blocks)), dim3(kCombineWarps * 32), 0, stream, 1, p));
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 // src/cuda/decode/decode_api.cu — the CUDA backend of forward_with_kvcache: limits,
 // the split heuristic's view of the device, alignment checks, and the launch
-// sequence append -> split-KV kernel -> combine (one stream, in order).
+// sequence append -> split-KV kernel -> combine (one stream, in order; the combine
+// is skipped when the kernel merged its splits in thread-block clusters).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -44,7 +45,7 @@ int largest_built_head_dim() {
 }
 
 template <class T>
-void run_decode_for_head_dim(int kernel_head_dim, const KVCacheParams& params, cudaStream_t stream) {
+bool run_decode_for_head_dim(int kernel_head_dim, const KVCacheParams& params, cudaStream_t stream) {
   switch (kernel_head_dim) {
 #if defined(FLASHATTN_CUDA_DECODE_HDIM_64)
     case 64: return decode::run_decode<T, 64>(params, stream);
@@ -103,12 +104,9 @@ void forward_with_kvcache(const KVCacheParams& params, void* stream) {
   const auto cuda_stream = static_cast<cudaStream_t>(stream);
   if (params.has_append()) decode::run_append(params, cuda_stream);  // the new keys are part of the cache read next
   if (a.batch == 0 || a.seqlen_q == 0) return;
-  if (a.dtype == DType::bfloat16) {
-    run_decode_for_head_dim<__nv_bfloat16>(kernel_head_dim, params, cuda_stream);
-  } else {
-    run_decode_for_head_dim<__half>(kernel_head_dim, params, cuda_stream);
-  }
-  if (params.num_splits > 1) decode::run_combine(params, cuda_stream);
+  const bool is_merged = a.dtype == DType::bfloat16 ? run_decode_for_head_dim<__nv_bfloat16>(kernel_head_dim, params, cuda_stream)
+                                                     : run_decode_for_head_dim<__half>(kernel_head_dim, params, cuda_stream);
+  if (params.num_splits > 1 && !is_merged) decode::run_combine(params, cuda_stream);
 }
 
 }  // namespace flashattn::cuda

@@ -34,7 +34,7 @@
 #include "flashattn/online_softmax.hpp"
 #include "src/core/kvcache_params.hpp"
 #include "src/cuda/common/numeric.cuh"
-#include "src/cuda/decode/grid_dependency.cuh"
+#include "src/cuda/decode/launch_kernel.cuh"
 #include "src/cuda/decode/rotary.cuh"
 #include "src/cuda/ptx/cp_async.cuh"
 
@@ -75,7 +75,7 @@ __global__ void __launch_bounds__(Config::kThreads, 2) decode_kernel(const __gri
   constexpr int kKeysPerStep = Config::kKeysPerStep, kTileN = Config::kTileN, kStages = Config::kStages;
   constexpr int kThreads = Config::kThreads;
   extern __shared__ __align__(16) unsigned char shared[];
-  wait_for_prior_grids();  // launched with PDL (grid_dependency.cuh): read nothing before this
+  wait_for_prior_grids();  // launched with PDL (launch_kernel.cuh): read nothing before this
   allow_dependent_launch();
 
   const AttentionParams& a = params.attention;

@@ -22,6 +22,7 @@
 // (one split) or a normalised partial (O, LSE) row for the combine kernel.
 #pragma once
 
+#include <cooperative_groups.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -31,7 +32,7 @@
 #include "src/core/kvcache_params.hpp"
 #include "src/cuda/common/numeric.cuh"
 #include "src/cuda/common/swizzle.cuh"
-#include "src/cuda/decode/grid_dependency.cuh"
+#include "src/cuda/decode/launch_kernel.cuh"
 #include "src/cuda/decode/rotary.cuh"
 #include "src/cuda/ptx/cp_async.cuh"
 #include "src/cuda/ptx/ldmatrix.cuh"
@@ -49,6 +50,9 @@ struct MmaDecodeConfig {
   static constexpr int kKeysPerWarp = 16;     // one mma K step of P V
   static constexpr int kTileN = kWarps * kKeysPerWarp;
   // Enough tiles in flight to cover HBM latency, within 2 CTAs per SM for d <= 128.
+  // Deeper is not better: 6 stages with one CTA per SM (200 KiB) measured 10-15% slower
+  // than 3 stages at batch 8, KV 1k-16k, 2 splits on the H100 (2026-11-22) — it also
+  // leaves no room on the SM for the next step's CTAs to launch early (PDL).
   static constexpr int kStages = kHeadDim <= 64 ? 4 : (kHeadDim <= 128 ? 3 : 2);
   static constexpr int kMinBlocksPerSm = kHeadDim <= 128 ? 2 : 1;
   using KVTile = SwizzledTile<kTileN, kHeadDim>;  // (kTileN, kHeadDim)
@@ -60,8 +64,9 @@ struct MmaDecodeConfig {
   static constexpr int kQBytes = QTile::kBytes;
   static constexpr int kPipelineBytes = kQBytes + kStages * kStageBytes;
   // Merge area (reuses everything): per warp, per row, m and l, then o (kRows, kHeadDim),
-  // then per warp and row the merge scale, and per row the LSE.
-  static constexpr int kMergeBytes = (kWarps * kRows * (3 + kHeadDim) + kRows) * 4;
+  // then per warp and row the merge scale, per row the LSE, and the CTA's normalised
+  // rows (kRows, kHeadDim) for the in-cluster merge of the splits.
+  static constexpr int kMergeBytes = (kWarps * kRows * (3 + kHeadDim) + kRows + kRows * kHeadDim) * 4;
   static constexpr int kSharedBytes = kPipelineBytes > kMergeBytes ? kPipelineBytes : kMergeBytes;
   static_assert((kTileN * kChunks) % kThreads == 0, "whole chunks per thread");
   static_assert(kKSteps % 1 == 0 && kDTiles % 2 == 0, "ldmatrix x4 covers pairs of tiles");
@@ -71,6 +76,17 @@ struct MmaDecodeConfig {
 __device__ __forceinline__ float mma_log2_score(const AttentionParams& a, float dot) {
   if (a.has_softcap()) return a.softcap * tanhf(dot * a.softmax_scale / a.softcap) * static_cast<float>(online_softmax::kLog2e);
   return dot * a.softmax_scale_log2;
+}
+
+// Features d..d+3 of output row (b, h, i), and its LSE with the first quad.
+template <class T>
+__device__ __forceinline__ void store_output_quad(const AttentionParams& a, std::int64_t b, std::int64_t h, std::int64_t i, int d,
+                                                  float4 value, float lse) {
+  using Numeric = Numeric<T>;
+  T* out = static_cast<T*>(a.out) + a.out_offset(b, h) + i * a.out_row_stride + d;
+  out[0] = Numeric::from_float(value.x), out[1] = Numeric::from_float(value.y);
+  out[2] = Numeric::from_float(value.z), out[3] = Numeric::from_float(value.w);
+  if (d == 0 && a.maybe_lse) a.maybe_lse[a.lse_offset(b, h) + i * a.lse_row_stride] = lse;
 }
 
 template <class T, class Config>
@@ -93,6 +109,12 @@ __global__ void __launch_bounds__(Config::kThreads, Config::kMinBlocksPerSm)
   const AttentionParams& a = params.attention;
   const int num_splits = params.num_splits;
   const int split = static_cast<int>(blockIdx.x) % num_splits;
+  // Launched in clusters of num_splits CTAs (launch_decode.cuh): the splits merge here.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  const bool is_cluster_merge = num_splits > 1 && cooperative_groups::this_cluster().num_blocks() == static_cast<unsigned>(num_splits);
+#else
+  const bool is_cluster_merge = false;
+#endif
   const std::int64_t query_block = blockIdx.x / num_splits;
   const std::int64_t h_kv = blockIdx.y;
   const std::int64_t b = blockIdx.z;
@@ -137,12 +159,16 @@ __global__ void __launch_bounds__(Config::kThreads, Config::kMinBlocksPerSm)
   }
   const std::int64_t range_position = first_position + key_begin;  // cache position of the first key visited
 
-  // Paged cache: (block, row in block) of this thread's rows of the next tile to load,
-  // looked up one tile ahead, so the page-table loads of tile t + 1 are in flight
-  // while tile t is computed instead of stalling the copies; the page index advances
-  // by comparison, one division per tile.
-  std::int32_t page_block[kPasses], page_row[kPasses];
-  const auto resolve_pages = [&](int tile) {
+  // Paged cache: (block, row in block) of this thread's rows of a tile. The loop looks
+  // them up one tile ahead (page_block/page_row: the next tile to load), so the
+  // page-table loads of tile t + 1 are in flight while tile t is computed instead of
+  // stalling the copies; the prologue looks up its tiles all at once. The page index
+  // advances by comparison: one division per tile. At d = 256 (16 passes) the 32
+  // look-ahead registers would spill: there the lookup comes just before the copies.
+  constexpr bool kResolvesAhead = kPasses <= 8;
+  using PassInts = std::int32_t[kPasses];
+  PassInts page_block, page_row;
+  const auto resolve_pages = [&](int tile, PassInts& block_of, PassInts& row_of) {
     const std::int64_t tile_rows_left = key_end - key_begin - static_cast<std::int64_t>(tile) * kTileN;
     const int position = static_cast<int>(range_position + static_cast<std::int64_t>(tile) * kTileN) + copy_row;  // < 2^31 (validate_kvcache)
     int page = position / page_size, in_page = position - page * page_size;
@@ -152,11 +178,11 @@ __global__ void __launch_bounds__(Config::kThreads, Config::kMinBlocksPerSm)
         in_page += kRowsPerPass;
         if (in_page >= page_size) in_page -= page_size, ++page;
       }
-      page_block[pass] = copy_row + pass * kRowsPerPass < tile_rows_left ? page_table[page] : 0;
-      page_row[pass] = in_page;
+      block_of[pass] = copy_row + pass * kRowsPerPass < tile_rows_left ? page_table[page] : 0;
+      row_of[pass] = in_page;
     }
   };
-  const auto load_tile = [&](int tile, int stage) {
+  const auto load_tile = [&](int tile, int stage, const PassInts& block_of, const PassInts& row_of) {
     T* k_tile = kv_tiles + stage * 2 * KVTile::kElements;
     T* v_tile = k_tile + KVTile::kElements;
     const std::int64_t tile_position = range_position + static_cast<std::int64_t>(tile) * kTileN;
@@ -167,8 +193,8 @@ __global__ void __launch_bounds__(Config::kThreads, Config::kMinBlocksPerSm)
       const bool is_valid = row < tile_rows_left && has_chunk;
       std::int64_t k_offset, v_offset;
       if (is_paged) {
-        k_offset = page_block[pass] * a.k_batch_stride + page_row[pass] * a.k_row_stride;
-        v_offset = page_block[pass] * a.v_batch_stride + page_row[pass] * a.v_row_stride;
+        k_offset = block_of[pass] * a.k_batch_stride + row_of[pass] * a.k_row_stride;
+        v_offset = block_of[pass] * a.v_batch_stride + row_of[pass] * a.v_row_stride;
       } else {
         k_offset = (tile_position + row) * a.k_row_stride;
         v_offset = (tile_position + row) * a.v_row_stride;
@@ -201,14 +227,28 @@ __global__ void __launch_bounds__(Config::kThreads, Config::kMinBlocksPerSm)
   }
 
   // Start streaming K/V: the first tiles' latency overlaps the q setup.
-  if (is_paged && num_tiles > 0) resolve_pages(0);
+  if constexpr (kResolvesAhead) {
+    PassInts prologue_block[kStages - 1], prologue_row[kStages - 1];
+    if (is_paged) {
 #pragma unroll
-  for (int stage = 0; stage < kStages - 1; ++stage) {
-    if (stage < num_tiles) {
-      load_tile(stage, stage);
-      if (is_paged && stage + 1 < num_tiles) resolve_pages(stage + 1);
+      for (int stage = 0; stage < kStages - 1; ++stage)
+        if (stage < num_tiles) resolve_pages(stage, prologue_block[stage], prologue_row[stage]);
+      if (kStages - 1 < num_tiles) resolve_pages(kStages - 1, page_block, page_row);
     }
-    ptx::cp_async_commit_group();  // empty groups keep the count uniform
+#pragma unroll
+    for (int stage = 0; stage < kStages - 1; ++stage) {
+      if (stage < num_tiles) load_tile(stage, stage, prologue_block[stage], prologue_row[stage]);
+      ptx::cp_async_commit_group();  // empty groups keep the count uniform
+    }
+  } else {
+#pragma unroll
+    for (int stage = 0; stage < kStages - 1; ++stage) {
+      if (stage < num_tiles) {
+        if (is_paged) resolve_pages(stage, page_block, page_row);
+        load_tile(stage, stage, page_block, page_row);
+      }
+      ptx::cp_async_commit_group();
+    }
   }
 
   if (!is_q_copied) {
@@ -249,8 +289,9 @@ __global__ void __launch_bounds__(Config::kThreads, Config::kMinBlocksPerSm)
     ptx::cp_async_wait_group<kStages - 2>();  // this thread's copies of `tile` landed
     __syncthreads();                          // ... everyone's; and everyone is done with tile - 1
     if (tile + kStages - 1 < num_tiles) {
-      load_tile(tile + kStages - 1, (tile + kStages - 1) % kStages);
-      if (is_paged && tile + kStages < num_tiles) resolve_pages(tile + kStages);
+      if (!kResolvesAhead && is_paged) resolve_pages(tile + kStages - 1, page_block, page_row);
+      load_tile(tile + kStages - 1, (tile + kStages - 1) % kStages, page_block, page_row);
+      if (kResolvesAhead && is_paged && tile + kStages < num_tiles) resolve_pages(tile + kStages, page_block, page_row);
     }
     ptx::cp_async_commit_group();
     const T* k_tile = kv_tiles + (tile % kStages) * 2 * KVTile::kElements;
@@ -375,7 +416,10 @@ __global__ void __launch_bounds__(Config::kThreads, Config::kMinBlocksPerSm)
   }
   __syncthreads();
 
-  // Output (one split) or normalised partial row, four features per thread per step.
+  // Output (one split) or normalised partial row, four features per thread per step:
+  // to the workspace for the combine kernel, or to this CTA's shared memory when the
+  // splits merge inside their cluster (below).
+  float* cluster_o = merge_lse + kRows;  // (kRows, kHeadDim): this split's normalised rows
   const bool is_single_split = num_splits == 1;
   constexpr int kQuads = kHeadDim / 4;
   const int rows_here = static_cast<int>(row_end - row_begin);
@@ -392,10 +436,9 @@ __global__ void __launch_bounds__(Config::kThreads, Config::kMinBlocksPerSm)
     const std::int64_t packed = row_begin + r;
     const std::int64_t i = packed / group, h = h_kv * group + packed % group;
     if (is_single_split) {
-      T* out = static_cast<T*>(a.out) + a.out_offset(b, h) + i * a.out_row_stride + d;
-      out[0] = Numeric::from_float(value.x), out[1] = Numeric::from_float(value.y);
-      out[2] = Numeric::from_float(value.z), out[3] = Numeric::from_float(value.w);
-      if (d == 0 && a.maybe_lse) a.maybe_lse[a.lse_offset(b, h) + i * a.lse_row_stride] = merge_lse[r];
+      store_output_quad<T>(a, b, h, i, d, value, merge_lse[r]);
+    } else if (is_cluster_merge) {
+      *reinterpret_cast<float4*>(cluster_o + r * kHeadDim + d) = value;
     } else {
       float* partial_o = static_cast<float*>(params.maybe_workspace);
       const std::int64_t row = params.partial_row(split, b, h, i);
@@ -403,6 +446,43 @@ __global__ void __launch_bounds__(Config::kThreads, Config::kMinBlocksPerSm)
       if (d == 0) partial_o[params.num_splits * params.partial_rows() * a.head_dim + row] = merge_lse[r];
     }
   }
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (is_cluster_merge) {
+    // The splits of this query block are the CTAs of one cluster (rank = split): merge
+    // their rows through distributed shared memory — out = sum_s w_s o_s with
+    // w_s = e^(lse_s - lse), as the combine kernel does — with no workspace round trip
+    // and no second kernel. CTA `split` merges its share of the rows' quads.
+    cooperative_groups::cluster_group cluster = cooperative_groups::this_cluster();
+    cluster.sync();  // every split's rows and LSEs are in its shared memory
+    const int quads = rows_here * kQuads;
+    const int per_split = (quads + num_splits - 1) / num_splits;
+    const int last = (split + 1) * per_split < quads ? (split + 1) * per_split : quads;
+    for (int element = split * per_split + tid; element < last; element += kThreads) {
+      const int r = element / kQuads, d = 4 * (element % kQuads);
+      if (d >= a.head_dim) continue;
+      float split_lse[kMaxClusterSplits];
+      float lse = online_softmax::negative_infinity<float>();
+#pragma unroll
+      for (int s = 0; s < kMaxClusterSplits; ++s) {
+        split_lse[s] = s < num_splits ? *cluster.map_shared_rank(merge_lse + r, s) : online_softmax::negative_infinity<float>();
+        lse = online_softmax::merge_weights(lse, split_lse[s]).lse;
+      }
+      const float lse_log2 = lse * static_cast<float>(online_softmax::kLog2e);
+      float4 value = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+      for (int s = 0; s < kMaxClusterSplits; ++s) {
+        if (s >= num_splits) break;
+        const float weight = online_softmax::rescale_factor(split_lse[s] * static_cast<float>(online_softmax::kLog2e), lse_log2);
+        const float4 x = *reinterpret_cast<const float4*>(cluster.map_shared_rank(cluster_o + r * kHeadDim + d, s));
+        value.x += weight * x.x, value.y += weight * x.y, value.z += weight * x.z, value.w += weight * x.w;
+      }
+      const std::int64_t packed = row_begin + r;
+      store_output_quad<T>(a, b, h_kv * group + packed % group, packed / group, d, value, lse);
+    }
+    cluster.sync();  // no CTA exits while another still reads its shared memory
+  }
+#endif
 }
 
 }  // namespace flashattn::cuda::decode

@@ -28,9 +28,11 @@ inline int tile_keys(int) { return 64; }
 inline int ctas_per_sm(int kernel_head_dim) { return kernel_head_dim <= 128 ? 2 : 1; }
 #endif
 
-// The split-KV kernel: writes out/LSE (num_splits == 1) or the workspace partials.
+// The split-KV kernel: writes out/LSE (one split, or splits merged inside the kernel
+// by thread-block clusters: returns true) or the workspace partials (returns false:
+// run_combine must follow).
 template <class T, int kHeadDim>
-void run_decode(const KVCacheParams& params, cudaStream_t stream);
+bool run_decode(const KVCacheParams& params, cudaStream_t stream);
 
 // Writes k_new/v_new (k rotated) into the cache at positions cache_seqlen(b) + j.
 void run_append(const KVCacheParams& params, cudaStream_t stream);

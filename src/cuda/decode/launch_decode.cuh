@@ -9,34 +9,49 @@
 #else
 #include "src/cuda/decode/kernel_mma.cuh"
 #endif
-#include "src/cuda/decode/grid_dependency.cuh"
+#include "src/cuda/decode/launch_kernel.cuh"
 #include "src/cuda/decode/launch.hpp"
 
 namespace flashattn::cuda::decode {
 
+// Launches the split-KV kernel; true if its splits were merged inside it (clusters).
 template <class T, class Config, class Kernel>
-void launch_decode_config(Kernel* kernel, const KVCacheParams& params, cudaStream_t stream) {
+bool launch_decode_config(Kernel* kernel, const KVCacheParams& params, cudaStream_t stream, bool can_merge_in_cluster) {
   const AttentionParams& a = params.attention;
   const std::int64_t query_blocks = (a.seqlen_q * a.group_size + Config::kRows - 1) / Config::kRows;
   const std::int64_t grid_x = query_blocks * params.num_splits;
   if (grid_x > 0x7fffffff || a.heads_kv > 65535 || a.batch > 65535)
     throw NotSupported("flashattn: q: too many query blocks, kv heads (> 65535) or sequences (> 65535) for one decode launch");
   FLASHATTN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Config::kSharedBytes));
+  // All of the unified L1/shared memory as shared memory, so two CTAs of ~100 KiB fit on
+  // an SM whatever carveout the driver would pick (the K/V copies bypass L1 anyway).
+  FLASHATTN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared));
   const dim3 grid(static_cast<unsigned>(grid_x), static_cast<unsigned>(a.heads_kv), static_cast<unsigned>(a.batch));
-  FLASHATTN_CUDA_CHECK(launch_with_pdl(kernel, grid, dim3(Config::kThreads), Config::kSharedBytes, stream, params));
+  const bool is_cluster_merge = can_merge_in_cluster && params.num_splits > 1 && params.num_splits <= kMaxClusterSplits && kernel_is_sm90(kernel);
+  if (is_cluster_merge) {
+    // The cluster's CTAs on different SMs: a memory-bound CTA wants an SM's load bandwidth.
+    FLASHATTN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeClusterSchedulingPolicyPreference, cudaClusterSchedulingPolicySpread));
+    const cudaError_t code = launch_kernel(kernel, grid, dim3(Config::kThreads), Config::kSharedBytes, stream,
+                                           static_cast<unsigned>(params.num_splits), params);
+    if (code == cudaSuccess) return true;
+    // No room for the cluster (a device partition too small, say): clear the launch
+    // error and take the combine path, whose plain launch reports any real problem.
+    (void)cudaGetLastError();
+  }
+  FLASHATTN_CUDA_CHECK(launch_kernel(kernel, grid, dim3(Config::kThreads), Config::kSharedBytes, stream, 1, params));
+  return false;
 }
 
 template <class T, int kHeadDim>
-void run_decode(const KVCacheParams& params, cudaStream_t stream) {
+bool run_decode(const KVCacheParams& params, cudaStream_t stream) {
 #if defined(FLASHATTN_CUDA_DECODE_FMA)
   if (rows_per_cta(params.attention.seqlen_q * params.attention.group_size) == 4) {
-    launch_decode_config<T, DecodeConfig<kHeadDim, 4>>(&decode_kernel<T, DecodeConfig<kHeadDim, 4>>, params, stream);
-  } else {
-    launch_decode_config<T, DecodeConfig<kHeadDim, 8>>(&decode_kernel<T, DecodeConfig<kHeadDim, 8>>, params, stream);
+    return launch_decode_config<T, DecodeConfig<kHeadDim, 4>>(&decode_kernel<T, DecodeConfig<kHeadDim, 4>>, params, stream, false);
   }
+  return launch_decode_config<T, DecodeConfig<kHeadDim, 8>>(&decode_kernel<T, DecodeConfig<kHeadDim, 8>>, params, stream, false);
 #else
   using Config = MmaDecodeConfig<kHeadDim>;
-  launch_decode_config<T, Config>(&mma_decode_kernel<T, Config>, params, stream);
+  return launch_decode_config<T, Config>(&mma_decode_kernel<T, Config>, params, stream, true);
 #endif
 }
 

@@ -2,5 +2,5 @@
 #include "src/cuda/decode/launch_decode.cuh"
 
 namespace flashattn::cuda::decode {
-template void run_decode<__nv_bfloat16, 256>(const KVCacheParams&, cudaStream_t);
+template bool run_decode<__nv_bfloat16, 256>(const KVCacheParams&, cudaStream_t);
 }  // namespace flashattn::cuda::decode

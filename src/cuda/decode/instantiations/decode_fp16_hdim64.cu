@@ -2,5 +2,5 @@
 #include "src/cuda/decode/launch_decode.cuh"
 
 namespace flashattn::cuda::decode {
-template void run_decode<__half, 64>(const KVCacheParams&, cudaStream_t);
+template bool run_decode<__half, 64>(const KVCacheParams&, cudaStream_t);
 }  // namespace flashattn::cuda::decode
