@@ -55,8 +55,9 @@ inline constexpr int kConsumerRegisters = 240;
 static_assert(128 * kProducerRegisters + 128 * kConsumerWarpgroups * kConsumerRegisters <= 65536,
               "register file: 64K 32-bit registers per SM");
 
-// Named barrier ids (0 is __syncthreads): one per consumer warpgroup for its epilogue.
-enum class NamedBarrier : int { kConsumerEpilogueFirst = 1 };
+// Named barrier ids (0 is __syncthreads): per consumer warpgroup, its epilogue and its
+// GEMM turn of the ping-pong schedule.
+enum class NamedBarrier : int { kConsumerEpilogueFirst = 1, kTurnFirst = 1 + kConsumerWarpgroups };
 
 #if FLASHATTN_HOPPER_DEVICE_CODE
 __device__ __forceinline__ void wait_barrier(std::uint64_t* barrier, std::uint32_t parity) {
@@ -65,10 +66,11 @@ __device__ __forceinline__ void wait_barrier(std::uint64_t* barrier, std::uint32
 }
 #endif
 
-template <class T, int kHeadDimArg, int kBlockMArg, int kBlockNArg, int kStagesArg>
+template <class T, int kHeadDimArg, int kBlockMArg, int kBlockNArg, int kStagesArg, bool kIntraOverlapArg,
+          bool kPingPongArg>
 __global__ void __launch_bounds__(kThreads, 1) forward_kernel_sm90(const __grid_constant__ HopperForwardParams params) {
 #if FLASHATTN_HOPPER_DEVICE_CODE
-  constexpr HopperTileConfig kConfig{kHeadDimArg, kBlockMArg, kBlockNArg, kStagesArg};
+  constexpr HopperTileConfig kConfig{kHeadDimArg, kBlockMArg, kBlockNArg, kStagesArg, kIntraOverlapArg, kPingPongArg};
   constexpr int kHeadDim = kConfig.kernel_head_dim;
   constexpr int kBlockM = kConfig.block_m;
   constexpr int kBlockN = kConfig.block_n;
@@ -81,6 +83,7 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel_sm90(const __grid_
   static_assert(kHeadDim % kPanelColumns == 0, "tiles are whole 64-column panels");
   static_assert(kBlockN % 16 == 0 && kBlockN <= 256, "wgmma N: multiple of 16 (P's k16 steps), at most 256");
   static_assert(kConfig.shared_bytes() <= kMaxSharedBytes, "tiles exceed 227 KB of shared memory");
+  static_assert(!kPingPongArg || kIntraOverlapArg, "ping-pong is built on the overlapped mainloop");
 
   const AttentionParams& attention = params.attention;
   // Grid: one flat x dimension, query tile fastest, last query tiles (the most keys
@@ -112,16 +115,23 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel_sm90(const __grid_
   T* shared_k = shared_q + kBlockM * kHeadDim;                       // kStages x (kBlockN, kHeadDim)
   T* shared_v = shared_k + kStages * kBlockN * kHeadDim;             // kStages x (kBlockN, kHeadDim)
   auto* barriers = reinterpret_cast<std::uint64_t*>(shared_v + kStages * kBlockN * kHeadDim);
-  std::uint64_t* q_full = barriers;                // Q landed
-  std::uint64_t* kv_full = barriers + 1;           // [kStages]: K/V stage landed
-  std::uint64_t* kv_empty = barriers + 1 + kStages;  // [kStages]: every consumer warp is done with it
+  // K and V have their own rings of barriers: with the overlapped mainloop K_j is
+  // released (S_j done) one block before V_j (O += P_j V_j done).
+  std::uint64_t* q_full = barriers;                      // Q landed
+  std::uint64_t* k_full = barriers + 1;                  // [kStages]: K stage landed
+  std::uint64_t* v_full = barriers + 1 + kStages;        // [kStages]: V stage landed
+  std::uint64_t* k_empty = barriers + 1 + 2 * kStages;   // [kStages]: every consumer warp is done with it
+  std::uint64_t* v_empty = barriers + 1 + 3 * kStages;   // [kStages]
   constexpr int kConsumerWarps = 4 * kConsumerWarpgroups;
+  static_assert((1 + 4 * kStages) * 8 <= 256, "mbarriers exceed their 256 bytes");
 
   if (threadIdx.x == 0) {
     ::cuda::ptx::mbarrier_init(q_full, 1);
     for (int stage = 0; stage < kStages; ++stage) {
-      ::cuda::ptx::mbarrier_init(&kv_full[stage], 1);
-      ::cuda::ptx::mbarrier_init(&kv_empty[stage], kConsumerWarps);
+      ::cuda::ptx::mbarrier_init(&k_full[stage], 1);
+      ::cuda::ptx::mbarrier_init(&v_full[stage], 1);
+      ::cuda::ptx::mbarrier_init(&k_empty[stage], kConsumerWarps);
+      ::cuda::ptx::mbarrier_init(&v_empty[stage], kConsumerWarps);
     }
     ::cuda::ptx::fence_mbarrier_init(::cuda::ptx::sem_release, ::cuda::ptx::scope_cluster);
   }
@@ -147,23 +157,31 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel_sm90(const __grid_
                                         shared_q + panel * kBlockM * kPanelColumns, &params.q_map, coordinates, q_full);
     }
     const std::int64_t k_start = attention.k_start(batch);
-    for (int iteration = 0; iteration < num_n_blocks; ++iteration) {
-      const int stage = iteration % kStages;
-      if (iteration >= kStages) wait_barrier(&kv_empty[stage], ((iteration / kStages) - 1) & 1);
+    // Block `index` of the visit order into its stage of `tensor`'s ring; waits until
+    // the consumers have released that stage's previous block.
+    auto load_block = [&](const CUtensorMap* tensor_map, T* ring, std::uint64_t* full, std::uint64_t* empty,
+                          int index) {
+      const int stage = index % kStages;
+      if (index >= kStages) wait_barrier(&empty[stage], ((index / kStages) - 1) & 1);
       ::cuda::ptx::mbarrier_arrive_expect_tx(::cuda::ptx::sem_release, ::cuda::ptx::scope_cta,
-                                             ::cuda::ptx::space_shared, &kv_full[stage], 2 * kKVBytes);
-      const std::int32_t kv_row = static_cast<std::int32_t>(k_start + (n_block_end - 1 - iteration) * kBlockN);
+                                             ::cuda::ptx::space_shared, &full[stage], kKVBytes);
+      const std::int32_t row = static_cast<std::int32_t>(k_start + (n_block_end - 1 - index) * kBlockN);
 #pragma unroll
       for (int panel = 0; panel < kPanels; ++panel) {
-        const std::int32_t coordinates[4] = {panel * kPanelColumns, kv_row, static_cast<std::int32_t>(head_kv),
+        const std::int32_t coordinates[4] = {panel * kPanelColumns, row, static_cast<std::int32_t>(head_kv),
                                              batch_coordinate};
-        const int panel_offset = stage * kBlockN * kHeadDim + panel * kBlockN * kPanelColumns;
         ::cuda::ptx::cp_async_bulk_tensor(::cuda::ptx::space_cluster, ::cuda::ptx::space_global,
-                                          shared_k + panel_offset, &params.k_map, coordinates, &kv_full[stage]);
-        ::cuda::ptx::cp_async_bulk_tensor(::cuda::ptx::space_cluster, ::cuda::ptx::space_global,
-                                          shared_v + panel_offset, &params.v_map, coordinates, &kv_full[stage]);
+                                          ring + stage * kBlockN * kHeadDim + panel * kBlockN * kPanelColumns,
+                                          tensor_map, coordinates, &full[stage]);
       }
+    };
+    // The consumers' order: K_0, then K_j before V_(j-1), then the last V.
+    if (num_n_blocks > 0) load_block(&params.k_map, shared_k, k_full, k_empty, 0);
+    for (int index = 1; index < num_n_blocks; ++index) {
+      load_block(&params.k_map, shared_k, k_full, k_empty, index);
+      load_block(&params.v_map, shared_v, v_full, v_empty, index - 1);
     }
+    if (num_n_blocks > 0) load_block(&params.v_map, shared_v, v_full, v_empty, num_n_blocks - 1);
     return;
   }
 
@@ -199,18 +217,15 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel_sm90(const __grid_
   const float exp_scale = has_softcap ? 1.0f : attention.softmax_scale_log2;
 
   float o[kHeadDim / 2] = {};                 // (64, kHeadDim) per warpgroup, fp32 accumulator
+  float s[kBlockN / 2];                       // (64, kBlockN) per warpgroup: S, then P in fp32
+  std::uint32_t p[kBlockN / 16][4];           // (64, kBlockN) per warpgroup: P as wgmma A fragments
   online_softmax::State<float> row_state[2];  // rows thread_row0 and thread_row0 + 8; l is this
                                               // thread's partial sum until the end
+  float row_factor[2];                        // rescale of O for the block just exponentiated
 
-  wait_barrier(q_full, 0);
-  for (int iteration = 0; iteration < num_n_blocks; ++iteration) {
-    const int stage = iteration % kStages;
-    const std::int64_t n0 = (n_block_end - 1 - iteration) * kBlockN;
-    wait_barrier(&kv_full[stage], (iteration / kStages) & 1);
-
-    // S = Q K^T: (64, kBlockN) per warpgroup.
-    float s[kBlockN / 2];
-    const std::uint64_t stage_k_descriptor = k_descriptor + ((stage * kKVBytes) >> 4);
+  // S = Q K^T for block `index` (issued and committed, not waited for).
+  auto issue_qk = [&](int index) {
+    const std::uint64_t stage_k_descriptor = k_descriptor + (((index % kStages) * kKVBytes) >> 4);
     ptx::wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kHeadDim / 16; ++kk) {
@@ -218,14 +233,28 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel_sm90(const __grid_
                                          stage_k_descriptor + k_step_offset(kk, kBlockN), kk > 0 ? 1 : 0);
     }
     ptx::wgmma_commit_group();
-    ptx::wgmma_wait_group<0>();
+  };
+  // O += P V for block `index`: P's k16 steps are keys [16 kp, 16 kp + 16) = rows 16 kp..
+  // of V, two 8-row atoms of 1024 bytes each.
+  auto issue_pv = [&](int index) {
+    const std::uint64_t stage_v_descriptor = v_descriptor + (((index % kStages) * kKVBytes) >> 4);
+    ptx::fence_operands(o);
+    ptx::wgmma_fence();
+#pragma unroll
+    for (int kp = 0; kp < kBlockN / 16; ++kp) {
+      ptx::wgmma_rs<kHeadDim, kIsBf16, 1>(o, p[kp], stage_v_descriptor + ((kp * 16 * 128) >> 4), 1);
+    }
+    ptx::wgmma_commit_group();
+  };
+  // Softcap, element mask, online softmax of block `index` (S complete in registers):
+  // S becomes P (fp32) and row_factor the rescale O still needs.
+  auto softmax_block = [&](int index) {
     ptx::fence_operands(s);
-
+    const std::int64_t n0 = (n_block_end - 1 - index) * kBlockN;
     if (has_softcap) {
 #pragma unroll
       for (int i = 0; i < kBlockN / 2; ++i) s[i] = tanhf(s[i] * softcap_input_scale) * softcap_scale_log2;
     }
-
     // Element mask only where the block crosses a mask edge or the end of the keys.
     const bool needs_mask = n0 + kBlockN > seqlen_k || !mask.tile_fully_allowed(m0, row_end, n0, n0 + kBlockN);
     if (needs_mask) {
@@ -243,39 +272,42 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel_sm90(const __grid_
           }
       }
     }
-
-    // Online softmax per row: raise the max, rescale O and l, exponentiate in place.
+    // Per row: raise the max, exponentiate in place, add to the running sum.
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       float block_max = online_softmax::negative_infinity<float>();
 #pragma unroll
       for (int j = 0; j < kBlockN / 8; ++j)
         block_max = fmaxf(block_max, fmaxf(s[4 * j + 2 * half], s[4 * j + 2 * half + 1]));
+      // The 4 lanes of a quad hold the row's columns: reduce across them.
       block_max = fmaxf(block_max, __shfl_xor_sync(0xffffffffu, block_max, 1));
       block_max = fmaxf(block_max, __shfl_xor_sync(0xffffffffu, block_max, 2));
       online_softmax::State<float>& state = row_state[half];
-      const float factor = state.raise_max(block_max * exp_scale);  // -inf stays -inf
+      row_factor[half] = state.raise_max(block_max * exp_scale);  // -inf stays -inf
       const float base = state.base();
       float block_sum = 0.0f;
 #pragma unroll
       for (int j = 0; j < kBlockN / 8; ++j)
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
-          const float p = ptx::exp2_approx_ftz(fmaf(s[4 * j + 2 * half + e], exp_scale, -base));
-          s[4 * j + 2 * half + e] = p;
-          block_sum += p;
+          const float probability = ptx::exp2_approx_ftz(fmaf(s[4 * j + 2 * half + e], exp_scale, -base));
+          s[4 * j + 2 * half + e] = probability;
+          block_sum += probability;
         }
       state.add(block_sum);
-#pragma unroll
-      for (int j = 0; j < kHeadDim / 8; ++j) {
-        o[4 * j + 2 * half] *= factor;
-        o[4 * j + 2 * half + 1] *= factor;
-      }
     }
-
-    // O += P V: two adjacent n8 column tiles of P, packed to 16 bits, are the A
-    // fragment of one k16 step.
-    std::uint32_t p[kBlockN / 16][4];  // (64, kBlockN) per warpgroup, A fragments
+  };
+  auto rescale_o = [&]() {
+#pragma unroll
+    for (int j = 0; j < kHeadDim / 8; ++j)
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        o[4 * j + 2 * half] *= row_factor[half];
+        o[4 * j + 2 * half + 1] *= row_factor[half];
+      }
+  };
+  // Two adjacent n8 column tiles of P, packed to 16 bits, are the A fragment of one k16 step.
+  auto convert_p = [&]() {
 #pragma unroll
     for (int kp = 0; kp < kBlockN / 16; ++kp) {
       p[kp][0] = pack_pair<T>(s[8 * kp + 0], s[8 * kp + 1]);
@@ -283,19 +315,91 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel_sm90(const __grid_
       p[kp][2] = pack_pair<T>(s[8 * kp + 4], s[8 * kp + 5]);
       p[kp][3] = pack_pair<T>(s[8 * kp + 6], s[8 * kp + 7]);
     }
-    const std::uint64_t stage_v_descriptor = v_descriptor + ((stage * kKVBytes) >> 4);
-    ptx::fence_operands(o);
-    ptx::wgmma_fence();
-#pragma unroll
-    for (int kp = 0; kp < kBlockN / 16; ++kp) {
-      // Keys [16 kp, 16 kp + 16) are rows 16 kp.. of V: two 8-row atoms of 1024 bytes.
-      ptx::wgmma_rs<kHeadDim, kIsBf16, 1>(o, p[kp], stage_v_descriptor + ((kp * 16 * 128) >> 4), 1);
+  };
+  // This warp no longer reads the stage of block `index`: the producer may refill it.
+  auto release = [&](std::uint64_t* empty, int index) {
+    if (lane == 0) ::cuda::ptx::mbarrier_arrive(&empty[index % kStages]);
+  };
+  auto wait_k = [&](int index) { wait_barrier(&k_full[index % kStages], (index / kStages) & 1); };
+  auto wait_v = [&](int index) { wait_barrier(&v_full[index % kStages], (index / kStages) & 1); };
+
+  // Ping-pong (FA3 section 3.1): the two consumer warpgroups take turns issuing their
+  // GEMMs, so one's softmax runs while the other's GEMMs occupy the tensor cores. Turn
+  // barrier of warpgroup c: its 128 threads sync, the other's 128 arrive. Consumer 1
+  // opens consumer 0's first turn and skips its own last hand-over, so every barrier
+  // completes exactly as often as it is waited on.
+  const int my_turn = static_cast<int>(NamedBarrier::kTurnFirst) + consumer;
+  const int other_turn = static_cast<int>(NamedBarrier::kTurnFirst) + (1 - consumer);
+  const int gemm_rounds = num_n_blocks + 1;  // block 0's QK, then (QK, PV) pairs, then the last PV
+  int round = 0;
+  auto begin_turn = [&]() {
+    if constexpr (kPingPongArg) ptx::named_barrier_sync(my_turn, 256);
+  };
+  auto end_turn = [&]() {
+    if constexpr (kPingPongArg) {
+      ++round;
+      if (consumer == 0 || round < gemm_rounds) ptx::named_barrier_arrive(other_turn, 256);
     }
-    ptx::wgmma_commit_group();
-    ptx::wgmma_wait_group<0>();
-    ptx::fence_operands(o);
-    // This warp no longer reads the stage: the producer may refill it.
-    if (lane == 0) ::cuda::ptx::mbarrier_arrive(&kv_empty[stage]);
+  };
+
+  wait_barrier(q_full, 0);
+  if constexpr (kPingPongArg) {
+    if (consumer == 1 && num_n_blocks > 0) ptx::named_barrier_arrive(other_turn, 256);
+  }
+  if constexpr (kIntraOverlapArg) {
+    // Software pipeline (FA3 section 3.2): S_(j) = Q K_j^T is issued before the softmax
+    // of block j-1 finishes being used, so that softmax overlaps O += P_(j-1) V_(j-1).
+    if (num_n_blocks > 0) {
+      wait_k(0);
+      begin_turn();
+      issue_qk(0);
+      end_turn();
+      ptx::wgmma_wait_group<0>();
+      release(k_empty, 0);
+      softmax_block(0);
+      rescale_o();
+      convert_p();
+    }
+    for (int index = 1; index < num_n_blocks; ++index) {
+      wait_k(index);
+      wait_v(index - 1);
+      begin_turn();
+      issue_qk(index);
+      issue_pv(index - 1);
+      end_turn();
+      ptx::wgmma_wait_group<1>();  // S_(index) done, O += P V still running
+      release(k_empty, index);
+      softmax_block(index);
+      ptx::wgmma_wait_group<0>();
+      ptx::fence_operands(o);
+      release(v_empty, index - 1);
+      rescale_o();
+      convert_p();
+    }
+    if (num_n_blocks > 0) {
+      wait_v(num_n_blocks - 1);
+      begin_turn();
+      issue_pv(num_n_blocks - 1);
+      end_turn();
+      ptx::wgmma_wait_group<0>();
+      ptx::fence_operands(o);
+      release(v_empty, num_n_blocks - 1);
+    }
+  } else {
+    for (int index = 0; index < num_n_blocks; ++index) {
+      wait_k(index);
+      issue_qk(index);
+      ptx::wgmma_wait_group<0>();
+      release(k_empty, index);
+      softmax_block(index);
+      rescale_o();
+      convert_p();
+      wait_v(index);
+      issue_pv(index);
+      ptx::wgmma_wait_group<0>();
+      ptx::fence_operands(o);
+      release(v_empty, index);
+    }
   }
 
   // ---- epilogue: normalise once, LSE, O through this warpgroup's own Q rows ----------
@@ -353,8 +457,8 @@ void launch_forward_sm90(const HopperForwardParams& params, cudaStream_t stream)
     throw NotSupported("flashattn: q: too many query tiles x heads x batch for one launch (" +
                        std::to_string(num_ctas) + " > 2^31 - 1)");
   constexpr int kSharedBytes = kConfig.shared_bytes();
-  auto* kernel =
-      forward_kernel_sm90<T, kConfig.kernel_head_dim, kConfig.block_m, kConfig.block_n, kConfig.stages>;
+  auto* kernel = forward_kernel_sm90<T, kConfig.kernel_head_dim, kConfig.block_m, kConfig.block_n, kConfig.stages,
+                                     kConfig.is_intra_overlap, kConfig.is_ping_pong>;
   // Above 48 KB of dynamic shared memory a kernel must opt in, once per device.
   static std::atomic<std::uint64_t> opted_in_devices{0};
   int device = 0;

@@ -171,33 +171,31 @@ std::string why_unsupported(const AttentionParams& params) {
   return {};
 }
 
-void forward(const AttentionParams& params, cudaStream_t stream) {
-  const int kernel_head_dim = kernel_head_dim_for(params.head_dim);
-  const HopperTileConfig config = hopper_tile_config(kernel_head_dim);
+HopperForwardParams make_forward_params(const AttentionParams& params, const HopperTileConfig& config) {
   const bool is_varlen = params.is_varlen();
   const std::int64_t rows_q = is_varlen ? params.total_q : params.seqlen_q;
   const std::int64_t rows_k = is_varlen ? params.total_k : params.seqlen_k;
   const std::int64_t batch = is_varlen ? 1 : params.batch;
-  if (params.batch == 0 || params.seqlen_q == 0 || params.heads_q == 0 || rows_q == 0) return;
   HopperForwardParams hopper_params{};
   hopper_params.attention = params;
+  if (rows_q == 0 || batch == 0 || params.heads_q == 0) return hopper_params;
   hopper_params.q_map = make_tensor_map("q", params.q, params.dtype, params.head_dim, rows_q, params.heads_q, batch,
                                         params.q_row_stride, params.q_head_stride, params.q_batch_stride,
                                         config.block_m);
-  if (rows_k == 0) {  // no key to load: the kernel never touches the K/V maps
-    if (params.dtype == DType::bfloat16) {
-      run_for_head_dim<__nv_bfloat16>(kernel_head_dim, hopper_params, stream);
-    } else {
-      run_for_head_dim<__half>(kernel_head_dim, hopper_params, stream);
-    }
-    return;
-  }
+  if (rows_k == 0) return hopper_params;
   hopper_params.k_map = make_tensor_map("k", params.k, params.dtype, params.head_dim, rows_k, params.heads_kv, batch,
                                         params.k_row_stride, params.k_head_stride, params.k_batch_stride,
                                         config.block_n);
   hopper_params.v_map = make_tensor_map("v", params.v, params.dtype, params.head_dim, rows_k, params.heads_kv, batch,
                                         params.v_row_stride, params.v_head_stride, params.v_batch_stride,
                                         config.block_n);
+  return hopper_params;
+}
+
+void forward(const AttentionParams& params, cudaStream_t stream) {
+  if (params.batch == 0 || params.seqlen_q == 0 || params.heads_q == 0) return;
+  const int kernel_head_dim = kernel_head_dim_for(params.head_dim);
+  const HopperForwardParams hopper_params = make_forward_params(params, hopper_tile_config(kernel_head_dim));
   if (params.dtype == DType::bfloat16) {
     run_for_head_dim<__nv_bfloat16>(kernel_head_dim, hopper_params, stream);
   } else {

@@ -13,6 +13,7 @@
 #include <string>
 
 #include "src/core/params.hpp"
+#include "src/cuda/hopper/tile_config.hpp"
 
 namespace flashattn::cuda::hopper {
 
@@ -42,5 +43,9 @@ bool is_built();
 
 // Runs the Hopper kernel; the caller has checked why_unsupported(params).empty().
 void forward(const AttentionParams& params, cudaStream_t stream);
+
+// The kernel's parameters for `config`'s tile rows: params plus the q/k/v tensor maps
+// (maps of empty tensors stay zero: the kernel never reads them).
+HopperForwardParams make_forward_params(const AttentionParams& params, const HopperTileConfig& config);
 
 }  // namespace flashattn::cuda::hopper
