@@ -94,9 +94,13 @@ void add_bench_command(CLI::App& app, BenchOptions& o) {
   bench->add_option("--csv", o.csv_path, "write the results as CSV");
   bench->add_option("--json", o.json_path, "write the results as JSON");
   bench->add_option("--seed", o.seed, "random seed of the inputs")->capture_default_str();
+  bench->add_flag("--decode", o.decode, "decoding with a KV cache: one query token per sequence, --seqlens = cache lengths; TB/s of K+V read");
+  bench->add_option("--page-size", o.page_size, "with --decode: paged cache with this page size (multiple of 16, 16-256); 0 = contiguous")->capture_default_str();
+  bench->add_option("--splits", o.num_splits, "with --decode: split-KV chunks (0 = heuristic)")->capture_default_str()->check(integer_at_least(0));
 }
 
 int bench_command(const BenchOptions& o) {
+  if (o.decode) return decode_bench_command(o);
   std::vector<std::int64_t> seqlens;
   try {
     seqlens = parse_int_list(o.seqlens);

@@ -57,9 +57,13 @@ struct BenchOptions {
   std::string csv_path;
   std::string json_path;
   std::uint64_t seed = 0;
+  bool decode = false;         // --decode: forward_with_kvcache, --seqlens = cache lengths
+  std::int64_t page_size = 0;  // --page-size (decode): 0 = contiguous cache
+  int num_splits = 0;          // --splits (decode): 0 = the library's heuristic
 };
 void add_bench_command(CLI::App& app, BenchOptions& options);
 int bench_command(const BenchOptions& options);
+int decode_bench_command(const BenchOptions& options);  // tools/decode_bench.cpp
 
 struct CheckOptions {
   std::string device = "auto";
