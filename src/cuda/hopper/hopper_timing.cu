@@ -188,16 +188,14 @@ template <class T>
 void time_shape(const Shape& s, int warmup, int reps) {
   Buffers<T> buffers(s);
   time_algorithms<T>(s, buffers, warmup, reps);
-  // Performance exploration only: alternative schedules and depths of the same kernel.
-  time_variant<T, HopperTileConfig{64, 128, 128, 2, false, false}>(s, buffers, warmup, reps);
-  time_variant<T, HopperTileConfig{64, 128, 128, 2, true, false}>(s, buffers, warmup, reps);
-  time_variant<T, HopperTileConfig{64, 128, 128, 3, true, true}>(s, buffers, warmup, reps);
-  time_variant<T, HopperTileConfig{128, 128, 128, 2, false, false}>(s, buffers, warmup, reps);
-  time_variant<T, HopperTileConfig{128, 128, 128, 2, true, false}>(s, buffers, warmup, reps);
-  time_variant<T, HopperTileConfig{128, 128, 128, 3, true, true}>(s, buffers, warmup, reps);
-  time_variant<T, HopperTileConfig{256, 128, 80, 2, false, false}>(s, buffers, warmup, reps);
-  time_variant<T, HopperTileConfig{256, 128, 80, 2, true, false}>(s, buffers, warmup, reps);
-  time_variant<T, HopperTileConfig{256, 128, 64, 2, true, true}>(s, buffers, warmup, reps);
+  // Performance exploration only: alternative shapes and schedules of the same kernel.
+  // A variant must not repeat a production entry of tile_config.hpp: the same kernel
+  // instantiated in two translation units is registered twice with the runtime, and
+  // the opt-in to large shared memory may reach the other copy (launch fails).
+  time_variant<T, HopperTileConfig{64, 192, 128, 3, true, false}>(s, buffers, warmup, reps);
+  time_variant<T, HopperTileConfig{64, 128, 128, 2, true, true}>(s, buffers, warmup, reps);
+  time_variant<T, HopperTileConfig{128, 128, 128, 2, true, true}>(s, buffers, warmup, reps);
+  time_variant<T, HopperTileConfig{256, 128, 80, 2, true, true}>(s, buffers, warmup, reps);
 }
 
 }  // namespace

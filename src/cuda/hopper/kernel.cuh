@@ -8,14 +8,15 @@
 //         then K_j/V_j into a kStages-deep ring of shared-memory stages, each guarded
 //         by a "full" mbarrier (TMA completes its byte count) and an "empty" mbarrier
 //         (every consumer warp has finished reading it);
-//         warpgroups 1..2, the consumers: 64 query rows each, per key block
+//         warpgroups 1..block_m/64, the consumers: 64 query rows each, per key block
 //           S = Q K_j^T      wgmma m64n{kBlockN}k16, both operands in shared memory
 //           online softmax   in registers (the accumulator is the mma.sync C layout
 //                            repeated, so rows reduce over the 4 lanes of a quad)
 //           O += P V_j       wgmma m64n{kHeadDim}k16, P from registers (16-bit),
 //                            V read MN-major (the transpose-B bit)
 //         then O /= l once, LSE, O through shared memory to 16-byte global stores.
-//   setmaxnreg gives the consumers 240 registers and the producer 24.
+//   setmaxnreg moves registers from the producer (24-32) to the consumers (240 with two
+//   consumer warpgroups, 160 with three).
 //
 // Shared-memory tiles are stored as 64-column panels (128 bytes per row, the TMA/wgmma
 // 128-byte swizzle: 16-byte chunk c of row r lives at chunk c ^ (r % 8) of its 1024-byte
@@ -50,14 +51,9 @@
 
 namespace flashattn::cuda::hopper {
 
-inline constexpr int kProducerRegisters = 24;
-inline constexpr int kConsumerRegisters = 240;
-static_assert(128 * kProducerRegisters + 128 * kConsumerWarpgroups * kConsumerRegisters <= 65536,
-              "register file: 64K 32-bit registers per SM");
-
 // Named barrier ids (0 is __syncthreads): per consumer warpgroup, its epilogue and its
 // GEMM turn of the ping-pong schedule.
-enum class NamedBarrier : int { kConsumerEpilogueFirst = 1, kTurnFirst = 1 + kConsumerWarpgroups };
+enum class NamedBarrier : int { kConsumerEpilogueFirst = 1, kTurnFirst = 1 + kMaxConsumerWarpgroups };
 
 #if FLASHATTN_HOPPER_DEVICE_CODE
 __device__ __forceinline__ void wait_barrier(std::uint64_t* barrier, std::uint32_t parity) {
@@ -68,7 +64,8 @@ __device__ __forceinline__ void wait_barrier(std::uint64_t* barrier, std::uint32
 
 template <class T, int kHeadDimArg, int kBlockMArg, int kBlockNArg, int kStagesArg, bool kIntraOverlapArg,
           bool kPingPongArg>
-__global__ void __launch_bounds__(kThreads, 1) forward_kernel_sm90(const __grid_constant__ HopperForwardParams params) {
+__global__ void __launch_bounds__(128 * (1 + kBlockMArg / 64), 1)
+    forward_kernel_sm90(const __grid_constant__ HopperForwardParams params) {
 #if FLASHATTN_HOPPER_DEVICE_CODE
   constexpr HopperTileConfig kConfig{kHeadDimArg, kBlockMArg, kBlockNArg, kStagesArg, kIntraOverlapArg, kPingPongArg};
   constexpr int kHeadDim = kConfig.kernel_head_dim;
@@ -79,7 +76,12 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel_sm90(const __grid_
   constexpr int kQBytes = kConfig.q_bytes();
   constexpr int kKVBytes = kConfig.kv_tile_bytes();
   constexpr bool kIsBf16 = Numeric<T>::kIsBf16;
-  static_assert(kBlockM == 64 * kConsumerWarpgroups, "each consumer warpgroup owns 64 query rows");
+  constexpr int kConsumerWarpgroups = kConfig.consumer_warpgroups();
+  static_assert(kBlockM % 64 == 0 && kConsumerWarpgroups >= 1 && kConsumerWarpgroups <= kMaxConsumerWarpgroups,
+                "each consumer warpgroup owns 64 query rows");
+  static_assert(128 * kConfig.producer_registers() + 128 * kConsumerWarpgroups * kConfig.consumer_registers() <= 65536,
+                "register file: 64K 32-bit registers per SM");
+  static_assert(!kPingPongArg || kConsumerWarpgroups == 2, "the ping-pong schedule alternates two warpgroups");
   static_assert(kHeadDim % kPanelColumns == 0, "tiles are whole 64-column panels");
   static_assert(kBlockN % 16 == 0 && kBlockN <= 256, "wgmma N: multiple of 16 (P's k16 steps), at most 256");
   static_assert(kConfig.shared_bytes() <= kMaxSharedBytes, "tiles exceed 227 KB of shared memory");
@@ -144,7 +146,7 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel_sm90(const __grid_
 
   if (warpgroup == 0) {
     // ---- producer ----------------------------------------------------------------
-    ptx::setmaxnreg_decrease<kProducerRegisters>();
+    ptx::setmaxnreg_decrease<kConfig.producer_registers()>();
     if (threadIdx.x != 0) return;
     const std::int32_t q_row = static_cast<std::int32_t>(attention.q_start(batch) + m0);
     ::cuda::ptx::mbarrier_arrive_expect_tx(::cuda::ptx::sem_release, ::cuda::ptx::scope_cta,
@@ -186,7 +188,7 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel_sm90(const __grid_
   }
 
   // ---- consumers -------------------------------------------------------------------
-  ptx::setmaxnreg_increase<kConsumerRegisters>();
+  ptx::setmaxnreg_increase<kConfig.consumer_registers()>();
   const int consumer = warpgroup - 1;
   const int thread_in_warpgroup = threadIdx.x % 128;
   const int lane = threadIdx.x % 32;
@@ -468,15 +470,24 @@ void launch_forward_sm90(const HopperForwardParams& params, cudaStream_t stream)
     FLASHATTN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSharedBytes));
     opted_in_devices.fetch_or(device_bit, std::memory_order_release);
   }
-  kernel<<<static_cast<unsigned>(num_ctas), kThreads, kSharedBytes, stream>>>(params);
+  kernel<<<static_cast<unsigned>(num_ctas), kConfig.threads(), kSharedBytes, stream>>>(params);
   FLASHATTN_CUDA_CHECK_LAUNCH();
 }
 
 // What a generated translation unit instantiates (see src/cuda/generate_kernels.py).
 template <class T, int kHeadDim>
 void run_forward_sm90(const HopperForwardParams& params, cudaStream_t stream) {
-  static_assert(hopper_tile_config(kHeadDim).kernel_head_dim == kHeadDim, "no Hopper tile config for this head dim");
-  launch_forward_sm90<T, hopper_tile_config(kHeadDim)>(params, stream);
+  constexpr HopperTileConfig kConfig = hopper_tile_config(kHeadDim);
+  constexpr HopperTileConfig kShortMaskedConfig = hopper_tile_config(kHeadDim, true);
+  static_assert(kConfig.kernel_head_dim == kHeadDim, "no Hopper tile config for this head dim");
+  const AttentionParams& attention = params.attention;
+  // The same choice as make_forward_params' (the tensor maps' box rows are block_m);
+  // where both configs are one, both branches are one instantiation.
+  if (is_short_masked(attention.is_causal || attention.is_local(), attention.seqlen_q)) {
+    launch_forward_sm90<T, kShortMaskedConfig>(params, stream);
+  } else {
+    launch_forward_sm90<T, kConfig>(params, stream);
+  }
 }
 
 }  // namespace flashattn::cuda::hopper
