@@ -129,6 +129,17 @@ std::vector<DecodeShape> shapes() {
   DecodeShape uniform;
   uniform.uniform_seqlen = true, uniform.cache_seqlens = {97, 97}, uniform.seqlen_new = 1, uniform.head_dim = 128, uniform.num_splits = 0;
   v.push_back(uniform);
+  // Paged with left padding: the key range starts mid-page, so the kernel's page lookup
+  // (one division per tile, then advancing row by row) crosses pages at odd offsets;
+  // every kernel head dim (16, 8 and 4 key rows per copy pass), several tiles per split.
+  for (std::int64_t head_dim : {64, 128, 256})
+    for (std::int64_t page : {16, 48}) {
+      DecodeShape paged_leftpad;
+      paged_leftpad.batch = 3, paged_leftpad.capacity = 300, paged_leftpad.page_size = page, paged_leftpad.head_dim = head_dim;
+      paged_leftpad.cache_seqlens = {200, 7, 290}, paged_leftpad.leftpad = {5, 7, 33}, paged_leftpad.seqlen_new = 2;
+      paged_leftpad.num_splits = page == 16 ? 2 : 3, paged_leftpad.dtype = DType::bfloat16;
+      v.push_back(paged_leftpad);
+    }
   return v;
 }
 INSTANTIATE_TEST_SUITE_P(Shapes, KVCacheCuda, ::testing::ValuesIn(shapes()));
