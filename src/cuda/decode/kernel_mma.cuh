@@ -16,10 +16,18 @@
 //   * keys: the sequence's key range cut into num_splits chunks of whole tiles;
 //     a tile is kTileN = 64 keys, warp w takes keys [16w, 16w + 16) of it.
 // K/V tiles stream through a kStages-deep cp.async pipeline in swizzled shared
-// memory (16-byte copies, page lookup per key row). Each warp keeps its own
-// online-softmax state for the 16 rows; at the end the warps' states are merged
-// with online_softmax::merge through shared memory, and the CTA writes the output
-// (one split) or a normalised partial (O, LSE) row for the combine kernel.
+// memory (16-byte copies; for a paged cache the page-table entries are looked up a
+// tile ahead); q joins the first copy group. Each warp keeps its own online-softmax
+// state for the 16 rows; at the end the warps' states are merged with
+// online_softmax::merge through shared memory, and the CTA writes the output (one
+// split), or a normalised partial (O, LSE) row: into the workspace for the combine
+// kernel, or — two splits launched as one thread-block cluster — into its shared
+// memory, where the cluster merges the splits itself (distributed shared memory).
+// The kernel is launched with PDL (launch_kernel.cuh): it waits for the previous
+// kernel before its first read.
+//
+// Measured on the H100 (bench/results/gpu_decode.md, 2026-11-22): 1.64 / 2.43 / 2.90 /
+// 3.05 TB/s at batch 8, 32/8 heads, d128, KV 1k / 4k / 16k / 64k (device copy 3.01).
 #pragma once
 
 #include <cooperative_groups.h>
@@ -163,8 +171,9 @@ __global__ void __launch_bounds__(Config::kThreads, Config::kMinBlocksPerSm)
   // them up one tile ahead (page_block/page_row: the next tile to load), so the
   // page-table loads of tile t + 1 are in flight while tile t is computed instead of
   // stalling the copies; the prologue looks up its tiles all at once. The page index
-  // advances by comparison: one division per tile. At d = 256 (16 passes) the 32
-  // look-ahead registers would spill: there the lookup comes just before the copies.
+  // advances by comparison: one division per tile. At d = 256 (16 passes, the kernel at
+  // the 255-register limit) the 32 look-ahead registers cost ~130 bytes of spills: there
+  // load_tile advances the page row by row itself, just before each copy (36 bytes).
   constexpr bool kResolvesAhead = kPasses <= 8;
   using PassInts = std::int32_t[kPasses];
   PassInts page_block, page_row;
@@ -187,12 +196,26 @@ __global__ void __launch_bounds__(Config::kThreads, Config::kMinBlocksPerSm)
     T* v_tile = k_tile + KVTile::kElements;
     const std::int64_t tile_position = range_position + static_cast<std::int64_t>(tile) * kTileN;
     const std::int64_t tile_rows_left = key_end - key_begin - static_cast<std::int64_t>(tile) * kTileN;
+    // Without the look-ahead: the page of each row, advanced pass by pass (no arrays).
+    int page = 0, in_page = 0;
+    if (!kResolvesAhead && is_paged) {
+      const int position = static_cast<int>(tile_position) + copy_row;
+      page = position / page_size, in_page = position - page * page_size;
+    }
 #pragma unroll
     for (int pass = 0; pass < kPasses; ++pass) {
       const int row = copy_row + pass * kRowsPerPass;
       const bool is_valid = row < tile_rows_left && has_chunk;
       std::int64_t k_offset, v_offset;
-      if (is_paged) {
+      if (!kResolvesAhead && is_paged) {
+        if (pass > 0) {
+          in_page += kRowsPerPass;
+          if (in_page >= page_size) in_page -= page_size, ++page;
+        }
+        const std::int64_t block = row < tile_rows_left ? page_table[page] : 0;
+        k_offset = block * a.k_batch_stride + in_page * a.k_row_stride;
+        v_offset = block * a.v_batch_stride + in_page * a.v_row_stride;
+      } else if (is_paged) {
         k_offset = block_of[pass] * a.k_batch_stride + row_of[pass] * a.k_row_stride;
         v_offset = block_of[pass] * a.v_batch_stride + row_of[pass] * a.v_row_stride;
       } else {
@@ -243,10 +266,7 @@ __global__ void __launch_bounds__(Config::kThreads, Config::kMinBlocksPerSm)
   } else {
 #pragma unroll
     for (int stage = 0; stage < kStages - 1; ++stage) {
-      if (stage < num_tiles) {
-        if (is_paged) resolve_pages(stage, page_block, page_row);
-        load_tile(stage, stage, page_block, page_row);
-      }
+      if (stage < num_tiles) load_tile(stage, stage, page_block, page_row);
       ptx::cp_async_commit_group();
     }
   }
@@ -289,7 +309,6 @@ __global__ void __launch_bounds__(Config::kThreads, Config::kMinBlocksPerSm)
     ptx::cp_async_wait_group<kStages - 2>();  // this thread's copies of `tile` landed
     __syncthreads();                          // ... everyone's; and everyone is done with tile - 1
     if (tile + kStages - 1 < num_tiles) {
-      if (!kResolvesAhead && is_paged) resolve_pages(tile + kStages - 1, page_block, page_row);
       load_tile(tile + kStages - 1, (tile + kStages - 1) % kStages, page_block, page_row);
       if (kResolvesAhead && is_paged && tile + kStages < num_tiles) resolve_pages(tile + kStages, page_block, page_row);
     }
