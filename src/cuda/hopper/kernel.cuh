@@ -31,6 +31,7 @@
 #include <cuda.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <atomic>
 #include <climits>
 #include <cstdint>
@@ -63,11 +64,12 @@ __device__ __forceinline__ void wait_barrier(std::uint64_t* barrier, std::uint32
 #endif
 
 template <class T, int kHeadDimArg, int kBlockMArg, int kBlockNArg, int kStagesArg, bool kIntraOverlapArg,
-          bool kPingPongArg>
+          bool kPingPongArg, bool kPersistentArg>
 __global__ void __launch_bounds__(128 * (1 + kBlockMArg / 64), 1)
     forward_kernel_sm90(const __grid_constant__ HopperForwardParams params) {
 #if FLASHATTN_HOPPER_DEVICE_CODE
-  constexpr HopperTileConfig kConfig{kHeadDimArg, kBlockMArg, kBlockNArg, kStagesArg, kIntraOverlapArg, kPingPongArg};
+  constexpr HopperTileConfig kConfig{kHeadDimArg, kBlockMArg, kBlockNArg, kStagesArg,
+                                     kIntraOverlapArg, kPingPongArg, kPersistentArg};
   constexpr int kHeadDim = kConfig.kernel_head_dim;
   constexpr int kBlockM = kConfig.block_m;
   constexpr int kBlockN = kConfig.block_n;
@@ -88,26 +90,34 @@ __global__ void __launch_bounds__(128 * (1 + kBlockMArg / 64), 1)
   static_assert(!kPingPongArg || kIntraOverlapArg, "ping-pong is built on the overlapped mainloop");
 
   const AttentionParams& attention = params.attention;
-  // Grid: one flat x dimension, query tile fastest, last query tiles (the most keys
-  // under a causal mask) launched first — as in the FA2 kernel.
+  // Tiles: one flat index, query tile fastest, the last query tiles (the most keys under
+  // a causal mask) first — as in the FA2 kernel. A CTA runs tiles blockIdx.x,
+  // blockIdx.x + gridDim.x, ...: one tile, or several when the launch is persistent.
   const std::int64_t num_m_blocks = (attention.seqlen_q + kBlockM - 1) / kBlockM;
-  std::int64_t linear = blockIdx.x;
-  const std::int64_t m_block = num_m_blocks - 1 - linear % num_m_blocks;
-  linear /= num_m_blocks;
-  const std::int64_t head = linear % attention.heads_q;
-  const std::int64_t batch = linear / attention.heads_q;
-
-  const std::int64_t seqlen_q = attention.seqlen_q_of(batch);
-  const std::int64_t m0 = m_block * kBlockM;
-  if (m0 >= seqlen_q) return;  // varlen: this sequence is shorter than the longest
-  const std::int64_t seqlen_k = attention.seqlen_k_of(batch);
-  const std::int64_t row_end = m0 + kBlockM < seqlen_q ? m0 + kBlockM : seqlen_q;
-  const MaskRule mask = attention.mask_of(batch);
-  const MaskRule::ColumnRange columns = mask.columns_of_rows(m0, row_end);
-  const std::int64_t n_block_begin = columns.begin / kBlockN;
-  const std::int64_t n_block_end = (columns.end + kBlockN - 1) / kBlockN;
-  const int num_n_blocks = columns.end > columns.begin ? static_cast<int>(n_block_end - n_block_begin) : 0;
-  const std::int64_t head_kv = head / attention.group_size;
+  const std::int64_t num_tiles = num_m_blocks * attention.heads_q * attention.batch;
+  struct Tile {
+    std::int64_t batch, head, m0, row_end, seqlen_q, seqlen_k, n_block_end;
+    int num_n_blocks;  // key blocks visited, from n_block_end - 1 down
+    MaskRule mask;
+  };
+  // False for a tile past its (varlen) sequence's end: it has no rows, every role skips it.
+  auto decode_tile = [&](std::int64_t linear, Tile& tile) {
+    const std::int64_t m_block = num_m_blocks - 1 - linear % num_m_blocks;
+    linear /= num_m_blocks;
+    tile.head = linear % attention.heads_q;
+    tile.batch = linear / attention.heads_q;
+    tile.seqlen_q = attention.seqlen_q_of(tile.batch);
+    tile.m0 = m_block * kBlockM;
+    if (tile.m0 >= tile.seqlen_q) return false;
+    tile.seqlen_k = attention.seqlen_k_of(tile.batch);
+    tile.row_end = tile.m0 + kBlockM < tile.seqlen_q ? tile.m0 + kBlockM : tile.seqlen_q;
+    tile.mask = attention.mask_of(tile.batch);
+    const MaskRule::ColumnRange columns = tile.mask.columns_of_rows(tile.m0, tile.row_end);
+    tile.n_block_end = (columns.end + kBlockN - 1) / kBlockN;
+    tile.num_n_blocks =
+        columns.end > columns.begin ? static_cast<int>(tile.n_block_end - columns.begin / kBlockN) : 0;
+    return true;
+  };
 
   // Tiles 1024-byte aligned (the swizzle atom; the descriptors' base offset is 0).
   extern __shared__ unsigned char shared_storage[];
@@ -124,11 +134,13 @@ __global__ void __launch_bounds__(128 * (1 + kBlockMArg / 64), 1)
   std::uint64_t* v_full = barriers + 1 + kStages;        // [kStages]: V stage landed
   std::uint64_t* k_empty = barriers + 1 + 2 * kStages;   // [kStages]: every consumer warp is done with it
   std::uint64_t* v_empty = barriers + 1 + 3 * kStages;   // [kStages]
+  std::uint64_t* q_empty = barriers + 1 + 4 * kStages;   // every consumer warp is done with Q (persistent)
   constexpr int kConsumerWarps = 4 * kConsumerWarpgroups;
-  static_assert((1 + 4 * kStages) * 8 <= 256, "mbarriers exceed their 256 bytes");
+  static_assert((2 + 4 * kStages) * 8 <= 256, "mbarriers exceed their 256 bytes");
 
   if (threadIdx.x == 0) {
     ::cuda::ptx::mbarrier_init(q_full, 1);
+    ::cuda::ptx::mbarrier_init(q_empty, kConsumerWarps);
     for (int stage = 0; stage < kStages; ++stage) {
       ::cuda::ptx::mbarrier_init(&k_full[stage], 1);
       ::cuda::ptx::mbarrier_init(&v_full[stage], 1);
@@ -142,48 +154,61 @@ __global__ void __launch_bounds__(128 * (1 + kBlockMArg / 64), 1)
   const int warpgroup = threadIdx.x / 128;
   // Varlen tensors are one batch entry whose sequences are row ranges.
   const bool is_varlen = attention.is_varlen();
-  const std::int32_t batch_coordinate = is_varlen ? 0 : static_cast<std::int32_t>(batch);
 
   if (warpgroup == 0) {
     // ---- producer ----------------------------------------------------------------
     ptx::setmaxnreg_decrease<kConfig.producer_registers()>();
     if (threadIdx.x != 0) return;
-    const std::int32_t q_row = static_cast<std::int32_t>(attention.q_start(batch) + m0);
-    ::cuda::ptx::mbarrier_arrive_expect_tx(::cuda::ptx::sem_release, ::cuda::ptx::scope_cta,
-                                           ::cuda::ptx::space_shared, q_full, kQBytes);
-#pragma unroll
-    for (int panel = 0; panel < kPanels; ++panel) {
-      const std::int32_t coordinates[4] = {panel * kPanelColumns, q_row, static_cast<std::int32_t>(head),
-                                           batch_coordinate};
-      ::cuda::ptx::cp_async_bulk_tensor(::cuda::ptx::space_cluster, ::cuda::ptx::space_global,
-                                        shared_q + panel * kBlockM * kPanelColumns, &params.q_map, coordinates, q_full);
-    }
-    const std::int64_t k_start = attention.k_start(batch);
-    // Block `index` of the visit order into its stage of `tensor`'s ring; waits until
-    // the consumers have released that stage's previous block.
-    auto load_block = [&](const CUtensorMap* tensor_map, T* ring, std::uint64_t* full, std::uint64_t* empty,
-                          int index) {
-      const int stage = index % kStages;
-      if (index >= kStages) wait_barrier(&empty[stage], ((index / kStages) - 1) & 1);
+    int tile_count = 0;   // tiles run so far by this CTA: Q's phase
+    int block_base = 0;   // K/V blocks loaded for earlier tiles: the rings' position
+    for (std::int64_t linear = blockIdx.x; linear < num_tiles; linear += gridDim.x) {
+      Tile tile;
+      if (!decode_tile(linear, tile)) continue;
+      const std::int32_t batch_coordinate = is_varlen ? 0 : static_cast<std::int32_t>(tile.batch);
+      // Q of the previous tile released by every consumer warp (persistent launches).
+      if (tile_count > 0) wait_barrier(q_empty, (tile_count - 1) & 1);
+      const std::int32_t q_row = static_cast<std::int32_t>(attention.q_start(tile.batch) + tile.m0);
       ::cuda::ptx::mbarrier_arrive_expect_tx(::cuda::ptx::sem_release, ::cuda::ptx::scope_cta,
-                                             ::cuda::ptx::space_shared, &full[stage], kKVBytes);
-      const std::int32_t row = static_cast<std::int32_t>(k_start + (n_block_end - 1 - index) * kBlockN);
+                                             ::cuda::ptx::space_shared, q_full, kQBytes);
 #pragma unroll
       for (int panel = 0; panel < kPanels; ++panel) {
-        const std::int32_t coordinates[4] = {panel * kPanelColumns, row, static_cast<std::int32_t>(head_kv),
+        const std::int32_t coordinates[4] = {panel * kPanelColumns, q_row, static_cast<std::int32_t>(tile.head),
                                              batch_coordinate};
         ::cuda::ptx::cp_async_bulk_tensor(::cuda::ptx::space_cluster, ::cuda::ptx::space_global,
-                                          ring + stage * kBlockN * kHeadDim + panel * kBlockN * kPanelColumns,
-                                          tensor_map, coordinates, &full[stage]);
+                                          shared_q + panel * kBlockM * kPanelColumns, &params.q_map, coordinates,
+                                          q_full);
       }
-    };
-    // The consumers' order: K_0, then K_j before V_(j-1), then the last V.
-    if (num_n_blocks > 0) load_block(&params.k_map, shared_k, k_full, k_empty, 0);
-    for (int index = 1; index < num_n_blocks; ++index) {
-      load_block(&params.k_map, shared_k, k_full, k_empty, index);
-      load_block(&params.v_map, shared_v, v_full, v_empty, index - 1);
+      const std::int64_t k_start = attention.k_start(tile.batch);
+      const std::int32_t head_kv = static_cast<std::int32_t>(tile.head / attention.group_size);
+      // Block `index` of the tile's visit order into its stage of a ring; waits until the
+      // consumers have released that stage's previous block.
+      auto load_block = [&](const CUtensorMap* tensor_map, T* ring, std::uint64_t* full, std::uint64_t* empty,
+                            int index) {
+        const int position = block_base + index;
+        const int stage = position % kStages;
+        if (position >= kStages) wait_barrier(&empty[stage], ((position / kStages) - 1) & 1);
+        ::cuda::ptx::mbarrier_arrive_expect_tx(::cuda::ptx::sem_release, ::cuda::ptx::scope_cta,
+                                               ::cuda::ptx::space_shared, &full[stage], kKVBytes);
+        const std::int32_t row = static_cast<std::int32_t>(k_start + (tile.n_block_end - 1 - index) * kBlockN);
+#pragma unroll
+        for (int panel = 0; panel < kPanels; ++panel) {
+          const std::int32_t coordinates[4] = {panel * kPanelColumns, row, head_kv, batch_coordinate};
+          ::cuda::ptx::cp_async_bulk_tensor(::cuda::ptx::space_cluster, ::cuda::ptx::space_global,
+                                            ring + stage * kBlockN * kHeadDim + panel * kBlockN * kPanelColumns,
+                                            tensor_map, coordinates, &full[stage]);
+        }
+      };
+      // The consumers' order: K_0, then K_j before V_(j-1), then the last V.
+      const int num_n_blocks = tile.num_n_blocks;
+      if (num_n_blocks > 0) load_block(&params.k_map, shared_k, k_full, k_empty, 0);
+      for (int index = 1; index < num_n_blocks; ++index) {
+        load_block(&params.k_map, shared_k, k_full, k_empty, index);
+        load_block(&params.v_map, shared_v, v_full, v_empty, index - 1);
+      }
+      if (num_n_blocks > 0) load_block(&params.v_map, shared_v, v_full, v_empty, num_n_blocks - 1);
+      block_base += num_n_blocks;
+      ++tile_count;
     }
-    if (num_n_blocks > 0) load_block(&params.v_map, shared_v, v_full, v_empty, num_n_blocks - 1);
     return;
   }
 
@@ -218,7 +243,10 @@ __global__ void __launch_bounds__(128 * (1 + kBlockMArg / 64), 1)
   const float softcap_scale_log2 = attention.softcap * static_cast<float>(online_softmax::kLog2e);
   const float exp_scale = has_softcap ? 1.0f : attention.softmax_scale_log2;
 
-  float o[kHeadDim / 2] = {};                 // (64, kHeadDim) per warpgroup, fp32 accumulator
+  Tile tile{};         // the tile being run
+  int block_base = 0;  // K/V blocks consumed for earlier tiles: the rings' position
+  int tile_count = 0;  // tiles run so far: Q's phase
+  float o[kHeadDim / 2];                      // (64, kHeadDim) per warpgroup, fp32 accumulator
   float s[kBlockN / 2];                       // (64, kBlockN) per warpgroup: S, then P in fp32
   std::uint32_t p[kBlockN / 16][4];           // (64, kBlockN) per warpgroup: P as wgmma A fragments
   online_softmax::State<float> row_state[2];  // rows thread_row0 and thread_row0 + 8; l is this
@@ -227,7 +255,7 @@ __global__ void __launch_bounds__(128 * (1 + kBlockMArg / 64), 1)
 
   // S = Q K^T for block `index` (issued and committed, not waited for).
   auto issue_qk = [&](int index) {
-    const std::uint64_t stage_k_descriptor = k_descriptor + (((index % kStages) * kKVBytes) >> 4);
+    const std::uint64_t stage_k_descriptor = k_descriptor + ((((block_base + index) % kStages) * kKVBytes) >> 4);
     ptx::wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kHeadDim / 16; ++kk) {
@@ -239,7 +267,7 @@ __global__ void __launch_bounds__(128 * (1 + kBlockMArg / 64), 1)
   // O += P V for block `index`: P's k16 steps are keys [16 kp, 16 kp + 16) = rows 16 kp..
   // of V, two 8-row atoms of 1024 bytes each.
   auto issue_pv = [&](int index) {
-    const std::uint64_t stage_v_descriptor = v_descriptor + (((index % kStages) * kKVBytes) >> 4);
+    const std::uint64_t stage_v_descriptor = v_descriptor + ((((block_base + index) % kStages) * kKVBytes) >> 4);
     ptx::fence_operands(o);
     ptx::wgmma_fence();
 #pragma unroll
@@ -252,19 +280,20 @@ __global__ void __launch_bounds__(128 * (1 + kBlockMArg / 64), 1)
   // S becomes P (fp32) and row_factor the rescale O still needs.
   auto softmax_block = [&](int index) {
     ptx::fence_operands(s);
-    const std::int64_t n0 = (n_block_end - 1 - index) * kBlockN;
+    const std::int64_t n0 = (tile.n_block_end - 1 - index) * kBlockN;
     if (has_softcap) {
 #pragma unroll
       for (int i = 0; i < kBlockN / 2; ++i) s[i] = tanhf(s[i] * softcap_input_scale) * softcap_scale_log2;
     }
     // Element mask only where the block crosses a mask edge or the end of the keys.
-    const bool needs_mask = n0 + kBlockN > seqlen_k || !mask.tile_fully_allowed(m0, row_end, n0, n0 + kBlockN);
+    const bool needs_mask =
+        n0 + kBlockN > tile.seqlen_k || !tile.mask.tile_fully_allowed(tile.m0, tile.row_end, n0, n0 + kBlockN);
     if (needs_mask) {
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
-        const std::int64_t row = m0 + thread_row0 + 8 * half;
-        const int begin = static_cast<int>(MaskRule::clamp(mask.col_begin(row) - n0, 0, kBlockN));
-        const int end = static_cast<int>(MaskRule::clamp(mask.col_end(row) - n0, 0, kBlockN));
+        const std::int64_t row = tile.m0 + thread_row0 + 8 * half;
+        const int begin = static_cast<int>(MaskRule::clamp(tile.mask.col_begin(row) - n0, 0, kBlockN));
+        const int end = static_cast<int>(MaskRule::clamp(tile.mask.col_end(row) - n0, 0, kBlockN));
 #pragma unroll
         for (int j = 0; j < kBlockN / 8; ++j)
 #pragma unroll
@@ -320,10 +349,16 @@ __global__ void __launch_bounds__(128 * (1 + kBlockMArg / 64), 1)
   };
   // This warp no longer reads the stage of block `index`: the producer may refill it.
   auto release = [&](std::uint64_t* empty, int index) {
-    if (lane == 0) ::cuda::ptx::mbarrier_arrive(&empty[index % kStages]);
+    if (lane == 0) ::cuda::ptx::mbarrier_arrive(&empty[(block_base + index) % kStages]);
   };
-  auto wait_k = [&](int index) { wait_barrier(&k_full[index % kStages], (index / kStages) & 1); };
-  auto wait_v = [&](int index) { wait_barrier(&v_full[index % kStages], (index / kStages) & 1); };
+  auto wait_k = [&](int index) {
+    const int position = block_base + index;
+    wait_barrier(&k_full[position % kStages], (position / kStages) & 1);
+  };
+  auto wait_v = [&](int index) {
+    const int position = block_base + index;
+    wait_barrier(&v_full[position % kStages], (position / kStages) & 1);
+  };
 
   // Ping-pong (FA3 section 3.1): the two consumer warpgroups take turns issuing their
   // GEMMs, so one's softmax runs while the other's GEMMs occupy the tensor cores. Turn
@@ -332,7 +367,7 @@ __global__ void __launch_bounds__(128 * (1 + kBlockMArg / 64), 1)
   // completes exactly as often as it is waited on.
   const int my_turn = static_cast<int>(NamedBarrier::kTurnFirst) + consumer;
   const int other_turn = static_cast<int>(NamedBarrier::kTurnFirst) + (1 - consumer);
-  const int gemm_rounds = num_n_blocks + 1;  // block 0's QK, then (QK, PV) pairs, then the last PV
+  int gemm_rounds = 0;  // per tile: block 0's QK, then (QK, PV) pairs, then the last PV
   int round = 0;
   auto begin_turn = [&]() {
     if constexpr (kPingPongArg) ptx::named_barrier_sync(my_turn, 256);
@@ -344,107 +379,181 @@ __global__ void __launch_bounds__(128 * (1 + kBlockMArg / 64), 1)
     }
   };
 
-  wait_barrier(q_full, 0);
-  if constexpr (kPingPongArg) {
-    if (consumer == 1 && num_n_blocks > 0) ptx::named_barrier_arrive(other_turn, 256);
-  }
-  if constexpr (kIntraOverlapArg) {
-    // Software pipeline (FA3 section 3.2): S_(j) = Q K_j^T is issued before the softmax
-    // of block j-1 finishes being used, so that softmax overlaps O += P_(j-1) V_(j-1).
-    if (num_n_blocks > 0) {
-      wait_k(0);
-      begin_turn();
-      issue_qk(0);
-      end_turn();
-      ptx::wgmma_wait_group<0>();
-      release(k_empty, 0);
-      softmax_block(0);
-      rescale_o();
-      convert_p();
-    }
-    for (int index = 1; index < num_n_blocks; ++index) {
-      wait_k(index);
-      wait_v(index - 1);
-      begin_turn();
-      issue_qk(index);
-      issue_pv(index - 1);
-      end_turn();
-      ptx::wgmma_wait_group<1>();  // S_(index) done, O += P V still running
-      release(k_empty, index);
-      softmax_block(index);
-      ptx::wgmma_wait_group<0>();
-      ptx::fence_operands(o);
-      release(v_empty, index - 1);
-      rescale_o();
-      convert_p();
-    }
-    if (num_n_blocks > 0) {
-      wait_v(num_n_blocks - 1);
-      begin_turn();
-      issue_pv(num_n_blocks - 1);
-      end_turn();
-      ptx::wgmma_wait_group<0>();
-      ptx::fence_operands(o);
-      release(v_empty, num_n_blocks - 1);
-    }
-  } else {
-    for (int index = 0; index < num_n_blocks; ++index) {
-      wait_k(index);
-      issue_qk(index);
-      ptx::wgmma_wait_group<0>();
-      release(k_empty, index);
-      softmax_block(index);
-      rescale_o();
-      convert_p();
-      wait_v(index);
-      issue_pv(index);
-      ptx::wgmma_wait_group<0>();
-      ptx::fence_operands(o);
-      release(v_empty, index);
-    }
-  }
-
-  // ---- epilogue: normalise once, LSE, O through this warpgroup's own Q rows ----------
-  // Only this warpgroup ever reads its 64 Q rows, so after its own barrier it may
-  // overwrite them; the other consumer warpgroup is not waited for.
-  const int epilogue_barrier = static_cast<int>(NamedBarrier::kConsumerEpilogueFirst) + consumer;
-  ptx::named_barrier_sync(epilogue_barrier, 128);
-  unsigned char* shared_q_bytes = reinterpret_cast<unsigned char*>(shared_q);
+  // ---- epilogue: normalise once, LSE, O ----------------------------------------------
+  // Completes each row's sum across its quad; calls store(half, tile_row, inverse_sum)
+  // and writes the row's LSE.
   float* maybe_lse = attention.maybe_lse;
+  auto finish_rows = [&](auto&& store_row) {
 #pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    online_softmax::State<float> state = row_state[half];
-    state.l += __shfl_xor_sync(0xffffffffu, state.l, 1);
-    state.l += __shfl_xor_sync(0xffffffffu, state.l, 2);
-    const float inverse_sum = state.inverse_sum();
-    const int tile_row = thread_row0 + 8 * half;
-#pragma unroll
-    for (int j = 0; j < kHeadDim / 8; ++j) {
-      // Column 8j + 2 quad_lane: panel j / 8, 16-byte chunk j % 8 of the row.
-      const int byte_offset = (j / 8) * kBlockM * 128 + tile_row * 128 + (((j % 8) ^ (tile_row % 8)) * 16) +
-                              quad_lane * 4;
-      *reinterpret_cast<std::uint32_t*>(shared_q_bytes + byte_offset) =
-          pack_pair<T>(o[4 * j + 2 * half] * inverse_sum, o[4 * j + 2 * half + 1] * inverse_sum);
+    for (int half = 0; half < 2; ++half) {
+      online_softmax::State<float> state = row_state[half];
+      state.l += __shfl_xor_sync(0xffffffffu, state.l, 1);
+      state.l += __shfl_xor_sync(0xffffffffu, state.l, 2);
+      const int tile_row = thread_row0 + 8 * half;
+      store_row(half, tile_row, state.inverse_sum());
+      if (maybe_lse != nullptr && quad_lane == 0 && tile.m0 + tile_row < tile.seqlen_q)
+        maybe_lse[attention.lse_offset(tile.batch, tile.head) + (tile.m0 + tile_row) * attention.lse_row_stride] =
+            state.lse();
     }
-    if (maybe_lse != nullptr && quad_lane == 0 && m0 + tile_row < seqlen_q)
-      maybe_lse[attention.lse_offset(batch, head) + (m0 + tile_row) * attention.lse_row_stride] = state.lse();
-  }
-  ptx::named_barrier_sync(epilogue_barrier, 128);
+  };
+  // Through this warpgroup's own Q rows in shared memory, then coalesced 16-byte stores.
+  // Only this warpgroup reads its 64 Q rows, so after its own barrier it may overwrite
+  // them; the other consumer warpgroups are not waited for. (One tile per CTA: the next
+  // Q never arrives in this buffer.)
+  auto store_output_through_shared_memory = [&]() {
+    const int epilogue_barrier = static_cast<int>(NamedBarrier::kConsumerEpilogueFirst) + consumer;
+    ptx::named_barrier_sync(epilogue_barrier, 128);
+    unsigned char* shared_q_bytes = reinterpret_cast<unsigned char*>(shared_q);
+    finish_rows([&](int half, int tile_row, float inverse_sum) {
+#pragma unroll
+      for (int j = 0; j < kHeadDim / 8; ++j) {
+        // Column 8j + 2 quad_lane: panel j / 8, 16-byte chunk j % 8 of the row.
+        const int byte_offset =
+            (j / 8) * kBlockM * 128 + tile_row * 128 + (((j % 8) ^ (tile_row % 8)) * 16) + quad_lane * 4;
+        *reinterpret_cast<std::uint32_t*>(shared_q_bytes + byte_offset) =
+            pack_pair<T>(o[4 * j + 2 * half] * inverse_sum, o[4 * j + 2 * half + 1] * inverse_sum);
+      }
+    });
+    ptx::named_barrier_sync(epilogue_barrier, 128);
+    T* out = static_cast<T*>(attention.out) + attention.out_offset(tile.batch, tile.head) +
+             tile.m0 * attention.out_row_stride;
+    constexpr int kRowChunks = kHeadDim / 8;
+#pragma unroll
+    for (int index = thread_in_warpgroup; index < 64 * kRowChunks; index += 128) {
+      const int tile_row = warpgroup_row0 + index / kRowChunks;
+      const int chunk = index % kRowChunks;
+      if (tile_row < tile.row_end - tile.m0 && chunk * 8 < attention.head_dim) {
+        const int byte_offset =
+            (chunk / 8) * kBlockM * 128 + tile_row * 128 + (((chunk % 8) ^ (tile_row % 8)) * 16);
+        *reinterpret_cast<uint4*>(out + tile_row * attention.out_row_stride + chunk * 8) =
+            *reinterpret_cast<const uint4*>(shared_q_bytes + byte_offset);
+      }
+    }
+  };
+  // Straight from the accumulator: each quad writes 16 contiguous bytes of a row per
+  // 8-column tile. Leaves shared memory to the next tile's loads (persistent launches).
+  auto store_output_from_registers = [&]() {
+    T* out = static_cast<T*>(attention.out) + attention.out_offset(tile.batch, tile.head) +
+             tile.m0 * attention.out_row_stride;
+    finish_rows([&](int half, int tile_row, float inverse_sum) {
+      if (tile_row >= tile.row_end - tile.m0) return;
+      T* out_row = out + tile_row * attention.out_row_stride;
+#pragma unroll
+      for (int j = 0; j < kHeadDim / 8; ++j) {
+        const int column = 8 * j + 2 * quad_lane;
+        if (column < attention.head_dim)
+          *reinterpret_cast<std::uint32_t*>(out_row + column) =
+              pack_pair<T>(o[4 * j + 2 * half] * inverse_sum, o[4 * j + 2 * half + 1] * inverse_sum);
+      }
+    });
+  };
+  // One tile: mainloop and epilogue.
+  auto consume_tile = [&]() {
+    const int num_n_blocks = tile.num_n_blocks;
+#pragma unroll
+    for (int i = 0; i < kHeadDim / 2; ++i) o[i] = 0.0f;
+    row_state[0] = online_softmax::State<float>{};
+    row_state[1] = online_softmax::State<float>{};
+    wait_barrier(q_full, tile_count & 1);
+    if constexpr (kPingPongArg) {
+      gemm_rounds = num_n_blocks + 1;
+      round = 0;
+      if (consumer == 1 && num_n_blocks > 0) ptx::named_barrier_arrive(other_turn, 256);
+    }
+    if constexpr (kIntraOverlapArg) {
+      // Software pipeline (FA3 section 3.2): S_(j) = Q K_j^T is issued before the softmax
+      // of block j-1 finishes being used, so that softmax overlaps O += P_(j-1) V_(j-1).
+      if (num_n_blocks > 0) {
+        wait_k(0);
+        begin_turn();
+        issue_qk(0);
+        end_turn();
+        ptx::wgmma_wait_group<0>();
+        release(k_empty, 0);
+        softmax_block(0);
+        rescale_o();
+        convert_p();
+      }
+      for (int index = 1; index < num_n_blocks; ++index) {
+        wait_k(index);
+        wait_v(index - 1);
+        begin_turn();
+        issue_qk(index);
+        issue_pv(index - 1);
+        end_turn();
+        ptx::wgmma_wait_group<1>();  // S_(index) done, O += P V still running
+        release(k_empty, index);
+        softmax_block(index);
+        ptx::wgmma_wait_group<0>();
+        ptx::fence_operands(o);
+        release(v_empty, index - 1);
+        rescale_o();
+        convert_p();
+      }
+      if (num_n_blocks > 0) {
+        wait_v(num_n_blocks - 1);
+        begin_turn();
+        issue_pv(num_n_blocks - 1);
+        end_turn();
+        ptx::wgmma_wait_group<0>();
+        ptx::fence_operands(o);
+        release(v_empty, num_n_blocks - 1);
+      }
+    } else {
+      for (int index = 0; index < num_n_blocks; ++index) {
+        wait_k(index);
+        issue_qk(index);
+        ptx::wgmma_wait_group<0>();
+        release(k_empty, index);
+        softmax_block(index);
+        rescale_o();
+        convert_p();
+        wait_v(index);
+        issue_pv(index);
+        ptx::wgmma_wait_group<0>();
+        ptx::fence_operands(o);
+        release(v_empty, index);
+      }
+    }
 
-  // Coalesced 16-byte stores of the valid rows and head-dim columns.
-  T* out = static_cast<T*>(attention.out) + attention.out_offset(batch, head) + m0 * attention.out_row_stride;
-  constexpr int kRowChunks = kHeadDim / 8;
-#pragma unroll
-  for (int index = thread_in_warpgroup; index < 64 * kRowChunks; index += 128) {
-    const int tile_row = warpgroup_row0 + index / kRowChunks;
-    const int chunk = index % kRowChunks;
-    if (tile_row < row_end - m0 && chunk * 8 < attention.head_dim) {
-      const int byte_offset = (chunk / 8) * kBlockM * 128 + tile_row * 128 + (((chunk % 8) ^ (tile_row % 8)) * 16);
-      *reinterpret_cast<uint4*>(out + tile_row * attention.out_row_stride + chunk * 8) =
-          *reinterpret_cast<const uint4*>(shared_q_bytes + byte_offset);
+    if constexpr (kPersistentArg) {
+      // Every wgmma of this warp is complete: the producer may load the next tile's Q
+      // while this warp stores O straight from registers.
+      if (lane == 0) ::cuda::ptx::mbarrier_arrive(q_empty);
+      store_output_from_registers();
+    } else {
+      store_output_through_shared_memory();
     }
+    block_base += num_n_blocks;
+    ++tile_count;
+  };
+  // Without a persistent grid there is no loop at all (one tile per CTA): the loop
+  // would keep more values live across the mainloop (measured: spills at d256).
+  if constexpr (kPersistentArg) {
+    for (std::int64_t linear = blockIdx.x; linear < num_tiles; linear += gridDim.x)
+      if (decode_tile(linear, tile)) consume_tile();
+  } else {
+    if (decode_tile(blockIdx.x, tile)) consume_tile();
   }
 #endif
+}
+
+// Multiprocessors of a device, asked once per device index (the dispatch stays in the
+// microseconds).
+inline int multiprocessor_count(int device) {
+  constexpr int kMaxCachedDevices = 64;
+  static std::atomic<int> cached[kMaxCachedDevices];
+  if (device < 0 || device >= kMaxCachedDevices) {
+    int count = 0;
+    FLASHATTN_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
+    return count;
+  }
+  int count = cached[device].load(std::memory_order_relaxed);
+  if (count == 0) {
+    FLASHATTN_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
+    cached[device].store(count, std::memory_order_relaxed);
+  }
+  return count;
 }
 
 // Launches forward_kernel_sm90 with kConfig's tile shape for already validated params.
@@ -453,18 +562,22 @@ template <class T, HopperTileConfig kConfig>
 void launch_forward_sm90(const HopperForwardParams& params, cudaStream_t stream) {
   const AttentionParams& attention = params.attention;
   const std::int64_t num_m_blocks = (attention.seqlen_q + kConfig.block_m - 1) / kConfig.block_m;
-  const std::int64_t num_ctas = num_m_blocks * attention.heads_q * attention.batch;
-  if (num_ctas == 0) return;
-  if (num_ctas > INT_MAX)
+  const std::int64_t num_tiles = num_m_blocks * attention.heads_q * attention.batch;
+  if (num_tiles == 0) return;
+  if (num_tiles > INT_MAX)
     throw NotSupported("flashattn: q: too many query tiles x heads x batch for one launch (" +
-                       std::to_string(num_ctas) + " > 2^31 - 1)");
-  constexpr int kSharedBytes = kConfig.shared_bytes();
-  auto* kernel = forward_kernel_sm90<T, kConfig.kernel_head_dim, kConfig.block_m, kConfig.block_n, kConfig.stages,
-                                     kConfig.is_intra_overlap, kConfig.is_ping_pong>;
-  // Above 48 KB of dynamic shared memory a kernel must opt in, once per device.
-  static std::atomic<std::uint64_t> opted_in_devices{0};
+                       std::to_string(num_tiles) + " > 2^31 - 1)");
   int device = 0;
   FLASHATTN_CUDA_CHECK(cudaGetDevice(&device));
+  // Persistent: one CTA per SM (shared memory and registers allow no second), each
+  // running tiles blockIdx.x, blockIdx.x + gridDim.x, ...
+  const std::int64_t num_ctas =
+      kConfig.is_persistent ? std::min<std::int64_t>(num_tiles, multiprocessor_count(device)) : num_tiles;
+  constexpr int kSharedBytes = kConfig.shared_bytes();
+  auto* kernel = forward_kernel_sm90<T, kConfig.kernel_head_dim, kConfig.block_m, kConfig.block_n, kConfig.stages,
+                                     kConfig.is_intra_overlap, kConfig.is_ping_pong, kConfig.is_persistent>;
+  // Above 48 KB of dynamic shared memory a kernel must opt in, once per device.
+  static std::atomic<std::uint64_t> opted_in_devices{0};
   const std::uint64_t device_bit = device < 64 ? (std::uint64_t{1} << device) : 0;
   if (device_bit == 0 || (opted_in_devices.load(std::memory_order_acquire) & device_bit) == 0) {
     FLASHATTN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSharedBytes));
@@ -477,16 +590,17 @@ void launch_forward_sm90(const HopperForwardParams& params, cudaStream_t stream)
 // What a generated translation unit instantiates (see src/cuda/generate_kernels.py).
 template <class T, int kHeadDim>
 void run_forward_sm90(const HopperForwardParams& params, cudaStream_t stream) {
-  constexpr HopperTileConfig kConfig = hopper_tile_config(kHeadDim);
-  constexpr HopperTileConfig kShortMaskedConfig = hopper_tile_config(kHeadDim, true);
-  static_assert(kConfig.kernel_head_dim == kHeadDim, "no Hopper tile config for this head dim");
+  constexpr HopperTileConfig kUnmasked = hopper_tile_config(kHeadDim, ProblemClass::unmasked);
+  constexpr HopperTileConfig kMasked = hopper_tile_config(kHeadDim, ProblemClass::masked);
+  constexpr HopperTileConfig kShortMasked = hopper_tile_config(kHeadDim, ProblemClass::short_masked);
+  static_assert(kUnmasked.kernel_head_dim == kHeadDim && kMasked.kernel_head_dim == kHeadDim,
+                "no Hopper tile config for this head dim");
   const AttentionParams& attention = params.attention;
-  // The same choice as make_forward_params' (the tensor maps' box rows are block_m);
-  // where both configs are one, both branches are one instantiation.
-  if (is_short_masked(attention.is_causal || attention.is_local(), attention.seqlen_q)) {
-    launch_forward_sm90<T, kShortMaskedConfig>(params, stream);
-  } else {
-    launch_forward_sm90<T, kConfig>(params, stream);
+  // The same choice as make_forward_params' (the tensor maps' box rows are block_m).
+  switch (problem_class_of(attention.is_causal || attention.is_local(), attention.seqlen_q)) {
+    case ProblemClass::unmasked: return launch_forward_sm90<T, kUnmasked>(params, stream);
+    case ProblemClass::masked: return launch_forward_sm90<T, kMasked>(params, stream);
+    case ProblemClass::short_masked: return launch_forward_sm90<T, kShortMasked>(params, stream);
   }
 }
 

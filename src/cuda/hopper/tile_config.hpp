@@ -25,6 +25,8 @@ struct HopperTileConfig {
   int stages;           // K/V shared-memory stages of the TMA rings
   bool is_intra_overlap;  // issue S_j = Q K_j^T before O += P_(j-1) V_(j-1), softmax in between
   bool is_ping_pong;      // the consumer warpgroups take turns issuing GEMMs (needs is_intra_overlap)
+  bool is_persistent;     // one CTA per SM looping over tiles; O stored from registers while
+                          // the producer loads the next tile
 
   constexpr int consumer_warpgroups() const { return block_m / 64; }
   constexpr int threads() const { return 128 * (1 + consumer_warpgroups()); }
@@ -47,34 +49,50 @@ struct HopperTileConfig {
 //  - d64: 3 consumer warpgroups (block_m 192, 160 registers each) beat 2 (block_m 128)
 //    from 4k on (fp16 4k 461 vs 422, 16k causal 427 vs 410) and non-causal at 1k (309
 //    vs 293), but lose on short causal problems (1k causal 172 vs 197: fewer, more
-//    unequal CTAs), which keep block_m 128 (kShortMaskedTileTable).
+//    unequal CTAs), which keep block_m 128 (ProblemClass::short_masked).
 //  - d128: block_n 176 lost at 1k-16k but 16k causal (600 vs 633 at 4k); 3 stages of
 //    128 were slower than 2. d256: block_n 80 over 64 (16k 753 vs 560).
-inline constexpr HopperTileConfig kHopperTileTable[] = {
-    // dim  M    N   stages overlap ping-pong
-    {64, 192, 128, 2, true, false},
-    {128, 128, 128, 2, true, false},
-    {256, 128, 80, 2, true, false},
+//  - persistent grid (one CTA per SM looping over tiles, O stored from registers while
+//    the next tile loads): +8-20% on unmasked problems at 1k (d64 bf16 354 vs 299, d128
+//    484 vs 448), +2-10% beyond (d256 16k 759 vs 690); on causal problems the static
+//    round-robin of unequal tiles loses badly (d128 16k causal 429 vs 629), so masked
+//    problems keep one CTA per tile and the hardware's dynamic block scheduling.
+enum class ProblemClass : int {
+  unmasked,      // every tile visits the same number of key blocks
+  masked,        // causal or local: tiles of unequal work
+  short_masked,  // masked with seqlen_q <= kShortMaskedSeqlen
 };
-// Causal/local problems with at most kShortMaskedSeqlen query rows.
 inline constexpr int kShortMaskedSeqlen = 1024;
-inline constexpr HopperTileConfig kShortMaskedTileTable[] = {
-    {64, 128, 128, 2, true, false},
+
+struct HopperTileEntry {
+  ProblemClass problem_class;
+  HopperTileConfig config;
 };
 
-// The tile config that runs a problem with this kernel head dim; is_short_masked: a
-// causal or local mask with seqlen_q <= kShortMaskedSeqlen (see is_short_masked()).
-constexpr HopperTileConfig hopper_tile_config(int kernel_head_dim, bool is_short_masked = false) {
-  if (is_short_masked)
-    for (const HopperTileConfig& config : kShortMaskedTileTable)
-      if (config.kernel_head_dim == kernel_head_dim) return config;
-  for (const HopperTileConfig& config : kHopperTileTable)
-    if (config.kernel_head_dim == kernel_head_dim) return config;
-  return HopperTileConfig{0, 0, 0, 0, false, false};
+inline constexpr HopperTileEntry kHopperTileTable[] = {
+    //                            dim  M    N   stages overlap ping-pong persistent
+    {ProblemClass::unmasked,     {64, 192, 128, 2, true, false, true}},
+    {ProblemClass::masked,       {64, 192, 128, 2, true, false, false}},
+    {ProblemClass::short_masked, {64, 128, 128, 2, true, false, false}},
+    {ProblemClass::unmasked,     {128, 128, 128, 2, true, false, true}},
+    {ProblemClass::masked,       {128, 128, 128, 2, true, false, false}},
+    {ProblemClass::unmasked,     {256, 128, 80, 2, true, false, true}},
+    {ProblemClass::masked,       {256, 128, 80, 2, true, false, false}},
+};
+
+constexpr ProblemClass problem_class_of(bool is_masked, long long seqlen_q) {
+  if (!is_masked) return ProblemClass::unmasked;
+  return seqlen_q <= kShortMaskedSeqlen ? ProblemClass::short_masked : ProblemClass::masked;
 }
 
-constexpr bool is_short_masked(bool is_masked, long long seqlen_q) {
-  return is_masked && seqlen_q <= kShortMaskedSeqlen;
+// The tile config that runs a problem of this class with this kernel head dim (the
+// one selection: the tensor maps in launch.cu and the launch in kernel.cuh read it).
+// short_masked falls back to masked where the table has no entry of its own.
+constexpr HopperTileConfig hopper_tile_config(int kernel_head_dim, ProblemClass problem_class) {
+  for (const HopperTileEntry& entry : kHopperTileTable)
+    if (entry.config.kernel_head_dim == kernel_head_dim && entry.problem_class == problem_class) return entry.config;
+  if (problem_class == ProblemClass::short_masked) return hopper_tile_config(kernel_head_dim, ProblemClass::masked);
+  return HopperTileConfig{0, 0, 0, 0, false, false, false};
 }
 
 }  // namespace flashattn::cuda::hopper
