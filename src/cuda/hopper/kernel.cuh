@@ -4,19 +4,28 @@
 // The algorithm is the FA2 forward of src/cuda/fwd/kernel.cuh (same visit order,
 // same online softmax through online_softmax::State, same MaskRule); what changes is
 // how it is mapped onto the hardware (seed 004, FA3 paper section 3):
-//   CTA = warpgroup 0, the producer: one thread issues TMA copies — the Q tile once,
-//         then K_j/V_j into a kStages-deep ring of shared-memory stages, each guarded
-//         by a "full" mbarrier (TMA completes its byte count) and an "empty" mbarrier
-//         (every consumer warp has finished reading it);
+//   CTA = warpgroup 0, the producer: one thread issues TMA copies — the Q tile, then
+//         K_j and V_j into kStages-deep rings of shared-memory stages (one ring for K,
+//         one for V), each stage guarded by a "full" mbarrier (TMA completes its byte
+//         count) and an "empty" mbarrier (every consumer warp has finished reading it);
 //         warpgroups 1..block_m/64, the consumers: 64 query rows each, per key block
 //           S = Q K_j^T      wgmma m64n{kBlockN}k16, both operands in shared memory
 //           online softmax   in registers (the accumulator is the mma.sync C layout
 //                            repeated, so rows reduce over the 4 lanes of a quad)
 //           O += P V_j       wgmma m64n{kHeadDim}k16, P from registers (16-bit),
 //                            V read MN-major (the transpose-B bit)
-//         then O /= l once, LSE, O through shared memory to 16-byte global stores.
+//         then O /= l once, LSE, O to global memory.
 //   setmaxnreg moves registers from the producer (24-32) to the consumers (240 with two
 //   consumer warpgroups, 160 with three).
+// Schedules (HopperTileConfig flags; TUNING.md has the measurements):
+//   intra-warpgroup overlap  S_j = Q K_j^T is issued with O += P_(j-1) V_(j-1), and the
+//                            softmax of block j runs while that PV GEMM does (FA3 3.2);
+//   ping-pong                the consumer warpgroups take turns issuing GEMMs (FA3 3.1);
+//   persistent grid          one CTA per SM runs tiles blockIdx.x + k * gridDim.x; Q is
+//                            released after the mainloop and O stored straight from
+//                            registers while the next tile's Q and K load. Without it,
+//                            one CTA per tile and O goes through shared memory to
+//                            16-byte stores.
 //
 // Shared-memory tiles are stored as 64-column panels (128 bytes per row, the TMA/wgmma
 // 128-byte swizzle: 16-byte chunk c of row r lives at chunk c ^ (r % 8) of its 1024-byte
