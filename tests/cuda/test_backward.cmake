@@ -3,3 +3,6 @@
 find_package(CUDAToolkit REQUIRED)
 flashattn_add_test(test_cuda_backward test_backward.cpp)
 target_link_libraries(test_cuda_backward PRIVATE CUDA::cudart_static)
+# Host-only: the dK/dV kernel's shared-memory addressing for every tile-table entry.
+flashattn_add_test(test_cuda_backward_layout test_backward_layout.cpp)
+target_include_directories(test_cuda_backward_layout PRIVATE ${PROJECT_SOURCE_DIR}/include)

@@ -209,26 +209,35 @@ void compare_config(const Shape& shape, int repeats, const char* name) {
   }
 }
 
-// Config names: m<block_m>_n<block_n>_w<warps>_s<stages>_<sdp_warps_m>.<dkdv_warps_n>.<dq_warps_m>.
+// Config names: m<block_m>_n<block_n>_w<warps>_s<stages>_<sdp_warps_m>.<dkdv_warps_n>.<dq_warps_m>
+// [_atomics: dQ by vector atomics][_prefetch: fragments of the next k-step loaded early].
 void sweep_configs(int repeats) {
   using flashattn::cuda::bwd::DkdvConfig;
   std::printf("sweep,dtype,batch,heads,seqlen,head_dim,causal,deterministic,config,ms,tflops,max_rel_diff_vs_table\n");
   for (bool causal : {false, true}) {
     const Shape d64{"seed004_fp16_b4h48_d64", flashattn::DType::float16, 4, 48, 4096, 64, causal};
     compare_config<__half, 64, DkdvConfig{128, 128, 8, 2, 2, 4, 4}>(d64, repeats, "m128_n128_w8_s2_2.4.4");
-    compare_config<__half, 64, DkdvConfig{128, 128, 8, 2, 4, 4, 4}>(d64, repeats, "m128_n128_w8_s2_4.4.4");
-    compare_config<__half, 64, DkdvConfig{64, 128, 8, 2, 2, 4, 2}>(d64, repeats, "m64_n128_w8_s2_2.4.2");
-    compare_config<__half, 64, DkdvConfig{128, 64, 8, 2, 4, 4, 4}>(d64, repeats, "m128_n64_w8_s2_4.4.4");
+    compare_config<__half, 64, DkdvConfig{128, 128, 8, 2, 2, 4, 4, true}>(d64, repeats, "m128_n128_w8_s2_2.4.4_atomics");
+    compare_config<__half, 64, DkdvConfig{128, 128, 8, 2, 2, 4, 4, false, true}>(d64, repeats, "m128_n128_w8_s2_2.4.4_prefetch");
+    compare_config<__half, 64, DkdvConfig{128, 128, 8, 2, 2, 4, 4, true, true}>(d64, repeats, "m128_n128_w8_s2_2.4.4_atomics_prefetch");
+    compare_config<__half, 64, DkdvConfig{64, 128, 8, 2, 2, 4, 4, false, true}>(d64, repeats, "m64_n128_w8_s2_2.4.4_prefetch");
+    compare_config<__half, 64, DkdvConfig{128, 128, 8, 2, 4, 4, 4, false, true}>(d64, repeats, "m128_n128_w8_s2_4.4.4_prefetch");
+    compare_config<__half, 64, DkdvConfig{128, 128, 16, 2, 4, 8, 8}>(d64, repeats, "m128_n128_w16_s2_4.8.8");
     const Shape d128{"fa3_bf16_16k_tokens", flashattn::DType::bfloat16, 4, 16, 4096, 128, causal};
     compare_config<__nv_bfloat16, 128, DkdvConfig{64, 128, 8, 2, 2, 4, 2}>(d128, repeats, "m64_n128_w8_s2_2.4.2");
-    compare_config<__nv_bfloat16, 128, DkdvConfig{64, 128, 8, 2, 2, 4, 4}>(d128, repeats, "m64_n128_w8_s2_2.4.4");
-    compare_config<__nv_bfloat16, 128, DkdvConfig{64, 128, 8, 2, 4, 4, 2}>(d128, repeats, "m64_n128_w8_s2_4.4.2");
-    compare_config<__nv_bfloat16, 128, DkdvConfig{64, 64, 8, 2, 2, 2, 2}>(d128, repeats, "m64_n64_w8_s2_2.2.2");
-    compare_config<__nv_bfloat16, 128, DkdvConfig{32, 128, 8, 2, 2, 8, 2}>(d128, repeats, "m32_n128_w8_s2_2.8.2");
+    compare_config<__nv_bfloat16, 128, DkdvConfig{64, 128, 8, 2, 2, 4, 2, true}>(d128, repeats, "m64_n128_w8_s2_2.4.2_atomics");
+    compare_config<__nv_bfloat16, 128, DkdvConfig{64, 128, 8, 2, 2, 4, 2, false, true}>(d128, repeats, "m64_n128_w8_s2_2.4.2_prefetch");
+    compare_config<__nv_bfloat16, 128, DkdvConfig{64, 128, 8, 2, 2, 4, 2, true, true}>(d128, repeats, "m64_n128_w8_s2_2.4.2_atomics_prefetch");
+    compare_config<__nv_bfloat16, 128, DkdvConfig{32, 128, 8, 2, 2, 8, 2, false, true}>(d128, repeats, "m32_n128_w8_s2_2.8.2_prefetch");
+    compare_config<__nv_bfloat16, 128, DkdvConfig{64, 128, 8, 2, 2, 4, 4, false, true}>(d128, repeats, "m64_n128_w8_s2_2.4.4_prefetch");
+    compare_config<__nv_bfloat16, 128, DkdvConfig{64, 128, 16, 2, 2, 8, 4}>(d128, repeats, "m64_n128_w16_s2_2.8.4");
     const Shape d256{"fa3_bf16_16k_tokens", flashattn::DType::bfloat16, 4, 8, 4096, 256, causal};
     compare_config<__nv_bfloat16, 256, DkdvConfig{64, 64, 8, 1, 4, 2, 2}>(d256, repeats, "m64_n64_w8_s1_4.2.2");
-    compare_config<__nv_bfloat16, 256, DkdvConfig{32, 64, 8, 2, 2, 4, 2}>(d256, repeats, "m32_n64_w8_s2_2.4.2");
-    compare_config<__nv_bfloat16, 256, DkdvConfig{64, 64, 8, 1, 4, 4, 4}>(d256, repeats, "m64_n64_w8_s1_4.4.4");
+    compare_config<__nv_bfloat16, 256, DkdvConfig{64, 64, 8, 1, 4, 2, 2, true}>(d256, repeats, "m64_n64_w8_s1_4.2.2_atomics");
+    compare_config<__nv_bfloat16, 256, DkdvConfig{64, 64, 8, 1, 4, 2, 2, false, true}>(d256, repeats, "m64_n64_w8_s1_4.2.2_prefetch");
+    compare_config<__nv_bfloat16, 256, DkdvConfig{64, 64, 8, 1, 4, 2, 2, true, true}>(d256, repeats, "m64_n64_w8_s1_4.2.2_atomics_prefetch");
+    compare_config<__nv_bfloat16, 256, DkdvConfig{32, 64, 8, 2, 2, 4, 2, false, true}>(d256, repeats, "m32_n64_w8_s2_2.4.2_prefetch");
+    compare_config<__nv_bfloat16, 256, DkdvConfig{32, 64, 8, 2, 2, 4, 2, true}>(d256, repeats, "m32_n64_w8_s2_2.4.2_atomics");
   }
 }
 

@@ -16,7 +16,8 @@
 //   dQ_step = dS K                   warp grid over (block_m, head_dim) -> fp32 staging
 //                                    tile -> added to the fp32 accumulator in global
 //                                    memory by the TMA unit (cp.reduce.async.bulk, one
-//                                    op per row) while the next step computes.
+//                                    op per tile) while the next step computes; or
+//                                    vector atomics from registers (config dq_atomics).
 // Q, dO, LSE and D of the next step stream in through cp.async during this one.
 // Every 16-bit tile is swizzled (common/swizzle.cuh): ldmatrix and cp.async without
 // bank conflicts and without padding. Deterministic mode skips dQ here (dq_kernel).
@@ -29,6 +30,8 @@
 #include "flashattn/online_softmax.hpp"
 #include "src/core/params.hpp"
 #include "src/cuda/bwd/common.cuh"
+#include "src/cuda/bwd/dkdv_traits.hpp"
+#include "src/cuda/bwd/fragment_address.hpp"
 #include "src/cuda/bwd/tile_config.hpp"
 #include "src/cuda/bwd/workspace.hpp"
 #include "src/cuda/common/numeric.cuh"
@@ -40,94 +43,6 @@
 #include "src/cuda/ptx/mma_sync.cuh"
 
 namespace flashattn::cuda::bwd {
-
-// kConfig_ defaults to the table; the timing tool instantiates alternatives.
-template <class Element_, int kHeadDim_, DkdvConfig kConfig_ = dkdv_config(kHeadDim_)>
-struct DkdvTraits {
-  using Element = Element_;
-  static constexpr int kHeadDim = kHeadDim_;
-  static constexpr DkdvConfig kConfig = kConfig_;
-  static constexpr int kBlockM = kConfig.block_m;
-  static constexpr int kBlockN = kConfig.block_n;
-  static constexpr int kWarps = kConfig.warps;
-  static constexpr int kThreads = kWarps * 32;
-  static constexpr int kStages = kConfig.stages;
-  // S, dP: (kBlockM, kBlockN), warp tiles (kSdpWarpRows, kSdpWarpCols)
-  static constexpr int kSdpWarpsM = kConfig.sdp_warps_m, kSdpWarpsN = kWarps / kSdpWarpsM;
-  static constexpr int kSdpWarpRows = kBlockM / kSdpWarpsM, kSdpWarpCols = kBlockN / kSdpWarpsN;
-  static constexpr int kSdpMTiles = kSdpWarpRows / 16, kSdpNTiles = kSdpWarpCols / 8;
-  // dK, dV: (kBlockN, kHeadDim), warp tiles (kKvWarpRows, kKvWarpCols)
-  static constexpr int kKvWarpsN = kConfig.dkdv_warps_n, kKvWarpsD = kWarps / kKvWarpsN;
-  static constexpr int kKvWarpRows = kBlockN / kKvWarpsN, kKvWarpCols = kHeadDim / kKvWarpsD;
-  static constexpr int kKvMTiles = kKvWarpRows / 16, kKvNTiles = kKvWarpCols / 8;
-  // dQ: (kBlockM, kHeadDim), warp tiles (kDqWarpRows, kDqWarpCols)
-  static constexpr int kDqWarpsM = kConfig.dq_warps_m, kDqWarpsD = kWarps / kDqWarpsM;
-  static constexpr int kDqWarpRows = kBlockM / kDqWarpsM, kDqWarpCols = kHeadDim / kDqWarpsD;
-  static constexpr int kDqMTiles = kDqWarpRows / 16, kDqNTiles = kDqWarpCols / 8;
-  static_assert(kWarps % kSdpWarpsM == 0 && kWarps % kKvWarpsN == 0 && kWarps % kDqWarpsM == 0);
-  static_assert(kSdpWarpRows % 16 == 0 && kSdpWarpCols % 16 == 0, "S/dP warp tiles: m16 x (pairs of n8)");
-  static_assert(kKvWarpRows % 16 == 0 && kKvWarpCols % 16 == 0, "dK/dV warp tiles: m16 x (pairs of n8)");
-  static_assert(kDqWarpRows % 16 == 0 && kDqWarpCols % 16 == 0, "dQ warp tiles: m16 x (pairs of n8)");
-  static_assert(kBlockM <= kMaxBlockM && kBlockM % 16 == 0 && kHeadDim % 16 == 0);
-  static_assert(kStages == 1 || kStages == 2);
-
-  using QTile = SwizzledTile<kBlockM, kHeadDim>;      // Q, dO
-  using KvTile = SwizzledTile<kBlockN, kHeadDim>;     // K, V
-  using ScoreTile = SwizzledTile<kBlockM, kBlockN>;   // P, dS
-  // fp32 dQ staging rows padded by 32 bytes: the float2 fragment stores of 8 rows
-  // then cover all 32 banks twice (2 wavefronts, the minimum for 256 bytes).
-  static constexpr int kDqStagingLd = kHeadDim + 8;
-
-  // Shared memory, byte offsets: K | V | Q x stages | dO x stages | P | dS | dQ staging | LSE x stages | D x stages
-  static constexpr int kKOffset = 0;
-  static constexpr int kVOffset = kKOffset + KvTile::kBytes;
-  static constexpr int kQOffset = kVOffset + KvTile::kBytes;
-  static constexpr int kDoOffset = kQOffset + kStages * QTile::kBytes;
-  static constexpr int kPOffset = kDoOffset + kStages * QTile::kBytes;
-  static constexpr int kDsOffset = kPOffset + ScoreTile::kBytes;
-  static constexpr int kDqOffset = kDsOffset + ScoreTile::kBytes;
-  static constexpr int kLseOffset = kDqOffset + kBlockM * kDqStagingLd * 4;
-  static constexpr int kDsumOffset = kLseOffset + kStages * kBlockM * 4;
-  static constexpr int kSmemBytes = kDsumOffset + kStages * kBlockM * 4;
-};
-
-// Per-lane ldmatrix addresses into a swizzled tile. A lane addresses row `row` (its
-// own row of the 8x8 matrices) and logical chunk warp_chunk + lane_bit + c for
-// compile-time c; the unrolled loops then add immediates only. kWarpChunks is the
-// chunk extent of one warp when several warps split the columns (0: one warp, or
-// no warp offset): a power of two lets the warp's chunk bits join the lane XOR
-// (warp_chunk is a multiple of it and c < it, so their bits are disjoint);
-// otherwise the chunk is added at run time.
-template <class Tile, int kWarpChunks>
-struct FragmentAddress {
-  static constexpr int kWidth = Tile::kSwizzleWidth;
-  static constexpr int kCols = Tile::kChunks * kChunkElements;
-  static constexpr bool kIsXorOnly = kWarpChunks == 0 || (kWarpChunks & (kWarpChunks - 1)) == 0;
-  static_assert(kWidth >= 2, "the lane's chunk bit must stay inside the XOR pattern");
-  std::uint32_t row_address;
-  int lane_xor;
-  int chunk_base;
-
-  __device__ __forceinline__ FragmentAddress(const void* tile, int row, int warp_chunk, int lane_bit) {
-    if constexpr (kIsXorOnly) {
-      row_address = ptx::shared_address(tile) + 2 * (row * kCols + (warp_chunk & ~(kWidth - 1)) * kChunkElements);
-      lane_xor = Tile::row_swizzle(row) ^ (warp_chunk & (kWidth - 1)) ^ lane_bit;
-      chunk_base = 0;
-    } else {
-      row_address = ptx::shared_address(tile) + 2 * row * kCols;
-      lane_xor = Tile::row_swizzle(row);
-      chunk_base = warp_chunk + lane_bit;
-    }
-  }
-  // Byte address of the lane's row at row_offset (a multiple of 8: same swizzle) and chunk c (even).
-  __device__ __forceinline__ std::uint32_t at(int row_offset, int c) const {
-    if constexpr (kIsXorOnly) {
-      return row_address + 2 * (row_offset * kCols + Tile::xor_chunk_offset(c, lane_xor));
-    } else {
-      return row_address + 2 * (row_offset * kCols + ((chunk_base + c) ^ lane_xor) * kChunkElements);
-    }
-  }
-};
 
 // (kRows, kCols) tile rows [0, rows_valid) x columns [0, head_dim) of a strided global
 // tensor into swizzled shared memory; everything else (tails, head-dim padding) is
@@ -154,9 +69,95 @@ __device__ __forceinline__ void load_swizzled_tile(Element* tile, const Element*
   }
 }
 
-// From a warp's S = Q K^T and dP = dO V^T fragments: P = exp2(S * scale_log2 - LSE)
-// with the element mask, dS = P ∘ (dP - D) (softcap: ∘ (1 - tanh²)), both written to
-// shared memory as Element. Rows past the sequence have LSE = +inf (P = 0).
+// One warp: acc (16 kMTiles, 8 kNTiles) += A (16 kMTiles, 16 kSteps) B (16 kSteps, 8 kNTiles),
+// the fragments of k-step kk loaded from shared memory by load_a(kk, mi, a) (an m16k16
+// A fragment) and load_b(kk, nj, b) (the B fragments of n8 tiles 2nj and 2nj+1).
+// kPrefetch: the fragments of step kk+1 are loaded before the mma of step kk, so the
+// shared-memory latency hides behind them (double the fragment registers).
+template <int kSteps, int kMTiles, int kNTiles, bool kIsBf16, bool kPrefetch, class LoadA, class LoadB>
+__device__ __forceinline__ void warp_gemm(float (&acc)[kMTiles][kNTiles][4], LoadA load_a, LoadB load_b) {
+  static_assert(kNTiles % 2 == 0);
+  if constexpr (kPrefetch) {
+    std::uint32_t a[2][kMTiles][4];
+    std::uint32_t b[2][kNTiles / 2][2][2];
+#pragma unroll
+    for (int mi = 0; mi < kMTiles; ++mi) load_a(0, mi, a[0][mi]);
+#pragma unroll
+    for (int nj = 0; nj < kNTiles / 2; ++nj) load_b(0, nj, b[0][nj]);
+#pragma unroll
+    for (int kk = 0; kk < kSteps; ++kk) {
+      const int current = kk % 2;
+      if (kk + 1 < kSteps) {
+#pragma unroll
+        for (int mi = 0; mi < kMTiles; ++mi) load_a(kk + 1, mi, a[current ^ 1][mi]);
+#pragma unroll
+        for (int nj = 0; nj < kNTiles / 2; ++nj) load_b(kk + 1, nj, b[current ^ 1][nj]);
+      }
+#pragma unroll
+      for (int nj = 0; nj < kNTiles / 2; ++nj)
+#pragma unroll
+        for (int mi = 0; mi < kMTiles; ++mi) {
+          ptx::mma_m16n8k16<kIsBf16>(acc[mi][2 * nj], a[current][mi], b[current][nj][0]);
+          ptx::mma_m16n8k16<kIsBf16>(acc[mi][2 * nj + 1], a[current][mi], b[current][nj][1]);
+        }
+    }
+  } else {
+#pragma unroll
+    for (int kk = 0; kk < kSteps; ++kk) {
+      std::uint32_t a[kMTiles][4];
+#pragma unroll
+      for (int mi = 0; mi < kMTiles; ++mi) load_a(kk, mi, a[mi]);
+#pragma unroll
+      for (int nj = 0; nj < kNTiles / 2; ++nj) {
+        std::uint32_t b[2][2];
+        load_b(kk, nj, b);
+#pragma unroll
+        for (int mi = 0; mi < kMTiles; ++mi) {
+          ptx::mma_m16n8k16<kIsBf16>(acc[mi][2 * nj], a[mi], b[0]);
+          ptx::mma_m16n8k16<kIsBf16>(acc[mi][2 * nj + 1], a[mi], b[1]);
+        }
+      }
+    }
+  }
+}
+
+// ldmatrix wrappers for warp_gemm's loaders: an A fragment, or the B fragments of two n8 tiles.
+__device__ __forceinline__ void load_fragment(std::uint32_t (&r)[4], std::uint32_t address) {
+  ptx::ldmatrix_x4(r[0], r[1], r[2], r[3], address);
+}
+__device__ __forceinline__ void load_fragment_trans(std::uint32_t (&r)[4], std::uint32_t address) {
+  ptx::ldmatrix_x4_trans(r[0], r[1], r[2], r[3], address);
+}
+__device__ __forceinline__ void load_fragment(std::uint32_t (&r)[2][2], std::uint32_t address) {
+  ptx::ldmatrix_x4(r[0][0], r[0][1], r[1][0], r[1][1], address);
+}
+__device__ __forceinline__ void load_fragment_trans(std::uint32_t (&r)[2][2], std::uint32_t address) {
+  ptx::ldmatrix_x4_trans(r[0][0], r[0][1], r[1][0], r[1][1], address);
+}
+
+// P = exp2(S * scale_log2 - LSE) in place, before the element mask (without softcap:
+// the exponentials then overlap the dP product). Rows past the sequence have
+// LSE = +inf: P = 0.
+template <class T>
+__device__ __forceinline__ void exponentiate(float (&s)[T::kSdpMTiles][T::kSdpNTiles][4], const BackwardParams& params,
+                                             const float* lse_tile, int warp_m0, int lane) {
+  const float scale_log2 = params.softmax_scale_log2;
+#pragma unroll
+  for (int mi = 0; mi < T::kSdpMTiles; ++mi)
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const float lse_log2 = lse_tile[warp_m0 + mi * 16 + lane / 4 + 8 * half];
+#pragma unroll
+      for (int j = 0; j < T::kSdpNTiles; ++j)
+#pragma unroll
+        for (int e = 0; e < 2; ++e)
+          s[mi][j][2 * half + e] = ptx::exp2_approx_ftz(fmaf(s[mi][j][2 * half + e], scale_log2, -lse_log2));
+    }
+}
+
+// From a warp's S (softcap: raw Q K^T; else P from exponentiate) and dP = dO V^T
+// fragments: P with the element mask, dS = P ∘ (dP - D) (softcap: ∘ (1 - tanh²)),
+// both written to shared memory as Element.
 template <class T, bool kHasSoftcap>
 __device__ __forceinline__ void write_p_and_ds(const float (&s)[T::kSdpMTiles][T::kSdpNTiles][4],
                                                const float (&dp)[T::kSdpMTiles][T::kSdpNTiles][4],
@@ -167,7 +168,6 @@ __device__ __forceinline__ void write_p_and_ds(const float (&s)[T::kSdpMTiles][T
   using Element = typename T::Element;
   using ScoreTile = typename T::ScoreTile;
   const int group = lane / 4, quad_lane = lane % 4;
-  const float scale_log2 = params.softmax_scale_log2;
   const float softcap_input_scale = kHasSoftcap ? params.softmax_scale / params.softcap : 0.0f;
   const float softcap_scale_log2 = params.softcap * static_cast<float>(online_softmax::kLog2e);
 #pragma unroll
@@ -189,14 +189,13 @@ __device__ __forceinline__ void write_p_and_ds(const float (&s)[T::kSdpMTiles][T
         float p[2], ds[2];
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
-          const float raw = s[mi][j][2 * half + e];
           if constexpr (kHasSoftcap) {
-            const float capped = tanhf(raw * softcap_input_scale);
+            const float capped = tanhf(s[mi][j][2 * half + e] * softcap_input_scale);
             p[e] = ptx::exp2_approx_ftz(capped * softcap_scale_log2 - lse_log2);
             if (col + e < begin || col + e >= end) p[e] = 0.0f;
             ds[e] = p[e] * (dp[mi][j][2 * half + e] - dsum) * (1.0f - capped * capped);
           } else {
-            p[e] = ptx::exp2_approx_ftz(fmaf(raw, scale_log2, -lse_log2));
+            p[e] = s[mi][j][2 * half + e];
             if (col + e < begin || col + e >= end) p[e] = 0.0f;
             ds[e] = p[e] * (dp[mi][j][2 * half + e] - dsum);
           }
@@ -208,7 +207,9 @@ __device__ __forceinline__ void write_p_and_ds(const float (&s)[T::kSdpMTiles][T
     }
 }
 
-template <class T>
+// kHasSoftcap: a template parameter so that without softcap the exponentials and the
+// dP product share one basic block (the compiler interleaves them).
+template <class T, bool kHasSoftcap>
 __global__ void __launch_bounds__(T::kThreads, 1)
     dkdv_kernel(const __grid_constant__ BackwardParams params, const Workspace workspace, int num_n_blocks,
                 bool is_aligned) {
@@ -225,7 +226,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   Element* do_smem = reinterpret_cast<Element*>(shared_bytes + T::kDoOffset);  // kStages x (kBlockM, kHeadDim)
   Element* p_smem = reinterpret_cast<Element*>(shared_bytes + T::kPOffset);    // (kBlockM, kBlockN)
   Element* ds_smem = reinterpret_cast<Element*>(shared_bytes + T::kDsOffset);  // (kBlockM, kBlockN)
-  float* dq_staging = reinterpret_cast<float*>(shared_bytes + T::kDqOffset);   // (kBlockM, kDqStagingLd)
+  float* dq_staging = reinterpret_cast<float*>(shared_bytes + T::kDqOffset);   // (kBlockM, kHeadDim) unless kDqAtomics
   float* lse_smem = reinterpret_cast<float*>(shared_bytes + T::kLseOffset);    // kStages x (kBlockM)
   float* dsum_smem = reinterpret_cast<float*>(shared_bytes + T::kDsumOffset);  // kStages x (kBlockM)
 
@@ -285,14 +286,18 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   // Called after a barrier that follows the staging writes and their proxy fence.
   auto flush_dq = [&](int step) {
     const std::int64_t h_q = step_head(step), m0 = step_m0(step);
-    const int rows_valid = static_cast<int>(seqlen_q - m0 < kBlockM ? seqlen_q - m0 : kBlockM);
-    float* dq_rows = workspace.dq_accum + (packed_q_row(params, b, m0) * params.heads_q + h_q) * params.head_dim;
-    const std::int64_t dq_row_stride = params.heads_q * params.head_dim;
+    float* dq_rows = workspace.dq_accum + workspace.dq_offset(params, b, m0, h_q);
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    if (warp == 0) {
-      for (int row = lane; row < rows_valid; row += 32)
-        ptx::bulk_reduce_add_f32(dq_rows + row * dq_row_stride,
-                                 ptx::shared_address(dq_staging + row * T::kDqStagingLd),
+    if (head_dim == kHeadDim) {
+      // The tile is contiguous in the accumulator (rows past the sequence add zeros).
+      if (tid == 0) {
+        ptx::bulk_reduce_add_f32(dq_rows, ptx::shared_address(dq_staging), kBlockM * kHeadDim * 4);
+        ptx::bulk_commit_group();
+      }
+    } else if (warp == 0) {
+      // Padded head dim: the accumulator's rows are head_dim long, one copy per row.
+      for (int row = lane; row < kBlockM; row += 32)
+        ptx::bulk_reduce_add_f32(dq_rows + row * params.head_dim, ptx::shared_address(dq_staging + row * kHeadDim),
                                  static_cast<std::uint32_t>(head_dim) * 4);
       ptx::bulk_commit_group();
     }
@@ -300,9 +305,9 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     constexpr int kQuads = kHeadDim / 4;
     for (int index = tid; index < kBlockM * kQuads; index += T::kThreads) {
       const int row = index / kQuads, col = (index % kQuads) * 4;
-      if (row < rows_valid && col < head_dim) {
-        const float4 value = *reinterpret_cast<const float4*>(dq_staging + row * T::kDqStagingLd + col);
-        float* destination = dq_rows + row * dq_row_stride + col;
+      if (col < head_dim) {
+        const float4 value = *reinterpret_cast<const float4*>(dq_staging + row * kHeadDim + col);
+        float* destination = dq_rows + row * params.head_dim + col;
         atomicAdd(destination, value.x);
         atomicAdd(destination + 1, value.y);
         atomicAdd(destination + 2, value.z);
@@ -311,28 +316,23 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     }
 #endif
   };
+  constexpr bool kUsesStaging = !T::kDqAtomics;
 
   // Warp tiles of the three products.
-  const int sdp_m0 = (warp % T::kSdpWarpsM) * T::kSdpWarpRows, sdp_n0 = (warp / T::kSdpWarpsM) * T::kSdpWarpCols;
-  const int kv_n0 = (warp % T::kKvWarpsN) * T::kKvWarpRows, kv_d0 = (warp / T::kKvWarpsN) * T::kKvWarpCols;
-  const int dq_m0 = (warp % T::kDqWarpsM) * T::kDqWarpRows, dq_d0 = (warp / T::kDqWarpsM) * T::kDqWarpCols;
-  // ldmatrix lane patterns (x4: lanes 8i..8i+7 address matrix i):
-  //  A, plain: matrices (rows 0-7 | 8-15) x (k chunk 0 | 1), rows fastest.
-  const int a_row = lane % 16, a_bit = lane / 16;
-  //  B pair, plain (n rows 0-7: k chunk 0, 1; n rows 8-15: k chunk 0, 1) — and A via
-  //  .trans from a matrix stored (k, m): (k 0-7: m chunk 0, 1; k 8-15: m chunk 0, 1).
-  const int bn_row = (lane & 7) + ((lane >> 4) << 3), bn_bit = (lane >> 3) & 1;
-  //  B pair via .trans from a matrix stored (k, n): (k 0-7 | 8-15) x (n chunk 0 | 1), k fastest.
-  const int bk_row = (lane & 7) + (((lane >> 3) & 1) << 3), bk_bit = lane >> 4;
-  constexpr int kKvChunks = T::kKvWarpsD > 1 ? T::kKvWarpCols / kChunkElements : 0;
-  constexpr int kPChunks = T::kKvWarpsN > 1 ? T::kKvWarpRows / kChunkElements : 0;
-  constexpr int kDqChunks = T::kDqWarpsD > 1 ? T::kDqWarpCols / kChunkElements : 0;
-  const FragmentAddress<QTile, 0> q_as_a(q_smem, sdp_m0 + a_row, 0, a_bit);           // Q, dO in S, dP
-  const FragmentAddress<KvTile, 0> k_as_b(k_smem, sdp_n0 + bn_row, 0, bn_bit);        // K, V in S, dP
-  const FragmentAddress<ScoreTile, kPChunks> p_as_a(p_smem, bn_row, kv_n0 / 8, bn_bit);  // P^T, dS^T in dV, dK
-  const FragmentAddress<QTile, kKvChunks> q_as_b(q_smem, bk_row, kv_d0 / 8, bk_bit);  // dO, Q in dV, dK
-  const FragmentAddress<ScoreTile, 0> ds_as_a(ds_smem, dq_m0 + a_row, 0, a_bit);      // dS in dQ
-  const FragmentAddress<KvTile, kDqChunks> k_as_bt(k_smem, bk_row, dq_d0 / 8, bk_bit);  // K in dQ
+  const int sdp_m0 = T::sdp_row0(warp), sdp_n0 = T::sdp_col0(warp);
+  const int kv_n0 = T::kv_row0(warp), kv_d0 = T::kv_col0(warp);
+  const int dq_m0 = T::dq_row0(warp), dq_d0 = T::dq_col0(warp);
+  const LaneRow a_lane = plain_a_lane(lane), bn_lane = plain_b_pair_lane(lane), bk_lane = trans_b_pair_lane(lane);
+  const int a_row = a_lane.row, a_bit = a_lane.chunk_bit, bn_row = bn_lane.row, bn_bit = bn_lane.chunk_bit;
+  const int bk_row = bk_lane.row, bk_bit = bk_lane.chunk_bit;
+  constexpr int kKvChunks = T::kKvWarpChunks, kPChunks = T::kPWarpChunks, kDqChunks = T::kDqWarpChunks;
+  using ptx::shared_address;
+  const FragmentAddress<QTile, 0> q_as_a(shared_address(q_smem), sdp_m0 + a_row, 0, a_bit);     // Q, dO in S, dP
+  const FragmentAddress<KvTile, 0> k_as_b(shared_address(k_smem), sdp_n0 + bn_row, 0, bn_bit);  // K, V in S, dP
+  const FragmentAddress<ScoreTile, kPChunks> p_as_a(shared_address(p_smem), bn_row, kv_n0 / 8, bn_bit);  // P^T, dS^T
+  const FragmentAddress<QTile, kKvChunks> q_as_b(shared_address(q_smem), bk_row, kv_d0 / 8, bk_bit);  // dO, Q in dV, dK
+  const FragmentAddress<ScoreTile, 0> ds_as_a(shared_address(ds_smem), dq_m0 + a_row, 0, a_bit);      // dS in dQ
+  const FragmentAddress<KvTile, kDqChunks> k_as_bt(shared_address(k_smem), bk_row, dq_d0 / 8, bk_bit);  // K in dQ
   constexpr std::uint32_t kDoMinusQ = T::kDoOffset - T::kQOffset;
   constexpr std::uint32_t kVMinusK = T::kVOffset - T::kKOffset;
   constexpr std::uint32_t kDsMinusP = T::kDsOffset - T::kPOffset;
@@ -348,7 +348,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     // (its stage, P/dS and the dQ staging writes may be reused).
     ptx::cp_async_wait_group<0>();
     __syncthreads();
-    if (has_dq && step > 0) flush_dq(step - 1);
+    if (kUsesStaging && has_dq && step > 0) flush_dq(step - 1);
     if constexpr (kStages == 2) {
       if (step + 1 < steps) issue_step_loads(step + 1, stage ^ 1);
       ptx::cp_async_commit_group();
@@ -359,94 +359,34 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     // S = Q K^T, dP = dO V^T: (kSdpWarpRows, kSdpWarpCols) per warp
     float s[T::kSdpMTiles][T::kSdpNTiles][4] = {};
     float dp[T::kSdpMTiles][T::kSdpNTiles][4] = {};
-#pragma unroll
-    for (int kk = 0; kk < kHeadDim / 16; ++kk) {
-      std::uint32_t a[T::kSdpMTiles][4];
-#pragma unroll
-      for (int mi = 0; mi < T::kSdpMTiles; ++mi)
-        ptx::ldmatrix_x4(a[mi][0], a[mi][1], a[mi][2], a[mi][3], q_as_a.at(16 * mi, 2 * kk) + stage_bytes);
-#pragma unroll
-      for (int nj = 0; nj < T::kSdpNTiles / 2; ++nj) {
-        std::uint32_t b_even[2], b_odd[2];
-        ptx::ldmatrix_x4(b_even[0], b_even[1], b_odd[0], b_odd[1], k_as_b.at(16 * nj, 2 * kk));
-#pragma unroll
-        for (int mi = 0; mi < T::kSdpMTiles; ++mi) {
-          ptx::mma_m16n8k16<kIsBf16>(s[mi][2 * nj], a[mi], b_even);
-          ptx::mma_m16n8k16<kIsBf16>(s[mi][2 * nj + 1], a[mi], b_odd);
-        }
-      }
-    }
-#pragma unroll
-    for (int kk = 0; kk < kHeadDim / 16; ++kk) {
-      std::uint32_t a[T::kSdpMTiles][4];
-#pragma unroll
-      for (int mi = 0; mi < T::kSdpMTiles; ++mi)
-        ptx::ldmatrix_x4(a[mi][0], a[mi][1], a[mi][2], a[mi][3], q_as_a.at(16 * mi, 2 * kk) + stage_bytes + kDoMinusQ);
-#pragma unroll
-      for (int nj = 0; nj < T::kSdpNTiles / 2; ++nj) {
-        std::uint32_t b_even[2], b_odd[2];
-        ptx::ldmatrix_x4(b_even[0], b_even[1], b_odd[0], b_odd[1], k_as_b.at(16 * nj, 2 * kk) + kVMinusK);
-#pragma unroll
-        for (int mi = 0; mi < T::kSdpMTiles; ++mi) {
-          ptx::mma_m16n8k16<kIsBf16>(dp[mi][2 * nj], a[mi], b_even);
-          ptx::mma_m16n8k16<kIsBf16>(dp[mi][2 * nj + 1], a[mi], b_odd);
-        }
-      }
-    }
+    constexpr int kHeadSteps = kHeadDim / 16;
+    warp_gemm<kHeadSteps, T::kSdpMTiles, T::kSdpNTiles, kIsBf16, T::kPrefetch>(
+        s, [&](int kk, int mi, auto& r) { load_fragment(r, q_as_a.at(16 * mi, 2 * kk) + stage_bytes); },
+        [&](int kk, int nj, auto& r) { load_fragment(r, k_as_b.at(16 * nj, 2 * kk)); });
+    const float* lse_tile = lse_smem + stage * kBlockM;
+    const float* dsum_tile = dsum_smem + stage * kBlockM;
+    if constexpr (!kHasSoftcap) exponentiate<T>(s, params, lse_tile, sdp_m0, lane);
+    warp_gemm<kHeadSteps, T::kSdpMTiles, T::kSdpNTiles, kIsBf16, T::kPrefetch>(
+        dp, [&](int kk, int mi, auto& r) { load_fragment(r, q_as_a.at(16 * mi, 2 * kk) + stage_bytes + kDoMinusQ); },
+        [&](int kk, int nj, auto& r) { load_fragment(r, k_as_b.at(16 * nj, 2 * kk) + kVMinusK); });
 
     const std::int64_t q_rows_end = m0 + kBlockM < seqlen_q ? m0 + kBlockM : seqlen_q;
     const bool needs_mask = n0 + kBlockN > seqlen_k || !mask.tile_fully_allowed(m0, q_rows_end, n0, n0 + kBlockN);
-    const float* lse_tile = lse_smem + stage * kBlockM;
-    const float* dsum_tile = dsum_smem + stage * kBlockM;
-    if (params.has_softcap()) {
-      write_p_and_ds<T, true>(s, dp, params, mask, needs_mask, m0, n0, lse_tile, dsum_tile, sdp_m0, sdp_n0, lane,
-                              p_smem, ds_smem);
-    } else {
-      write_p_and_ds<T, false>(s, dp, params, mask, needs_mask, m0, n0, lse_tile, dsum_tile, sdp_m0, sdp_n0, lane,
-                               p_smem, ds_smem);
-    }
+    write_p_and_ds<T, kHasSoftcap>(s, dp, params, mask, needs_mask, m0, n0, lse_tile, dsum_tile, sdp_m0, sdp_n0, lane,
+                                   p_smem, ds_smem);
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     // The TMA has read the previous step's staging tile before anyone rewrites it.
-    if (has_dq && warp == 0) ptx::bulk_wait_group_read<0>();
+    if (kUsesStaging && has_dq && warp == 0) ptx::bulk_wait_group_read<0>();
 #endif
     __syncthreads();
 
     // dV += P^T dO, dK += dS^T Q: (kKvWarpRows, kKvWarpCols) per warp, depth kBlockM
-#pragma unroll
-    for (int kk = 0; kk < kBlockM / 16; ++kk) {
-      std::uint32_t a[T::kKvMTiles][4];
-#pragma unroll
-      for (int mi = 0; mi < T::kKvMTiles; ++mi)
-        ptx::ldmatrix_x4_trans(a[mi][0], a[mi][1], a[mi][2], a[mi][3], p_as_a.at(16 * kk, 2 * mi));
-#pragma unroll
-      for (int dj = 0; dj < T::kKvNTiles / 2; ++dj) {
-        std::uint32_t b_even[2], b_odd[2];
-        ptx::ldmatrix_x4_trans(b_even[0], b_even[1], b_odd[0], b_odd[1],
-                               q_as_b.at(16 * kk, 2 * dj) + stage_bytes + kDoMinusQ);
-#pragma unroll
-        for (int mi = 0; mi < T::kKvMTiles; ++mi) {
-          ptx::mma_m16n8k16<kIsBf16>(dv[mi][2 * dj], a[mi], b_even);
-          ptx::mma_m16n8k16<kIsBf16>(dv[mi][2 * dj + 1], a[mi], b_odd);
-        }
-      }
-    }
-#pragma unroll
-    for (int kk = 0; kk < kBlockM / 16; ++kk) {
-      std::uint32_t a[T::kKvMTiles][4];
-#pragma unroll
-      for (int mi = 0; mi < T::kKvMTiles; ++mi)
-        ptx::ldmatrix_x4_trans(a[mi][0], a[mi][1], a[mi][2], a[mi][3], p_as_a.at(16 * kk, 2 * mi) + kDsMinusP);
-#pragma unroll
-      for (int dj = 0; dj < T::kKvNTiles / 2; ++dj) {
-        std::uint32_t b_even[2], b_odd[2];
-        ptx::ldmatrix_x4_trans(b_even[0], b_even[1], b_odd[0], b_odd[1], q_as_b.at(16 * kk, 2 * dj) + stage_bytes);
-#pragma unroll
-        for (int mi = 0; mi < T::kKvMTiles; ++mi) {
-          ptx::mma_m16n8k16<kIsBf16>(dk[mi][2 * dj], a[mi], b_even);
-          ptx::mma_m16n8k16<kIsBf16>(dk[mi][2 * dj + 1], a[mi], b_odd);
-        }
-      }
-    }
+    warp_gemm<kBlockM / 16, T::kKvMTiles, T::kKvNTiles, kIsBf16, T::kPrefetch>(
+        dv, [&](int kk, int mi, auto& r) { load_fragment_trans(r, p_as_a.at(16 * kk, 2 * mi)); },
+        [&](int kk, int dj, auto& r) { load_fragment_trans(r, q_as_b.at(16 * kk, 2 * dj) + stage_bytes + kDoMinusQ); });
+    warp_gemm<kBlockM / 16, T::kKvMTiles, T::kKvNTiles, kIsBf16, T::kPrefetch>(
+        dk, [&](int kk, int mi, auto& r) { load_fragment_trans(r, p_as_a.at(16 * kk, 2 * mi) + kDsMinusP); },
+        [&](int kk, int dj, auto& r) { load_fragment_trans(r, q_as_b.at(16 * kk, 2 * dj) + stage_bytes); });
     if constexpr (kStages == 1) {
       // Single buffer: the next Q/dO may land only once every warp is past dK, dV.
       __syncthreads();
@@ -457,40 +397,49 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     if (has_dq) {
       // dQ_step = dS K: (kDqWarpRows, kDqWarpCols) per warp, depth kBlockN
       float dq[T::kDqMTiles][T::kDqNTiles][4] = {};
-#pragma unroll
-      for (int kk = 0; kk < kBlockN / 16; ++kk) {
-        std::uint32_t a[T::kDqMTiles][4];
+      warp_gemm<kBlockN / 16, T::kDqMTiles, T::kDqNTiles, kIsBf16, T::kPrefetch>(
+          dq, [&](int kk, int mi, auto& r) { load_fragment(r, ds_as_a.at(16 * mi, 2 * kk)); },
+          [&](int kk, int dj, auto& r) { load_fragment_trans(r, k_as_bt.at(16 * kk, 2 * dj)); });
+      const int group = lane / 4, quad_lane = lane % 4;
+      if constexpr (kUsesStaging) {
 #pragma unroll
         for (int mi = 0; mi < T::kDqMTiles; ++mi)
-          ptx::ldmatrix_x4(a[mi][0], a[mi][1], a[mi][2], a[mi][3], ds_as_a.at(16 * mi, 2 * kk));
 #pragma unroll
-        for (int dj = 0; dj < T::kDqNTiles / 2; ++dj) {
-          std::uint32_t b_even[2], b_odd[2];
-          ptx::ldmatrix_x4_trans(b_even[0], b_even[1], b_odd[0], b_odd[1], k_as_bt.at(16 * kk, 2 * dj));
+          for (int half = 0; half < 2; ++half) {
+            float* staging_row =
+                dq_staging + (dq_m0 + 16 * mi + group + 8 * half) * T::kDqStagingLd + dq_d0 + 2 * quad_lane;
 #pragma unroll
-          for (int mi = 0; mi < T::kDqMTiles; ++mi) {
-            ptx::mma_m16n8k16<kIsBf16>(dq[mi][2 * dj], a[mi], b_even);
-            ptx::mma_m16n8k16<kIsBf16>(dq[mi][2 * dj + 1], a[mi], b_odd);
+            for (int j = 0; j < T::kDqNTiles; ++j)
+              *reinterpret_cast<float2*>(staging_row + 8 * j) = make_float2(dq[mi][j][2 * half], dq[mi][j][2 * half + 1]);
           }
-        }
-      }
-      const int group = lane / 4, quad_lane = lane % 4;
-#pragma unroll
-      for (int mi = 0; mi < T::kDqMTiles; ++mi)
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          float* staging_row = dq_staging + (dq_m0 + 16 * mi + group + 8 * half) * T::kDqStagingLd + dq_d0 + 2 * quad_lane;
-#pragma unroll
-          for (int j = 0; j < T::kDqNTiles; ++j)
-            *reinterpret_cast<float2*>(staging_row + 8 * j) = make_float2(dq[mi][j][2 * half], dq[mi][j][2 * half + 1]);
-        }
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-      ptx::fence_proxy_async_shared();
+        ptx::fence_proxy_async_shared();
 #endif
+      } else {
+        // Rows past the sequence hold zeros and stay inside the head's accumulator rows.
+        float* dq_rows = workspace.dq_accum + workspace.dq_offset(params, b, m0, step_head(step));
+#pragma unroll
+        for (int mi = 0; mi < T::kDqMTiles; ++mi)
+#pragma unroll
+          for (int half = 0; half < 2; ++half) {
+            float* row = dq_rows + (dq_m0 + 16 * mi + group + 8 * half) * params.head_dim;
+#pragma unroll
+            for (int j = 0; j < T::kDqNTiles; ++j) {
+              const int col = dq_d0 + 8 * j + 2 * quad_lane;
+              if (col >= head_dim) continue;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+              atomicAdd(reinterpret_cast<float2*>(row + col), make_float2(dq[mi][j][2 * half], dq[mi][j][2 * half + 1]));
+#else
+              atomicAdd(row + col, dq[mi][j][2 * half]);
+              atomicAdd(row + col + 1, dq[mi][j][2 * half + 1]);
+#endif
+            }
+          }
+      }
     }
   }
   ptx::cp_async_wait_group<0>();
-  if (has_dq && steps > 0) {
+  if (kUsesStaging && has_dq && steps > 0) {
     __syncthreads();
     flush_dq(steps - 1);
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900

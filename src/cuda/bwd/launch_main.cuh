@@ -40,9 +40,10 @@ void launch_kernels(const BackwardParams& params, const Workspace& workspace, bo
   const std::int64_t num_n_blocks = (params.seqlen_k + T::kBlockN - 1) / T::kBlockN;
   const unsigned int dkdv_grid = flat_grid(num_n_blocks, params.heads_kv, params.batch);
   if (dkdv_grid > 0) {
-    allow_shared_memory(dkdv_kernel<T>, T::kSmemBytes);
-    dkdv_kernel<T><<<dkdv_grid, T::kThreads, T::kSmemBytes, stream>>>(params, workspace, static_cast<int>(num_n_blocks),
-                                                                       is_aligned);
+    const auto kernel = params.has_softcap() ? dkdv_kernel<T, true> : dkdv_kernel<T, false>;
+    allow_shared_memory(kernel, T::kSmemBytes);
+    kernel<<<dkdv_grid, T::kThreads, T::kSmemBytes, stream>>>(params, workspace, static_cast<int>(num_n_blocks),
+                                                              is_aligned);
     FLASHATTN_CUDA_CHECK_LAUNCH();
   }
   if (params.deterministic) {

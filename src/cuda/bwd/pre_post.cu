@@ -71,8 +71,7 @@ __global__ void __launch_bounds__(kThreads) convert_dq_kernel(const __grid_const
                                                               const Workspace workspace, int row_blocks) {
   const RowOfWarp row = row_of_warp(params, row_blocks);
   if (!row.is_valid) return;
-  const float* accum =
-      workspace.dq_accum + (packed_q_row(params, row.b, row.i) * params.heads_q + row.h) * params.head_dim;
+  const float* accum = workspace.dq_accum + workspace.dq_offset(params, row.b, row.i, row.h);
   Element* dq = static_cast<Element*>(params.dq) + params.dq_offset(row.b, row.h) + row.i * params.dq_row_stride;
   for (std::int64_t d = threadIdx.x % 32; d < params.head_dim; d += 32)
     dq[d] = Numeric<Element>::from_float(accum[d] * params.softmax_scale);
@@ -97,7 +96,7 @@ void launch_per_row(RowKernel half_kernel, RowKernel bfloat16_kernel, const Back
 
 void launch_preprocess(const BackwardParams& params, const Workspace& workspace, cudaStream_t stream) {
   if (!params.deterministic && params.total_q > 0) {
-    const std::size_t bytes = sizeof(float) * static_cast<std::size_t>(params.total_q * params.heads_q * params.head_dim);
+    const std::size_t bytes = sizeof(float) * static_cast<std::size_t>(workspace.dq_head_stride * params.heads_q * params.head_dim);
     FLASHATTN_CUDA_CHECK(cudaMemsetAsync(workspace.dq_accum, 0, bytes, stream));
   }
   const std::int64_t padded_rows = (params.seqlen_q + kMaxBlockM - 1) / kMaxBlockM * kMaxBlockM;

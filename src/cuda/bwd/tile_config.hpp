@@ -18,9 +18,14 @@ struct DkdvConfig {
   int sdp_warps_m;
   int dkdv_warps_n;
   int dq_warps_m;
+  // How a step's dQ reaches the fp32 accumulator: false = staged in shared memory and
+  // added as one bulk TMA reduction (sm_90); true = vector atomics from the registers.
+  bool dq_atomics = false;
+  // Load the next k-step's mma fragments before the current k-step's mma (more registers).
+  bool prefetch_fragments = false;
 };
 
-// The deterministic dQ kernel (kernel.cuh): one CTA per query block sums dS K over
+// The deterministic dQ kernel (dq_kernel.cuh): one CTA per query block sums dS K over
 // the key blocks in registers.
 struct TileConfig {
   int block_m;  // query rows per CTA
@@ -44,12 +49,17 @@ inline constexpr int kMaxBlockM = 128;
 //  - d96: all warps along the keys (48-column warp tiles do not divide a 32-column grid).
 //  - d >= 192: block_n 64 keeps dK/dV in registers; d256 single-buffers Q/dO to fit
 //    the dQ staging tile in 227 KB.
+// Measurements (H100, 2026-11-22) in src/cuda/bwd/TUNING.md: bulk-reduced and atomic
+// dQ, with and without fragment prefetch, are within 3% at d64 4k; prefetch is on (no
+// extra spills at 255 registers). This table: 0.73-0.82x (d64), 0.78-0.95x (d128),
+// 0.76-1.00x (d256) of PyTorch FA2's backward over the BENCHMARKS.md sweeps.
 constexpr DkdvConfig dkdv_config(int head_dim) {
-  if (head_dim <= 64) return {128, 128, 8, 2, 2, 4, 4};
-  if (head_dim <= 96) return {64, 128, 8, 2, 2, 8, 4};
-  if (head_dim <= 128) return {64, 128, 8, 2, 2, 4, 2};
-  if (head_dim <= 192) return {64, 64, 8, 2, 4, 2, 2};
-  return {64, 64, 8, 1, 4, 2, 2};
+  // block_m, block_n, warps, stages, sdp_warps_m, dkdv_warps_n, dq_warps_m, dq_atomics, prefetch
+  if (head_dim <= 64) return {128, 128, 8, 2, 2, 4, 4, false, true};
+  if (head_dim <= 96) return {64, 128, 8, 2, 2, 8, 4, false, true};
+  if (head_dim <= 128) return {64, 128, 8, 2, 2, 4, 2, false, true};
+  if (head_dim <= 192) return {64, 64, 8, 2, 4, 2, 2, false, true};
+  return {64, 64, 8, 1, 4, 2, 2, false, true};
 }
 
 constexpr TileConfig dq_config(int head_dim) {

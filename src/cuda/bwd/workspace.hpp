@@ -21,8 +21,23 @@ inline constexpr std::int64_t kStatsPadRows = kMaxBlockM + 4;
 struct Workspace {
   float* lse_log2 = nullptr;  // LSE * log2(e) (+inf for fully masked and padding rows), [heads_q, stats rows]
   float* dsum = nullptr;      // D = rowsum(dO ∘ O), [heads_q, stats rows]
-  float* dq_accum = nullptr;  // unscaled dQ, fp32 [total_q rows, heads_q, head_dim]
+  float* dq_accum = nullptr;  // unscaled dQ, fp32 [heads_q, dq rows, head_dim]
   std::int64_t stats_head_stride = 0;  // rows per head of lse_log2 / dsum
+  std::int64_t dq_head_stride = 0;     // rows per head of dq_accum
+
+  // dq_accum rows of one head: the packed query rows plus kMaxBlockM, so a query tile
+  // of block_m rows starting in the last sequence stays inside the head's rows. A
+  // tile's rows past its sequence hold exact zeros (P = 0 there), so adding the whole
+  // tile at once to the next sequence's rows changes nothing.
+  FLASHATTN_HOST_DEVICE static std::int64_t dq_rows_per_head(const BackwardParams& params) {
+    return params.total_q + kMaxBlockM;
+  }
+  // Offset (floats) of (sequence b, query i, head h, column 0) in dq_accum.
+  FLASHATTN_HOST_DEVICE std::int64_t dq_offset(const BackwardParams& params, std::int64_t b, std::int64_t i,
+                                               std::int64_t h) const {
+    const std::int64_t packed = (params.is_varlen() ? params.q_start(b) : b * params.seqlen_q) + i;
+    return (h * dq_head_stride + packed) * params.head_dim;
+  }
 
   // Row of (sequence b, query 0) in the statistics of one head.
   FLASHATTN_HOST_DEVICE static std::int64_t stats_start(const BackwardParams& params, std::int64_t b) {
@@ -40,8 +55,8 @@ inline std::size_t round_up_to_alignment(std::size_t bytes) {
   return (bytes + kWorkspaceAlignment - 1) / kWorkspaceAlignment * kWorkspaceAlignment;
 }
 
-// LSE [heads_q, stats rows] fp32 | D [heads_q, stats rows] fp32 | dq_accum [total_q,
-// heads_q, head_dim] fp32 (absent when deterministic: the dQ kernel writes dQ directly).
+// LSE [heads_q, stats rows] fp32 | D [heads_q, stats rows] fp32 | dq_accum [heads_q,
+// dq rows, head_dim] fp32 (absent when deterministic: the dQ kernel writes dQ directly).
 // Sections start on 256-byte boundaries.
 struct WorkspaceLayout {
   std::size_t stats_bytes = 0;  // each of LSE and D
@@ -51,7 +66,7 @@ struct WorkspaceLayout {
 };
 
 inline WorkspaceLayout workspace_layout(const BackwardParams& params) {
-  const auto rows = static_cast<std::size_t>(params.total_q) * static_cast<std::size_t>(params.heads_q);
+  const auto rows = static_cast<std::size_t>(Workspace::dq_rows_per_head(params)) * static_cast<std::size_t>(params.heads_q);
   WorkspaceLayout layout;
   layout.stats_bytes = round_up_to_alignment(sizeof(float) * static_cast<std::size_t>(params.heads_q) *
                                              static_cast<std::size_t>(Workspace::stats_rows_per_head(params)));
@@ -70,6 +85,7 @@ inline Workspace carve_workspace(const BackwardParams& params) {
   workspace.dsum = reinterpret_cast<float*>(base + layout.stats_bytes);
   if (layout.dq_accum_bytes > 0) workspace.dq_accum = reinterpret_cast<float*>(base + 2 * layout.stats_bytes);
   workspace.stats_head_stride = Workspace::stats_rows_per_head(params);
+  workspace.dq_head_stride = Workspace::dq_rows_per_head(params);
   return workspace;
 }
 
