@@ -46,6 +46,7 @@ sanitize() {  # tool binary filter
   note "$1 $2 rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$logs/sanitizer.log" | tail -1)"
 }
 for tool in memcheck racecheck synccheck initcheck; do sanitize $tool test_cuda_forward 'Reduced/ForwardSanitizer.*'; done
+for tool in memcheck racecheck synccheck; do sanitize $tool test_cuda_forward_hopper 'Reduced/HopperForwardSanitizer.*'; done
 for tool in memcheck racecheck; do sanitize $tool test_cuda_backward '*SanitizerSweep*:*NoNan*'; done
 sanitize memcheck test_cuda_kvcache 'Shapes/KVCacheCuda.MatchesReferenceAndAppendsExactly/1*:KVCacheCudaProperties.ZeroLength*'
 sanitize racecheck test_cuda_kvcache 'Shapes/KVCacheCuda.MatchesReferenceAndAppendsExactly/2:Shapes/KVCacheCuda.MatchesReferenceAndAppendsExactly/29'

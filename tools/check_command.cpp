@@ -118,7 +118,7 @@ void add_check_command(CLI::App& app, CheckOptions& o) {
   CLI::App* check = app.add_subcommand("check", "Correctness sweep over awkward problems against the float64 reference");
   check->add_option("--device", o.device, "cpu, cuda, cuda:N or auto")->capture_default_str();
   check->add_option("--algorithm", o.algorithm, "only this algorithm (default: cpu flash2 and flash1, cuda automatic)")
-      ->check(CLI::IsMember({"automatic", "flash2", "flash1"}));
+      ->check(CLI::IsMember({"automatic", "flash2", "flash3", "flash1"}));
   check->add_flag("--backward", o.backward, "check the gradients too");
   check->add_flag("--quick", o.quick, "a smaller sweep (seconds on a CPU)");
   check->add_option("--threads", o.threads, "CPU threads (0 = all)")->check(integer_at_least(0));

@@ -86,9 +86,9 @@ DType resolve_dtype(const std::string& text, Device device) {
 }
 
 Algorithm parse_algorithm(const std::string& text) {
-  for (Algorithm a : {Algorithm::automatic, Algorithm::reference, Algorithm::flash2, Algorithm::flash1})
+  for (Algorithm a : {Algorithm::automatic, Algorithm::reference, Algorithm::flash2, Algorithm::flash1, Algorithm::flash3})
     if (text == algorithm_name(a)) return a;
-  throw std::invalid_argument("--algorithm: expected automatic, flash2, flash1 or reference, got '" + text + "'");
+  throw std::invalid_argument("--algorithm: expected automatic, flash2, flash3, flash1 or reference, got '" + text + "'");
 }
 
 std::vector<std::int64_t> parse_int_list(const std::string& text) {

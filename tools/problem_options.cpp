@@ -56,9 +56,9 @@ void add_problem_options(CLI::App& command, ProblemOptions& o) {
       ->check(integer_at_least(0));
   command.add_option("--window", o.window, "sliding window L,R (bottom-right aligned; -1 = unbounded)");
   command.add_option("--softcap", o.softcap, "logit soft-capping (0 = off)")->check(number_at_least(0.0));
-  command.add_option("--algorithm", o.algorithm, "automatic, flash2, flash1 or reference (the last two: CPU only)")
+  command.add_option("--algorithm", o.algorithm, "automatic, flash2, flash3 (CUDA, Hopper only), flash1 or reference (the last two: CPU only)")
       ->capture_default_str()
-      ->check(CLI::IsMember({"automatic", "flash2", "flash1", "reference"}));
+      ->check(CLI::IsMember({"automatic", "flash2", "flash3", "flash1", "reference"}));
   command.add_option("--threads", o.threads, "CPU threads (0 = all)")->capture_default_str()->check(integer_at_least(0));
   command.add_option("--warmup", o.warmup, "untimed runs first (default: 1 on the CPU, 10 on the GPU)")
       ->check(integer_at_least(0));

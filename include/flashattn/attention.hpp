@@ -24,7 +24,16 @@ namespace flashattn {
 //              and P materialised, accumulated in float64 — the oracle (CPU only).
 //   flash2:    FlashAttention-2: Q blocks outer, K/V blocks inner, delayed normalisation.
 //   flash1:    FlashAttention-1 (Algorithm 1): K/V blocks outer, O/l/m rescaled every step.
-enum class Algorithm : std::uint8_t { automatic, reference, flash2, flash1 };
+//   flash3:    FlashAttention-3: the flash2 algorithm mapped onto Hopper (sm_90a):
+//              TMA loads, wgmma, warp-specialised producer/consumer warpgroups.
+//              CUDA only, on devices of compute capability 9.0; where the problem is
+//              not covered, the call throws NotSupported saying why (automatic then
+//              runs flash2).
+// The CUDA backward pass has one kernel family (recomputation from the saved LSE), so
+// flash2 and flash3 name the same backward there; the options struct is shared by both
+// passes and a forward's algorithm never has to be changed for its backward.
+enum class Algorithm : std::uint8_t { automatic, reference, flash2, flash1, flash3 };
+inline constexpr int kAlgorithmCount = 5;
 
 const char* algorithm_name(Algorithm algorithm) noexcept;
 

@@ -35,9 +35,10 @@ TensorView maybe_view(const OutputArray& array, const char* name) {
 }
 
 Algorithm parse_algorithm(const std::string& name) {
-  for (Algorithm a : {Algorithm::automatic, Algorithm::reference, Algorithm::flash2, Algorithm::flash1})
+  for (Algorithm a : {Algorithm::automatic, Algorithm::reference, Algorithm::flash2, Algorithm::flash1, Algorithm::flash3})
     if (name == algorithm_name(a)) return a;
-  throw nb::value_error(("flashattn: algorithm: expected 'automatic', 'reference', 'flash2' or 'flash1', got '" + name + "'").c_str());
+  throw nb::value_error(
+      ("flashattn: algorithm: expected 'automatic', 'reference', 'flash2', 'flash1' or 'flash3', got '" + name + "'").c_str());
 }
 
 AttentionOptions make_options(std::optional<double> softmax_scale, bool causal, std::int64_t window_left,

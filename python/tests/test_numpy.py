@@ -333,7 +333,7 @@ def test_bad_output_leaves_it_unchanged():
 
 def test_unknown_algorithm():
     q, k, v = random_qkv(1, 4, 4, 1, 1, 8, np.float32)
-    with pytest.raises(ValueError, match="algorithm: expected 'automatic', 'reference', 'flash2' or 'flash1'"):
+    with pytest.raises(ValueError, match="algorithm: expected 'automatic', 'reference', 'flash2', 'flash1' or 'flash3'"):
         flashattn._C.forward(q, k, v, np.empty_like(q), None, None, None, 0, 0, None, False, -1, -1, 0.0, "fast", 0, 0)
 
 

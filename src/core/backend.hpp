@@ -16,7 +16,7 @@ struct BackendLimits {
   std::int64_t head_dim_multiple = 1;  // head_dim must be a multiple of this
   bool supports_float32 = false;
   bool supports_half = false;  // float16 and bfloat16
-  bool supports_algorithm[4] = {true, false, false, false};  // indexed by Algorithm
+  bool supports_algorithm[kAlgorithmCount] = {true};  // indexed by Algorithm; automatic always
 };
 
 // Plain description of a merge_attention_states call, shared by CPU and CUDA.

@@ -35,6 +35,7 @@ const char* algorithm_name(Algorithm algorithm) noexcept {
     case Algorithm::reference: return "reference";
     case Algorithm::flash2: return "flash2";
     case Algorithm::flash1: return "flash1";
+    case Algorithm::flash3: return "flash3";
   }
   return "unknown";
 }

@@ -33,7 +33,7 @@ void check_options(const AttentionOptions& options, std::int64_t head_dim, const
     unsupported("dropout_p", "dropout is not implemented yet (only 0 is accepted), got " + std::to_string(options.dropout_p));
   }
   const auto algorithm_index = static_cast<std::size_t>(options.algorithm);
-  if (algorithm_index >= 4) fail("algorithm", "unknown algorithm value " + std::to_string(algorithm_index));
+  if (algorithm_index >= static_cast<std::size_t>(kAlgorithmCount)) fail("algorithm", "unknown algorithm value " + std::to_string(algorithm_index));
   if (!limits.supports_algorithm[algorithm_index])
     unsupported("algorithm", std::string(algorithm_name(options.algorithm)) + " is not available on " + to_string(device) +
                                  " (" + limits.name + " backend)");

@@ -15,6 +15,7 @@
 #include "src/cuda/common/numeric.cuh"
 #include "src/cuda/fwd/launch.hpp"
 #include "src/cuda/fwd/tile_config.hpp"
+#include "src/cuda/hopper/launch.hpp"
 
 namespace flashattn::cuda {
 namespace {
@@ -163,22 +164,41 @@ BackendLimits limits() noexcept {
   limits.supports_algorithm[static_cast<int>(Algorithm::reference)] = false;
   limits.supports_algorithm[static_cast<int>(Algorithm::flash2)] = true;
   limits.supports_algorithm[static_cast<int>(Algorithm::flash1)] = false;
+  // flash3 needs an sm_90 device too: forward() says so per call (hopper::why_unsupported).
+  limits.supports_algorithm[static_cast<int>(Algorithm::flash3)] = hopper::is_built();
   return limits;
 }
 
+// Kernel choice, one place: flash2 = the mma.sync kernel; flash3 = the Hopper kernel or
+// NotSupported saying why; automatic = the Hopper kernel where it runs the problem
+// without more head-dim padding than the FA2 kernel would use (e.g. d96 stays on the
+// FA2 d96 kernel instead of the Hopper d128 one), else the FA2 kernel.
 void forward(const AttentionParams& params, Algorithm algorithm, void* stream) {
-  if (algorithm != Algorithm::automatic && algorithm != Algorithm::flash2)
-    throw NotSupported(std::string("flashattn: algorithm: the CUDA backend runs automatic or flash2, got ") +
+  if (algorithm != Algorithm::automatic && algorithm != Algorithm::flash2 && algorithm != Algorithm::flash3)
+    throw NotSupported(std::string("flashattn: algorithm: the CUDA backend runs automatic, flash2 or flash3, got ") +
                        algorithm_name(algorithm));
-  const int kernel_head_dim = fwd::select_forward_kernel(params.head_dim, kBuiltHeadDims, kBuiltCount);
-  if (kernel_head_dim == 0)
-    throw NotSupported("flashattn: q: head_dim " + std::to_string(params.head_dim) +
-                       " is larger than every CUDA forward kernel built (largest: " +
-                       std::to_string(largest_built_head_dim()) + "; see FLASHATTN_CUDA_HEAD_DIMS)");
   require_16_byte_rows("q", params.q, params.q_batch_stride, params.q_row_stride, params.q_head_stride);
   require_16_byte_rows("k", params.k, params.k_batch_stride, params.k_row_stride, params.k_head_stride);
   require_16_byte_rows("v", params.v, params.v_batch_stride, params.v_row_stride, params.v_head_stride);
   require_16_byte_rows("out", params.out, params.out_batch_stride, params.out_row_stride, params.out_head_stride);
+  const int kernel_head_dim = fwd::select_forward_kernel(params.head_dim, kBuiltHeadDims, kBuiltCount);
+  if (algorithm != Algorithm::flash2) {
+    const std::string why_not_flash3 = hopper::why_unsupported(params);
+    const bool is_hopper_preferred =
+        why_not_flash3.empty() && (algorithm == Algorithm::flash3 ||
+                                   hopper::kernel_head_dim_for(params.head_dim) <= kernel_head_dim || kernel_head_dim == 0);
+    if (algorithm == Algorithm::flash3 && !why_not_flash3.empty())
+      throw NotSupported("flashattn: algorithm: " + why_not_flash3);
+    if (is_hopper_preferred) {
+      const DeviceGuard device_guard(params.device.index);
+      hopper::forward(params, static_cast<cudaStream_t>(stream));
+      return;
+    }
+  }
+  if (kernel_head_dim == 0)
+    throw NotSupported("flashattn: q: head_dim " + std::to_string(params.head_dim) +
+                       " is larger than every CUDA forward kernel built (largest: " +
+                       std::to_string(largest_built_head_dim()) + "; see FLASHATTN_CUDA_HEAD_DIMS)");
   const DeviceGuard device_guard(params.device.index);
   const auto cuda_stream = static_cast<cudaStream_t>(stream);
   if (params.dtype == DType::bfloat16) {
