@@ -36,8 +36,9 @@ def outputs(n):
 def ss(n, name, ptx_type):
     r = n // 2
     return f"""
-// D (64 x {n}, fp32) {{+}}= A (64 x 16, shared, K-major) * B (16 x {n}, shared); kTransposeB: B is MN-major.
-template <int kTransposeB>
+// D (64 x {n}, fp32) {{+}}= A (64 x 16, shared) * B (16 x {n}, shared); kTransposeB: B is MN-major;
+// kTransposeA: A is MN-major (M contiguous) instead of K-major.
+template <int kTransposeB, int kTransposeA = 0>
 __device__ __forceinline__ void wgmma_m64n{n}k16_ss_{name}(float (&d)[{r}], std::uint64_t a_descriptor,
                                                           std::uint64_t b_descriptor, int scale_d) {{
   asm volatile(
@@ -45,10 +46,10 @@ __device__ __forceinline__ void wgmma_m64n{n}k16_ss_{name}(float (&d)[{r}], std:
       ".reg .pred p;\\n"
       "setp.ne.b32 p, %{r + 2}, 0;\\n"
       "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ptx_type}.{ptx_type} "
-      "{{{accumulator_list(n)}}}, %{r}, %{r + 1}, p, 1, 1, 0, %{r + 3};\\n"
+      "{{{accumulator_list(n)}}}, %{r}, %{r + 1}, p, 1, 1, %{r + 4}, %{r + 3};\\n"
       "}}\\n"
       : {outputs(n)}
-      : "l"(a_descriptor), "l"(b_descriptor), "r"(scale_d), "n"(kTransposeB));
+      : "l"(a_descriptor), "l"(b_descriptor), "r"(scale_d), "n"(kTransposeB), "n"(kTransposeA));
 }}
 """
 
@@ -76,14 +77,14 @@ __device__ __forceinline__ void wgmma_m64n{n}k16_rs_{name}(float (&d)[{r}], cons
 def dispatcher():
     lines = ["""
 // Shape/type dispatch for templated kernels: kN must be one of the generated shapes."""]
-    lines.append("""template <int kN, bool kIsBf16, int kTransposeB>
+    lines.append("""template <int kN, bool kIsBf16, int kTransposeB, int kTransposeA = 0>
 __device__ __forceinline__ void wgmma_ss(float (&d)[kN / 2], std::uint64_t a_descriptor, std::uint64_t b_descriptor,
                                          int scale_d) {""")
     for i, n in enumerate(SHAPES):
         kw = "if" if i == 0 else "} else if"
         lines.append(f"  {kw} constexpr (kN == {n}) {{")
-        lines.append(f"    if constexpr (kIsBf16) wgmma_m64n{n}k16_ss_Bf16<kTransposeB>(d, a_descriptor, b_descriptor, scale_d);")
-        lines.append(f"    else wgmma_m64n{n}k16_ss_F16<kTransposeB>(d, a_descriptor, b_descriptor, scale_d);")
+        lines.append(f"    if constexpr (kIsBf16) wgmma_m64n{n}k16_ss_Bf16<kTransposeB, kTransposeA>(d, a_descriptor, b_descriptor, scale_d);")
+        lines.append(f"    else wgmma_m64n{n}k16_ss_F16<kTransposeB, kTransposeA>(d, a_descriptor, b_descriptor, scale_d);")
     lines.append("  } else {\n    static_assert(kN == 0, \"wgmma_ss: N not generated (generate_wgmma.py SHAPES)\");\n  }\n}")
     lines.append("""
 template <int kN, bool kIsBf16, int kTransposeB>

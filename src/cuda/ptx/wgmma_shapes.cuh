@@ -8,8 +8,9 @@
 
 namespace flashattn::cuda::ptx {
 
-// D (64 x 64, fp32) {+}= A (64 x 16, shared, K-major) * B (16 x 64, shared); kTransposeB: B is MN-major.
-template <int kTransposeB>
+// D (64 x 64, fp32) {+}= A (64 x 16, shared) * B (16 x 64, shared); kTransposeB: B is MN-major;
+// kTransposeA: A is MN-major (M contiguous) instead of K-major.
+template <int kTransposeB, int kTransposeA = 0>
 __device__ __forceinline__ void wgmma_m64n64k16_ss_F16(float (&d)[32], std::uint64_t a_descriptor,
                                                           std::uint64_t b_descriptor, int scale_d) {
   asm volatile(
@@ -17,10 +18,10 @@ __device__ __forceinline__ void wgmma_m64n64k16_ss_F16(float (&d)[32], std::uint
       ".reg .pred p;\n"
       "setp.ne.b32 p, %34, 0;\n"
       "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, %35;\n"
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, %36, %35;\n"
       "}\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-      : "l"(a_descriptor), "l"(b_descriptor), "r"(scale_d), "n"(kTransposeB));
+      : "l"(a_descriptor), "l"(b_descriptor), "r"(scale_d), "n"(kTransposeB), "n"(kTransposeA));
 }
 
 // D (64 x 64, fp32) {+}= A (64 x 16, registers: the m16n8k16 A fragment per warp) * B (16 x 64, shared).
@@ -38,8 +39,9 @@ __device__ __forceinline__ void wgmma_m64n64k16_rs_F16(float (&d)[32], const std
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_descriptor), "r"(scale_d), "n"(kTransposeB));
 }
 
-// D (64 x 64, fp32) {+}= A (64 x 16, shared, K-major) * B (16 x 64, shared); kTransposeB: B is MN-major.
-template <int kTransposeB>
+// D (64 x 64, fp32) {+}= A (64 x 16, shared) * B (16 x 64, shared); kTransposeB: B is MN-major;
+// kTransposeA: A is MN-major (M contiguous) instead of K-major.
+template <int kTransposeB, int kTransposeA = 0>
 __device__ __forceinline__ void wgmma_m64n64k16_ss_Bf16(float (&d)[32], std::uint64_t a_descriptor,
                                                           std::uint64_t b_descriptor, int scale_d) {
   asm volatile(
@@ -47,10 +49,10 @@ __device__ __forceinline__ void wgmma_m64n64k16_ss_Bf16(float (&d)[32], std::uin
       ".reg .pred p;\n"
       "setp.ne.b32 p, %34, 0;\n"
       "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, %35;\n"
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, %36, %35;\n"
       "}\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-      : "l"(a_descriptor), "l"(b_descriptor), "r"(scale_d), "n"(kTransposeB));
+      : "l"(a_descriptor), "l"(b_descriptor), "r"(scale_d), "n"(kTransposeB), "n"(kTransposeA));
 }
 
 // D (64 x 64, fp32) {+}= A (64 x 16, registers: the m16n8k16 A fragment per warp) * B (16 x 64, shared).
@@ -68,8 +70,9 @@ __device__ __forceinline__ void wgmma_m64n64k16_rs_Bf16(float (&d)[32], const st
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_descriptor), "r"(scale_d), "n"(kTransposeB));
 }
 
-// D (64 x 80, fp32) {+}= A (64 x 16, shared, K-major) * B (16 x 80, shared); kTransposeB: B is MN-major.
-template <int kTransposeB>
+// D (64 x 80, fp32) {+}= A (64 x 16, shared) * B (16 x 80, shared); kTransposeB: B is MN-major;
+// kTransposeA: A is MN-major (M contiguous) instead of K-major.
+template <int kTransposeB, int kTransposeA = 0>
 __device__ __forceinline__ void wgmma_m64n80k16_ss_F16(float (&d)[40], std::uint64_t a_descriptor,
                                                           std::uint64_t b_descriptor, int scale_d) {
   asm volatile(
@@ -77,10 +80,10 @@ __device__ __forceinline__ void wgmma_m64n80k16_ss_F16(float (&d)[40], std::uint
       ".reg .pred p;\n"
       "setp.ne.b32 p, %42, 0;\n"
       "wgmma.mma_async.sync.aligned.m64n80k16.f32.f16.f16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39}, %40, %41, p, 1, 1, 0, %43;\n"
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39}, %40, %41, p, 1, 1, %44, %43;\n"
       "}\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39])
-      : "l"(a_descriptor), "l"(b_descriptor), "r"(scale_d), "n"(kTransposeB));
+      : "l"(a_descriptor), "l"(b_descriptor), "r"(scale_d), "n"(kTransposeB), "n"(kTransposeA));
 }
 
 // D (64 x 80, fp32) {+}= A (64 x 16, registers: the m16n8k16 A fragment per warp) * B (16 x 80, shared).
@@ -98,8 +101,9 @@ __device__ __forceinline__ void wgmma_m64n80k16_rs_F16(float (&d)[40], const std
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_descriptor), "r"(scale_d), "n"(kTransposeB));
 }
 
-// D (64 x 80, fp32) {+}= A (64 x 16, shared, K-major) * B (16 x 80, shared); kTransposeB: B is MN-major.
-template <int kTransposeB>
+// D (64 x 80, fp32) {+}= A (64 x 16, shared) * B (16 x 80, shared); kTransposeB: B is MN-major;
+// kTransposeA: A is MN-major (M contiguous) instead of K-major.
+template <int kTransposeB, int kTransposeA = 0>
 __device__ __forceinline__ void wgmma_m64n80k16_ss_Bf16(float (&d)[40], std::uint64_t a_descriptor,
                                                           std::uint64_t b_descriptor, int scale_d) {
   asm volatile(
@@ -107,10 +111,10 @@ __device__ __forceinline__ void wgmma_m64n80k16_ss_Bf16(float (&d)[40], std::uin
       ".reg .pred p;\n"
       "setp.ne.b32 p, %42, 0;\n"
       "wgmma.mma_async.sync.aligned.m64n80k16.f32.bf16.bf16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39}, %40, %41, p, 1, 1, 0, %43;\n"
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39}, %40, %41, p, 1, 1, %44, %43;\n"
       "}\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39])
-      : "l"(a_descriptor), "l"(b_descriptor), "r"(scale_d), "n"(kTransposeB));
+      : "l"(a_descriptor), "l"(b_descriptor), "r"(scale_d), "n"(kTransposeB), "n"(kTransposeA));
 }
 
 // D (64 x 80, fp32) {+}= A (64 x 16, registers: the m16n8k16 A fragment per warp) * B (16 x 80, shared).
@@ -128,8 +132,9 @@ __device__ __forceinline__ void wgmma_m64n80k16_rs_Bf16(float (&d)[40], const st
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_descriptor), "r"(scale_d), "n"(kTransposeB));
 }
 
-// D (64 x 128, fp32) {+}= A (64 x 16, shared, K-major) * B (16 x 128, shared); kTransposeB: B is MN-major.
-template <int kTransposeB>
+// D (64 x 128, fp32) {+}= A (64 x 16, shared) * B (16 x 128, shared); kTransposeB: B is MN-major;
+// kTransposeA: A is MN-major (M contiguous) instead of K-major.
+template <int kTransposeB, int kTransposeA = 0>
 __device__ __forceinline__ void wgmma_m64n128k16_ss_F16(float (&d)[64], std::uint64_t a_descriptor,
                                                           std::uint64_t b_descriptor, int scale_d) {
   asm volatile(
@@ -137,10 +142,10 @@ __device__ __forceinline__ void wgmma_m64n128k16_ss_F16(float (&d)[64], std::uin
       ".reg .pred p;\n"
       "setp.ne.b32 p, %66, 0;\n"
       "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 0, %67;\n"
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, %68, %67;\n"
       "}\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-      : "l"(a_descriptor), "l"(b_descriptor), "r"(scale_d), "n"(kTransposeB));
+      : "l"(a_descriptor), "l"(b_descriptor), "r"(scale_d), "n"(kTransposeB), "n"(kTransposeA));
 }
 
 // D (64 x 128, fp32) {+}= A (64 x 16, registers: the m16n8k16 A fragment per warp) * B (16 x 128, shared).
@@ -158,8 +163,9 @@ __device__ __forceinline__ void wgmma_m64n128k16_rs_F16(float (&d)[64], const st
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_descriptor), "r"(scale_d), "n"(kTransposeB));
 }
 
-// D (64 x 128, fp32) {+}= A (64 x 16, shared, K-major) * B (16 x 128, shared); kTransposeB: B is MN-major.
-template <int kTransposeB>
+// D (64 x 128, fp32) {+}= A (64 x 16, shared) * B (16 x 128, shared); kTransposeB: B is MN-major;
+// kTransposeA: A is MN-major (M contiguous) instead of K-major.
+template <int kTransposeB, int kTransposeA = 0>
 __device__ __forceinline__ void wgmma_m64n128k16_ss_Bf16(float (&d)[64], std::uint64_t a_descriptor,
                                                           std::uint64_t b_descriptor, int scale_d) {
   asm volatile(
@@ -167,10 +173,10 @@ __device__ __forceinline__ void wgmma_m64n128k16_ss_Bf16(float (&d)[64], std::ui
       ".reg .pred p;\n"
       "setp.ne.b32 p, %66, 0;\n"
       "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 0, %67;\n"
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, %68, %67;\n"
       "}\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-      : "l"(a_descriptor), "l"(b_descriptor), "r"(scale_d), "n"(kTransposeB));
+      : "l"(a_descriptor), "l"(b_descriptor), "r"(scale_d), "n"(kTransposeB), "n"(kTransposeA));
 }
 
 // D (64 x 128, fp32) {+}= A (64 x 16, registers: the m16n8k16 A fragment per warp) * B (16 x 128, shared).
@@ -188,8 +194,9 @@ __device__ __forceinline__ void wgmma_m64n128k16_rs_Bf16(float (&d)[64], const s
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_descriptor), "r"(scale_d), "n"(kTransposeB));
 }
 
-// D (64 x 176, fp32) {+}= A (64 x 16, shared, K-major) * B (16 x 176, shared); kTransposeB: B is MN-major.
-template <int kTransposeB>
+// D (64 x 176, fp32) {+}= A (64 x 16, shared) * B (16 x 176, shared); kTransposeB: B is MN-major;
+// kTransposeA: A is MN-major (M contiguous) instead of K-major.
+template <int kTransposeB, int kTransposeA = 0>
 __device__ __forceinline__ void wgmma_m64n176k16_ss_F16(float (&d)[88], std::uint64_t a_descriptor,
                                                           std::uint64_t b_descriptor, int scale_d) {
   asm volatile(
@@ -197,10 +204,10 @@ __device__ __forceinline__ void wgmma_m64n176k16_ss_F16(float (&d)[88], std::uin
       ".reg .pred p;\n"
       "setp.ne.b32 p, %90, 0;\n"
       "wgmma.mma_async.sync.aligned.m64n176k16.f32.f16.f16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87}, %88, %89, p, 1, 1, 0, %91;\n"
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87}, %88, %89, p, 1, 1, %92, %91;\n"
       "}\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87])
-      : "l"(a_descriptor), "l"(b_descriptor), "r"(scale_d), "n"(kTransposeB));
+      : "l"(a_descriptor), "l"(b_descriptor), "r"(scale_d), "n"(kTransposeB), "n"(kTransposeA));
 }
 
 // D (64 x 176, fp32) {+}= A (64 x 16, registers: the m16n8k16 A fragment per warp) * B (16 x 176, shared).
@@ -218,8 +225,9 @@ __device__ __forceinline__ void wgmma_m64n176k16_rs_F16(float (&d)[88], const st
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_descriptor), "r"(scale_d), "n"(kTransposeB));
 }
 
-// D (64 x 176, fp32) {+}= A (64 x 16, shared, K-major) * B (16 x 176, shared); kTransposeB: B is MN-major.
-template <int kTransposeB>
+// D (64 x 176, fp32) {+}= A (64 x 16, shared) * B (16 x 176, shared); kTransposeB: B is MN-major;
+// kTransposeA: A is MN-major (M contiguous) instead of K-major.
+template <int kTransposeB, int kTransposeA = 0>
 __device__ __forceinline__ void wgmma_m64n176k16_ss_Bf16(float (&d)[88], std::uint64_t a_descriptor,
                                                           std::uint64_t b_descriptor, int scale_d) {
   asm volatile(
@@ -227,10 +235,10 @@ __device__ __forceinline__ void wgmma_m64n176k16_ss_Bf16(float (&d)[88], std::ui
       ".reg .pred p;\n"
       "setp.ne.b32 p, %90, 0;\n"
       "wgmma.mma_async.sync.aligned.m64n176k16.f32.bf16.bf16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87}, %88, %89, p, 1, 1, 0, %91;\n"
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87}, %88, %89, p, 1, 1, %92, %91;\n"
       "}\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87])
-      : "l"(a_descriptor), "l"(b_descriptor), "r"(scale_d), "n"(kTransposeB));
+      : "l"(a_descriptor), "l"(b_descriptor), "r"(scale_d), "n"(kTransposeB), "n"(kTransposeA));
 }
 
 // D (64 x 176, fp32) {+}= A (64 x 16, registers: the m16n8k16 A fragment per warp) * B (16 x 176, shared).
@@ -248,8 +256,9 @@ __device__ __forceinline__ void wgmma_m64n176k16_rs_Bf16(float (&d)[88], const s
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_descriptor), "r"(scale_d), "n"(kTransposeB));
 }
 
-// D (64 x 256, fp32) {+}= A (64 x 16, shared, K-major) * B (16 x 256, shared); kTransposeB: B is MN-major.
-template <int kTransposeB>
+// D (64 x 256, fp32) {+}= A (64 x 16, shared) * B (16 x 256, shared); kTransposeB: B is MN-major;
+// kTransposeA: A is MN-major (M contiguous) instead of K-major.
+template <int kTransposeB, int kTransposeA = 0>
 __device__ __forceinline__ void wgmma_m64n256k16_ss_F16(float (&d)[128], std::uint64_t a_descriptor,
                                                           std::uint64_t b_descriptor, int scale_d) {
   asm volatile(
@@ -257,10 +266,10 @@ __device__ __forceinline__ void wgmma_m64n256k16_ss_F16(float (&d)[128], std::ui
       ".reg .pred p;\n"
       "setp.ne.b32 p, %130, 0;\n"
       "wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, %128, %129, p, 1, 1, 0, %131;\n"
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, %128, %129, p, 1, 1, %132, %131;\n"
       "}\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
-      : "l"(a_descriptor), "l"(b_descriptor), "r"(scale_d), "n"(kTransposeB));
+      : "l"(a_descriptor), "l"(b_descriptor), "r"(scale_d), "n"(kTransposeB), "n"(kTransposeA));
 }
 
 // D (64 x 256, fp32) {+}= A (64 x 16, registers: the m16n8k16 A fragment per warp) * B (16 x 256, shared).
@@ -278,8 +287,9 @@ __device__ __forceinline__ void wgmma_m64n256k16_rs_F16(float (&d)[128], const s
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_descriptor), "r"(scale_d), "n"(kTransposeB));
 }
 
-// D (64 x 256, fp32) {+}= A (64 x 16, shared, K-major) * B (16 x 256, shared); kTransposeB: B is MN-major.
-template <int kTransposeB>
+// D (64 x 256, fp32) {+}= A (64 x 16, shared) * B (16 x 256, shared); kTransposeB: B is MN-major;
+// kTransposeA: A is MN-major (M contiguous) instead of K-major.
+template <int kTransposeB, int kTransposeA = 0>
 __device__ __forceinline__ void wgmma_m64n256k16_ss_Bf16(float (&d)[128], std::uint64_t a_descriptor,
                                                           std::uint64_t b_descriptor, int scale_d) {
   asm volatile(
@@ -287,10 +297,10 @@ __device__ __forceinline__ void wgmma_m64n256k16_ss_Bf16(float (&d)[128], std::u
       ".reg .pred p;\n"
       "setp.ne.b32 p, %130, 0;\n"
       "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, %128, %129, p, 1, 1, 0, %131;\n"
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, %128, %129, p, 1, 1, %132, %131;\n"
       "}\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
-      : "l"(a_descriptor), "l"(b_descriptor), "r"(scale_d), "n"(kTransposeB));
+      : "l"(a_descriptor), "l"(b_descriptor), "r"(scale_d), "n"(kTransposeB), "n"(kTransposeA));
 }
 
 // D (64 x 256, fp32) {+}= A (64 x 16, registers: the m16n8k16 A fragment per warp) * B (16 x 256, shared).
@@ -309,24 +319,24 @@ __device__ __forceinline__ void wgmma_m64n256k16_rs_Bf16(float (&d)[128], const 
 }
 
 // Shape/type dispatch for templated kernels: kN must be one of the generated shapes.
-template <int kN, bool kIsBf16, int kTransposeB>
+template <int kN, bool kIsBf16, int kTransposeB, int kTransposeA = 0>
 __device__ __forceinline__ void wgmma_ss(float (&d)[kN / 2], std::uint64_t a_descriptor, std::uint64_t b_descriptor,
                                          int scale_d) {
   if constexpr (kN == 64) {
-    if constexpr (kIsBf16) wgmma_m64n64k16_ss_Bf16<kTransposeB>(d, a_descriptor, b_descriptor, scale_d);
-    else wgmma_m64n64k16_ss_F16<kTransposeB>(d, a_descriptor, b_descriptor, scale_d);
+    if constexpr (kIsBf16) wgmma_m64n64k16_ss_Bf16<kTransposeB, kTransposeA>(d, a_descriptor, b_descriptor, scale_d);
+    else wgmma_m64n64k16_ss_F16<kTransposeB, kTransposeA>(d, a_descriptor, b_descriptor, scale_d);
   } else if constexpr (kN == 80) {
-    if constexpr (kIsBf16) wgmma_m64n80k16_ss_Bf16<kTransposeB>(d, a_descriptor, b_descriptor, scale_d);
-    else wgmma_m64n80k16_ss_F16<kTransposeB>(d, a_descriptor, b_descriptor, scale_d);
+    if constexpr (kIsBf16) wgmma_m64n80k16_ss_Bf16<kTransposeB, kTransposeA>(d, a_descriptor, b_descriptor, scale_d);
+    else wgmma_m64n80k16_ss_F16<kTransposeB, kTransposeA>(d, a_descriptor, b_descriptor, scale_d);
   } else if constexpr (kN == 128) {
-    if constexpr (kIsBf16) wgmma_m64n128k16_ss_Bf16<kTransposeB>(d, a_descriptor, b_descriptor, scale_d);
-    else wgmma_m64n128k16_ss_F16<kTransposeB>(d, a_descriptor, b_descriptor, scale_d);
+    if constexpr (kIsBf16) wgmma_m64n128k16_ss_Bf16<kTransposeB, kTransposeA>(d, a_descriptor, b_descriptor, scale_d);
+    else wgmma_m64n128k16_ss_F16<kTransposeB, kTransposeA>(d, a_descriptor, b_descriptor, scale_d);
   } else if constexpr (kN == 176) {
-    if constexpr (kIsBf16) wgmma_m64n176k16_ss_Bf16<kTransposeB>(d, a_descriptor, b_descriptor, scale_d);
-    else wgmma_m64n176k16_ss_F16<kTransposeB>(d, a_descriptor, b_descriptor, scale_d);
+    if constexpr (kIsBf16) wgmma_m64n176k16_ss_Bf16<kTransposeB, kTransposeA>(d, a_descriptor, b_descriptor, scale_d);
+    else wgmma_m64n176k16_ss_F16<kTransposeB, kTransposeA>(d, a_descriptor, b_descriptor, scale_d);
   } else if constexpr (kN == 256) {
-    if constexpr (kIsBf16) wgmma_m64n256k16_ss_Bf16<kTransposeB>(d, a_descriptor, b_descriptor, scale_d);
-    else wgmma_m64n256k16_ss_F16<kTransposeB>(d, a_descriptor, b_descriptor, scale_d);
+    if constexpr (kIsBf16) wgmma_m64n256k16_ss_Bf16<kTransposeB, kTransposeA>(d, a_descriptor, b_descriptor, scale_d);
+    else wgmma_m64n256k16_ss_F16<kTransposeB, kTransposeA>(d, a_descriptor, b_descriptor, scale_d);
   } else {
     static_assert(kN == 0, "wgmma_ss: N not generated (generate_wgmma.py SHAPES)");
   }
