@@ -128,6 +128,18 @@ void run_for_head_dim(int kernel_head_dim, const HopperForwardParams& params, cu
 
 }  // namespace
 
+// Shared with the Hopper backward (src/cuda/hopper_bwd/launch.cu): one tensor-map encoder.
+CUtensorMap make_panel_tensor_map(const char* name, const void* data, DType dtype, std::int64_t head_dim,
+                                  std::int64_t rows, std::int64_t heads, std::int64_t batch, std::int64_t row_stride,
+                                  std::int64_t head_stride, std::int64_t batch_stride, int box_rows) {
+  return make_tensor_map(name, data, dtype, head_dim, rows, heads, batch, row_stride, head_stride, batch_stride,
+                         box_rows);
+}
+bool is_tma_encodable_stride(std::int64_t stride_elements, std::int64_t extent) {
+  return is_encodable_stride(stride_elements, extent);
+}
+int device_compute_capability(int device) { return compute_capability(device); }
+
 bool is_built() { return kBuiltCount > 0; }
 
 int kernel_head_dim_for(std::int64_t head_dim) {
