@@ -9,6 +9,10 @@
 // Bandwidth = bytes of K and V read / time. The device-to-device copy rate is
 // measured in the same run as the ceiling. Outputs are poisoned before the runs and
 // checked finite after. Writes CSV (argv[1], default decode_bench.csv).
+// Every shape runs three times: with the library's kernel choice ("auto") and with each
+// split-KV kernel forced (FLASHATTN_DECODE_KERNEL=cp_async / bulk_copy, read by the
+// library at every call, so each captured graph keeps its kernel): same process, same
+// buffers' shapes, back to back.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -70,6 +74,7 @@ struct Config {
   std::int64_t batch, kv_len;
   std::int64_t page_size;  // 0 = contiguous
   int num_splits = 0;      // 0 = the library's heuristic
+  const char* kernel = "auto";  // or a FLASHATTN_DECODE_KERNEL value
 };
 
 double median(std::vector<float> v) {
@@ -101,6 +106,11 @@ double copy_bandwidth_tbps() {
 
 void run(const Config& c, std::FILE* csv) {
   using flashattn::DType;
+  if (std::string(c.kernel) == "auto") {
+    unsetenv("FLASHATTN_DECODE_KERNEL");
+  } else {
+    setenv("FLASHATTN_DECODE_KERNEL", c.kernel, 1);
+  }
   constexpr std::int64_t kHeadsQ = 32, kHeadsKv = 8, kHeadDim = 128;
   const std::int64_t pages_per_seq = c.page_size ? (c.kv_len + c.page_size - 1) / c.page_size : 0;
   const std::int64_t rows_per_set = c.page_size ? c.batch * pages_per_seq * c.page_size : c.batch * c.kv_len;
@@ -197,12 +207,12 @@ void run(const Config& c, std::FILE* csv) {
   const double bytes_read = 2.0 * static_cast<double>(c.batch * c.kv_len * kHeadsKv * kHeadDim) * 2.0;  // K and V, bf16
   const double tbps = bytes_read / (ms * 1e-3) / 1e12;
   const std::string layout = c.page_size ? "paged" : "contiguous";
-  std::printf("%-10s page %3lld batch %3lld kv %7lld splits %2d: %8.2f us  %5.2f TB/s%s\n", layout.c_str(),
+  std::printf("%-9s %-10s page %3lld batch %3lld kv %7lld splits %2d: %8.2f us  %5.2f TB/s%s\n", c.kernel, layout.c_str(),
               static_cast<long long>(c.page_size), static_cast<long long>(c.batch), static_cast<long long>(c.kv_len), num_splits,
               ms * 1e3, tbps, finite ? "" : "  NON-FINITE OUTPUT");
-  std::fprintf(csv, "%s,%lld,%lld,%lld,%lld,%lld,%lld,%d,%.3f,%.4f,%d\n", layout.c_str(), static_cast<long long>(c.page_size),
+  std::fprintf(csv, "%s,%lld,%lld,%lld,%lld,%lld,%lld,%d,%.3f,%.4f,%d,%s\n", layout.c_str(), static_cast<long long>(c.page_size),
                static_cast<long long>(c.batch), static_cast<long long>(kHeadsQ), static_cast<long long>(kHeadsKv),
-               static_cast<long long>(kHeadDim), static_cast<long long>(c.kv_len), num_splits, ms * 1e3, tbps, finite ? 1 : 0);
+               static_cast<long long>(kHeadDim), static_cast<long long>(c.kv_len), num_splits, ms * 1e3, tbps, finite ? 1 : 0, c.kernel);
   if (!finite) std::exit(2);
 }
 
@@ -227,20 +237,25 @@ int main(int argc, char** argv) {
   const double copy = copy_bandwidth_tbps();
   std::printf("%s, %d SMs; device copy %.2f TB/s (read + written)\n", prop.name, prop.multiProcessorCount, copy);
   std::fprintf(csv, "# device=%s copy_tbps=%.3f\n", prop.name, copy);
-  std::fprintf(csv, "layout,page_size,batch,heads_q,heads_kv,head_dim,kv_len,num_splits,time_us,bandwidth_tbps,finite\n");
-  std::vector<Config> configs;
+  const char* kHeader = "layout,page_size,batch,heads_q,heads_kv,head_dim,kv_len,num_splits,time_us,bandwidth_tbps,finite,kernel\n";
+  std::fprintf(csv, "%s", kHeader);
+  std::vector<Config> shapes;
   for (std::int64_t page : {0, 16, 256})
-    for (std::int64_t kv : {1024, 4096, 16384, 65536}) configs.push_back({8, kv, page});
+    for (std::int64_t kv : {1024, 4096, 16384, 65536}) shapes.push_back({8, kv, page});
   for (std::int64_t page : {0, 16, 256}) {
-    configs.push_back({1, 65536, page});
-    configs.push_back({1, 131072, page});
-    configs.push_back({64, 1024, page});
+    shapes.push_back({1, 65536, page});
+    shapes.push_back({1, 131072, page});
+    shapes.push_back({64, 1024, page});
   }
-  for (const auto& c : configs) run(c, csv);
+  for (Config c : shapes)
+    for (const char* kernel : {"auto", "cp_async", "bulk_copy"}) {
+      c.kernel = kernel;
+      run(c, csv);
+    }
   std::fclose(csv);
   if (argc > 2) {
     std::FILE* sweep = open_csv(argv[2]);
-    std::fprintf(sweep, "layout,page_size,batch,heads_q,heads_kv,head_dim,kv_len,num_splits,time_us,bandwidth_tbps,finite\n");
+    std::fprintf(sweep, "%s", kHeader);
     std::printf("split sweep:\n");
     std::vector<Config> sweeps;
     for (int splits : {1, 2, 4}) sweeps.push_back({8, 64, 0, splits});
@@ -250,7 +265,10 @@ int main(int argc, char** argv) {
     for (std::int64_t kv : {1024, 4096})
       for (int splits : {2, 4}) sweeps.push_back({8, kv, 16, splits});
     for (int splits : {28, 31}) sweeps.push_back({1, 65536, 0, splits});
-    for (const auto& c : sweeps) run(c, sweep);
+    for (Config c : sweeps) {  // the cp.async kernel's sweep is in gpu_decode_sweep.csv of 2026-11-22
+      c.kernel = "bulk_copy";
+      run(c, sweep);
+    }
     std::fclose(sweep);
   }
   return 0;

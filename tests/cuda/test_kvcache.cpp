@@ -5,8 +5,10 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <map>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "flashattn/error.hpp"
@@ -217,6 +219,77 @@ TEST(KVCacheCudaValidation, OnePastCapacityAndMissingWorkspaceAreRejected) {
   EXPECT_TRUE(p.v_cache.bitwise_equal(p.v_cache_initial));
   EXPECT_TRUE(p.out.bitwise_equal(out_before));
   EXPECT_TRUE(p.lse.bitwise_equal(lse_before));
+}
+
+// Both split-KV kernels on every shape, whatever the dispatch rule would pick: the
+// library reads FLASHATTN_DECODE_KERNEL at every call. On a GPU without sm_90 the
+// bulk-copy choice falls back to the cp.async kernel (the same checks then run twice).
+// The bulk-copy kernel's own edges are in the shapes: pages of 16/48 crossed inside a
+// 64-key tile, ranges starting mid-page (left padding), partial last tiles (V rows past
+// the range zeroed), head dims below the kernel's (96 on 128: padding columns), 2-7
+// splits with and without the in-cluster merge, and below more tiles than ring stages.
+class ForcedDecodeKernel {
+ public:
+  explicit ForcedDecodeKernel(const std::string& name) { setenv("FLASHATTN_DECODE_KERNEL", name.c_str(), 1); }
+  ~ForcedDecodeKernel() { unsetenv("FLASHATTN_DECODE_KERNEL"); }
+  ForcedDecodeKernel(const ForcedDecodeKernel&) = delete;
+  ForcedDecodeKernel& operator=(const ForcedDecodeKernel&) = delete;
+};
+
+class KVCacheCudaKernel : public ::testing::TestWithParam<std::tuple<std::string, DecodeShape>> {};
+
+TEST_P(KVCacheCudaKernel, MatchesReferenceAndAppendsExactly) {
+  SKIP_WITHOUT_GPU();
+  const auto& [kernel, shape] = GetParam();
+  const ForcedDecodeKernel forced(kernel);
+  DecodeProblem p(shape, 5);
+  run_and_check(p, kernel + " " + shape.describe());
+}
+INSTANTIATE_TEST_SUITE_P(BothKernels, KVCacheCudaKernel,
+                         ::testing::Combine(::testing::Values(std::string("cp_async"), std::string("bulk_copy")), ::testing::ValuesIn(shapes())));
+
+TEST(KVCacheCudaKernels, LongRangesWrapTheRingAtEverySplitCount) {
+  SKIP_WITHOUT_GPU();
+  // 4000 keys: 63 tiles at one split (21 turns of a 3-stage ring), paged 16 and 48 (the
+  // producer's page look-ahead), contiguous with left padding; splits 1-5.
+  for (const std::string kernel : {"cp_async", "bulk_copy"}) {
+    const ForcedDecodeKernel forced(kernel);
+    for (std::int64_t page : {0, 16, 48})
+      for (int splits = 1; splits <= 5; ++splits) {
+        DecodeShape s;
+        s.dtype = DType::bfloat16, s.head_dim = 128, s.heads_q = 8, s.heads_kv = 2, s.capacity = 4032, s.cache_seqlens = {4000, 1000},
+        s.page_size = page, s.seqlen_new = 1, s.num_splits = splits;
+        if (page == 0) s.leftpad = {3, 900};
+        DecodeProblem p(s, 6);
+        run_and_check(p, kernel + " page " + std::to_string(page) + " splits " + std::to_string(splits));
+      }
+  }
+}
+
+TEST(KVCacheCudaKernels, ZeroLengthCachesOnBothKernels) {
+  SKIP_WITHOUT_GPU();
+  for (const std::string kernel : {"cp_async", "bulk_copy"}) {
+    const ForcedDecodeKernel forced(kernel);
+    for (int splits : {1, 2, 4}) {
+      DecodeShape s;
+      s.head_dim = 128, s.cache_seqlens = {0, 0}, s.num_splits = splits, s.page_size = splits == 2 ? 16 : 0;
+      DecodeProblem empty(s);
+      if (!run_on_gpu(empty)) GTEST_SKIP() << "head dim not built";
+      for (std::int64_t i = 0; i < empty.out.numel(); ++i) ASSERT_EQ(empty.out.get(i), 0.0f) << kernel << " splits " << splits;
+      for (std::int64_t i = 0; i < empty.lse.numel(); ++i) ASSERT_EQ(empty.lse.get(i), -INFINITY) << kernel << " splits " << splits;
+    }
+  }
+}
+
+TEST(KVCacheCudaKernels, UnknownKernelNameIsRejected) {
+  SKIP_WITHOUT_GPU();
+  const ForcedDecodeKernel forced("tma");
+  DecodeShape s;
+  s.head_dim = 128;
+  DecodeProblem p(s);
+  p.snapshot();
+  DeviceDecode device(p);
+  EXPECT_THROW(forward_with_kvcache(device.args(p.args())), Error);
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 #include <cuda_fp16.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 
 #include "flashattn/error.hpp"
@@ -45,21 +46,42 @@ int largest_built_head_dim() {
 }
 
 template <class T>
-bool run_decode_for_head_dim(int kernel_head_dim, const KVCacheParams& params, cudaStream_t stream) {
+bool run_decode_for_head_dim(int kernel_head_dim, const KVCacheParams& params, cudaStream_t stream, DecodeKernel kernel) {
   switch (kernel_head_dim) {
 #if defined(FLASHATTN_CUDA_DECODE_HDIM_64)
-    case 64: return decode::run_decode<T, 64>(params, stream);
+    case 64: return decode::run_decode<T, 64>(params, stream, kernel);
 #endif
 #if defined(FLASHATTN_CUDA_DECODE_HDIM_128)
-    case 128: return decode::run_decode<T, 128>(params, stream);
+    case 128: return decode::run_decode<T, 128>(params, stream, kernel);
 #endif
 #if defined(FLASHATTN_CUDA_DECODE_HDIM_256)
-    case 256: return decode::run_decode<T, 256>(params, stream);
+    case 256: return decode::run_decode<T, 256>(params, stream, kernel);
 #endif
     default:
       throw NotSupported("flashattn: q: no CUDA decode kernel for head_dim " + std::to_string(params.attention.head_dim) +
                          " in this build (see FLASHATTN_CUDA_HEAD_DIMS)");
   }
+}
+
+// choose_decode_kernel's pick, unless FLASHATTN_DECODE_KERNEL names one (cp_async or
+// bulk_copy: for benchmarks comparing the two in one process; read at every call, so a
+// captured graph keeps the kernel of its capture).
+DecodeKernel decode_kernel_for(const KVCacheParams& params, const SplitProblem& split_problem) {
+  if (const char* forced = std::getenv("FLASHATTN_DECODE_KERNEL"); forced && *forced) {
+    const std::string name(forced);
+    if (name == "cp_async") return DecodeKernel::cp_async;
+    if (name == "bulk_copy") return DecodeKernel::bulk_copy;
+    throw Error("flashattn: FLASHATTN_DECODE_KERNEL: expected cp_async or bulk_copy, got " + name);
+  }
+  int major = 0;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, params.attention.device.index) != cudaSuccess) major = 0;
+  DecodeKernelProblem p;
+  p.compute_capability_major = major;
+  p.kernel_head_dim = kernel_head_dim_for(params.attention.head_dim);
+  p.page_size = params.is_paged() ? params.page_size : 0;
+  p.key_blocks = ceil_div(split_problem.seqlen_k, split_problem.block_n > 0 ? split_problem.block_n : 1);
+  p.num_splits = params.num_splits;
+  return choose_decode_kernel(p);
 }
 
 }  // namespace
@@ -104,8 +126,9 @@ void forward_with_kvcache(const KVCacheParams& params, void* stream) {
   const auto cuda_stream = static_cast<cudaStream_t>(stream);
   if (params.has_append()) decode::run_append(params, cuda_stream);  // the new keys are part of the cache read next
   if (a.batch == 0 || a.seqlen_q == 0) return;
-  const bool is_merged = a.dtype == DType::bfloat16 ? run_decode_for_head_dim<__nv_bfloat16>(kernel_head_dim, params, cuda_stream)
-                                                     : run_decode_for_head_dim<__half>(kernel_head_dim, params, cuda_stream);
+  const DecodeKernel kernel = decode_kernel_for(params, kvcache_split_problem(params));
+  const bool is_merged = a.dtype == DType::bfloat16 ? run_decode_for_head_dim<__nv_bfloat16>(kernel_head_dim, params, cuda_stream, kernel)
+                                                     : run_decode_for_head_dim<__half>(kernel_head_dim, params, cuda_stream, kernel);
   if (params.num_splits > 1 && !is_merged) decode::run_combine(params, cuda_stream);
 }
 

@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 
 #include "src/core/kvcache_params.hpp"
+#include "src/core/split_heuristic.hpp"
 
 namespace flashattn::cuda::decode {
 
@@ -28,11 +29,12 @@ inline int tile_keys(int) { return 64; }
 inline int ctas_per_sm(int kernel_head_dim) { return kernel_head_dim <= 128 ? 2 : 1; }
 #endif
 
-// The split-KV kernel: writes out/LSE (one split, or splits merged inside the kernel
-// by thread-block clusters: returns true) or the workspace partials (returns false:
-// run_combine must follow).
+// The split-KV kernel (`kernel`: choose_decode_kernel's pick; the cp.async kernel where
+// the bulk-copy one has no sm_90 code in this binary): writes out/LSE (one split, or
+// splits merged inside the kernel by thread-block clusters: returns true) or the
+// workspace partials (returns false: run_combine must follow).
 template <class T, int kHeadDim>
-bool run_decode(const KVCacheParams& params, cudaStream_t stream);
+bool run_decode(const KVCacheParams& params, cudaStream_t stream, DecodeKernel kernel);
 
 // Writes k_new/v_new (k rotated) into the cache at positions cache_seqlen(b) + j.
 void run_append(const KVCacheParams& params, cudaStream_t stream);

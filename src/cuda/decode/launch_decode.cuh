@@ -7,6 +7,7 @@
 #if defined(FLASHATTN_CUDA_DECODE_FMA)
 #include "src/cuda/decode/kernel_fma.cuh"
 #else
+#include "src/cuda/decode/kernel_bulk.cuh"
 #include "src/cuda/decode/kernel_mma.cuh"
 #endif
 #include "src/cuda/decode/launch_kernel.cuh"
@@ -43,13 +44,19 @@ bool launch_decode_config(Kernel* kernel, const KVCacheParams& params, cudaStrea
 }
 
 template <class T, int kHeadDim>
-bool run_decode(const KVCacheParams& params, cudaStream_t stream) {
+bool run_decode(const KVCacheParams& params, cudaStream_t stream, DecodeKernel kernel) {
 #if defined(FLASHATTN_CUDA_DECODE_FMA)
+  (void)kernel;
   if (rows_per_cta(params.attention.seqlen_q * params.attention.group_size) == 4) {
     return launch_decode_config<T, DecodeConfig<kHeadDim, 4>>(&decode_kernel<T, DecodeConfig<kHeadDim, 4>>, params, stream, false);
   }
   return launch_decode_config<T, DecodeConfig<kHeadDim, 8>>(&decode_kernel<T, DecodeConfig<kHeadDim, 8>>, params, stream, false);
 #else
+  // The bulk-copy kernel where the rule picked it and this binary has sm_90 code for it
+  // (a compute_80 PTX build JIT-compiled on an H100 has an empty body there).
+  using BulkConfig = BulkDecodeConfig<kHeadDim>;
+  if (kernel == DecodeKernel::bulk_copy && kernel_is_sm90(&bulk_decode_kernel<T, BulkConfig>))
+    return launch_decode_config<T, BulkConfig>(&bulk_decode_kernel<T, BulkConfig>, params, stream, true);
   using Config = MmaDecodeConfig<kHeadDim>;
   return launch_decode_config<T, Config>(&mma_decode_kernel<T, Config>, params, stream, true);
 #endif

@@ -1,0 +1,517 @@
+// src/cuda/decode/kernel_bulk.cuh — the sm_90 split-KV decode kernel: K/V rows move by
+// bulk copies (TMA, cp.async.bulk) into an mbarrier ring, fed by one producer warp.
+//
+// Same algorithm and work decomposition as kernel_mma.cuh (one CTA = query block x split
+// x kv head x sequence; 16 packed GQA rows; 64-key tiles, warp w takes keys 16w..16w+15;
+// mma.sync S = Q K^T and O += P V; per-warp online softmax merged at the end; one split,
+// workspace partials or the in-cluster merge of two splits). What changes is the
+// hardware mapping of the loads, for the two costs gpu_decode.md measured:
+//   * streaming: the cp.async kernel's 128 threads issue 16 copies of 16 bytes per tile
+//     and meet at a __syncthreads per tile; here one producer warp issues one bulk copy
+//     per key row (256 bytes at d = 128) into a kStages ring whose stages are released
+//     by the consumer warps one by one (full/empty mbarriers), so the copies of tile
+//     t + kStages - 1 go out as soon as the slowest warp leaves tile t - 1, and no
+//     consumer thread holds copy addresses;
+//   * the fixed cost of a step (cache_seqlens -> key range -> page -> first tile): before
+//     griddepcontrol.wait (launch_kernel.cuh) the producer reads the lengths and page
+//     table speculatively and prefetches the first kStages tiles into L2 (a hint: the
+//     addresses are clamped into the cache, and the copies after the wait re-read
+//     everything), so with PDL the first tiles' DRAM latency overlaps the previous
+//     kernel; the ring's barriers are set up before the wait too.
+// Shared memory rows are padded by 16 bytes (row stride head_dim * 2 + 16) instead of
+// swizzled — a bulk copy writes a row contiguously — which keeps the ldmatrix reads of 8
+// consecutive rows in 8 distinct bank groups (stride = 4 banks mod 32).
+// Rows a tile does not fill (past the key range) are zeroed in V by the producer
+// (P is 0 there, and 0 * stale bits could be NaN); K's are masked to -inf. Head dims
+// below the kernel's have their padding columns zeroed once, before the first copy.
+#pragma once
+
+#include <cooperative_groups.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "flashattn/mask.hpp"
+#include "flashattn/online_softmax.hpp"
+#include "src/core/kvcache_params.hpp"
+#include "src/cuda/common/numeric.cuh"
+#include "src/cuda/decode/bulk_copy.cuh"
+#include "src/cuda/decode/kernel_mma.cuh"
+#include "src/cuda/decode/launch_kernel.cuh"
+#include "src/cuda/decode/rotary.cuh"
+#include "src/cuda/ptx/cp_async.cuh"
+#include "src/cuda/ptx/ldmatrix.cuh"
+#include "src/cuda/ptx/mma_sync.cuh"
+
+namespace flashattn::cuda::decode {
+
+// Tile geometry (performance-only: results do not depend on it).
+template <int kHeadDim_>
+struct BulkDecodeConfig {
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kRows = 16;  // packed query rows per CTA: one mma M tile
+  static constexpr int kConsumerWarps = 4;
+  static constexpr int kWarps = kConsumerWarps + 1;  // + the producer warp
+  static constexpr int kThreads = kWarps * 32;
+  static constexpr int kConsumerThreads = kConsumerWarps * 32;
+  static constexpr int kKeysPerWarp = 16;
+  static constexpr int kTileN = kConsumerWarps * kKeysPerWarp;  // 64: two rows per producer lane
+  static constexpr int kRowElements = kHeadDim + 8;             // padded shared-memory row
+  static constexpr int kRowBytes = kRowElements * 2;
+  static constexpr int kTileBytes = kTileN * kRowBytes;
+  static constexpr int kStageBytes = 2 * kTileBytes;  // K and V
+  // As many stages as keep 2 CTAs per SM (<= ~113 KB each) for d <= 128, so the next
+  // step's CTAs can be resident early (PDL); d = 256 runs one CTA per SM.
+  static constexpr int kStages = kHeadDim <= 64 ? 6 : 3;
+  static constexpr int kMinBlocksPerSm = kHeadDim <= 128 ? 2 : 1;
+  static constexpr int kQBytes = kRows * kRowBytes;
+  static constexpr int kPipelineBytes = kQBytes + kStages * kStageBytes;
+  static constexpr int kChunks = kHeadDim / 8;
+  static constexpr int kKSteps = kHeadDim / 16;
+  static constexpr int kDTiles = kHeadDim / 8;
+  // Merge area (reuses the pipeline): per warp and row m, l, then o (kRows, kHeadDim),
+  // per warp and row the merge scale, per row the LSE, the CTA's normalised rows.
+  static constexpr int kMergeBytes = (kConsumerWarps * kRows * (3 + kHeadDim) + kRows + kRows * kHeadDim) * 4;
+  // The barriers live past both, so the merge never overwrites a live mbarrier.
+  static constexpr int kBarrierOffset = ((kPipelineBytes > kMergeBytes ? kPipelineBytes : kMergeBytes) + 15) / 16 * 16;
+  static constexpr int kSharedBytes = kBarrierOffset + 2 * kStages * 8;
+  static_assert(kTileN == 64, "the producer's 32 lanes copy two rows of a tile each");
+  static_assert(kRowBytes % 16 == 0 && (kRowBytes / 4) % 32 == 4, "padded rows: 16-byte aligned, 8 rows in 8 bank groups");
+  static_assert(kDTiles % 2 == 0, "ldmatrix x4 covers pairs of tiles");
+  static_assert(kMinBlocksPerSm == 1 || kSharedBytes <= 113 * 1024, "two CTAs per SM");
+  static_assert(kSharedBytes <= 227 * 1024, "shared memory per CTA");
+
+  __host__ __device__ static constexpr int offset(int row, int chunk) { return row * kRowElements + chunk * 8; }
+};
+
+template <class T, class Config>
+__global__ void __launch_bounds__(Config::kThreads, Config::kMinBlocksPerSm)
+    bulk_decode_kernel(const __grid_constant__ KVCacheParams params) {
+#if FLASHATTN_DECODE_BULK_CODE
+  using Numeric = Numeric<T>;
+  constexpr int kRows = Config::kRows, kTileN = Config::kTileN, kStages = Config::kStages, kThreads = Config::kThreads;
+  constexpr int kChunks = Config::kChunks, kHeadDim = Config::kHeadDim, kConsumerWarps = Config::kConsumerWarps;
+  extern __shared__ __align__(128) unsigned char shared[];
+  T* q_tile = reinterpret_cast<T*>(shared);                     // (kRows, kHeadDim), padded rows
+  T* kv_ring = reinterpret_cast<T*>(shared + Config::kQBytes);  // [stage][K|V] (kTileN, kHeadDim), padded rows
+  const std::uint32_t ring_address = ptx::shared_address(kv_ring);
+  const std::uint32_t full_barriers = ptx::shared_address(shared + Config::kBarrierOffset);  // [kStages]: stage landed
+  const std::uint32_t empty_barriers = full_barriers + 8 * kStages;                          // [kStages]: stage read
+
+  const AttentionParams& a = params.attention;
+  const int num_splits = params.num_splits;
+  const int split = static_cast<int>(blockIdx.x) % num_splits;
+  const bool is_cluster_merge = num_splits > 1 && cooperative_groups::this_cluster().num_blocks() == static_cast<unsigned>(num_splits);
+  const std::int64_t query_block = blockIdx.x / num_splits;
+  const std::int64_t h_kv = blockIdx.y;
+  const std::int64_t b = blockIdx.z;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int group_row = lane / 4, quad_lane = lane % 4;
+  const bool is_producer = warp == kConsumerWarps;
+
+  const std::int64_t group = a.group_size;
+  const std::int64_t packed_rows = a.seqlen_q * group;
+  const std::int64_t row_begin = query_block * kRows;
+  const std::int64_t row_end = row_begin + kRows < packed_rows ? row_begin + kRows : packed_rows;
+  const std::int64_t position_begin = row_begin / group, position_end = (row_end - 1) / group + 1;
+  const T* k_head = static_cast<const T*>(a.k) + h_kv * a.k_head_stride;
+  const T* v_head = static_cast<const T*>(a.v) + h_kv * a.v_head_stride;
+  const bool is_paged = params.is_paged();
+  const std::int32_t* page_table = params.maybe_block_table + b * params.block_table_stride;
+  const std::int64_t page_size = params.page_size;
+  const auto row_copy_bytes = static_cast<std::uint32_t>(a.head_dim * 2);
+
+  // The keys this CTA visits (the rows' mask columns within the split's whole tiles),
+  // and the cache position of the first one.
+  struct KeyRange {
+    std::int64_t begin, end, first_position;
+    int num_tiles;
+  };
+  const auto key_range = [&](const MaskRule& mask, std::int64_t leftpad) {
+    const MaskRule::ColumnRange seen = mask.columns_of_rows(position_begin, position_end);
+    const std::int64_t key_blocks = (mask.seqlen_k + kTileN - 1) / kTileN;
+    const std::int64_t blocks_per_split = (key_blocks + num_splits - 1) / num_splits;
+    KeyRange range;
+    range.begin = split * blocks_per_split * kTileN, range.end = range.begin + blocks_per_split * kTileN;
+    if (range.begin < seen.begin) range.begin = seen.begin;
+    if (range.end > seen.end) range.end = seen.end;
+    range.num_tiles = range.end > range.begin ? static_cast<int>((range.end - range.begin + kTileN - 1) / kTileN) : 0;
+    range.first_position = leftpad + range.begin;
+    return range;
+  };
+
+  // ---- before the wait: nothing here reads a value an earlier kernel may still write,
+  // except the speculative reads of the prefetch, whose values only pick L2 lines.
+  if (tid == 0) {
+    for (int stage = 0; stage < kStages; ++stage) {
+      bulk::mbarrier_init(full_barriers + 8 * stage, 32);                // every producer lane arrives
+      bulk::mbarrier_init(empty_barriers + 8 * stage, kConsumerWarps);  // every consumer warp releases
+    }
+    bulk::fence_mbarrier_init();
+  }
+  if (a.head_dim < kHeadDim) {  // the columns no copy writes: zero once (q's are zero-filled below)
+    const int pad_chunks = kChunks - static_cast<int>(a.head_dim / 8);
+    for (int i = tid; i < kStages * 2 * kTileN * pad_chunks; i += kThreads) {
+      const int row = i / pad_chunks, chunk = kChunks - 1 - i % pad_chunks;
+      *reinterpret_cast<uint4*>(kv_ring + Config::offset(row, chunk)) = make_uint4(0, 0, 0, 0);
+    }
+    bulk::fence_proxy_async_shared();
+  }
+  __syncthreads();
+
+  if (is_producer && params.maybe_cache_batch_idx == nullptr) {
+    // Speculative: the lengths and pages as they are now. Clamped so every address is
+    // inside the cache; a stale value only prefetches the wrong lines.
+    std::int64_t leftpad = params.maybe_cache_leftpad ? bulk::load_relaxed(params.maybe_cache_leftpad + b) : 0;
+    std::int64_t cached = params.maybe_cache_seqlens ? bulk::load_relaxed(params.maybe_cache_seqlens + b) : params.uniform_cache_seqlen;
+    leftpad = leftpad < 0 ? 0 : (leftpad > params.capacity ? params.capacity : leftpad);
+    std::int64_t seqlen_k = cached + params.seqlen_new - leftpad;
+    seqlen_k = seqlen_k < 0 ? 0 : (seqlen_k > params.capacity ? params.capacity : seqlen_k);
+    const KeyRange guess = key_range(MaskRule{a.seqlen_q, seqlen_k, a.window_left, a.window_right}, leftpad);
+    const int tiles = guess.num_tiles < kStages ? guess.num_tiles : kStages;
+    for (int tile = 0; tile < tiles; ++tile)
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const std::int64_t row = static_cast<std::int64_t>(tile) * kTileN + lane + 32 * half;
+        const std::int64_t position = guess.first_position + row;
+        if (guess.begin + row >= guess.end || position >= params.capacity) continue;
+        std::int64_t k_offset = b * a.k_batch_stride + position * a.k_row_stride;
+        std::int64_t v_offset = b * a.v_batch_stride + position * a.v_row_stride;
+        if (is_paged) {
+          const std::int64_t page = position / page_size;
+          if (page >= params.block_table_stride) continue;
+          const std::int64_t block = bulk::load_relaxed(page_table + page);
+          if (block < 0 || block >= params.num_blocks) continue;
+          k_offset = block * a.k_batch_stride + (position - page * page_size) * a.k_row_stride;
+          v_offset = block * a.v_batch_stride + (position - page * page_size) * a.v_row_stride;
+        }
+        bulk::prefetch_l2(k_head + k_offset, row_copy_bytes);
+        bulk::prefetch_l2(v_head + v_offset, row_copy_bytes);
+      }
+  }
+
+  // Everything below reads what earlier kernels wrote (cache, q, lengths, page table).
+  wait_for_prior_grids();
+  allow_dependent_launch();
+
+  const MaskRule mask = params.mask_of(b);
+  const KeyRange range = key_range(mask, params.leftpad(b));
+  const std::int64_t key_begin = range.begin, key_end = range.end;
+  const int num_tiles = range.num_tiles;
+
+  online_softmax::State<float> state[2];  // consumer rows group_row, group_row + 8 (l: this lane's columns only)
+  float o[Config::kDTiles][4];             // (16 rows, kHeadDim) accumulator fragments, unnormalised
+#pragma unroll
+  for (int n = 0; n < Config::kDTiles; ++n)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) o[n][e] = 0.0f;
+
+  if (is_producer) {
+    // ---- producer: lane l copies rows l and l + 32 of every tile ----------------------
+    const std::int64_t range_rows = key_end - key_begin;
+    std::int64_t cache_b = b;
+    if (!is_paged && params.maybe_cache_batch_idx) cache_b = params.maybe_cache_batch_idx[b];
+    using LaneRows = std::int64_t[2];
+    // Paged: the block and in-page row of this lane's rows of `tile`.
+    const auto resolve_pages = [&](int tile, LaneRows& block, LaneRows& in_page) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const std::int64_t row = static_cast<std::int64_t>(tile) * kTileN + lane + 32 * half;
+        const std::int64_t position = range.first_position + row;
+        const std::int64_t page = position / page_size;
+        block[half] = row < range_rows ? page_table[page] : 0;
+        in_page[half] = position - page * page_size;
+      }
+    };
+    const auto issue_tile = [&](int tile, const LaneRows& block, const LaneRows& in_page) {
+      const int stage = tile % kStages;
+      if (tile >= kStages) bulk::mbarrier_wait(empty_barriers + 8 * stage, ((tile / kStages) - 1) & 1);
+      const std::uint32_t k_stage = ring_address + stage * Config::kStageBytes;
+      const std::uint32_t v_stage = k_stage + Config::kTileBytes;
+      const std::int64_t rows_left = range_rows - static_cast<std::int64_t>(tile) * kTileN;
+      std::uint32_t bytes = 0;
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int row = lane + 32 * half;
+        if (row < rows_left) {
+          bytes += 2 * row_copy_bytes;
+        } else {  // past the range: V must be finite (P = 0 there)
+          T* v_row = kv_ring + (stage * 2 + 1) * (Config::kTileBytes / 2) + Config::offset(row, 0);
+          for (int chunk = 0; chunk < static_cast<int>(a.head_dim / 8); ++chunk)
+            *reinterpret_cast<uint4*>(v_row + chunk * 8) = make_uint4(0, 0, 0, 0);
+          bulk::fence_proxy_async_shared();
+        }
+      }
+      bulk::mbarrier_arrive_expect_tx(full_barriers + 8 * stage, bytes);
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int row = lane + 32 * half;
+        if (row >= rows_left) continue;
+        std::int64_t k_offset, v_offset;
+        if (is_paged) {
+          k_offset = block[half] * a.k_batch_stride + in_page[half] * a.k_row_stride;
+          v_offset = block[half] * a.v_batch_stride + in_page[half] * a.v_row_stride;
+        } else {
+          const std::int64_t position = range.first_position + static_cast<std::int64_t>(tile) * kTileN + row;
+          k_offset = cache_b * a.k_batch_stride + position * a.k_row_stride;
+          v_offset = cache_b * a.v_batch_stride + position * a.v_row_stride;
+        }
+        const std::uint32_t row_offset = static_cast<std::uint32_t>(row) * Config::kRowBytes;
+        bulk::copy_to_shared(k_stage + row_offset, k_head + k_offset, row_copy_bytes, full_barriers + 8 * stage);
+        bulk::copy_to_shared(v_stage + row_offset, v_head + v_offset, row_copy_bytes, full_barriers + 8 * stage);
+      }
+    };
+    if (is_paged) {
+      // The first kStages tiles' pages at once, then one tile ahead: the page-table
+      // loads of tile t + 1 are in flight while the producer waits for a free stage.
+      LaneRows first_block[kStages], first_in_page[kStages];
+#pragma unroll
+      for (int stage = 0; stage < kStages; ++stage)
+        if (stage < num_tiles) resolve_pages(stage, first_block[stage], first_in_page[stage]);
+#pragma unroll
+      for (int stage = 0; stage < kStages; ++stage)
+        if (stage < num_tiles) issue_tile(stage, first_block[stage], first_in_page[stage]);
+      LaneRows next_block = {0, 0}, next_in_page = {0, 0};
+      if (kStages < num_tiles) resolve_pages(kStages, next_block, next_in_page);
+      for (int tile = kStages; tile < num_tiles; ++tile) {
+        const LaneRows block = {next_block[0], next_block[1]}, in_page = {next_in_page[0], next_in_page[1]};
+        if (tile + 1 < num_tiles) resolve_pages(tile + 1, next_block, next_in_page);
+        issue_tile(tile, block, in_page);
+      }
+    } else {
+      const LaneRows unused = {0, 0};
+      for (int tile = 0; tile < num_tiles; ++tile) issue_tile(tile, unused, unused);
+    }
+  } else {
+    // ---- consumers ------------------------------------------------------------------
+    constexpr int kConsumerThreads = Config::kConsumerThreads;
+    // q rows of this CTA (row r = packed query row row_begin + r), zero past the rows and
+    // head_dim: by cp.async when plain and aligned, else rotated feature by feature.
+    const bool is_q_copied = !params.has_rotary() && reinterpret_cast<std::uintptr_t>(a.q) % 16 == 0 && a.q_batch_stride % 8 == 0 &&
+                             a.q_row_stride % 8 == 0 && a.q_head_stride % 8 == 0;
+    const auto q_row_of = [&](int r) {
+      const std::int64_t packed = row_begin + r;
+      const bool is_row = packed < row_end;
+      const std::int64_t i = is_row ? packed / group : 0, h = h_kv * group + (is_row ? packed % group : 0);
+      return static_cast<const T*>(a.q) + a.q_offset(b, h) + i * a.q_row_stride;
+    };
+    if (is_q_copied) {
+#pragma unroll
+      for (int c = tid; c < kRows * kChunks; c += kConsumerThreads) {
+        const int r = c / kChunks, chunk = c % kChunks;
+        const bool is_valid = row_begin + r < row_end && chunk * 8 < a.head_dim;
+        ptx::cp_async_16(ptx::shared_address(q_tile + Config::offset(r, chunk)), q_row_of(r) + chunk * 8, is_valid);
+      }
+      ptx::cp_async_commit_group();
+      ptx::cp_async_wait_group<0>();
+    } else {
+      for (int r = 0; r < kRows; ++r) {
+        const bool is_row = row_begin + r < row_end;
+        const T* q_row = q_row_of(r);
+        const std::int64_t rotary_position = params.has_rotary() && is_row ? params.q_rotary_position(b, (row_begin + r) / group) : 0;
+        for (int d = tid; d < kHeadDim; d += kConsumerThreads) {
+          float x = 0.0f;
+          if (is_row && d < a.head_dim)
+            x = (params.has_rotary() && d < params.rotary_dim) ? rotate_feature<T>(params, q_row, d, rotary_position)
+                                                                : Numeric::to_float(q_row[d]);
+          q_tile[Config::offset(r, d / 8) + d % 8] = Numeric::from_float(x);
+        }
+      }
+    }
+    bulk::named_barrier_sync(1, kConsumerThreads);  // q is in shared memory
+
+    std::int64_t row_position[2];
+    bool is_row[2];
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const std::int64_t packed = row_begin + group_row + 8 * half;
+      is_row[half] = packed < row_end;
+      row_position[half] = is_row[half] ? packed / group : 0;
+    }
+
+    const int matrix = lane / 8, matrix_row = lane % 8;  // ldmatrix lane roles
+    const int warp_key = warp * Config::kKeysPerWarp;    // first key row of this warp in a tile
+    for (int tile = 0; tile < num_tiles; ++tile) {
+      const int stage = tile % kStages;
+      bulk::mbarrier_wait(full_barriers + 8 * stage, (tile / kStages) & 1);
+      const T* k_tile = kv_ring + stage * 2 * (Config::kTileBytes / 2);
+      const T* v_tile = k_tile + Config::kTileBytes / 2;
+
+      float s[2][4] = {};
+#pragma unroll
+      for (int k_step = 0; k_step < Config::kKSteps; ++k_step) {
+        std::uint32_t q_fragment[4], k_fragment[4];
+        ptx::ldmatrix_x4(q_fragment[0], q_fragment[1], q_fragment[2], q_fragment[3],
+                         ptx::shared_address(q_tile + Config::offset((matrix % 2) * 8 + matrix_row, 2 * k_step + matrix / 2)));
+        ptx::ldmatrix_x4(k_fragment[0], k_fragment[1], k_fragment[2], k_fragment[3],
+                         ptx::shared_address(k_tile + Config::offset(warp_key + (matrix / 2) * 8 + matrix_row, 2 * k_step + matrix % 2)));
+        const std::uint32_t b0[2] = {k_fragment[0], k_fragment[1]}, b1[2] = {k_fragment[2], k_fragment[3]};
+        ptx::mma_m16n8k16<Numeric::kIsBf16>(s[0], q_fragment, b0);
+        ptx::mma_m16n8k16<Numeric::kIsBf16>(s[1], q_fragment, b1);
+      }
+
+      const std::int64_t tile_key = key_begin + static_cast<std::int64_t>(tile) * kTileN;
+      const bool is_full_tile = tile_key + kTileN <= key_end &&
+                                mask.tile_fully_allowed(position_begin, position_end, tile_key, tile_key + kTileN);
+#pragma unroll
+      for (int t = 0; t < 2; ++t)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int half = e / 2;
+          const std::int64_t key = tile_key + warp_key + 8 * t + 2 * quad_lane + (e % 2);
+          const bool is_allowed = is_row[half] && (is_full_tile || (key < key_end && mask.allowed(row_position[half], key)));
+          s[t][e] = is_allowed ? mma_log2_score(a, s[t][e]) : online_softmax::negative_infinity<float>();
+        }
+
+      std::uint32_t p_fragment[4];
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        float block_max = fmaxf(fmaxf(s[0][2 * half], s[0][2 * half + 1]), fmaxf(s[1][2 * half], s[1][2 * half + 1]));
+        block_max = fmaxf(block_max, __shfl_xor_sync(0xffffffffu, block_max, 1));
+        block_max = fmaxf(block_max, __shfl_xor_sync(0xffffffffu, block_max, 2));
+        const float factor = state[half].raise_max(block_max);
+#pragma unroll
+        for (int n = 0; n < Config::kDTiles; ++n) {
+          o[n][2 * half] *= factor;
+          o[n][2 * half + 1] *= factor;
+        }
+        const float base = state[half].base();
+        float p[2][2];
+#pragma unroll
+        for (int t = 0; t < 2; ++t)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) p[t][e] = online_softmax::exp2_of(s[t][2 * half + e] - base);
+        state[half].add(p[0][0] + p[0][1] + p[1][0] + p[1][1]);
+        p_fragment[half] = pack_pair<T>(p[0][0], p[0][1]);
+        p_fragment[2 + half] = pack_pair<T>(p[1][0], p[1][1]);
+      }
+
+#pragma unroll
+      for (int n = 0; n < Config::kDTiles; n += 2) {
+        std::uint32_t v_fragment[4];
+        ptx::ldmatrix_x4_trans(v_fragment[0], v_fragment[1], v_fragment[2], v_fragment[3],
+                               ptx::shared_address(v_tile + Config::offset(warp_key + (matrix % 2) * 8 + matrix_row, n + matrix / 2)));
+        const std::uint32_t b0[2] = {v_fragment[0], v_fragment[1]}, b1[2] = {v_fragment[2], v_fragment[3]};
+        ptx::mma_m16n8k16<Numeric::kIsBf16>(o[n], p_fragment, b0);
+        ptx::mma_m16n8k16<Numeric::kIsBf16>(o[n + 1], p_fragment, b1);
+      }
+      __syncwarp();  // every lane's ldmatrix of this stage is done
+      if (lane == 0) bulk::mbarrier_arrive(empty_barriers + 8 * stage);
+    }
+  }
+  // Every tile landed and was read (the consumers waited for each): shared memory below
+  // the barriers is free for the merge.
+  __syncthreads();
+
+  // ---- epilogue (as kernel_mma.cuh, over the consumer warps) ---------------------------
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    state[half].l += __shfl_xor_sync(0xffffffffu, state[half].l, 1);
+    state[half].l += __shfl_xor_sync(0xffffffffu, state[half].l, 2);
+  }
+  float* merge_m = reinterpret_cast<float*>(shared);
+  float* merge_l = merge_m + kConsumerWarps * kRows;
+  float* merge_o = merge_l + kConsumerWarps * kRows;
+  if (!is_producer) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int r = group_row + 8 * half;
+      if (quad_lane == 0) {
+        merge_m[warp * kRows + r] = state[half].m;
+        merge_l[warp * kRows + r] = state[half].l;
+      }
+#pragma unroll
+      for (int n = 0; n < Config::kDTiles; ++n) {
+        float2* dst = reinterpret_cast<float2*>(merge_o + (warp * kRows + r) * kHeadDim + 8 * n + 2 * quad_lane);
+        *dst = make_float2(o[n][2 * half], o[n][2 * half + 1]);
+      }
+    }
+  }
+  __syncthreads();
+
+  float* merge_scale = merge_o + kConsumerWarps * kRows * kHeadDim;  // (kConsumerWarps, kRows)
+  float* merge_lse = merge_scale + kConsumerWarps * kRows;            // (kRows)
+  if (tid < kRows) {
+    online_softmax::State<float> total;
+    float factor[kConsumerWarps];
+#pragma unroll
+    for (int w = 0; w < kConsumerWarps; ++w) {
+      online_softmax::State<float> part;
+      part.m = merge_m[w * kRows + tid];
+      part.l = merge_l[w * kRows + tid];
+      float factor_total, factor_part;
+      total = online_softmax::merge(total, part, &factor_total, &factor_part);
+#pragma unroll
+      for (int v = 0; v < w; ++v) factor[v] *= factor_total;
+      factor[w] = factor_part;
+    }
+#pragma unroll
+    for (int w = 0; w < kConsumerWarps; ++w) merge_scale[w * kRows + tid] = factor[w] * total.inverse_sum();
+    merge_lse[tid] = total.lse();
+  }
+  __syncthreads();
+
+  float* cluster_o = merge_lse + kRows;  // (kRows, kHeadDim): this split's normalised rows
+  const bool is_single_split = num_splits == 1;
+  constexpr int kQuads = kHeadDim / 4;
+  const int rows_here = static_cast<int>(row_end - row_begin);
+  for (int element = tid; element < rows_here * kQuads; element += kThreads) {
+    const int r = element / kQuads, d = 4 * (element % kQuads);
+    if (d >= a.head_dim) continue;
+    float4 value = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+    for (int w = 0; w < kConsumerWarps; ++w) {
+      const float scale = merge_scale[w * kRows + r];
+      const float4 x = *reinterpret_cast<const float4*>(merge_o + (w * kRows + r) * kHeadDim + d);
+      value.x += scale * x.x, value.y += scale * x.y, value.z += scale * x.z, value.w += scale * x.w;
+    }
+    const std::int64_t packed = row_begin + r;
+    const std::int64_t i = packed / group, h = h_kv * group + packed % group;
+    if (is_single_split) {
+      store_output_quad<T>(a, b, h, i, d, value, merge_lse[r]);
+    } else if (is_cluster_merge) {
+      *reinterpret_cast<float4*>(cluster_o + r * kHeadDim + d) = value;
+    } else {
+      float* partial_o = static_cast<float*>(params.maybe_workspace);
+      const std::int64_t row = params.partial_row(split, b, h, i);
+      *reinterpret_cast<float4*>(partial_o + row * a.head_dim + d) = value;
+      if (d == 0) partial_o[params.num_splits * params.partial_rows() * a.head_dim + row] = merge_lse[r];
+    }
+  }
+
+  if (is_cluster_merge) {
+    // The two splits of this query block are one cluster: merge through distributed
+    // shared memory (see kernel_mma.cuh).
+    cooperative_groups::cluster_group cluster = cooperative_groups::this_cluster();
+    cluster.sync();
+    const int quads = rows_here * kQuads;
+    const int per_split = (quads + num_splits - 1) / num_splits;
+    const int last = (split + 1) * per_split < quads ? (split + 1) * per_split : quads;
+    for (int element = split * per_split + tid; element < last; element += kThreads) {
+      const int r = element / kQuads, d = 4 * (element % kQuads);
+      if (d >= a.head_dim) continue;
+      float split_lse[kMaxClusterSplits];
+      float lse = online_softmax::negative_infinity<float>();
+#pragma unroll
+      for (int s = 0; s < kMaxClusterSplits; ++s) {
+        split_lse[s] = s < num_splits ? *cluster.map_shared_rank(merge_lse + r, s) : online_softmax::negative_infinity<float>();
+        lse = online_softmax::merge_weights(lse, split_lse[s]).lse;
+      }
+      const float lse_log2 = lse * static_cast<float>(online_softmax::kLog2e);
+      float4 value = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+      for (int s = 0; s < kMaxClusterSplits; ++s) {
+        if (s >= num_splits) break;
+        const float weight = online_softmax::rescale_factor(split_lse[s] * static_cast<float>(online_softmax::kLog2e), lse_log2);
+        const float4 x = *reinterpret_cast<const float4*>(cluster.map_shared_rank(cluster_o + r * kHeadDim + d, s));
+        value.x += weight * x.x, value.y += weight * x.y, value.z += weight * x.z, value.w += weight * x.w;
+      }
+      const std::int64_t packed = row_begin + r;
+      store_output_quad<T>(a, b, h_kv * group + packed % group, packed / group, d, value, lse);
+    }
+    cluster.sync();
+  }
+#endif
+}
+
+}  // namespace flashattn::cuda::decode
