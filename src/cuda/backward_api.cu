@@ -3,6 +3,8 @@
 //
 //   1. preprocess: D = rowsum(dO ∘ O), LSE in log2 units; dq_accum = 0   (bwd/pre_post.cu)
 //   2. dK/dV kernel, dQ added to dq_accum by bulk reductions     (bwd/dkdv_kernel.cuh)
+//      sm_90 where hopper_bwd::why_unsupported is empty: the wgmma kernel instead
+//      (hopper_bwd/kernel.cuh: d128, fp16/bf16, not deterministic, TMA-encodable strides)
 //      deterministic: + dQ kernel writing dQ directly, no atomics    (bwd/dq_kernel.cuh)
 //   3. dQ = scale * dq_accum in the user's dtype/strides   (skipped when deterministic)
 #include <cuda_bf16.h>
@@ -15,6 +17,7 @@
 #include "src/core/backend.hpp"
 #include "src/cuda/bwd/launch.hpp"
 #include "src/cuda/bwd/workspace.hpp"
+#include "src/cuda/hopper_bwd/launch.hpp"
 
 namespace flashattn::cuda {
 namespace {
@@ -61,7 +64,9 @@ void backward(const BackwardParams& params, void* stream_handle) {
 
   bwd::launch_preprocess(params, workspace, stream);
   const bool is_aligned = bwd::allows_vector_access(params);
-  if (params.dtype == DType::float16) {
+  if (hopper_bwd::why_unsupported(params).empty()) {
+    hopper_bwd::backward_main(params, workspace, stream);
+  } else if (params.dtype == DType::float16) {
     dispatch_head_dim<__half>(params, workspace, is_aligned, stream);
   } else {
     dispatch_head_dim<__nv_bfloat16>(params, workspace, is_aligned, stream);

@@ -1,0 +1,237 @@
+// src/cuda/hopper_bwd/hopper_bwd_timing.cu — times the whole backward pass
+// (preprocess + main kernel + dQ conversion) with the Hopper wgmma kernel
+// (flashattn::backward's dispatch) and with the FA2-class kernel (src/cuda/bwd),
+// same inputs, CUDA events, median of repeats. Not a test: it prints CSV; the
+// anchors (PyTorch SDPA FLASH = FA2, cuDNN) come from hopper_bwd_anchors.py in the
+// same device call, which joins both into ratios. FLOPs = 2.5 x forward (forward =
+// 4 B H N² d, halved for causal).
+//
+// Inputs are random (a hash of the index, never zeros); LSE = ln(seqlen) + 0.5, what
+// unit-variance scores give. Gradients are poisoned (NaN) before each checked run;
+// max_rel_diff compares the two kernels' dq/dk/dv (a broken kernel shows as NaN or a
+// large value).
+//
+// flashattn_hopper_bwd_timing [repeats] [--quick]
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "flashattn/flashattn.hpp"
+#include "src/core/validate.hpp"
+#include "src/cuda/bwd/launch.hpp"
+#include "src/cuda/bwd/workspace.hpp"
+#include "src/cuda/hopper_bwd/launch.hpp"
+
+namespace {
+
+void check(cudaError_t code, const char* what) {
+  if (code != cudaSuccess) {
+    std::fprintf(stderr, "CUDA error %s in %s\n", cudaGetErrorString(code), what);
+    std::exit(1);
+  }
+}
+
+template <class Element>
+__global__ void fill_random(Element* data, std::int64_t n, std::uint32_t seed) {
+  for (std::int64_t i = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += std::int64_t(gridDim.x) * blockDim.x) {
+    std::uint32_t x = static_cast<std::uint32_t>(i) * 2654435761u ^ seed;
+    x ^= x >> 16;
+    x *= 0x7feb352du;
+    x ^= x >> 15;
+    x *= 0x846ca68bu;
+    x ^= x >> 16;
+    const float uniform = (x >> 8) * (1.0f / 16777216.0f);            // [0, 1)
+    data[i] = static_cast<Element>((uniform * 2.0f - 1.0f) * 1.7320508f);  // unit variance
+  }
+}
+
+__global__ void fill_value(float* data, std::int64_t n, float value) {
+  for (std::int64_t i = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += std::int64_t(gridDim.x) * blockDim.x)
+    data[i] = value;
+}
+
+struct Shape {
+  const char* sweep;
+  flashattn::DType dtype;
+  std::int64_t batch, heads, seqlen, head_dim;
+  bool causal;
+};
+
+// Device tensors and BackwardArgs of one shape (contiguous [b, n, h, d]).
+struct Problem {
+  Shape shape;
+  std::int64_t elements = 0;
+  void *q = nullptr, *k = nullptr, *v = nullptr, *o = nullptr, *dout = nullptr, *dq = nullptr, *dk = nullptr,
+       *dv = nullptr, *workspace = nullptr;
+  float* lse = nullptr;
+  flashattn::BackwardArgs args;
+
+  explicit Problem(const Shape& s) : shape(s) {
+    using flashattn::TensorView;
+    const auto device = flashattn::Device::cuda(0);
+    const std::int64_t b = s.batch, h = s.heads, n = s.seqlen, d = s.head_dim;
+    elements = b * n * h * d;
+    for (void** p : {&q, &k, &v, &o, &dout, &dq, &dk, &dv}) check(cudaMalloc(p, elements * 2), "cudaMalloc");
+    check(cudaMalloc(&lse, b * h * n * sizeof(float)), "cudaMalloc lse");
+    std::uint32_t seed = 1;
+    for (void* p : {q, k, v, o, dout}) {
+      if (s.dtype == flashattn::DType::float16) fill_random<<<1024, 256>>>(static_cast<__half*>(p), elements, seed++);
+      else fill_random<<<1024, 256>>>(static_cast<__nv_bfloat16*>(p), elements, seed++);
+      check(cudaGetLastError(), "fill_random");
+    }
+    fill_value<<<1024, 256>>>(lse, b * h * n, std::log(static_cast<float>(n)) + 0.5f);
+    check(cudaGetLastError(), "fill_value");
+    auto view = [&](void* data) { return TensorView::contiguous(data, s.dtype, {b, n, h, d}, device); };
+    args.q = view(q), args.k = view(k), args.v = view(v), args.out = view(o), args.dout = view(dout);
+    args.dq = view(dq), args.dk = view(dk), args.dv = view(dv);
+    args.lse = TensorView::contiguous(lse, flashattn::DType::float32, {b, h, n}, device);
+    args.options.causal = s.causal;
+    const std::size_t workspace_bytes = flashattn::backward_workspace_bytes(args);
+    check(cudaMalloc(&workspace, std::max<std::size_t>(workspace_bytes, 1)), "cudaMalloc workspace");
+    args.maybe_workspace = TensorView::contiguous(
+        workspace, flashattn::DType::uint8, {static_cast<std::int64_t>(std::max<std::size_t>(workspace_bytes, 1))},
+        device);
+  }
+  ~Problem() {
+    for (void* p : {q, k, v, o, dout, dq, dk, dv, static_cast<void*>(lse), workspace}) cudaFree(p);
+  }
+  Problem(const Problem&) = delete;
+  Problem& operator=(const Problem&) = delete;
+
+  double forward_flops() const {
+    return 4.0 * shape.batch * shape.heads * shape.seqlen * shape.seqlen * shape.head_dim *
+           (shape.causal ? 0.5 : 1.0);
+  }
+  void poison_gradients() const {
+    for (void* p : {dq, dk, dv}) check(cudaMemset(p, 0xFF, elements * 2), "poison");  // NaN in fp16 and bf16
+  }
+  std::vector<float> gradients() const {
+    std::vector<std::uint16_t> bits(static_cast<std::size_t>(elements));
+    std::vector<float> values;
+    values.reserve(3 * bits.size());
+    for (void* p : {dq, dk, dv}) {
+      check(cudaMemcpy(bits.data(), p, elements * 2, cudaMemcpyDeviceToHost), "download");
+      for (std::uint16_t x : bits) {
+        float f;
+        if (shape.dtype == flashattn::DType::bfloat16) {
+          const std::uint32_t u = static_cast<std::uint32_t>(x) << 16;
+          std::memcpy(&f, &u, 4);
+        } else {
+          __half half;
+          std::memcpy(&half, &x, 2);
+          f = __half2float(half);
+        }
+        values.push_back(f);
+      }
+    }
+    return values;
+  }
+};
+
+// The backward pass with the FA2-class main kernel, whatever the dispatch would pick.
+template <class Element, int kHeadDim>
+void run_fa2_class(const flashattn::BackwardArgs& args) {
+  namespace bwd = flashattn::cuda::bwd;
+  const flashattn::BackwardParams params = flashattn::validate_backward(args);
+  const bwd::Workspace workspace = bwd::carve_workspace(params);
+  bwd::launch_preprocess(params, workspace, nullptr);
+  bwd::launch_main<Element, kHeadDim>(params, workspace, bwd::allows_vector_access(params), nullptr);
+  bwd::launch_convert_dq(params, workspace, nullptr);
+}
+
+template <class Run>
+double median_ms(Run run, int repeats) {
+  cudaEvent_t start, stop;
+  check(cudaEventCreate(&start), "event");
+  check(cudaEventCreate(&stop), "event");
+  for (int i = 0; i < 3; ++i) run();
+  check(cudaDeviceSynchronize(), "warm-up");
+  std::vector<float> times;
+  for (int i = 0; i < repeats; ++i) {
+    check(cudaEventRecord(start), "record");
+    run();
+    check(cudaEventRecord(stop), "record");
+    check(cudaEventSynchronize(stop), "sync");
+    float ms = 0;
+    check(cudaEventElapsedTime(&ms, start, stop), "elapsed");
+    times.push_back(ms);
+  }
+  check(cudaGetLastError(), "backward");
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  std::sort(times.begin(), times.end());
+  return times[times.size() / 2];
+}
+
+template <class Element>
+void measure(const Shape& shape, int repeats) {
+  Problem p(shape);
+  const flashattn::BackwardParams params = flashattn::validate_backward(p.args);
+  const std::string reason = flashattn::cuda::hopper_bwd::why_unsupported(params);
+  p.poison_gradients();
+  run_fa2_class<Element, 128>(p.args);
+  check(cudaDeviceSynchronize(), "fa2-class run");
+  const std::vector<float> reference = p.gradients();
+  p.poison_gradients();
+  flashattn::backward(p.args);
+  check(cudaDeviceSynchronize(), "sm90 run");
+  const std::vector<float> ours = p.gradients();
+  double difference = 0, magnitude = 0;
+  bool has_nan = false;
+  for (std::size_t i = 0; i < ours.size(); ++i) {
+    has_nan = has_nan || std::isnan(ours[i]) || std::isnan(reference[i]);
+    difference = std::max(difference, static_cast<double>(std::fabs(ours[i] - reference[i])));
+    magnitude = std::max(magnitude, static_cast<double>(std::fabs(reference[i])));
+  }
+  const double relative = has_nan ? NAN : (magnitude > 0 ? difference / magnitude : difference);
+  const double sm90_ms = median_ms([&] { flashattn::backward(p.args); }, repeats);
+  const double fa2_class_ms = median_ms([&] { run_fa2_class<Element, 128>(p.args); }, repeats);
+  const double flops = 2.5 * p.forward_flops();
+  std::printf("%s,%s,%lld,%lld,%lld,%lld,%d,%s,%.4f,%.1f,%.4f,%.1f,%.3g\n", shape.sweep,
+              flashattn::dtype_name(shape.dtype), static_cast<long long>(shape.batch),
+              static_cast<long long>(shape.heads), static_cast<long long>(shape.seqlen),
+              static_cast<long long>(shape.head_dim), shape.causal ? 1 : 0, reason.empty() ? "sm90" : "fallback",
+              sm90_ms, flops / (sm90_ms * 1e-3) / 1e12, fa2_class_ms, flops / (fa2_class_ms * 1e-3) / 1e12,
+              relative);
+  std::fflush(stdout);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const int repeats = argc > 1 ? std::atoi(argv[1]) : 20;
+  const bool quick = argc > 2 && std::string(argv[2]) == "--quick";
+  if (!flashattn::cuda_available()) {
+    std::fprintf(stderr, "no CUDA device\n");
+    return 1;
+  }
+  std::vector<Shape> shapes;
+  const std::vector<std::int64_t> seqlens =
+      quick ? std::vector<std::int64_t>{1024, 4096, 16384} : std::vector<std::int64_t>{512, 1024, 2048, 4096, 8192, 16384};
+  for (flashattn::DType dtype : {flashattn::DType::bfloat16, flashattn::DType::float16})
+    for (std::int64_t n : seqlens)
+      for (bool causal : {false, true})
+        shapes.push_back({"fa3_16k_tokens_d128", dtype, 16384 / n, 16, n, 128, causal});
+  std::printf("sweep,dtype,batch,heads,seqlen,head_dim,causal,path,sm90_ms,sm90_tflops,fa2_class_ms,fa2_class_tflops,"
+              "max_rel_diff\n");
+  for (const Shape& shape : shapes) {
+    try {
+      if (shape.dtype == flashattn::DType::float16) measure<__half>(shape, repeats);
+      else measure<__nv_bfloat16>(shape, repeats);
+    } catch (const std::exception& e) {
+      std::printf("# %s n%lld: %s\n", shape.sweep, static_cast<long long>(shape.seqlen), e.what());
+    }
+  }
+  return 0;
+}

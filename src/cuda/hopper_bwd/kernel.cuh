@@ -1,0 +1,463 @@
+// src/cuda/hopper_bwd/kernel.cuh — the FlashAttention-3-style backward kernel for
+// Hopper (sm_90a): TMA loads, wgmma, a producer warpgroup and two consumer warpgroups.
+//
+// The algorithm is the one of src/cuda/bwd/dkdv_kernel.cuh (same preprocess, same
+// workspace, same MaskRule, same GQA summation order over the query heads); what
+// changes is the mapping onto the hardware. For one (key block, kv head, sequence):
+//   producer (warpgroup 0, one thread): K, V of the block once; then per step (query
+//     head of the group x query block that sees the block) Q, dO (TMA tensor copies)
+//     and the LSE and D rows (bulk copies) into a kStages ring of shared-memory
+//     stages, each guarded by a "full" mbarrier (byte count) and an "empty" mbarrier
+//     (every consumer warp is done with the stage).
+//   consumer w (warpgroups 1, 2): owns keys [64 w, 64 w + 64) of the block. Per step
+//     S^T  = K_w Q^T         wgmma m64n64, both operands K-major in shared memory
+//     dP^T = V_w dO^T        wgmma m64n64
+//     P^T  = exp2(S^T scale_log2 - LSE), element mask on boundary tiles
+//     dS^T = P^T ∘ (dP^T - D)   (softcap: ∘ (1 - tanh²))
+//     dV_w += P^T dO         wgmma m64n{d}, P^T from registers (the S^T accumulator
+//     dK_w += dS^T Q         converted to 16 bits is the A fragment), dO/Q MN-major
+//     dS^T -> shared memory; both consumers' halves meet at a named barrier
+//     dQ[:, w half] = dS K   wgmma m64n{d/2}, dS^T read MN-major (transpose-A), K
+//                            MN-major; fp32 into the staging tile, which one thread
+//                            adds to dq_accum with one bulk TMA reduction per step.
+//   Computing S^T (keys as rows) rather than S keeps P^T and dS^T in the accumulator
+//   layout the dV/dK products take from registers (FA3's SdP_swapAB): no shared-memory
+//   round trip for P at all, and dS^T's round trip serves only the dQ product.
+//   dK (scaled by softmax_scale) and dV are stored from registers at the end.
+//
+// Shared-memory tiles: 64-column panels, 128-byte swizzle (see hopper/kernel.cuh).
+// dS^T is one panel: row = key, 64 query columns.
+// Rows past a sequence: Q/dO rows past the tensor arrive as zeros, rows of the next
+// (varlen) sequence are finite, and their LSE is +inf (workspace padding), so P = 0
+// and dS = 0 there; the dQ tile's rows past the sequence add exact zeros (the
+// accumulator has block_m spare rows per head). Keys past the sequence are masked.
+#pragma once
+
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include <atomic>
+#include <climits>
+#include <cstdint>
+#include <cuda/ptx>
+#include <string>
+
+#include "flashattn/error.hpp"
+#include "flashattn/mask.hpp"
+#include "flashattn/online_softmax.hpp"
+#include "src/core/params.hpp"
+#include "src/cuda/bwd/workspace.hpp"
+#include "src/cuda/common/check.cuh"
+#include "src/cuda/common/numeric.cuh"
+#include "src/cuda/hopper_bwd/launch.hpp"
+#include "src/cuda/hopper_bwd/tile_config.hpp"
+#include "src/cuda/ptx/bulk_reduce.cuh"
+#include "src/cuda/ptx/math.cuh"
+#include "src/cuda/ptx/warpgroup.cuh"
+#include "src/cuda/ptx/wgmma.cuh"
+
+namespace flashattn::cuda::hopper_bwd {
+
+// Named barriers among the 256 consumer threads (0 is __syncthreads).
+enum class NamedBarrier : int { kDsWritten = 1, kDqStaged = 2 };
+
+#if FLASHATTN_HOPPER_DEVICE_CODE
+__device__ __forceinline__ void wait_barrier(std::uint64_t* barrier, std::uint32_t parity) {
+  while (!::cuda::ptx::mbarrier_try_wait_parity(barrier, parity)) {
+  }
+}
+#endif
+
+template <class T, int kHeadDimArg, int kBlockMArg, int kBlockNArg, int kStagesArg>
+__global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
+    backward_kernel_sm90(const __grid_constant__ HopperBackwardParams params) {
+#if FLASHATTN_HOPPER_DEVICE_CODE
+  constexpr HopperBwdTileConfig kConfig{kHeadDimArg, kBlockMArg, kBlockNArg, kStagesArg};
+  constexpr int kHeadDim = kHeadDimArg, kBlockM = kBlockMArg, kBlockN = kBlockNArg, kStages = kStagesArg;
+  constexpr int kPanels = kConfig.panels();
+  constexpr int kKVBytes = kConfig.kv_tile_bytes();
+  constexpr int kQBytes = kConfig.q_tile_bytes();
+  constexpr int kStatsBytes = kConfig.stats_bytes();
+  constexpr int kDqColumns = kHeadDim / kConsumerWarpgroups;  // dQ columns per consumer
+  constexpr int kConsumerWarps = 4 * kConsumerWarpgroups;
+  constexpr int kConsumerThreads = 128 * kConsumerWarpgroups;
+  constexpr bool kIsBf16 = Numeric<T>::kIsBf16;
+  static_assert(kBlockN == kConsumerWarpgroups * kKeysPerConsumer, "each consumer owns 64 keys");
+  static_assert(kBlockM == 64, "S^T's N and dQ's M: one m64 wgmma and one 128-byte row of dS^T");
+  static_assert(kHeadDim % kPanelColumns == 0 && kDqColumns % kPanelColumns == 0, "whole 64-column panels");
+  static_assert(kConfig.shared_bytes() <= kMaxSharedBytes, "tiles exceed 227 KB of shared memory");
+  static_assert(128 * kConfig.producer_registers() + kConsumerThreads * kConfig.consumer_registers() <= 65536,
+                "register file: 64K 32-bit registers per SM");
+  static_assert((1 + 2 * kStages) * 8 <= 256, "mbarriers exceed their 256 bytes");
+
+  const BackwardParams& attention = params.backward;
+  const bwd::Workspace& workspace = params.workspace;
+  const std::int64_t num_n_blocks = (attention.seqlen_k + kBlockN - 1) / kBlockN;
+  // Key block fastest: under a causal mask the low key blocks (the most query blocks)
+  // start first, the short ones fill the tail (as the FA2-class kernel).
+  const std::int64_t n_block = blockIdx.x % num_n_blocks;
+  const std::int64_t head_kv = (blockIdx.x / num_n_blocks) % attention.heads_kv;
+  const std::int64_t batch = blockIdx.x / num_n_blocks / attention.heads_kv;
+  const std::int64_t seqlen_q = attention.seqlen_q_of(batch), seqlen_k = attention.seqlen_k_of(batch);
+  const std::int64_t n0 = n_block * kBlockN;
+  if (n0 >= seqlen_k) return;
+  const std::int64_t kv_rows = seqlen_k - n0 < kBlockN ? seqlen_k - n0 : kBlockN;
+  const MaskRule mask = attention.mask_of(batch);
+  // Steps: every query head of the group x every query block that sees this key block.
+  const MaskRule::RowRange rows = mask.rows_of_columns(n0, n0 + kv_rows);
+  const int m_block_begin = static_cast<int>(rows.begin / kBlockM);
+  const int m_blocks = rows.end > rows.begin ? static_cast<int>((rows.end + kBlockM - 1) / kBlockM) - m_block_begin : 0;
+  const int steps = m_blocks * static_cast<int>(attention.group_size);
+  auto step_head = [&](int step) { return head_kv * attention.group_size + step / m_blocks; };
+  auto step_m0 = [&](int step) { return static_cast<std::int64_t>(m_block_begin + step % m_blocks) * kBlockM; };
+
+  // Tiles 1024-byte aligned (the swizzle atom; the descriptors' base offset is 0).
+  extern __shared__ unsigned char shared_storage[];
+  const std::uint32_t raw_address = static_cast<std::uint32_t>(__cvta_generic_to_shared(shared_storage));
+  unsigned char* shared_base = shared_storage + ((1024 - raw_address % 1024) % 1024);
+  T* shared_k = reinterpret_cast<T*>(shared_base + kConfig.k_offset());    // (kBlockN, kHeadDim)
+  T* shared_v = reinterpret_cast<T*>(shared_base + kConfig.v_offset());    // (kBlockN, kHeadDim)
+  T* shared_q = reinterpret_cast<T*>(shared_base + kConfig.q_offset());    // kStages x (kBlockM, kHeadDim)
+  T* shared_do = reinterpret_cast<T*>(shared_base + kConfig.do_offset());  // kStages x (kBlockM, kHeadDim)
+  unsigned char* shared_ds = shared_base + kConfig.ds_offset();            // (kBlockN, kBlockM): dS^T
+  float* shared_dq = reinterpret_cast<float*>(shared_base + kConfig.dq_offset());      // (kBlockM, kHeadDim)
+  float* shared_lse = reinterpret_cast<float*>(shared_base + kConfig.lse_offset());    // kStages x kBlockM
+  float* shared_dsum = reinterpret_cast<float*>(shared_base + kConfig.dsum_offset());  // kStages x kBlockM
+  auto* barriers = reinterpret_cast<std::uint64_t*>(shared_base + kConfig.barrier_offset());
+  std::uint64_t* kv_full = barriers;                // K and V landed
+  std::uint64_t* full = barriers + 1;               // [kStages]: Q, dO, LSE, D of a step landed
+  std::uint64_t* empty = barriers + 1 + kStages;    // [kStages]: every consumer warp is done with it
+
+  if (threadIdx.x == 0) {
+    ::cuda::ptx::mbarrier_init(kv_full, 1);
+    for (int stage = 0; stage < kStages; ++stage) {
+      ::cuda::ptx::mbarrier_init(&full[stage], 1);
+      ::cuda::ptx::mbarrier_init(&empty[stage], kConsumerWarps);
+    }
+    ::cuda::ptx::fence_mbarrier_init(::cuda::ptx::sem_release, ::cuda::ptx::scope_cluster);
+  }
+  __syncthreads();
+
+  const int warpgroup = threadIdx.x / 128;
+  const std::int32_t batch_coordinate = attention.is_varlen() ? 0 : static_cast<std::int32_t>(batch);
+  const std::int64_t stats_start = bwd::Workspace::stats_start(attention, batch);
+
+  if (warpgroup == 0) {
+    // ---- producer ----------------------------------------------------------------
+    ptx::setmaxnreg_decrease<kConfig.producer_registers()>();
+    if (threadIdx.x != 0 || steps == 0) return;
+    const std::int32_t k_row = static_cast<std::int32_t>(attention.k_start(batch) + n0);
+    ::cuda::ptx::mbarrier_arrive_expect_tx(::cuda::ptx::sem_release, ::cuda::ptx::scope_cta,
+                                           ::cuda::ptx::space_shared, kv_full, 2 * kKVBytes);
+#pragma unroll
+    for (int panel = 0; panel < kPanels; ++panel) {
+      const std::int32_t coordinates[4] = {panel * kPanelColumns, k_row, static_cast<std::int32_t>(head_kv),
+                                           batch_coordinate};
+      ::cuda::ptx::cp_async_bulk_tensor(::cuda::ptx::space_cluster, ::cuda::ptx::space_global,
+                                        shared_k + panel * kBlockN * kPanelColumns, &params.k_map, coordinates,
+                                        kv_full);
+      ::cuda::ptx::cp_async_bulk_tensor(::cuda::ptx::space_cluster, ::cuda::ptx::space_global,
+                                        shared_v + panel * kBlockN * kPanelColumns, &params.v_map, coordinates,
+                                        kv_full);
+    }
+    for (int step = 0; step < steps; ++step) {
+      const int stage = step % kStages;
+      if (step >= kStages) wait_barrier(&empty[stage], ((step / kStages) - 1) & 1);
+      const std::int64_t head_q = step_head(step), m0 = step_m0(step);
+      ::cuda::ptx::mbarrier_arrive_expect_tx(::cuda::ptx::sem_release, ::cuda::ptx::scope_cta,
+                                             ::cuda::ptx::space_shared, &full[stage],
+                                             2 * kQBytes + 2 * kStatsBytes);
+      const std::int32_t q_row = static_cast<std::int32_t>(attention.q_start(batch) + m0);
+#pragma unroll
+      for (int panel = 0; panel < kPanels; ++panel) {
+        const std::int32_t coordinates[4] = {panel * kPanelColumns, q_row, static_cast<std::int32_t>(head_q),
+                                             batch_coordinate};
+        const int offset = stage * kBlockM * kHeadDim + panel * kBlockM * kPanelColumns;
+        ::cuda::ptx::cp_async_bulk_tensor(::cuda::ptx::space_cluster, ::cuda::ptx::space_global, shared_q + offset,
+                                          &params.q_map, coordinates, &full[stage]);
+        ::cuda::ptx::cp_async_bulk_tensor(::cuda::ptx::space_cluster, ::cuda::ptx::space_global, shared_do + offset,
+                                          &params.dout_map, coordinates, &full[stage]);
+      }
+      // Whole padded rows of LSE and D (bwd/workspace.hpp): 16-byte aligned, +inf / 0 past the sequence.
+      const std::int64_t stats_row = head_q * workspace.stats_head_stride + stats_start + m0;
+      ::cuda::ptx::cp_async_bulk(::cuda::ptx::space_cluster, ::cuda::ptx::space_global, shared_lse + stage * kBlockM,
+                                 workspace.lse_log2 + stats_row, kStatsBytes, &full[stage]);
+      ::cuda::ptx::cp_async_bulk(::cuda::ptx::space_cluster, ::cuda::ptx::space_global, shared_dsum + stage * kBlockM,
+                                 workspace.dsum + stats_row, kStatsBytes, &full[stage]);
+    }
+    return;
+  }
+
+  // ---- consumers -------------------------------------------------------------------
+  ptx::setmaxnreg_increase<kConfig.consumer_registers()>();
+  const int consumer = warpgroup - 1;
+  const int thread_in_warpgroup = threadIdx.x % 128;
+  const int lane = threadIdx.x % 32;
+  const int group = lane / 4;      // accumulator row within an 8-row half
+  const int quad_lane = lane % 4;  // accumulator column pair
+  const int warp_row0 = (thread_in_warpgroup / 32) * 16 + group;  // + 8 * half: row within a warpgroup's 64
+  const int key_row0 = consumer * kKeysPerConsumer + warp_row0;   // this thread's key rows in the block
+  const bool is_issuer = threadIdx.x == 128;                       // issues the dQ bulk reductions
+
+  // Descriptors (see ptx/wgmma.cuh). K-major: K, V as A of S^T/dP^T; Q, dO as B.
+  // MN-major: dO, Q as B of dV/dK (rows = queries); dS^T as A and K as B of dQ.
+  using ptx::make_smem_descriptor;
+  using ptx::SwizzleMode;
+  const auto address_of = [](const void* pointer) {
+    return static_cast<std::uint32_t>(__cvta_generic_to_shared(pointer));
+  };
+  const std::uint32_t k_address = address_of(shared_k), v_address = address_of(shared_v);
+  const std::uint32_t q_address = address_of(shared_q), do_address = address_of(shared_do);
+  const std::uint32_t key_rows_offset = consumer * kKeysPerConsumer * 128;
+  const std::uint64_t k_as_a = make_smem_descriptor(k_address + key_rows_offset, 16, 1024, SwizzleMode::bytes128);
+  const std::uint64_t v_as_a = make_smem_descriptor(v_address + key_rows_offset, 16, 1024, SwizzleMode::bytes128);
+  const std::uint64_t q_as_b = make_smem_descriptor(q_address, 16, 1024, SwizzleMode::bytes128);
+  const std::uint64_t do_as_b = make_smem_descriptor(do_address, 16, 1024, SwizzleMode::bytes128);
+  const std::uint64_t q_as_b_mn = make_smem_descriptor(q_address, kBlockM * 128, 1024, SwizzleMode::bytes128);
+  const std::uint64_t do_as_b_mn = make_smem_descriptor(do_address, kBlockM * 128, 1024, SwizzleMode::bytes128);
+  const std::uint64_t ds_as_a_mn =
+      make_smem_descriptor(address_of(shared_ds), kBlockN * 128, 1024, SwizzleMode::bytes128);
+  const std::uint64_t k_as_b_mn =
+      make_smem_descriptor(k_address + consumer * (kDqColumns / kPanelColumns) * kBlockN * 128, kBlockN * 128, 1024,
+                           SwizzleMode::bytes128);
+  // Descriptor increments are byte offsets >> 4 in the start-address field.
+  // K-major k16 step kk of a (rows, kHeadDim) panelled tile: panel kk / 4, 32 bytes per step inside it.
+  auto k_step_offset = [](int kk, int tile_rows) { return ((kk / 4) * tile_rows * 128 + (kk % 4) * 32) >> 4; };
+  // MN-major k16 step: 16 rows of 128 bytes.
+  auto mn_step_offset = [](int kk) { return (kk * 16 * 128) >> 4; };
+
+  const bool has_softcap = attention.has_softcap();
+  const float softcap_input_scale = has_softcap ? attention.softmax_scale / attention.softcap : 0.0f;
+  const float softcap_scale_log2 = attention.softcap * static_cast<float>(online_softmax::kLog2e);
+  const float scale_log2 = attention.softmax_scale_log2;
+
+  float dv[kHeadDim / 2];  // (64 keys, kHeadDim) per consumer, fp32
+  float dk[kHeadDim / 2];  // (64 keys, kHeadDim) per consumer, unscaled
+#pragma unroll
+  for (int i = 0; i < kHeadDim / 2; ++i) dv[i] = dk[i] = 0.0f;
+
+  if (steps > 0) wait_barrier(kv_full, 0);
+  for (int step = 0; step < steps; ++step) {
+    const int stage = step % kStages;
+    const std::int64_t head_q = step_head(step), m0 = step_m0(step);
+    const std::uint64_t stage_offset = (stage * kQBytes) >> 4;
+    wait_barrier(&full[stage], (step / kStages) & 1);
+
+    // S^T = K_w Q^T and dP^T = V_w dO^T: (64 keys, kBlockM queries) each.
+    float s[kBlockM / 2];
+    float dp[kBlockM / 2];
+    ptx::wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kHeadDim / 16; ++kk)
+      ptx::wgmma_ss<kBlockM, kIsBf16, 0>(s, k_as_a + k_step_offset(kk, kBlockN),
+                                         q_as_b + stage_offset + k_step_offset(kk, kBlockM), kk > 0 ? 1 : 0);
+    ptx::wgmma_commit_group();
+#pragma unroll
+    for (int kk = 0; kk < kHeadDim / 16; ++kk)
+      ptx::wgmma_ss<kBlockM, kIsBf16, 0>(dp, v_as_a + k_step_offset(kk, kBlockN),
+                                         do_as_b + stage_offset + k_step_offset(kk, kBlockM), kk > 0 ? 1 : 0);
+    ptx::wgmma_commit_group();
+
+    const float* lse = shared_lse + stage * kBlockM;
+    const float* dsum = shared_dsum + stage * kBlockM;
+    const std::int64_t q_rows_end = m0 + kBlockM < seqlen_q ? m0 + kBlockM : seqlen_q;
+    const bool needs_mask = n0 + kBlockN > seqlen_k || !mask.tile_fully_allowed(m0, q_rows_end, n0, n0 + kBlockN);
+    // Element mask: key rows key_row0 (+8) against query column `column` of the tile.
+    auto apply_mask = [&](float (&p)[kBlockM / 2]) {
+#pragma unroll
+      for (int j = 0; j < kBlockM / 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const std::int64_t query = m0 + 8 * j + 2 * quad_lane + e;
+          const std::int64_t begin = mask.col_begin(query), end = mask.col_end(query);
+#pragma unroll
+          for (int half = 0; half < 2; ++half) {
+            const std::int64_t key = n0 + key_row0 + 8 * half;
+            if (key < begin || key >= end) p[4 * j + 2 * half + e] = 0.0f;
+          }
+        }
+    };
+    if (!has_softcap) {
+      // P^T = exp2(S^T scale_log2 - LSE) while dP^T is still being computed.
+      ptx::wgmma_wait_group<1>();
+      ptx::fence_operands(s);
+#pragma unroll
+      for (int j = 0; j < kBlockM / 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const float lse_log2 = lse[8 * j + 2 * quad_lane + e];
+#pragma unroll
+          for (int half = 0; half < 2; ++half) {
+            float& value = s[4 * j + 2 * half + e];
+            value = ptx::exp2_approx_ftz(fmaf(value, scale_log2, -lse_log2));
+          }
+        }
+      if (needs_mask) apply_mask(s);
+      ptx::wgmma_wait_group<0>();
+      ptx::fence_operands(dp);
+#pragma unroll
+      for (int j = 0; j < kBlockM / 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const float row_dsum = dsum[8 * j + 2 * quad_lane + e];
+#pragma unroll
+          for (int half = 0; half < 2; ++half) {
+            const int index = 4 * j + 2 * half + e;
+            dp[index] = s[index] * (dp[index] - row_dsum);
+          }
+        }
+    } else {
+      // Softcap: P^T = exp2(c tanh(scale S^T / c) log2(e) - LSE), dS^T also needs 1 - tanh².
+      ptx::wgmma_wait_group<0>();
+      ptx::fence_operands(s);
+      ptx::fence_operands(dp);
+#pragma unroll
+      for (int j = 0; j < kBlockM / 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const float lse_log2 = lse[8 * j + 2 * quad_lane + e];
+          const float row_dsum = dsum[8 * j + 2 * quad_lane + e];
+#pragma unroll
+          for (int half = 0; half < 2; ++half) {
+            const int index = 4 * j + 2 * half + e;
+            const float capped = tanhf(s[index] * softcap_input_scale);
+            s[index] = ptx::exp2_approx_ftz(capped * softcap_scale_log2 - lse_log2);
+            dp[index] = (dp[index] - row_dsum) * (1.0f - capped * capped);
+          }
+        }
+      if (needs_mask) apply_mask(s);
+#pragma unroll
+      for (int i = 0; i < kBlockM / 2; ++i) dp[i] *= s[i];
+    }
+
+    // P^T and dS^T as 16-bit A fragments: two adjacent n8 column tiles of the
+    // accumulator are one k16 step (the queries 16 kq .. 16 kq + 15).
+    std::uint32_t p_fragment[kBlockM / 16][4];
+    std::uint32_t ds_fragment[kBlockM / 16][4];
+#pragma unroll
+    for (int kq = 0; kq < kBlockM / 16; ++kq)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        p_fragment[kq][r] = pack_pair<T>(s[8 * kq + 2 * r], s[8 * kq + 2 * r + 1]);
+        ds_fragment[kq][r] = pack_pair<T>(dp[8 * kq + 2 * r], dp[8 * kq + 2 * r + 1]);
+      }
+    // dS^T to shared memory: register r of step kq is row half r % 2, query chunk 2 kq + r / 2.
+#pragma unroll
+    for (int kq = 0; kq < kBlockM / 16; ++kq)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        const int row = key_row0 + 8 * (r % 2);
+        const int chunk = 2 * kq + r / 2;
+        *reinterpret_cast<std::uint32_t*>(shared_ds + row * 128 + ((chunk ^ (row % 8)) * 16) + quad_lane * 4) =
+            ds_fragment[kq][r];
+      }
+
+    // dV_w += P^T dO, dK_w += dS^T Q (depth kBlockM queries).
+    ptx::fence_operands(dv);
+    ptx::fence_operands(dk);
+    ptx::wgmma_fence();
+#pragma unroll
+    for (int kq = 0; kq < kBlockM / 16; ++kq)
+      ptx::wgmma_rs<kHeadDim, kIsBf16, 1>(dv, p_fragment[kq], do_as_b_mn + stage_offset + mn_step_offset(kq), 1);
+#pragma unroll
+    for (int kq = 0; kq < kBlockM / 16; ++kq)
+      ptx::wgmma_rs<kHeadDim, kIsBf16, 1>(dk, ds_fragment[kq], q_as_b_mn + stage_offset + mn_step_offset(kq), 1);
+    ptx::wgmma_commit_group();
+
+    // Both halves of dS^T written (visible to the async proxy, which wgmma reads
+    // through), and the previous step's dQ staging tile read by the TMA.
+    ptx::fence_proxy_async_shared();
+    if (is_issuer) ptx::bulk_wait_group_read<0>();
+    ptx::named_barrier_sync(static_cast<int>(NamedBarrier::kDsWritten), kConsumerThreads);
+
+    // dQ[:, consumer's columns] = dS K (depth kBlockN keys).
+    float dq[kDqColumns / 2];
+    ptx::wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kBlockN / 16; ++kk)
+      ptx::wgmma_ss<kDqColumns, kIsBf16, 1, 1>(dq, ds_as_a_mn + mn_step_offset(kk), k_as_b_mn + mn_step_offset(kk),
+                                               kk > 0 ? 1 : 0);
+    ptx::wgmma_commit_group();
+    ptx::wgmma_wait_group<0>();
+    ptx::fence_operands(dq);
+    ptx::fence_operands(dv);
+    ptx::fence_operands(dk);
+    // Q, dO, LSE, D of this stage are no longer read by this warp.
+    if (lane == 0) ::cuda::ptx::mbarrier_arrive(&empty[stage]);
+
+#pragma unroll
+    for (int j = 0; j < kDqColumns / 8; ++j)
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int row = warp_row0 + 8 * half;
+        const int column = consumer * kDqColumns + 8 * j + 2 * quad_lane;
+        *reinterpret_cast<float2*>(shared_dq + row * kHeadDim + column) =
+            make_float2(dq[4 * j + 2 * half], dq[4 * j + 2 * half + 1]);
+      }
+    ptx::fence_proxy_async_shared();
+    // Also: every consumer's dQ product is done, so dS^T may be rewritten next step.
+    ptx::named_barrier_sync(static_cast<int>(NamedBarrier::kDqStaged), kConsumerThreads);
+    if (is_issuer) {
+      ptx::bulk_reduce_add_f32(workspace.dq_accum + workspace.dq_offset(attention, batch, m0, head_q),
+                               address_of(shared_dq), kBlockM * kHeadDim * 4);
+      ptx::bulk_commit_group();
+    }
+  }
+  // The staging tile must stay readable until the TMA has added it.
+  if (is_issuer && steps > 0) ptx::bulk_wait_group<0>();
+
+  // dK = scale * dS^T Q and dV, straight from the accumulators: rows < kv_rows.
+  T* dk_out = static_cast<T*>(attention.dk) + attention.dk_offset(batch, head_kv) + n0 * attention.dk_row_stride;
+  T* dv_out = static_cast<T*>(attention.dv) + attention.dv_offset(batch, head_kv) + n0 * attention.dv_row_stride;
+  const float scale = attention.softmax_scale;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int row = key_row0 + 8 * half;
+    if (row >= kv_rows) continue;
+#pragma unroll
+    for (int j = 0; j < kHeadDim / 8; ++j) {
+      const int column = 8 * j + 2 * quad_lane;
+      *reinterpret_cast<std::uint32_t*>(dk_out + row * attention.dk_row_stride + column) =
+          pack_pair<T>(dk[4 * j + 2 * half] * scale, dk[4 * j + 2 * half + 1] * scale);
+      *reinterpret_cast<std::uint32_t*>(dv_out + row * attention.dv_row_stride + column) =
+          pack_pair<T>(dv[4 * j + 2 * half], dv[4 * j + 2 * half + 1]);
+    }
+  }
+#endif
+}
+
+// Launches backward_kernel_sm90 with kConfig's tiles for already checked params
+// (why_unsupported empty). No allocation, no synchronisation.
+template <class T, HopperBwdTileConfig kConfig>
+void launch_backward_sm90(const HopperBackwardParams& params, cudaStream_t stream) {
+  const BackwardParams& attention = params.backward;
+  const std::int64_t num_n_blocks = (attention.seqlen_k + kConfig.block_n - 1) / kConfig.block_n;
+  const std::int64_t num_ctas = num_n_blocks * attention.heads_kv * attention.batch;
+  if (num_ctas == 0) return;
+  if (num_ctas > INT_MAX)
+    throw NotSupported("flashattn: cuda backward: too many key blocks x heads x batch for one launch (" +
+                       std::to_string(num_ctas) + ")");
+  int device = 0;
+  FLASHATTN_CUDA_CHECK(cudaGetDevice(&device));
+  constexpr int kSharedBytes = kConfig.shared_bytes();
+  auto* kernel = backward_kernel_sm90<T, kConfig.kernel_head_dim, kConfig.block_m, kConfig.block_n, kConfig.stages>;
+  // Above 48 KB of dynamic shared memory a kernel must opt in, once per device.
+  static std::atomic<std::uint64_t> opted_in_devices{0};
+  const std::uint64_t device_bit = device < 64 ? (std::uint64_t{1} << device) : 0;
+  if (device_bit == 0 || (opted_in_devices.load(std::memory_order_acquire) & device_bit) == 0) {
+    FLASHATTN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSharedBytes));
+    opted_in_devices.fetch_or(device_bit, std::memory_order_release);
+  }
+  kernel<<<static_cast<unsigned>(num_ctas), kConfig.threads(), kSharedBytes, stream>>>(params);
+  FLASHATTN_CUDA_CHECK_LAUNCH();
+}
+
+// What a generated translation unit instantiates (see generate_instantiations.py).
+template <class T, int kHeadDim>
+void run_backward_sm90(const HopperBackwardParams& params, cudaStream_t stream) {
+  constexpr HopperBwdTileConfig kConfig = hopper_bwd_tile_config(kHeadDim);
+  static_assert(kConfig.kernel_head_dim == kHeadDim, "no Hopper backward tile config for this head dim");
+  launch_backward_sm90<T, kConfig>(params, stream);
+}
+
+}  // namespace flashattn::cuda::hopper_bwd

@@ -1,0 +1,123 @@
+// src/cuda/hopper_bwd/launch.cu — host side of the Hopper backward: the support
+// predicate, the TMA tensor maps, and the dispatch to the generated (dtype, head dim)
+// kernels.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <string>
+
+#include "flashattn/error.hpp"
+#include "src/cuda/hopper/launch.hpp"
+#include "src/cuda/hopper_bwd/launch.hpp"
+#include "src/cuda/hopper_bwd/tile_config.hpp"
+
+namespace flashattn::cuda::hopper_bwd {
+namespace {
+
+// Kernel head dims compiled into this library (CMake: sm_90a among the CUDA
+// architectures and the head dim in FLASHATTN_CUDA_HEAD_DIMS).
+constexpr int kBuiltHeadDims[] = {
+#ifdef FLASHATTN_CUDA_HOPPER_BWD_HDIM_128
+    128,
+#endif
+    0,  // sentinel
+};
+constexpr int kBuiltCount = static_cast<int>(sizeof(kBuiltHeadDims) / sizeof(int)) - 1;
+
+bool is_built_head_dim(std::int64_t head_dim) {
+  for (int i = 0; i < kBuiltCount; ++i)
+    if (kBuiltHeadDims[i] == head_dim) return true;
+  return false;
+}
+
+// FLASHATTN_CUDA_BWD_SM90=0 keeps every backward on the FA2-class kernel (A/B timing);
+// read once.
+bool is_disabled_by_environment() {
+  static const bool disabled = [] {
+    const char* value = std::getenv("FLASHATTN_CUDA_BWD_SM90");
+    return value != nullptr && std::string(value) == "0";
+  }();
+  return disabled;
+}
+
+template <class T>
+void run_for_head_dim(const HopperBackwardParams& params, cudaStream_t stream) {
+  switch (params.backward.head_dim) {
+#ifdef FLASHATTN_CUDA_HOPPER_BWD_HDIM_128
+    case 128: return run_backward_sm90<T, 128>(params, stream);
+#endif
+    default:
+      throw NotSupported("flashattn: cuda backward: no Hopper backward kernel for head_dim " +
+                         std::to_string(params.backward.head_dim));
+  }
+}
+
+}  // namespace
+
+std::string why_unsupported(const BackwardParams& params) {
+  if (kBuiltCount == 0) return "no Hopper backward kernel in this build (needs sm_90a and head dim 128)";
+  if (is_disabled_by_environment()) return "disabled by FLASHATTN_CUDA_BWD_SM90=0";
+  if (params.deterministic) return "deterministic mode runs the FA2-class kernels (separate dQ kernel, no atomics)";
+  if (hopper::device_compute_capability(params.device.index) != 90) return "not a compute capability 9.0 device";
+  if (params.dtype != DType::float16 && params.dtype != DType::bfloat16) return "dtype is not float16/bfloat16";
+  // Exact head dims only: dQ goes out as one contiguous bulk reduction per tile.
+  if (!is_built_head_dim(params.head_dim)) return "head_dim " + std::to_string(params.head_dim) + " not built";
+  if (!bwd::allows_vector_access(params)) return "a pointer or stride is not 16-byte aligned";
+  const bool is_varlen = params.is_varlen();
+  const std::int64_t rows_q = is_varlen ? params.total_q : params.seqlen_q;
+  const std::int64_t rows_k = is_varlen ? params.total_k : params.seqlen_k;
+  const std::int64_t batch = is_varlen ? 1 : params.batch;
+  using hopper::is_tma_encodable_stride;
+  const bool encodable =
+      is_tma_encodable_stride(params.q_row_stride, rows_q) && is_tma_encodable_stride(params.q_head_stride, params.heads_q) &&
+      is_tma_encodable_stride(params.q_batch_stride, batch) &&
+      is_tma_encodable_stride(params.dout_row_stride, rows_q) &&
+      is_tma_encodable_stride(params.dout_head_stride, params.heads_q) &&
+      is_tma_encodable_stride(params.dout_batch_stride, batch) &&
+      is_tma_encodable_stride(params.k_row_stride, rows_k) && is_tma_encodable_stride(params.k_head_stride, params.heads_kv) &&
+      is_tma_encodable_stride(params.k_batch_stride, batch) &&
+      is_tma_encodable_stride(params.v_row_stride, rows_k) && is_tma_encodable_stride(params.v_head_stride, params.heads_kv) &&
+      is_tma_encodable_stride(params.v_batch_stride, batch);
+  if (!encodable) return "TMA needs positive q/k/v/dout strides below 2^40 bytes";
+  const std::int64_t int32_limit = std::int64_t{1} << 31;
+  if (rows_q + 256 >= int32_limit || rows_k + 256 >= int32_limit) return "TMA coordinates are 32-bit: too many rows";
+  return {};
+}
+
+void backward_main(const BackwardParams& params, const bwd::Workspace& workspace, cudaStream_t stream) {
+  const bool is_varlen = params.is_varlen();
+  const std::int64_t rows_q = is_varlen ? params.total_q : params.seqlen_q;
+  const std::int64_t rows_k = is_varlen ? params.total_k : params.seqlen_k;
+  const std::int64_t batch = is_varlen ? 1 : params.batch;
+  // No keys: no dK/dV to write, dQ stays the zeroed accumulator. No query rows: the
+  // kernel runs no step and writes dK = dV = 0 (the Q/dO maps stay unused, zero).
+  if (rows_k == 0) return;
+  const HopperBwdTileConfig config = hopper_bwd_tile_config(static_cast<int>(params.head_dim));
+  HopperBackwardParams hopper_params{};
+  hopper_params.backward = params;
+  hopper_params.workspace = workspace;
+  using hopper::make_panel_tensor_map;
+  if (rows_q > 0) {
+    hopper_params.q_map = make_panel_tensor_map("q", params.q, params.dtype, params.head_dim, rows_q, params.heads_q,
+                                                batch, params.q_row_stride, params.q_head_stride, params.q_batch_stride,
+                                                config.block_m);
+    hopper_params.dout_map = make_panel_tensor_map("dout", params.dout, params.dtype, params.head_dim, rows_q,
+                                                   params.heads_q, batch, params.dout_row_stride,
+                                                   params.dout_head_stride, params.dout_batch_stride, config.block_m);
+  }
+  hopper_params.k_map = make_panel_tensor_map("k", params.k, params.dtype, params.head_dim, rows_k, params.heads_kv,
+                                              batch, params.k_row_stride, params.k_head_stride, params.k_batch_stride,
+                                              config.block_n);
+  hopper_params.v_map = make_panel_tensor_map("v", params.v, params.dtype, params.head_dim, rows_k, params.heads_kv,
+                                              batch, params.v_row_stride, params.v_head_stride, params.v_batch_stride,
+                                              config.block_n);
+  if (params.dtype == DType::bfloat16) {
+    run_for_head_dim<__nv_bfloat16>(hopper_params, stream);
+  } else {
+    run_for_head_dim<__half>(hopper_params, stream);
+  }
+}
+
+}  // namespace flashattn::cuda::hopper_bwd

@@ -1,0 +1,41 @@
+// src/cuda/hopper_bwd/launch.hpp — the Hopper (sm_90a) backward kernel's entry points.
+//
+// It replaces only the dK/dV(+dQ) kernel of the backward pass (src/cuda/bwd/): the
+// preprocess (LSE in log2 units, D = rowsum(dO ∘ O), dq_accum zeroed) and the dQ
+// conversion stay, and so does the workspace (src/cuda/bwd/workspace.hpp).
+// Including this header compiles no kernel; one explicit instantiation per (dtype,
+// kernel head dim) lives in src/cuda/hopper_bwd/instantiations/ (generated).
+#pragma once
+
+#include <cuda.h>  // CUtensorMap (a plain 128-byte struct; libcuda is never linked)
+#include <cuda_runtime.h>
+
+#include <string>
+
+#include "src/core/params.hpp"
+#include "src/cuda/bwd/workspace.hpp"
+
+namespace flashattn::cuda::hopper_bwd {
+
+struct HopperBackwardParams {
+  BackwardParams backward;
+  bwd::Workspace workspace;
+  // 4-D maps (head_dim, rows, heads, batch) as in the Hopper forward; varlen tensors
+  // have one batch entry. Rows outside the tensor arrive as zeros.
+  CUtensorMap q_map;     // box rows block_m
+  CUtensorMap dout_map;  // box rows block_m
+  CUtensorMap k_map;     // box rows block_n
+  CUtensorMap v_map;     // box rows block_n
+};
+
+template <class T, int kHeadDim>
+void run_backward_sm90(const HopperBackwardParams& params, cudaStream_t stream);
+
+// Empty when the Hopper backward kernel runs these (validated) params, else why not.
+std::string why_unsupported(const BackwardParams& params);
+
+// Runs the dK/dV/dQ kernel (between launch_preprocess and launch_convert_dq); the
+// caller has checked why_unsupported(params).empty().
+void backward_main(const BackwardParams& params, const bwd::Workspace& workspace, cudaStream_t stream);
+
+}  // namespace flashattn::cuda::hopper_bwd

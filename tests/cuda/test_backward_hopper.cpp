@@ -1,0 +1,154 @@
+// tests/cuda/test_backward_hopper.cpp — the Hopper (sm_90a) backward kernel
+// (src/cuda/hopper_bwd) through the public API, against the float64 oracle with the
+// gradient rule of test_backward.cpp: head dim 128 (the kernel's), both dtypes, tails
+// of both sequence lengths, ring wrap-around (many query blocks per key block), GQA,
+// causal/window/softcap masks, varlen with empty sequences, and dK/dV bitwise
+// stability. On a GPU without the kernel (or a build without it) the same cases run
+// on the FA2-class kernel; the dispatch test says which. Skips without a GPU.
+#include "tests/cuda/backward_case.hpp"
+
+#include <memory>
+
+#include "src/cuda/hopper_bwd/launch.hpp"
+
+namespace flashattn {
+namespace {
+
+class CudaBackwardHopper : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  }
+};
+
+Case hopper_case(DType dtype, std::int64_t seqlen_q, std::int64_t seqlen_k, bool causal) {
+  Case c;
+  c.dtype = dtype, c.head_dim = 128, c.seqlen_q = seqlen_q, c.seqlen_k = seqlen_k, c.causal = causal;
+  c.seed = static_cast<std::uint64_t>(seqlen_q * 1000 + seqlen_k);
+  return c;
+}
+
+// Which kernel the dispatch picks for a plain d128 problem on this GPU: the Hopper one
+// wherever it is built and the device is sm_90 (so the cases below test it there).
+TEST_F(CudaBackwardHopper, DispatchPicksTheHopperKernelOnSm90) {
+  Case c = hopper_case(DType::bfloat16, 256, 256, false);
+  Problem p(c);
+  HostTensor dq(c.dtype, p.q_shape), dk(c.dtype, p.k_shape), dv(c.dtype, p.k_shape);
+  BackwardArgs args;
+  const Device gpu = Device::cuda(0);
+  std::vector<std::unique_ptr<DeviceCopy>> buffers;
+  auto on_device = [&](const HostTensor& host) {
+    buffers.push_back(std::make_unique<DeviceCopy>(host.numel() * dtype_size(host.dtype())));
+    return Problem::on(host, buffers.back()->data(), gpu);
+  };
+  args.q = on_device(p.q), args.k = on_device(p.k), args.v = on_device(p.v), args.out = on_device(p.out);
+  buffers.push_back(std::make_unique<DeviceCopy>(p.dout.numel() * dtype_size(c.dtype)));
+  args.dout = p.dout_view(buffers.back()->data(), gpu);
+  args.lse = on_device(p.lse), args.dq = on_device(dq), args.dk = on_device(dk), args.dv = on_device(dv);
+  const BackwardParams params = validate_backward(args);
+  const std::string reason = cuda::hopper_bwd::why_unsupported(params);
+  int device = 0, major = 0, minor = 0;
+  ASSERT_EQ(cudaGetDevice(&device), cudaSuccess);
+  ASSERT_EQ(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device), cudaSuccess);
+  ASSERT_EQ(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device), cudaSuccess);
+  if (reason.rfind("no Hopper backward kernel in this build", 0) == 0 || reason.rfind("disabled by", 0) == 0)
+    GTEST_SKIP() << reason;
+  if (major * 10 + minor == 90) {
+    EXPECT_EQ(reason, "") << "d128 bf16 should run on the Hopper backward kernel";
+  } else {
+    EXPECT_NE(reason, "") << "the Hopper backward kernel must not run on compute capability " << major << "." << minor;
+  }
+  // Deterministic mode and unaligned strides stay on the FA2-class kernels.
+  BackwardParams deterministic = params;
+  deterministic.deterministic = true;
+  EXPECT_NE(cuda::hopper_bwd::why_unsupported(deterministic), "");
+  BackwardParams unaligned = params;
+  unaligned.dout_row_stride += 3;
+  EXPECT_NE(cuda::hopper_bwd::why_unsupported(unaligned), "");
+  BackwardParams other_head_dim = params;
+  other_head_dim.head_dim = 96;
+  EXPECT_NE(cuda::hopper_bwd::why_unsupported(other_head_dim), "");
+}
+
+TEST_F(CudaBackwardHopper, TailsOfBothSequences) {
+  for (DType dtype : {DType::float16, DType::bfloat16})
+    for (bool causal : {false, true})
+      for (auto [sq, sk] : {std::pair<std::int64_t, std::int64_t>{129, 200}, {200, 129}, {64, 64}, {128, 128},
+                            {1, 257}, {257, 1}, {17, 300}})
+        check_case(hopper_case(dtype, sq, sk, causal));
+}
+
+// Many query blocks per key block: the Q/dO ring wraps several times.
+TEST_F(CudaBackwardHopper, LongQueryRangeWrapsTheRing) {
+  for (bool causal : {false, true}) {
+    Case c = hopper_case(DType::bfloat16, 700, 333, causal);
+    c.batch = 1, c.heads_q = c.heads_kv = 1;
+    check_case(c);
+  }
+}
+
+TEST_F(CudaBackwardHopper, GroupedQueryAttention) {
+  for (auto [hq, hkv] : {std::pair<std::int64_t, std::int64_t>{8, 2}, {6, 1}})
+    for (bool causal : {false, true}) {
+      Case c = hopper_case(DType::float16, 100, 150, causal);
+      c.heads_q = hq, c.heads_kv = hkv, c.batch = 1;
+      check_case(c);
+    }
+}
+
+TEST_F(CudaBackwardHopper, WindowAndSoftcap) {
+  Case c = hopper_case(DType::bfloat16, 200, 230, false);
+  for (auto [left, right] : {std::pair<std::int64_t, std::int64_t>{32, 0}, {16, 16}, {-1, 40}, {70, -1}, {0, 0}}) {
+    c.window_left = left, c.window_right = right;
+    check_case(c);
+  }
+  c.window_left = c.window_right = -1;
+  c.softcap = 5.0;
+  check_case(c);
+  c.causal = true;
+  c.q_scale = 3.0f;
+  c.dtype = DType::float16;
+  check_case(c);
+}
+
+TEST_F(CudaBackwardHopper, VarlenWithEmptyAndSingleTokenSequences) {
+  for (bool causal : {false, true}) {
+    Case c = hopper_case(DType::float16, 0, 0, causal);
+    c.varlen_q = {0, 1, 70, 129, 5, 0, 200};
+    c.varlen_k = {3, 1, 200, 64, 0, 0, 190};
+    c.batch = 7, c.heads_q = 4, c.heads_kv = 2;
+    check_case(c);
+  }
+}
+
+// dout with padded heads (aligned: the Hopper kernel; odd: the FA2-class fallback).
+TEST_F(CudaBackwardHopper, NonContiguousDout) {
+  Case c = hopper_case(DType::bfloat16, 150, 170, true);
+  c.dout_head_padding = 8;
+  check_case(c);
+  c.dout_head_padding = 3;
+  check_case(c);
+}
+
+TEST_F(CudaBackwardHopper, NoNanForMaskedRowsAndLargeLogits) {
+  Case c = hopper_case(DType::float16, 150, 40, true);
+  c.q_scale = 5.0f;
+  check_case(c);
+}
+
+// dK/dV are summed in registers in a fixed order: bitwise identical across runs
+// (dQ goes through unordered bulk reductions and may differ in the last bits).
+TEST_F(CudaBackwardHopper, RepeatedRunsGiveBitwiseEqualDkDv) {
+  const int repeats = 40;
+  Case c = hopper_case(DType::bfloat16, 256, 256, true);
+  c.batch = 30, c.heads_q = 4, c.heads_kv = 2;
+  Problem p(c);
+  const std::vector<Gradients> runs = run_cuda(p, repeats);
+  for (int r = 1; r < repeats; ++r) {
+    EXPECT_TRUE(runs[r].dk.bitwise_equal(runs[0].dk)) << "dk differs in run " << r;
+    EXPECT_TRUE(runs[r].dv.bitwise_equal(runs[0].dv)) << "dv differs in run " << r;
+  }
+}
+
+}  // namespace
+}  // namespace flashattn
