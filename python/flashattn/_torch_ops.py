@@ -1,44 +1,67 @@
-"""PyTorch glue: custom ops (autograd, torch.compile, opcheck) and a direct fast path.
+"""PyTorch glue: a plain autograd.Function for eager training, custom ops for
+torch.compile/opcheck, and a direct call for inference.
 
 Imported only when a torch.Tensor reaches flashattn, so the package works without
-PyTorch. Tensors cross into the native module as DLPack capsules; outputs are
-allocated here with torch.empty on the input's device and written in place.
+PyTorch. Tensors go to the native module as they are: it reads them through DLPack's
+C exchange API (torch.Tensor.__dlpack_c_exchange_api__, torch >= 2.10) with no capsule
+and no Python code per tensor, and takes the current CUDA stream from the same table
+(stream=None). Older torch gets DLPack capsules and the stream from Python. Outputs
+are allocated here on the input's device and written in place.
 
-Two routes to the same native call:
-  * the custom op flashattn::_fwd (+ flashattn::_bwd for its gradient), used when
-    autograd needs a graph or torch.compile is tracing;
-  * a direct call otherwise (inference), which skips the dispatcher's overhead
-    (several microseconds per call) so small problems are not bound by Python.
+Three routes to the same native calls (same kernels, bitwise the same results):
+  * inference (no autograd graph needed): one native call, nothing else;
+  * eager autograd: _FlashAttention, a torch.autograd.Function calling the native
+    forward and backward directly (the custom op's autograd wrapper costs ~100 us
+    per call in Python on small problems);
+  * torch.compile tracing: the custom ops flashattn::_fwd / flashattn::_bwd, with
+    register_fake and register_autograd, which dynamo and AOT autograd need.
 """
 
 from typing import Optional, Tuple
 
 import torch
-# A C function: several times cheaper per tensor than Tensor.__dlpack__ (a Python
-# method that also handles a stream hand-off, which we do not need: the kernels run on
-# the caller's current stream).
-from torch.utils.dlpack import to_dlpack
 
 from flashattn import _C
 from flashattn.interface import check_rank, kvcache_native_arguments, lse_shape
 
-# The current stream's cudaStream_t as an int without building a torch.cuda.Stream
-# object (what torch.compile's generated code uses); the public API is the fallback.
-_get_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+if hasattr(torch.Tensor, "__dlpack_c_exchange_api__"):
+    _forward_native = _C.forward
+    _backward_native = _C.backward
+    _kvcache_native = _C.forward_with_kvcache
+    _merge_native = _C.merge_attention_states
+else:
+    from torch.utils.dlpack import to_dlpack
+
+    def _native_arguments(arguments):
+        """Capsules for the tensors, the stream from Python (no exchange API to ask)."""
+        *arrays, num_threads, _ = arguments
+        stream = 0
+        for x in arrays:
+            if isinstance(x, torch.Tensor):
+                if x.is_cuda:
+                    stream = torch.cuda.current_stream(x.get_device()).cuda_stream
+                break
+        return [to_dlpack(x) if isinstance(x, torch.Tensor) else x for x in arrays] + [num_threads, stream]
+
+    def _forward_native(*arguments):
+        _C.forward(*_native_arguments(arguments))
+
+    def _backward_native(*arguments):
+        _C.backward(*_native_arguments(arguments))
+
+    def _kvcache_native(*arguments):
+        _C.forward_with_kvcache(*_native_arguments(arguments))
+
+    def _merge_native(*arguments):
+        _C.merge_attention_states(*_native_arguments(arguments))
+
+# stream argument of the native calls: the tensors' current stream, asked by the native side.
+_CURRENT_STREAM = None
 
 
-def _capsule(tensor):
-    return None if tensor is None else to_dlpack(tensor)
-
-
-def _stream_and_threads(tensor):
-    """(cudaStream_t as int, CPU threads) for a call on tensor's device."""
-    if tensor.is_cuda:
-        index = tensor.get_device()
-        if _get_raw_stream is not None:
-            return _get_raw_stream(index), 0
-        return torch.cuda.current_stream(index).cuda_stream, 0
-    return 0, torch.get_num_threads()
+def _new_workspace_for(device):
+    """A callable(nbytes) -> uint8 scratch on `device`; the native call asks it only when needed."""
+    return lambda nbytes: torch.empty(nbytes, dtype=torch.uint8, device=device)
 
 
 def _check_tensors(**tensors):
@@ -48,7 +71,10 @@ def _check_tensors(**tensors):
 
 
 def _empty_outputs(q, is_varlen, need_lse=True):
-    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    """out like q (empty_like, as flash_attn allocates it: q's strides when q is dense,
+    row-major otherwise) and the float32 LSE. The fake ops use this too, so traced and
+    real outputs agree."""
+    out = torch.empty_like(q)
     lse = torch.empty(lse_shape(q, is_varlen), dtype=torch.float32, device=q.device) if need_lse else None
     return out, lse
 
@@ -58,11 +84,55 @@ def _forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, so
     is_varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
     check_rank(q, "q", 3 if is_varlen else 4)
     out, lse = _empty_outputs(q, is_varlen, need_lse)
-    stream, num_threads = _stream_and_threads(q)
-    _C.forward(to_dlpack(q), to_dlpack(k), to_dlpack(v), to_dlpack(out), _capsule(lse), _capsule(cu_seqlens_q),
-               _capsule(cu_seqlens_k), max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left, window_right,
-               softcap, "automatic", num_threads, stream)
+    _forward_native(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
+               window_left, window_right, softcap, "automatic", torch.get_num_threads(), _CURRENT_STREAM)
     return out, lse
+
+
+def _empty_gradients(q, k, v):
+    """dq, dk, dv like q, k, v (empty_like; the fake and the real op agree)."""
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+def _backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
+              window_left, window_right, softcap, deterministic):
+    if dout.stride(-1) != 1:  # autograd may hand us an expanded gradient
+        dout = dout.contiguous()
+    dq, dk, dv = _empty_gradients(q, k, v)
+    # The workspace callable is asked only on the GPU and only when the pass needs scratch.
+    _backward_native(q, k, v, out, dout, lse, dq, dk, dv, _new_workspace_for(q.device), cu_seqlens_q, cu_seqlens_k,
+                     max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left, window_right, softcap,
+                     deterministic, "automatic", torch.get_num_threads(), _CURRENT_STREAM)
+    return dq, dk, dv
+
+
+# --- eager autograd -------------------------------------------------------------------------------
+
+
+class _FlashAttention(torch.autograd.Function):
+    """Eager autograd without the custom op's per-call Python machinery. The options
+    travel as one tuple: (max_seqlen_q, max_seqlen_k, softmax_scale, causal,
+    window_left, window_right, softcap, deterministic)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, cu_seqlens_q, cu_seqlens_k, options):
+        max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left, window_right, softcap, _ = options
+        out, lse = _forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
+                            window_left, window_right, softcap)
+        ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k)
+        ctx.options = options
+        return out, lse
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, dout, dlse):
+        # No gradient flows through the LSE output (as in flash_attn).
+        q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k = ctx.saved_tensors
+        dq, dk, dv = _backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, *ctx.options)
+        return dq, dk, dv, None, None, None
+
+
+# --- custom ops: torch.compile, opcheck ------------------------------------------------------------
 
 
 @torch.library.custom_op("flashattn::_fwd", mutates_args=())
@@ -83,34 +153,13 @@ def _fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, s
     return _empty_outputs(q, is_varlen)
 
 
-def _empty_gradients(q, k, v):
-    """dq, dk, dv: row-major like the forward's out (the fake and the real op agree)."""
-    return tuple(torch.empty(x.shape, dtype=x.dtype, device=x.device) for x in (q, k, v))
-
-
 @torch.library.custom_op("flashattn::_bwd", mutates_args=())
 def _bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
          lse: torch.Tensor, cu_seqlens_q: Optional[torch.Tensor], cu_seqlens_k: Optional[torch.Tensor],
          max_seqlen_q: int, max_seqlen_k: int, softmax_scale: Optional[float], causal: bool, window_left: int,
          window_right: int, softcap: float, deterministic: bool) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    if dout.stride(-1) != 1:  # autograd may hand us an expanded gradient
-        dout = dout.contiguous()
-    dq, dk, dv = _empty_gradients(q, k, v)
-    tensors = [to_dlpack(t) for t in (q, k, v, out, dout, lse)]
-    grads = [to_dlpack(t) for t in (dq, dk, dv)]
-    options = (_capsule(cu_seqlens_q), _capsule(cu_seqlens_k), max_seqlen_q, max_seqlen_k, softmax_scale, causal,
-               window_left, window_right, softcap, deterministic, "automatic")
-    workspace_bytes = _C.backward_workspace_bytes(*tensors, *grads, *options)
-    # Capsules are consumed by a call; the backward call gets fresh ones.
-    tensors = [to_dlpack(t) for t in (q, k, v, out, dout, lse)]
-    grads = [to_dlpack(t) for t in (dq, dk, dv)]
-    options = (_capsule(cu_seqlens_q), _capsule(cu_seqlens_k)) + options[2:]
-    workspace = None
-    if workspace_bytes > 0:
-        workspace = to_dlpack(torch.empty(workspace_bytes, dtype=torch.uint8, device=q.device))
-    stream, num_threads = _stream_and_threads(q)
-    _C.backward(*tensors, *grads, workspace, *options, num_threads, stream)
-    return dq, dk, dv
+    return _backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
+                     causal, window_left, window_right, softcap, deterministic)
 
 
 @_bwd.register_fake
@@ -126,44 +175,49 @@ def _setup_context(ctx, inputs, output):
     ctx.options = inputs[5:]  # max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left, window_right, softcap, deterministic
 
 
-def _backward(ctx, dout, dlse):
+def _op_backward(ctx, dout, dlse):
     # No gradient flows through the LSE output (as in flash_attn).
     q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k = ctx.saved_tensors
     dq, dk, dv = _bwd(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, *ctx.options)
     return (dq, dk, dv) + (None,) * 10
 
 
-_fwd.register_autograd(_backward, setup_context=_setup_context)
+_fwd.register_autograd(_op_backward, setup_context=_setup_context)
+
+
+# --- the entry point of interface.py ---------------------------------------------------------------
 
 
 def attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left,
               window_right, softcap, deterministic, need_lse):
-    """(out, lse) for torch tensors; through the custom op when a graph is needed.
-    Without one, lse is None unless need_lse."""
-    if not (isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor)):
-        _check_tensors(k=k, v=v)
-    if cu_seqlens_q is not None or cu_seqlens_k is not None:
-        _check_tensors(cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k)
-    needs_op = torch.compiler.is_compiling() or (
-        torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad))
-    if needs_op:
+    """(out, lse) for torch tensors. Without an autograd graph, lse is None unless need_lse.
+    Every array argument is checked to be a torch.Tensor by the native call."""
+    if torch.compiler.is_compiling():
         return _fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
                     window_left, window_right, softcap, deterministic)
-    return _forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
-                    window_left, window_right, softcap, need_lse)
+    if torch.is_grad_enabled() and (q.requires_grad or getattr(k, "requires_grad", False)
+                                    or getattr(v, "requires_grad", False)):
+        _check_tensors(k=k, v=v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k)
+        return _FlashAttention.apply(q, k, v, cu_seqlens_q, cu_seqlens_k,
+                                     (max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left, window_right,
+                                      softcap, deterministic))
+    is_varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
+    if q.ndim != (3 if is_varlen else 4):
+        check_rank(q, "q", 3 if is_varlen else 4)
+    out = torch.empty_like(q)
+    lse = torch.empty(lse_shape(q, is_varlen), dtype=torch.float32, device=q.device) if need_lse else None
+    _forward_native(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
+               window_left, window_right, softcap, "automatic", torch.get_num_threads(), _CURRENT_STREAM)
+    return out, lse
 
 
 def _kvcache_forward(*arguments, need_lse=True):
     q = arguments[0]
     check_rank(q, "q", 4)
     out, lse = _empty_outputs(q, False, need_lse)
-    workspace = None
-    if q.is_cuda:  # the CPU needs no scratch
-        workspace_bytes = _C.kvcache_workspace_bytes(*kvcache_native_arguments(arguments, out, lse, to_dlpack))
-        if workspace_bytes > 0:
-            workspace = to_dlpack(torch.empty(workspace_bytes, dtype=torch.uint8, device=q.device))
-    stream, num_threads = _stream_and_threads(q)
-    _C.forward_with_kvcache(*kvcache_native_arguments(arguments, out, lse, to_dlpack), workspace, num_threads, stream)
+    # The workspace callable is asked only on the GPU and only when the call splits.
+    _kvcache_native(*kvcache_native_arguments(arguments, out, lse), _new_workspace_for(q.device),
+                    torch.get_num_threads(), _CURRENT_STREAM)
     return out, lse
 
 
@@ -199,16 +253,14 @@ def with_kvcache(q, k_cache, v_cache, *rest, need_lse):
 def _merge(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor,
            lse_b: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
     out, lse = _merge_fake(out_a, lse_a, out_b, lse_b)
-    stream, num_threads = _stream_and_threads(out_a)
-    _C.merge_attention_states(to_dlpack(out_a), to_dlpack(lse_a), to_dlpack(out_b), to_dlpack(lse_b),
-                              to_dlpack(out), to_dlpack(lse), num_threads, stream)
+    _merge_native(out_a, lse_a, out_b, lse_b, out, lse, torch.get_num_threads(), _CURRENT_STREAM)
     return out, lse
 
 
 @_merge.register_fake
 def _merge_fake(out_a, lse_a, out_b, lse_b):
     check_rank(out_a, "out_a", 4)
-    out = torch.empty(out_a.shape, dtype=out_a.dtype, device=out_a.device)
+    out = torch.empty_like(out_a)
     lse = torch.empty((out_a.shape[0], out_a.shape[2], out_a.shape[1]), dtype=torch.float32, device=out_a.device)
     return out, lse
 

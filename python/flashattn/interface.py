@@ -219,20 +219,14 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     return (out, lse) if return_softmax_lse else out
 
 
-def kvcache_native_arguments(arguments, out, lse, convert=lambda x: x):
-    """flash_attn_with_kvcache's arguments in the native call's order; `convert` turns
-    each array into what the native layer takes (a DLPack capsule for torch)."""
+def kvcache_native_arguments(arguments, out, lse):
+    """flash_attn_with_kvcache's arguments in the native call's order."""
     (q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, uniform_cache_seqlen, cache_batch_idx,
      cache_leftpad, block_table, softmax_scale, causal, window_left, window_right, softcap, rotary_interleaved,
      num_splits) = arguments
-
-    def maybe(x):
-        return None if x is None else convert(x)
-
-    return (convert(q), convert(k_cache), convert(v_cache), maybe(k), maybe(v), maybe(cache_seqlens),
-            uniform_cache_seqlen, maybe(cache_batch_idx), maybe(cache_leftpad), maybe(block_table), maybe(rotary_cos),
-            maybe(rotary_sin), rotary_interleaved, convert(out), maybe(lse), num_splits, softmax_scale, causal,
-            window_left, window_right, softcap)
+    return (q, k_cache, v_cache, k, v, cache_seqlens, uniform_cache_seqlen, cache_batch_idx, cache_leftpad, block_table,
+            rotary_cos, rotary_sin, rotary_interleaved, out, lse, num_splits, softmax_scale, causal, window_left,
+            window_right, softcap)
 
 
 def merge_attention_states(out_a, lse_a, out_b, lse_b):

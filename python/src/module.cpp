@@ -1,7 +1,8 @@
 // python/src/module.cpp — flashattn._C, the native module under the `flashattn`
-// Python package. Thin by design: arrays arrive through DLPack (any framework),
-// become TensorViews, and go to the public C++ API unchanged. The Python layer
-// allocates every output and passes it in, so nothing here owns memory.
+// Python package. Thin by design: arrays arrive through DLPack (any framework; its C
+// exchange API where the type offers it), become TensorViews, and go to the public
+// C++ API unchanged. stream=None means the arrays' framework's current stream. The Python layer allocates every output and passes it in
+// (scratch through a callable it passes), so nothing here owns memory.
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/optional.h>
@@ -15,7 +16,7 @@
 #include "flashattn/config.hpp"
 #include "flashattn/error.hpp"
 #include "flashattn/kvcache.hpp"
-#include "python/src/tensor_view_from_dlpack.hpp"
+#include "python/src/array_arguments.hpp"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -23,16 +24,9 @@ using namespace nb::literals;
 namespace flashattn::python {
 namespace {
 
-using InputArray = nb::ndarray<nb::ro>;  // read-only inputs (q, k, v, LSE, cu_seqlens, ...)
-using OutputArray = nb::ndarray<>;       // written by the call
-
-// An optional array argument: None on the Python side is an invalid ndarray here.
-TensorView maybe_view(const InputArray& array, const char* name) {
-  return array.is_valid() ? tensor_view_from_dlpack(array, name) : TensorView{};
-}
-TensorView maybe_view(const OutputArray& array, const char* name) {
-  return array.is_valid() ? tensor_view_from_dlpack(array, name) : TensorView{};
-}
+// Array arguments arrive as plain handles and become TensorViews in ArrayArguments
+// (DLPack's C exchange API where the type has it, e.g. torch.Tensor; nanobind's DLPack /
+// buffer-protocol import otherwise). None is an absent optional array.
 
 Algorithm parse_algorithm(const std::string& name) {
   for (Algorithm a : {Algorithm::automatic, Algorithm::reference, Algorithm::flash2, Algorithm::flash1, Algorithm::flash3})
@@ -42,7 +36,7 @@ Algorithm parse_algorithm(const std::string& name) {
 }
 
 AttentionOptions make_options(std::optional<double> softmax_scale, bool causal, std::int64_t window_left,
-                              std::int64_t window_right, double softcap, bool deterministic, const std::string& algorithm) {
+                              std::int64_t window_right, double softcap, bool deterministic, const char* algorithm) {
   AttentionOptions options;
   options.softmax_scale = softmax_scale;
   options.causal = causal;
@@ -54,127 +48,142 @@ AttentionOptions make_options(std::optional<double> softmax_scale, bool causal, 
   return options;
 }
 
-std::optional<VarlenArgs> make_varlen(const InputArray& cu_seqlens_q, const InputArray& cu_seqlens_k,
+std::optional<VarlenArgs> make_varlen(ArrayArguments& arrays, nb::handle cu_seqlens_q, nb::handle cu_seqlens_k,
                                       std::int64_t max_seqlen_q, std::int64_t max_seqlen_k) {
-  if (cu_seqlens_q.is_valid() != cu_seqlens_k.is_valid())
-    throw nb::value_error(cu_seqlens_q.is_valid()
+  if (cu_seqlens_q.is_none() != cu_seqlens_k.is_none())
+    throw nb::value_error(!cu_seqlens_q.is_none()
                               ? "flashattn: cu_seqlens_k: missing: cu_seqlens_q and cu_seqlens_k are given together (varlen) or not at all"
                               : "flashattn: cu_seqlens_q: missing: cu_seqlens_q and cu_seqlens_k are given together (varlen) or not at all");
-  if (!cu_seqlens_q.is_valid()) return std::nullopt;
-  return VarlenArgs{tensor_view_from_dlpack(cu_seqlens_q, "cu_seqlens_q"), tensor_view_from_dlpack(cu_seqlens_k, "cu_seqlens_k"),
-                    max_seqlen_q, max_seqlen_k};
+  if (cu_seqlens_q.is_none()) return std::nullopt;
+  return VarlenArgs{arrays.input(cu_seqlens_q, "cu_seqlens_q"), arrays.input(cu_seqlens_k, "cu_seqlens_k"), max_seqlen_q,
+                    max_seqlen_k};
 }
 
-ExecutionContext make_context(int num_threads, std::uintptr_t stream) {
-  return ExecutionContext{reinterpret_cast<void*>(stream), num_threads};
+// stream None: the arrays' framework's current stream on their device (DLPack C exchange
+// API), so the torch layer need not look it up in Python on every call.
+ExecutionContext make_context(const ArrayArguments& arrays, int num_threads, std::optional<std::uintptr_t> stream) {
+  return ExecutionContext{arrays.stream(stream), num_threads};
 }
 
-void forward_binding(const InputArray& q, const InputArray& k, const InputArray& v, const OutputArray& out,
-                     const OutputArray& maybe_lse, const InputArray& maybe_cu_seqlens_q, const InputArray& maybe_cu_seqlens_k,
-                     std::int64_t max_seqlen_q, std::int64_t max_seqlen_k, std::optional<double> softmax_scale, bool causal,
-                     std::int64_t window_left, std::int64_t window_right, double softcap, const std::string& algorithm,
-                     int num_threads, std::uintptr_t stream) {
+void forward_binding(nb::handle q, nb::handle k, nb::handle v, nb::handle out, nb::handle maybe_lse,
+                     nb::handle maybe_cu_seqlens_q, nb::handle maybe_cu_seqlens_k, std::int64_t max_seqlen_q,
+                     std::int64_t max_seqlen_k, std::optional<double> softmax_scale, bool causal, std::int64_t window_left,
+                     std::int64_t window_right, double softcap, const char* algorithm, int num_threads,
+                     std::optional<std::uintptr_t> stream) {
+  ArrayArguments arrays;
   ForwardArgs args;
-  args.q = tensor_view_from_dlpack(q, "q");
-  args.k = tensor_view_from_dlpack(k, "k");
-  args.v = tensor_view_from_dlpack(v, "v");
-  args.out = tensor_view_from_dlpack(out, "out");
-  args.maybe_lse = maybe_view(maybe_lse, "lse");
-  args.maybe_varlen = make_varlen(maybe_cu_seqlens_q, maybe_cu_seqlens_k, max_seqlen_q, max_seqlen_k);
+  args.q = arrays.input(q, "q");
+  args.k = arrays.input(k, "k");
+  args.v = arrays.input(v, "v");
+  args.out = arrays.output(out, "out");
+  args.maybe_lse = arrays.maybe_output(maybe_lse, "lse");
+  args.maybe_varlen = make_varlen(arrays, maybe_cu_seqlens_q, maybe_cu_seqlens_k, max_seqlen_q, max_seqlen_k);
   args.options = make_options(softmax_scale, causal, window_left, window_right, softcap, false, algorithm);
-  const ExecutionContext context = make_context(num_threads, stream);
+  const ExecutionContext context = make_context(arrays, num_threads, stream);
   nb::gil_scoped_release release;
   flashattn::forward(args, context);
 }
 
-BackwardArgs make_backward_args(const InputArray& q, const InputArray& k, const InputArray& v, const InputArray& out,
-                                const InputArray& dout, const InputArray& lse, const OutputArray& dq, const OutputArray& dk,
-                                const OutputArray& dv, const InputArray& maybe_cu_seqlens_q,
-                                const InputArray& maybe_cu_seqlens_k, std::int64_t max_seqlen_q, std::int64_t max_seqlen_k,
-                                std::optional<double> softmax_scale, bool causal, std::int64_t window_left,
-                                std::int64_t window_right, double softcap, bool deterministic, const std::string& algorithm) {
+BackwardArgs make_backward_args(ArrayArguments& arrays, nb::handle q, nb::handle k, nb::handle v, nb::handle out,
+                                nb::handle dout, nb::handle lse, nb::handle dq, nb::handle dk, nb::handle dv,
+                                nb::handle maybe_cu_seqlens_q, nb::handle maybe_cu_seqlens_k, std::int64_t max_seqlen_q,
+                                std::int64_t max_seqlen_k, std::optional<double> softmax_scale, bool causal,
+                                std::int64_t window_left, std::int64_t window_right, double softcap, bool deterministic,
+                                const char* algorithm) {
   BackwardArgs args;
-  args.q = tensor_view_from_dlpack(q, "q");
-  args.k = tensor_view_from_dlpack(k, "k");
-  args.v = tensor_view_from_dlpack(v, "v");
-  args.out = tensor_view_from_dlpack(out, "out");
-  args.dout = tensor_view_from_dlpack(dout, "dout");
-  args.lse = tensor_view_from_dlpack(lse, "lse");
-  args.dq = tensor_view_from_dlpack(dq, "dq");
-  args.dk = tensor_view_from_dlpack(dk, "dk");
-  args.dv = tensor_view_from_dlpack(dv, "dv");
-  args.maybe_varlen = make_varlen(maybe_cu_seqlens_q, maybe_cu_seqlens_k, max_seqlen_q, max_seqlen_k);
+  args.q = arrays.input(q, "q");
+  args.k = arrays.input(k, "k");
+  args.v = arrays.input(v, "v");
+  args.out = arrays.input(out, "out");
+  args.dout = arrays.input(dout, "dout");
+  args.lse = arrays.input(lse, "lse");
+  args.dq = arrays.output(dq, "dq");
+  args.dk = arrays.output(dk, "dk");
+  args.dv = arrays.output(dv, "dv");
+  args.maybe_varlen = make_varlen(arrays, maybe_cu_seqlens_q, maybe_cu_seqlens_k, max_seqlen_q, max_seqlen_k);
   args.options = make_options(softmax_scale, causal, window_left, window_right, softcap, deterministic, algorithm);
   return args;
 }
 
-void backward_binding(const InputArray& q, const InputArray& k, const InputArray& v, const InputArray& out,
-                      const InputArray& dout, const InputArray& lse, const OutputArray& dq, const OutputArray& dk,
-                      const OutputArray& dv, const OutputArray& maybe_workspace, const InputArray& maybe_cu_seqlens_q,
-                      const InputArray& maybe_cu_seqlens_k, std::int64_t max_seqlen_q, std::int64_t max_seqlen_k,
-                      std::optional<double> softmax_scale, bool causal, std::int64_t window_left, std::int64_t window_right,
-                      double softcap, bool deterministic, const std::string& algorithm, int num_threads,
-                      std::uintptr_t stream) {
-  BackwardArgs args = make_backward_args(q, k, v, out, dout, lse, dq, dk, dv, maybe_cu_seqlens_q, maybe_cu_seqlens_k,
-                                         max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left, window_right,
-                                         softcap, deterministic, algorithm);
-  args.maybe_workspace = maybe_view(maybe_workspace, "workspace");
-  const ExecutionContext context = make_context(num_threads, stream);
+// workspace: a uint8 array of at least backward_workspace_bytes bytes, None, or a
+// callable(nbytes) that returns one; the callable is asked only when the pass needs
+// scratch (never on the CPU), so a caller gets the backward in one native call.
+void backward_binding(nb::handle q, nb::handle k, nb::handle v, nb::handle out, nb::handle dout, nb::handle lse,
+                      nb::handle dq, nb::handle dk, nb::handle dv, nb::handle maybe_workspace,
+                      nb::handle maybe_cu_seqlens_q, nb::handle maybe_cu_seqlens_k, std::int64_t max_seqlen_q,
+                      std::int64_t max_seqlen_k, std::optional<double> softmax_scale, bool causal,
+                      std::int64_t window_left, std::int64_t window_right, double softcap, bool deterministic,
+                      const char* algorithm, int num_threads, std::optional<std::uintptr_t> stream) {
+  ArrayArguments arrays;
+  BackwardArgs args = make_backward_args(arrays, q, k, v, out, dout, lse, dq, dk, dv, maybe_cu_seqlens_q,
+                                         maybe_cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
+                                         window_left, window_right, softcap, deterministic, algorithm);
+  nb::object allocated_workspace;  // alive until the call returns
+  if (!maybe_workspace.is_none() && PyCallable_Check(maybe_workspace.ptr())) {
+    const std::size_t bytes = args.q.device.type == DeviceType::cpu ? 0 : flashattn::backward_workspace_bytes(args);
+    if (bytes > 0) {
+      allocated_workspace = maybe_workspace(bytes);
+      args.maybe_workspace = arrays.output(allocated_workspace, "workspace");
+    }
+  } else {
+    args.maybe_workspace = arrays.maybe_output(maybe_workspace, "workspace");
+  }
+  const ExecutionContext context = make_context(arrays, num_threads, stream);
   nb::gil_scoped_release release;
   flashattn::backward(args, context);
 }
 
-std::size_t backward_workspace_bytes_binding(const InputArray& q, const InputArray& k, const InputArray& v,
-                                             const InputArray& out, const InputArray& dout, const InputArray& lse,
-                                             const OutputArray& dq, const OutputArray& dk, const OutputArray& dv,
-                                             const InputArray& maybe_cu_seqlens_q, const InputArray& maybe_cu_seqlens_k,
+std::size_t backward_workspace_bytes_binding(nb::handle q, nb::handle k, nb::handle v, nb::handle out, nb::handle dout,
+                                             nb::handle lse, nb::handle dq, nb::handle dk, nb::handle dv,
+                                             nb::handle maybe_cu_seqlens_q, nb::handle maybe_cu_seqlens_k,
                                              std::int64_t max_seqlen_q, std::int64_t max_seqlen_k,
                                              std::optional<double> softmax_scale, bool causal, std::int64_t window_left,
                                              std::int64_t window_right, double softcap, bool deterministic,
-                                             const std::string& algorithm) {
-  const BackwardArgs args = make_backward_args(q, k, v, out, dout, lse, dq, dk, dv, maybe_cu_seqlens_q, maybe_cu_seqlens_k,
-                                               max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left,
-                                               window_right, softcap, deterministic, algorithm);
+                                             const char* algorithm) {
+  ArrayArguments arrays;
+  const BackwardArgs args = make_backward_args(arrays, q, k, v, out, dout, lse, dq, dk, dv, maybe_cu_seqlens_q,
+                                               maybe_cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
+                                               window_left, window_right, softcap, deterministic, algorithm);
   return flashattn::backward_workspace_bytes(args);
 }
 
-void merge_binding(const InputArray& out_a, const InputArray& lse_a, const InputArray& out_b, const InputArray& lse_b,
-                   const OutputArray& out, const OutputArray& lse, int num_threads, std::uintptr_t stream) {
-  const TensorView out_a_view = tensor_view_from_dlpack(out_a, "out_a");
-  const TensorView lse_a_view = tensor_view_from_dlpack(lse_a, "lse_a");
-  const TensorView out_b_view = tensor_view_from_dlpack(out_b, "out_b");
-  const TensorView lse_b_view = tensor_view_from_dlpack(lse_b, "lse_b");
-  const TensorView out_view = tensor_view_from_dlpack(out, "out");
-  const TensorView lse_view = tensor_view_from_dlpack(lse, "lse");
-  const ExecutionContext context = make_context(num_threads, stream);
+void merge_binding(nb::handle out_a, nb::handle lse_a, nb::handle out_b, nb::handle lse_b, nb::handle out,
+                   nb::handle lse, int num_threads, std::optional<std::uintptr_t> stream) {
+  ArrayArguments arrays;
+  const TensorView out_a_view = arrays.input(out_a, "out_a");
+  const TensorView lse_a_view = arrays.input(lse_a, "lse_a");
+  const TensorView out_b_view = arrays.input(out_b, "out_b");
+  const TensorView lse_b_view = arrays.input(lse_b, "lse_b");
+  const TensorView out_view = arrays.output(out, "out");
+  const TensorView lse_view = arrays.output(lse, "lse");
+  const ExecutionContext context = make_context(arrays, num_threads, stream);
   nb::gil_scoped_release release;
   flashattn::merge_attention_states(out_a_view, lse_a_view, out_b_view, lse_b_view, out_view, lse_view, context);
 }
 
-KVCacheArgs make_kvcache_args(const InputArray& q, const OutputArray& k_cache, const OutputArray& v_cache,
-                              const InputArray& maybe_k_new, const InputArray& maybe_v_new,
-                              const InputArray& maybe_cache_seqlens, std::optional<std::int64_t> maybe_uniform_cache_seqlen,
-                              const InputArray& maybe_cache_batch_idx, const InputArray& maybe_cache_leftpad,
-                              const InputArray& maybe_block_table, const InputArray& maybe_rotary_cos,
-                              const InputArray& maybe_rotary_sin, bool rotary_interleaved, const OutputArray& out,
-                              const OutputArray& maybe_lse, int num_splits, std::optional<double> softmax_scale, bool causal,
-                              std::int64_t window_left, std::int64_t window_right, double softcap) {
+KVCacheArgs make_kvcache_args(ArrayArguments& arrays, nb::handle q, nb::handle k_cache, nb::handle v_cache,
+                              nb::handle maybe_k_new, nb::handle maybe_v_new, nb::handle maybe_cache_seqlens,
+                              std::optional<std::int64_t> maybe_uniform_cache_seqlen, nb::handle maybe_cache_batch_idx,
+                              nb::handle maybe_cache_leftpad, nb::handle maybe_block_table,
+                              nb::handle maybe_rotary_cos, nb::handle maybe_rotary_sin, bool rotary_interleaved,
+                              nb::handle out, nb::handle maybe_lse, int num_splits, std::optional<double> softmax_scale,
+                              bool causal, std::int64_t window_left, std::int64_t window_right, double softcap) {
   KVCacheArgs args;
-  args.q = tensor_view_from_dlpack(q, "q");
-  args.k_cache = tensor_view_from_dlpack(k_cache, "k_cache");
-  args.v_cache = tensor_view_from_dlpack(v_cache, "v_cache");
-  args.maybe_k_new = maybe_view(maybe_k_new, "k");
-  args.maybe_v_new = maybe_view(maybe_v_new, "v");
-  args.maybe_cache_seqlens = maybe_view(maybe_cache_seqlens, "cache_seqlens");
+  args.q = arrays.input(q, "q");
+  args.k_cache = arrays.output(k_cache, "k_cache");
+  args.v_cache = arrays.output(v_cache, "v_cache");
+  args.maybe_k_new = arrays.maybe_input(maybe_k_new, "k");
+  args.maybe_v_new = arrays.maybe_input(maybe_v_new, "v");
+  args.maybe_cache_seqlens = arrays.maybe_input(maybe_cache_seqlens, "cache_seqlens");
   args.maybe_uniform_cache_seqlen = maybe_uniform_cache_seqlen;
-  args.maybe_cache_batch_idx = maybe_view(maybe_cache_batch_idx, "cache_batch_idx");
-  args.maybe_cache_leftpad = maybe_view(maybe_cache_leftpad, "cache_leftpad");
-  args.maybe_block_table = maybe_view(maybe_block_table, "block_table");
-  args.maybe_rotary_cos = maybe_view(maybe_rotary_cos, "rotary_cos");
-  args.maybe_rotary_sin = maybe_view(maybe_rotary_sin, "rotary_sin");
+  args.maybe_cache_batch_idx = arrays.maybe_input(maybe_cache_batch_idx, "cache_batch_idx");
+  args.maybe_cache_leftpad = arrays.maybe_input(maybe_cache_leftpad, "cache_leftpad");
+  args.maybe_block_table = arrays.maybe_input(maybe_block_table, "block_table");
+  args.maybe_rotary_cos = arrays.maybe_input(maybe_rotary_cos, "rotary_cos");
+  args.maybe_rotary_sin = arrays.maybe_input(maybe_rotary_sin, "rotary_sin");
   args.rotary_interleaved = rotary_interleaved;
-  args.out = tensor_view_from_dlpack(out, "out");
-  args.maybe_lse = maybe_view(maybe_lse, "lse");
+  args.out = arrays.output(out, "out");
+  args.maybe_lse = arrays.maybe_output(maybe_lse, "lse");
   args.num_splits = num_splits;
   args.options = make_options(softmax_scale, causal, window_left, window_right, softcap, false, "automatic");
   return args;
@@ -182,30 +191,42 @@ KVCacheArgs make_kvcache_args(const InputArray& q, const OutputArray& k_cache, c
 
 // The KV-cache arguments, in flash_attn_with_kvcache's order; k_cache/v_cache are
 // written when k/v (the new keys/values) are given.
-#define FLASHATTN_KVCACHE_PARAMETERS                                                                                     \
-  const InputArray &q, const OutputArray &k_cache, const OutputArray &v_cache, const InputArray &maybe_k_new,            \
-      const InputArray &maybe_v_new, const InputArray &maybe_cache_seqlens,                                              \
-      std::optional<std::int64_t> maybe_uniform_cache_seqlen, const InputArray &maybe_cache_batch_idx,                   \
-      const InputArray &maybe_cache_leftpad, const InputArray &maybe_block_table, const InputArray &maybe_rotary_cos,    \
-      const InputArray &maybe_rotary_sin, bool rotary_interleaved, const OutputArray &out, const OutputArray &maybe_lse, \
-      int num_splits, std::optional<double> softmax_scale, bool causal, std::int64_t window_left,                        \
+#define FLASHATTN_KVCACHE_PARAMETERS                                                                                   \
+  nb::handle q, nb::handle k_cache, nb::handle v_cache, nb::handle maybe_k_new, nb::handle maybe_v_new,                \
+      nb::handle maybe_cache_seqlens, std::optional<std::int64_t> maybe_uniform_cache_seqlen,                          \
+      nb::handle maybe_cache_batch_idx, nb::handle maybe_cache_leftpad, nb::handle maybe_block_table,                  \
+      nb::handle maybe_rotary_cos, nb::handle maybe_rotary_sin, bool rotary_interleaved, nb::handle out,               \
+      nb::handle maybe_lse, int num_splits, std::optional<double> softmax_scale, bool causal, std::int64_t window_left, \
       std::int64_t window_right, double softcap
 #define FLASHATTN_KVCACHE_ARGUMENTS                                                                                 \
   q, k_cache, v_cache, maybe_k_new, maybe_v_new, maybe_cache_seqlens, maybe_uniform_cache_seqlen,                   \
       maybe_cache_batch_idx, maybe_cache_leftpad, maybe_block_table, maybe_rotary_cos, maybe_rotary_sin,            \
       rotary_interleaved, out, maybe_lse, num_splits, softmax_scale, causal, window_left, window_right, softcap
 
-void forward_with_kvcache_binding(FLASHATTN_KVCACHE_PARAMETERS, const OutputArray& maybe_workspace, int num_threads,
-                                  std::uintptr_t stream) {
-  KVCacheArgs args = make_kvcache_args(FLASHATTN_KVCACHE_ARGUMENTS);
-  args.maybe_workspace = maybe_view(maybe_workspace, "workspace");
-  const ExecutionContext context = make_context(num_threads, stream);
+// workspace as in backward: an array, None, or a callable(nbytes) asked only when the
+// call needs scratch.
+void forward_with_kvcache_binding(FLASHATTN_KVCACHE_PARAMETERS, nb::handle maybe_workspace, int num_threads,
+                                  std::optional<std::uintptr_t> stream) {
+  ArrayArguments arrays;
+  KVCacheArgs args = make_kvcache_args(arrays, FLASHATTN_KVCACHE_ARGUMENTS);
+  nb::object allocated_workspace;  // alive until the call returns
+  if (!maybe_workspace.is_none() && PyCallable_Check(maybe_workspace.ptr())) {
+    const std::size_t bytes = args.q.device.type == DeviceType::cpu ? 0 : flashattn::kvcache_workspace_bytes(args);
+    if (bytes > 0) {
+      allocated_workspace = maybe_workspace(bytes);
+      args.maybe_workspace = arrays.output(allocated_workspace, "workspace");
+    }
+  } else {
+    args.maybe_workspace = arrays.maybe_output(maybe_workspace, "workspace");
+  }
+  const ExecutionContext context = make_context(arrays, num_threads, stream);
   nb::gil_scoped_release release;
   flashattn::forward_with_kvcache(args, context);
 }
 
 std::size_t kvcache_workspace_bytes_binding(FLASHATTN_KVCACHE_PARAMETERS) {
-  return flashattn::kvcache_workspace_bytes(make_kvcache_args(FLASHATTN_KVCACHE_ARGUMENTS));
+  ArrayArguments arrays;
+  return flashattn::kvcache_workspace_bytes(make_kvcache_args(arrays, FLASHATTN_KVCACHE_ARGUMENTS));
 }
 
 // flashattn::Error -> ValueError (TypeError when the problem is a dtype), NotSupported
@@ -233,13 +254,14 @@ NB_MODULE(_C, m) {
 
   m.def("forward", &forward_binding, "q"_a, "k"_a, "v"_a, "out"_a, "lse"_a.none(), "cu_seqlens_q"_a.none(),
         "cu_seqlens_k"_a.none(), "max_seqlen_q"_a, "max_seqlen_k"_a, "softmax_scale"_a.none(), "causal"_a,
-        "window_left"_a, "window_right"_a, "softcap"_a, "algorithm"_a, "num_threads"_a, "stream"_a,
+        "window_left"_a, "window_right"_a, "softcap"_a, "algorithm"_a, "num_threads"_a, "stream"_a.none(),
         "Attention forward into preallocated out (and lse, float32, when given).");
   m.def("backward", &backward_binding, "q"_a, "k"_a, "v"_a, "out"_a, "dout"_a, "lse"_a, "dq"_a, "dk"_a, "dv"_a,
         "workspace"_a.none(), "cu_seqlens_q"_a.none(), "cu_seqlens_k"_a.none(), "max_seqlen_q"_a, "max_seqlen_k"_a,
         "softmax_scale"_a.none(), "causal"_a, "window_left"_a, "window_right"_a, "softcap"_a, "deterministic"_a,
-        "algorithm"_a, "num_threads"_a, "stream"_a,
-        "Attention backward into preallocated dq, dk, dv; workspace (uint8) of backward_workspace_bytes bytes.");
+        "algorithm"_a, "num_threads"_a, "stream"_a.none(),
+        "Attention backward into preallocated dq, dk, dv; workspace: uint8 of backward_workspace_bytes bytes, or a "
+        "callable(nbytes) returning one, asked only when scratch is needed.");
   m.def("backward_workspace_bytes", &backward_workspace_bytes_binding, "q"_a, "k"_a, "v"_a, "out"_a, "dout"_a, "lse"_a,
         "dq"_a, "dk"_a, "dv"_a, "cu_seqlens_q"_a.none(), "cu_seqlens_k"_a.none(), "max_seqlen_q"_a, "max_seqlen_k"_a,
         "softmax_scale"_a.none(), "causal"_a, "window_left"_a, "window_right"_a, "softcap"_a, "deterministic"_a,
@@ -250,11 +272,11 @@ NB_MODULE(_C, m) {
       "rotary_sin"_a.none(), "rotary_interleaved"_a, "out"_a, "lse"_a.none(), "num_splits"_a, "softmax_scale"_a.none(), \
       "causal"_a, "window_left"_a, "window_right"_a, "softcap"_a
   m.def("forward_with_kvcache", &forward_with_kvcache_binding, FLASHATTN_KVCACHE_NAMES, "workspace"_a.none(),
-        "num_threads"_a, "stream"_a,
+        "num_threads"_a, "stream"_a.none(),
         "Attention of q over a KV cache (flash_attn_with_kvcache), appending k/v to the cache in place when given.");
   m.def("kvcache_workspace_bytes", &kvcache_workspace_bytes_binding, FLASHATTN_KVCACHE_NAMES,
         "Scratch bytes forward_with_kvcache needs for these arguments (0 on the CPU or without a split).");
   m.def("merge_attention_states", &merge_binding, "out_a"_a, "lse_a"_a, "out_b"_a, "lse_b"_a, "out"_a, "lse"_a,
-        "num_threads"_a, "stream"_a, "Combine two partial attentions of the same queries by their LSEs.");
+        "num_threads"_a, "stream"_a.none(), "Combine two partial attentions of the same queries by their LSEs.");
   m.def("cuda_available", &flashattn::cuda_available, "Whether this build has the CUDA backend and a GPU is present.");
 }

@@ -28,13 +28,31 @@ inline std::string dlpack_dtype_name(nb::dlpack::dtype dtype) {
   return name;
 }
 
-// `name` is the argument name used in error messages ("q", "cu_seqlens_k", ...).
-// Wrong dtypes raise TypeError, anything else about the array ValueError; the
-// library itself then checks shapes, strides, devices and dtypes against each other.
-template <class... Config>
-TensorView tensor_view_from_dlpack(const nb::ndarray<Config...>& array, const char* name) {
+// Rank bounds; an array without elements has meaningless strides (NumPy exports
+// zeros), so it gets the row-major ones and the layout checks judge only arrays that
+// hold data.
+inline void finish_view(TensorView& view, const char* name) {
+  if (view.rank < 1 || view.rank > kMaxRank)
+    throw nb::value_error(("flashattn: " + std::string(name) + ": wrong rank: expected 1 to " + std::to_string(kMaxRank) +
+                           ", got " + std::to_string(view.rank)).c_str());
+  bool is_empty = false;
+  for (int d = 0; d < view.rank; ++d) is_empty = is_empty || view.shape[static_cast<std::size_t>(d)] == 0;
+  if (is_empty) {
+    std::int64_t stride = 1;
+    for (int d = view.rank - 1; d >= 0; --d) {
+      view.strides[static_cast<std::size_t>(d)] = stride;
+      stride *= view.shape[static_cast<std::size_t>(d)] > 0 ? view.shape[static_cast<std::size_t>(d)] : 1;
+    }
+  }
+}
+
+// dtype/device/shape/strides (DLPack's, strides in elements) -> TensorView. `name` is
+// the argument name used in error messages ("q", "cu_seqlens_k", ...). Wrong dtypes
+// raise TypeError, anything else about the array ValueError; the library itself then
+// checks shapes, strides, devices and dtypes against each other.
+inline TensorView tensor_view_from_parts(void* data, nb::dlpack::dtype dt, int device_type, int device_id, int rank,
+                                         const std::int64_t* shape, const std::int64_t* strides, const char* name) {
   using Code = nb::dlpack::dtype_code;
-  const nb::dlpack::dtype dt = array.dtype();
   TensorView view;
   const auto code = static_cast<Code>(dt.code);
   if (dt.lanes == 1 && code == Code::Float && dt.bits == 32) view.dtype = DType::float32;
@@ -46,35 +64,41 @@ TensorView tensor_view_from_dlpack(const nb::ndarray<Config...>& array, const ch
     throw nb::type_error(("flashattn: " + std::string(name) + ": unsupported dtype: expected float32, float16, bfloat16 "
                           "(int32 for cu_seqlens, uint8 for the workspace), got " + dlpack_dtype_name(dt)).c_str());
 
-  const int device_type = array.device_type();
   if (device_type == kDLCPU || device_type == kDLCUDAHost) view.device = Device::cpu();
-  else if (device_type == kDLCUDA) view.device = Device::cuda(array.device_id());
+  else if (device_type == kDLCUDA) view.device = Device::cuda(device_id);
   else
     throw nb::value_error(("flashattn: " + std::string(name) + ": unsupported device: expected cpu or cuda, got DLPack device type " +
                            std::to_string(device_type)).c_str());
 
-  const auto rank = static_cast<int>(array.ndim());
-  if (rank < 1 || rank > kMaxRank)
-    throw nb::value_error(("flashattn: " + std::string(name) + ": wrong rank: expected 1 to " + std::to_string(kMaxRank) +
-                           ", got " + std::to_string(rank)).c_str());
   view.rank = rank;
-  view.data = const_cast<void*>(static_cast<const void*>(array.data()));  // data() includes DLPack's byte_offset
-  bool is_empty = false;
-  for (int d = 0; d < rank; ++d) {
-    view.shape[static_cast<std::size_t>(d)] = static_cast<std::int64_t>(array.shape(static_cast<std::size_t>(d)));
-    view.strides[static_cast<std::size_t>(d)] = array.stride(static_cast<std::size_t>(d));  // DLPack: in elements
-    is_empty = is_empty || view.shape[static_cast<std::size_t>(d)] == 0;
-  }
-  // An array without elements has meaningless strides (NumPy exports zeros); give it
-  // the row-major ones so the layout checks judge only arrays that hold data.
-  if (is_empty) {
-    std::int64_t stride = 1;
+  view.data = data;
+  if (rank >= 1 && rank <= kMaxRank) {
+    std::int64_t row_major = 1;  // DLPack: strides == nullptr means compact row-major
     for (int d = rank - 1; d >= 0; --d) {
-      view.strides[static_cast<std::size_t>(d)] = stride;
-      stride *= view.shape[static_cast<std::size_t>(d)] > 0 ? view.shape[static_cast<std::size_t>(d)] : 1;
+      const auto i = static_cast<std::size_t>(d);
+      view.shape[i] = shape[d];
+      view.strides[i] = strides != nullptr ? strides[d] : row_major;
+      row_major *= shape[d];
     }
   }
+  finish_view(view, name);
   return view;
+}
+
+// A DLTensor borrowed through the DLPack C exchange API.
+inline TensorView tensor_view_from_dltensor(const nb::dlpack::dltensor& tensor, const char* name) {
+  void* data = static_cast<char*>(tensor.data) + tensor.byte_offset;
+  return tensor_view_from_parts(data, tensor.dtype, tensor.device.device_type, tensor.device.device_id, tensor.ndim,
+                                tensor.shape, tensor.strides, name);
+}
+
+// An array imported by nanobind (capsule, __dlpack__, buffer protocol).
+template <class... Config>
+TensorView tensor_view_from_dlpack(const nb::ndarray<Config...>& array, const char* name) {
+  // data() includes DLPack's byte_offset; nanobind fills in strides when the producer left them out.
+  return tensor_view_from_parts(const_cast<void*>(static_cast<const void*>(array.data())), array.dtype(),
+                                array.device_type(), array.device_id(), static_cast<int>(array.ndim()),
+                                array.shape_ptr(), array.stride_ptr(), name);
 }
 
 }  // namespace flashattn::python
