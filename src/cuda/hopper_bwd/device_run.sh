@@ -27,14 +27,14 @@ grep -B2 -A12 -E "error|FAILED" "$out/build.log" | head -60 | tee -a "$log"
 
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
   step "tests"
-  timeout 120 "$tree/tests/cuda/test_cuda_backward_hopper" --gtest_brief=1 > "$out/test_hopper.log" 2>&1
+  timeout "${HOPPER_TEST_LIMIT:-120}" "$tree/tests/cuda/test_cuda_backward_hopper" --gtest_brief=1 > "$out/test_hopper.log" 2>&1
   echo "test_cuda_backward_hopper rc=$?" | tee -a "$log"; grep -E "FAILED|Failure|error|PASSED|differs" "$out/test_hopper.log" | head -40 | tee -a "$log"
-  timeout 150 "$tree/tests/cuda/test_cuda_backward" --gtest_brief=1 > "$out/test_backward.log" 2>&1
+  timeout "${BACKWARD_LIMIT:-150}" "$tree/tests/cuda/test_cuda_backward" --gtest_brief=1 --gtest_filter="${BACKWARD_FILTER:-*}" > "$out/test_backward.log" 2>&1
   echo "test_cuda_backward rc=$?" | tee -a "$log"; grep -E "FAILED|Failure|PASSED" "$out/test_backward.log" | head -20 | tee -a "$log"
-  timeout 60 compute-sanitizer --tool memcheck --error-exitcode 3 "$tree/tests/cuda/test_cuda_backward_hopper" --gtest_brief=1 \
+  timeout "${SANITIZER_LIMIT:-60}" compute-sanitizer --tool memcheck --error-exitcode 3 "$tree/tests/cuda/test_cuda_backward_hopper" --gtest_brief=1 \
     --gtest_filter='*TailsOfBothSequences*:*Varlen*' > "$out/sanitizer.log" 2>&1
   echo "memcheck rc=$? $(grep 'ERROR SUMMARY' "$out/sanitizer.log" | tail -1)" | tee -a "$log"
-  timeout 60 compute-sanitizer --tool racecheck --error-exitcode 3 "$tree/tests/cuda/test_cuda_backward_hopper" --gtest_brief=1 \
+  timeout "${SANITIZER_LIMIT:-60}" compute-sanitizer --tool racecheck --error-exitcode 3 "$tree/tests/cuda/test_cuda_backward_hopper" --gtest_brief=1 \
     --gtest_filter='*LongQueryRange*' >> "$out/sanitizer.log" 2>&1
   echo "racecheck rc=$? $(grep 'RACECHECK SUMMARY' "$out/sanitizer.log" | tail -1)" | tee -a "$log"
 fi
