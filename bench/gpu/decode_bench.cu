@@ -10,7 +10,7 @@
 // measured in the same run as the ceiling. Outputs are poisoned before the runs and
 // checked finite after. Writes CSV (argv[1], default decode_bench.csv).
 // Every shape runs three times: with the library's kernel choice ("auto") and with each
-// split-KV kernel forced (FLASHATTN_DECODE_KERNEL=cp_async / bulk_copy, read by the
+// split-KV kernel forced (FLASHATTN_DECODE_KERNEL=cp_async / tma, read by the
 // library at every call, so each captured graph keeps its kernel): same process, same
 // buffers' shapes, back to back.
 #include <cuda_bf16.h>
@@ -248,7 +248,7 @@ int main(int argc, char** argv) {
     shapes.push_back({64, 1024, page});
   }
   for (Config c : shapes)
-    for (const char* kernel : {"auto", "cp_async", "bulk_copy"}) {
+    for (const char* kernel : {"auto", "cp_async", "tma"}) {
       c.kernel = kernel;
       run(c, csv);
     }
@@ -266,7 +266,7 @@ int main(int argc, char** argv) {
       for (int splits : {2, 4}) sweeps.push_back({8, kv, 16, splits});
     for (int splits : {28, 31}) sweeps.push_back({1, 65536, 0, splits});
     for (Config c : sweeps) {  // the cp.async kernel's sweep is in gpu_decode_sweep.csv of 2026-11-22
-      c.kernel = "bulk_copy";
+      c.kernel = "tma";
       run(c, sweep);
     }
     std::fclose(sweep);

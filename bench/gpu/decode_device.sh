@@ -5,7 +5,7 @@
 #   2. the decode tests (a wrong kernel can hang: every step has its own time limit);
 #   3. decode_bench (every shape with the library's choice and with each split-KV kernel
 #      forced; SWEEP=1: forced split counts too) and the SDPA anchor, back to back;
-#   4. compute-sanitizer memcheck on a reduced filter of the bulk-copy kernel's cases.
+#   4. compute-sanitizer memcheck on a reduced filter of the TMA kernel's cases.
 # Logs and CSVs go to $OUT. Run it from a source root (the script's ../..); GTEST_ROOT
 # points at GoogleTest libraries when the machine lacks them.
 set -uo pipefail
@@ -32,7 +32,7 @@ note "build rc=$? $(grep real "$logs/build.log" | tail -1)"
 grep -B2 -A12 -E "FAILED|error" "$logs/build.log" | head -40
 # Resources of the decode kernels (registers, spills, shared memory) from the binary.
 cuobjdump -res-usage "$(find "$tree" -name 'libflashattn*' -type f | head -1)" 2>/dev/null | grep -A1 -E "decode_kernel" \
-  | grep -E "Function|REG" | sed 's/^ *//' | paste - - | sed -E 's/.*(bulk_decode|mma_decode)_kernelI([^E]*).*REG:([0-9]+).*SHARED:([0-9]+).*/\1 \2 reg \3 static smem \4/' \
+  | grep -E "Function|REG" | sed 's/^ *//' | paste - - | sed -E 's/.*(tma_decode|mma_decode)_kernelI([^E]*).*REG:([0-9]+).*SHARED:([0-9]+).*/\1 \2 reg \3 static smem \4/' \
   | sort -u > "$out/resources.txt"
 cat "$out/resources.txt"
 
@@ -52,7 +52,7 @@ timeout "${ANCHOR_LIMIT:-45}" python3 "$root/bench/gpu/decode_anchor.py" "$out/g
 note "decode_anchor rc=$?"
 cat "$logs/decode.log"
 
-step "compute-sanitizer memcheck (bulk-copy cases)"
+step "compute-sanitizer memcheck (TMA cases)"
 filter='BothKernels/KVCacheCudaKernel.*/134:BothKernels/KVCacheCudaKernel.*/135:BothKernels/KVCacheCudaKernel.*/20?:KVCacheCudaKernels.ZeroLength*'
 timeout "${SANITIZER_LIMIT:-45}" compute-sanitizer --tool memcheck --error-exitcode 3 "$tree/tests/cuda/test_cuda_kvcache" --gtest_brief=1 \
   --gtest_filter="$filter" > "$logs/sanitizer.log" 2>&1

@@ -76,11 +76,11 @@ constexpr int choose_num_splits(const SplitProblem& p) {
 }
 
 // Which split-KV kernel runs a decode step on the GPU (performance-only: both compute
-// the same function; src/cuda/decode/kernel_mma.cuh and kernel_bulk.cuh).
-//   cp_async   16-byte cp.async by every thread, one __syncthreads per tile; any sm_80+.
-//   bulk_copy  one producer warp, a bulk copy (TMA) per key row into an mbarrier ring,
-//              the first tiles prefetched into L2 before the PDL wait; sm_90+ only.
-enum class DecodeKernel { cp_async, bulk_copy };
+// the same function; src/cuda/decode/kernel_mma.cuh and kernel_tma.cuh).
+//   cp_async  16-byte cp.async by every thread, one __syncthreads per tile; any sm_80+.
+//   tma       one producer warp, TMA tensor-map boxes into an mbarrier ring, the first
+//             tiles prefetched into L2 before the PDL wait; sm_90+ only.
+enum class DecodeKernel { cp_async, tma };
 
 struct DecodeKernelProblem {
   int compute_capability_major = 0;
@@ -91,8 +91,8 @@ struct DecodeKernelProblem {
 };
 
 constexpr DecodeKernel choose_decode_kernel(const DecodeKernelProblem& p) {
-  if (p.compute_capability_major < 9) return DecodeKernel::cp_async;  // no bulk copies before Hopper
-  return DecodeKernel::cp_async;  // the bulk-copy kernel is not measured yet: forced only (FLASHATTN_DECODE_KERNEL)
+  if (p.compute_capability_major < 9) return DecodeKernel::cp_async;  // no TMA before Hopper
+  return DecodeKernel::tma;
 }
 
 }  // namespace flashattn

@@ -125,7 +125,12 @@ DecodeKernelProblem hopper_decode(int kernel_head_dim, std::int64_t page_size, s
   return p;
 }
 
-TEST(DecodeKernelChoice, NoBulkCopyKernelBeforeHopper) {
+TEST(DecodeKernelChoice, TmaKernelOnHopper) {
+  for (std::int64_t page : {0, 16, 48, 256})
+    for (int splits : {1, 2, 4, 32}) EXPECT_EQ(choose_decode_kernel(hopper_decode(128, page, 16, splits)), DecodeKernel::tma) << page;
+}
+
+TEST(DecodeKernelChoice, NoTmaKernelBeforeHopper) {
   for (int major : {7, 8})
     for (std::int64_t page : {0, 16, 256}) {
       DecodeKernelProblem p = hopper_decode(128, page, 64, 2);

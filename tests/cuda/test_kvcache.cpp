@@ -222,12 +222,14 @@ TEST(KVCacheCudaValidation, OnePastCapacityAndMissingWorkspaceAreRejected) {
 }
 
 // Both split-KV kernels on every shape, whatever the dispatch rule would pick: the
-// library reads FLASHATTN_DECODE_KERNEL at every call. On a GPU without sm_90 the
-// bulk-copy choice falls back to the cp.async kernel (the same checks then run twice).
-// The bulk-copy kernel's own edges are in the shapes: pages of 16/48 crossed inside a
-// 64-key tile, ranges starting mid-page (left padding), partial last tiles (V rows past
-// the range zeroed), head dims below the kernel's (96 on 128: padding columns), 2-7
-// splits with and without the in-cluster merge, and below more tiles than ring stages.
+// library reads FLASHATTN_DECODE_KERNEL at every call. On a GPU without sm_90 (and with
+// cache_batch_idx) the TMA choice falls back to the cp.async kernel (the same checks
+// then run twice). The TMA kernel's own edges are in the shapes: pages of 16/48 (boxes
+// of 16 keys, several pages per 64-key tile), ranges starting mid-page (left padding,
+// windows: the tile grid starts below the range, V rows before it zeroed), partial last
+// tiles (V rows past the range zeroed, rows past the cache zero-filled), head dims below
+// the kernel's (96 on 128: columns zero-filled), 2-7 splits with and without the
+// in-cluster merge, and below, more tiles than ring stages.
 class ForcedDecodeKernel {
  public:
   explicit ForcedDecodeKernel(const std::string& name) { setenv("FLASHATTN_DECODE_KERNEL", name.c_str(), 1); }
@@ -246,13 +248,13 @@ TEST_P(KVCacheCudaKernel, MatchesReferenceAndAppendsExactly) {
   run_and_check(p, kernel + " " + shape.describe());
 }
 INSTANTIATE_TEST_SUITE_P(BothKernels, KVCacheCudaKernel,
-                         ::testing::Combine(::testing::Values(std::string("cp_async"), std::string("bulk_copy")), ::testing::ValuesIn(shapes())));
+                         ::testing::Combine(::testing::Values(std::string("cp_async"), std::string("tma")), ::testing::ValuesIn(shapes())));
 
 TEST(KVCacheCudaKernels, LongRangesWrapTheRingAtEverySplitCount) {
   SKIP_WITHOUT_GPU();
   // 4000 keys: 63 tiles at one split (21 turns of a 3-stage ring), paged 16 and 48 (the
   // producer's page look-ahead), contiguous with left padding; splits 1-5.
-  for (const std::string kernel : {"cp_async", "bulk_copy"}) {
+  for (const std::string kernel : {"cp_async", "tma"}) {
     const ForcedDecodeKernel forced(kernel);
     for (std::int64_t page : {0, 16, 48})
       for (int splits = 1; splits <= 5; ++splits) {
@@ -268,7 +270,7 @@ TEST(KVCacheCudaKernels, LongRangesWrapTheRingAtEverySplitCount) {
 
 TEST(KVCacheCudaKernels, ZeroLengthCachesOnBothKernels) {
   SKIP_WITHOUT_GPU();
-  for (const std::string kernel : {"cp_async", "bulk_copy"}) {
+  for (const std::string kernel : {"cp_async", "tma"}) {
     const ForcedDecodeKernel forced(kernel);
     for (int splits : {1, 2, 4}) {
       DecodeShape s;
@@ -283,7 +285,7 @@ TEST(KVCacheCudaKernels, ZeroLengthCachesOnBothKernels) {
 
 TEST(KVCacheCudaKernels, UnknownKernelNameIsRejected) {
   SKIP_WITHOUT_GPU();
-  const ForcedDecodeKernel forced("tma");
+  const ForcedDecodeKernel forced("bulk");
   DecodeShape s;
   s.head_dim = 128;
   DecodeProblem p(s);

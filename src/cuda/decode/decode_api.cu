@@ -64,14 +64,14 @@ bool run_decode_for_head_dim(int kernel_head_dim, const KVCacheParams& params, c
 }
 
 // choose_decode_kernel's pick, unless FLASHATTN_DECODE_KERNEL names one (cp_async or
-// bulk_copy: for benchmarks comparing the two in one process; read at every call, so a
+// tma: for benchmarks comparing the two in one process; read at every call, so a
 // captured graph keeps the kernel of its capture).
 DecodeKernel decode_kernel_for(const KVCacheParams& params, const SplitProblem& split_problem) {
   if (const char* forced = std::getenv("FLASHATTN_DECODE_KERNEL"); forced && *forced) {
     const std::string name(forced);
     if (name == "cp_async") return DecodeKernel::cp_async;
-    if (name == "bulk_copy") return DecodeKernel::bulk_copy;
-    throw Error("flashattn: FLASHATTN_DECODE_KERNEL: expected cp_async or bulk_copy, got " + name);
+    if (name == "tma") return DecodeKernel::tma;
+    throw Error("flashattn: FLASHATTN_DECODE_KERNEL: expected cp_async or tma, got " + name);
   }
   int major = 0;
   if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, params.attention.device.index) != cudaSuccess) major = 0;

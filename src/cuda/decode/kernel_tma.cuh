@@ -1,5 +1,5 @@
-// src/cuda/decode/kernel_bulk.cuh — the sm_90 split-KV decode kernel: K/V rows move by
-// bulk copies (TMA, cp.async.bulk) into an mbarrier ring, fed by one producer warp.
+// src/cuda/decode/kernel_tma.cuh — the sm_90 split-KV decode kernel: K/V tiles move by
+// TMA tensor copies into an mbarrier ring, fed by one producer warp.
 //
 // Same algorithm and work decomposition as kernel_mma.cuh (one CTA = query block x split
 // x kv head x sequence; 16 packed GQA rows; 64-key tiles, warp w takes keys 16w..16w+15;
@@ -7,26 +7,29 @@
 // workspace partials or the in-cluster merge of two splits). What changes is the
 // hardware mapping of the loads, for the two costs gpu_decode.md measured:
 //   * streaming: the cp.async kernel's 128 threads issue 16 copies of 16 bytes per tile
-//     and meet at a __syncthreads per tile; here one producer warp issues one bulk copy
-//     per key row (256 bytes at d = 128) into a kStages ring whose stages are released
-//     by the consumer warps one by one (full/empty mbarriers), so the copies of tile
-//     t + kStages - 1 go out as soon as the slowest warp leaves tile t - 1, and no
-//     consumer thread holds copy addresses;
+//     and meet at a __syncthreads per tile; here one producer warp issues a few tensor
+//     copies per tile (a (64 columns, box_rows keys) box per request, 128-byte swizzle)
+//     into a kStages ring whose stages the consumer warps release one by one
+//     (full/empty mbarriers): no consumer thread holds copy addresses or waits for the
+//     others between tiles;
 //   * the fixed cost of a step (cache_seqlens -> key range -> page -> first tile): before
 //     griddepcontrol.wait (launch_kernel.cuh) the producer reads the lengths and page
-//     table speculatively and prefetches the first kStages tiles into L2 (a hint: the
-//     addresses are clamped into the cache, and the copies after the wait re-read
-//     everything), so with PDL the first tiles' DRAM latency overlaps the previous
-//     kernel; the ring's barriers are set up before the wait too.
-// Shared memory rows are padded by 16 bytes (row stride head_dim * 2 + 16) instead of
-// swizzled — a bulk copy writes a row contiguously — which keeps the ldmatrix reads of 8
-// consecutive rows in 8 distinct bank groups (stride = 4 banks mod 32).
-// Rows a tile does not fill (past the key range) are zeroed in V by the producer
-// (P is 0 there, and 0 * stale bits could be NaN); K's are masked to -inf. Head dims
-// below the kernel's have their padding columns zeroed once, before the first copy.
+//     table speculatively and prefetches the first kStages tiles into L2 (a hint: a
+//     stale value prefetches the wrong lines, out-of-bounds boxes fetch nothing, and
+//     the copies after the wait re-read everything), so with PDL the first tiles' DRAM
+//     latency overlaps the previous kernel; the barriers are set up before the wait too.
+// Tensor maps (host, make_decode_tensor_maps): 4-D (head_dim, rows, kv heads, groups)
+// over each cache — contiguous: rows = capacity, groups = sequences, box 64 keys;
+// paged: rows = page_size, groups = pages, box gcd(page_size, 64) keys, so a box never
+// crosses a page when the tiles start at a multiple of the box: the CTA's tile grid
+// starts at its first key rounded down to that (keys before the range are masked).
+// Columns past head_dim and rows past the cache are zero-filled by the TMA; V rows of a
+// tile outside the key range (they hold other keys' values, or anything) are zeroed by
+// the warp that reads them, since P = 0 there and 0 * NaN is NaN; K's are masked.
 #pragma once
 
 #include <cooperative_groups.h>
+#include <cuda.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -35,19 +38,27 @@
 #include "flashattn/online_softmax.hpp"
 #include "src/core/kvcache_params.hpp"
 #include "src/cuda/common/numeric.cuh"
-#include "src/cuda/decode/bulk_copy.cuh"
 #include "src/cuda/decode/kernel_mma.cuh"
 #include "src/cuda/decode/launch_kernel.cuh"
 #include "src/cuda/decode/rotary.cuh"
+#include "src/cuda/decode/tma.cuh"
 #include "src/cuda/ptx/cp_async.cuh"
 #include "src/cuda/ptx/ldmatrix.cuh"
 #include "src/cuda/ptx/mma_sync.cuh"
 
 namespace flashattn::cuda::decode {
 
+// The K and V tensor maps of one call, and the keys per box (64 / box_rows requests per
+// 64-column panel of a tile).
+struct DecodeTensorMaps {
+  CUtensorMap k;
+  CUtensorMap v;
+  int box_rows;
+};
+
 // Tile geometry (performance-only: results do not depend on it).
 template <int kHeadDim_>
-struct BulkDecodeConfig {
+struct TmaDecodeConfig {
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kRows = 16;  // packed query rows per CTA: one mma M tile
   static constexpr int kConsumerWarps = 4;
@@ -55,17 +66,20 @@ struct BulkDecodeConfig {
   static constexpr int kThreads = kWarps * 32;
   static constexpr int kConsumerThreads = kConsumerWarps * 32;
   static constexpr int kKeysPerWarp = 16;
-  static constexpr int kTileN = kConsumerWarps * kKeysPerWarp;  // 64: two rows per producer lane
-  static constexpr int kRowElements = kHeadDim + 8;             // padded shared-memory row
-  static constexpr int kRowBytes = kRowElements * 2;
-  static constexpr int kTileBytes = kTileN * kRowBytes;
+  static constexpr int kTileN = kConsumerWarps * kKeysPerWarp;  // 64
+  static constexpr int kPanelColumns = 64;                      // 128 bytes: the swizzle span
+  static constexpr int kPanels = kHeadDim / kPanelColumns;
+  static constexpr int kPanelBytes = kTileN * kPanelColumns * 2;
+  static constexpr int kTileBytes = kPanels * kPanelBytes;
   static constexpr int kStageBytes = 2 * kTileBytes;  // K and V
   // As many stages as keep 2 CTAs per SM (<= ~113 KB each) for d <= 128, so the next
   // step's CTAs can be resident early (PDL); d = 256 runs one CTA per SM.
   static constexpr int kStages = kHeadDim <= 64 ? 6 : 3;
   static constexpr int kMinBlocksPerSm = kHeadDim <= 128 ? 2 : 1;
-  static constexpr int kQBytes = kRows * kRowBytes;
-  static constexpr int kPipelineBytes = kQBytes + kStages * kStageBytes;
+  static constexpr int kRingBytes = kStages * kStageBytes;
+  static constexpr int kQRowElements = kHeadDim + 8;  // padded rows: 8 rows in 8 bank groups
+  static constexpr int kQBytes = kRows * kQRowElements * 2;
+  static constexpr int kPipelineBytes = kRingBytes + kQBytes;
   static constexpr int kChunks = kHeadDim / 8;
   static constexpr int kKSteps = kHeadDim / 16;
   static constexpr int kDTiles = kHeadDim / 8;
@@ -74,26 +88,35 @@ struct BulkDecodeConfig {
   static constexpr int kMergeBytes = (kConsumerWarps * kRows * (3 + kHeadDim) + kRows + kRows * kHeadDim) * 4;
   // The barriers live past both, so the merge never overwrites a live mbarrier.
   static constexpr int kBarrierOffset = ((kPipelineBytes > kMergeBytes ? kPipelineBytes : kMergeBytes) + 15) / 16 * 16;
-  static constexpr int kSharedBytes = kBarrierOffset + 2 * kStages * 8;
-  static_assert(kTileN == 64, "the producer's 32 lanes copy two rows of a tile each");
-  static_assert(kRowBytes % 16 == 0 && (kRowBytes / 4) % 32 == 4, "padded rows: 16-byte aligned, 8 rows in 8 bank groups");
+  static constexpr int kAlignment = 1024;  // the 128-byte swizzle's atom: TMA destinations
+  static constexpr int kSharedBytes = kBarrierOffset + 2 * kStages * 8 + kAlignment;
+  static_assert(kHeadDim % kPanelColumns == 0, "whole 64-column panels");
   static_assert(kDTiles % 2 == 0, "ldmatrix x4 covers pairs of tiles");
   static_assert(kMinBlocksPerSm == 1 || kSharedBytes <= 113 * 1024, "two CTAs per SM");
   static_assert(kSharedBytes <= 227 * 1024, "shared memory per CTA");
 
-  __host__ __device__ static constexpr int offset(int row, int chunk) { return row * kRowElements + chunk * 8; }
+  // Element offset of logical 16-byte chunk `chunk` of key row `row` in a K/V tile: panel
+  // chunk / 8, its 128-byte row, chunk ^ (row % 8) inside it (the TMA's 128-byte swizzle).
+  __host__ __device__ static constexpr int tile_offset(int row, int chunk) {
+    return (chunk / 8) * (kTileN * kPanelColumns) + row * kPanelColumns + ((chunk % 8) ^ (row % 8)) * 8;
+  }
+  __host__ __device__ static constexpr int q_offset(int row, int chunk) { return row * kQRowElements + chunk * 8; }
 };
 
 template <class T, class Config>
 __global__ void __launch_bounds__(Config::kThreads, Config::kMinBlocksPerSm)
-    bulk_decode_kernel(const __grid_constant__ KVCacheParams params) {
-#if FLASHATTN_DECODE_BULK_CODE
+    tma_decode_kernel(const __grid_constant__ KVCacheParams params, const __grid_constant__ DecodeTensorMaps maps) {
+#if FLASHATTN_DECODE_TMA_CODE
   using Numeric = Numeric<T>;
   constexpr int kRows = Config::kRows, kTileN = Config::kTileN, kStages = Config::kStages, kThreads = Config::kThreads;
   constexpr int kChunks = Config::kChunks, kHeadDim = Config::kHeadDim, kConsumerWarps = Config::kConsumerWarps;
-  extern __shared__ __align__(128) unsigned char shared[];
-  T* q_tile = reinterpret_cast<T*>(shared);                     // (kRows, kHeadDim), padded rows
-  T* kv_ring = reinterpret_cast<T*>(shared + Config::kQBytes);  // [stage][K|V] (kTileN, kHeadDim), padded rows
+  constexpr int kPanels = Config::kPanels, kPanelColumns = Config::kPanelColumns;
+  extern __shared__ unsigned char shared_storage[];
+  // TMA destinations with the 128-byte swizzle: 1024-byte aligned (kSharedBytes has the slack).
+  const std::uint32_t raw_address = ptx::shared_address(shared_storage);
+  unsigned char* shared = shared_storage + (Config::kAlignment - raw_address % Config::kAlignment) % Config::kAlignment;
+  T* kv_ring = reinterpret_cast<T*>(shared);                         // [stage][K|V][panel] (kTileN, 64), swizzled
+  T* q_tile = reinterpret_cast<T*>(shared + Config::kRingBytes);     // (kRows, kHeadDim), padded rows
   const std::uint32_t ring_address = ptx::shared_address(kv_ring);
   const std::uint32_t full_barriers = ptx::shared_address(shared + Config::kBarrierOffset);  // [kStages]: stage landed
   const std::uint32_t empty_barriers = full_barriers + 8 * kStages;                          // [kStages]: stage read
@@ -114,17 +137,19 @@ __global__ void __launch_bounds__(Config::kThreads, Config::kMinBlocksPerSm)
   const std::int64_t row_begin = query_block * kRows;
   const std::int64_t row_end = row_begin + kRows < packed_rows ? row_begin + kRows : packed_rows;
   const std::int64_t position_begin = row_begin / group, position_end = (row_end - 1) / group + 1;
-  const T* k_head = static_cast<const T*>(a.k) + h_kv * a.k_head_stride;
-  const T* v_head = static_cast<const T*>(a.v) + h_kv * a.v_head_stride;
   const bool is_paged = params.is_paged();
   const std::int32_t* page_table = params.maybe_block_table + b * params.block_table_stride;
   const std::int64_t page_size = params.page_size;
-  const auto row_copy_bytes = static_cast<std::uint32_t>(a.head_dim * 2);
+  const int box_rows = maps.box_rows;            // divides 64, and page_size when paged
+  const int boxes = kTileN / box_rows;           // requests per panel of a tile: producer lanes 0..boxes-1
+  const int group_of_sequence = static_cast<int>(b);  // contiguous: the cache's sequence coordinate
 
-  // The keys this CTA visits (the rows' mask columns within the split's whole tiles),
-  // and the cache position of the first one.
+  // The keys this CTA visits, [begin, end): the rows' mask columns within the split's
+  // whole tiles. Its tiles start at tile_begin <= begin, the cache position
+  // leftpad + tile_begin rounded down to a multiple of box_rows (paged; a box stays in
+  // its page), and cover [tile_begin, end).
   struct KeyRange {
-    std::int64_t begin, end, first_position;
+    std::int64_t begin, end, tile_begin, first_position;  // first_position: cache position of key tile_begin
     int num_tiles;
   };
   const auto key_range = [&](const MaskRule& mask, std::int64_t leftpad) {
@@ -135,59 +160,64 @@ __global__ void __launch_bounds__(Config::kThreads, Config::kMinBlocksPerSm)
     range.begin = split * blocks_per_split * kTileN, range.end = range.begin + blocks_per_split * kTileN;
     if (range.begin < seen.begin) range.begin = seen.begin;
     if (range.end > seen.end) range.end = seen.end;
-    range.num_tiles = range.end > range.begin ? static_cast<int>((range.end - range.begin + kTileN - 1) / kTileN) : 0;
-    range.first_position = leftpad + range.begin;
+    range.tile_begin = range.begin - (is_paged ? (leftpad + range.begin) % box_rows : 0);
+    range.first_position = leftpad + range.tile_begin;
+    range.num_tiles = range.end > range.begin ? static_cast<int>((range.end - range.tile_begin + kTileN - 1) / kTileN) : 0;
     return range;
+  };
+  // Coordinates (row, group) of box `box` of tile `tile`: past the range, an
+  // out-of-bounds group (the TMA writes zeros and reads nothing).
+  const auto box_coordinates = [&](const KeyRange& range, int tile, int box, std::int32_t block, std::int32_t& row, std::int32_t& group_coordinate) {
+    const std::int64_t position = range.first_position + static_cast<std::int64_t>(tile) * kTileN + box * box_rows;
+    if (!is_paged) {
+      row = static_cast<std::int32_t>(position), group_coordinate = group_of_sequence;
+    } else {
+      row = static_cast<std::int32_t>(position % page_size), group_coordinate = block;
+    }
+  };
+  // Paged: the page of box `box` of `tile` (read with `load`), or num_blocks past the range.
+  const auto page_of_box = [&](const KeyRange& range, int tile, int box, auto load) -> std::int32_t {
+    const std::int64_t rows_before = static_cast<std::int64_t>(tile) * kTileN + box * box_rows;
+    if (rows_before >= range.end - range.tile_begin) return static_cast<std::int32_t>(params.num_blocks);
+    const std::int64_t page = (range.first_position + rows_before) / page_size;
+    if (page >= params.block_table_stride) return static_cast<std::int32_t>(params.num_blocks);
+    return load(page_table + page);
   };
 
   // ---- before the wait: nothing here reads a value an earlier kernel may still write,
   // except the speculative reads of the prefetch, whose values only pick L2 lines.
   if (tid == 0) {
     for (int stage = 0; stage < kStages; ++stage) {
-      bulk::mbarrier_init(full_barriers + 8 * stage, 32);                // every producer lane arrives
-      bulk::mbarrier_init(empty_barriers + 8 * stage, kConsumerWarps);  // every consumer warp releases
+      tma::mbarrier_init(full_barriers + 8 * stage, 1);                 // the producer's expect_tx
+      tma::mbarrier_init(empty_barriers + 8 * stage, kConsumerWarps);  // every consumer warp releases
     }
-    bulk::fence_mbarrier_init();
+    tma::fence_mbarrier_init();
   }
-  if (a.head_dim < kHeadDim) {  // the columns no copy writes: zero once (q's are zero-filled below)
-    const int pad_chunks = kChunks - static_cast<int>(a.head_dim / 8);
-    for (int i = tid; i < kStages * 2 * kTileN * pad_chunks; i += kThreads) {
-      const int row = i / pad_chunks, chunk = kChunks - 1 - i % pad_chunks;
-      *reinterpret_cast<uint4*>(kv_ring + Config::offset(row, chunk)) = make_uint4(0, 0, 0, 0);
-    }
-    bulk::fence_proxy_async_shared();
+  if (is_producer && lane == 0) {
+    tma::prefetch_tensor_map(&maps.k);
+    tma::prefetch_tensor_map(&maps.v);
   }
   __syncthreads();
 
-  if (is_producer && params.maybe_cache_batch_idx == nullptr) {
-    // Speculative: the lengths and pages as they are now. Clamped so every address is
-    // inside the cache; a stale value only prefetches the wrong lines.
-    std::int64_t leftpad = params.maybe_cache_leftpad ? bulk::load_relaxed(params.maybe_cache_leftpad + b) : 0;
-    std::int64_t cached = params.maybe_cache_seqlens ? bulk::load_relaxed(params.maybe_cache_seqlens + b) : params.uniform_cache_seqlen;
+  if (is_producer && lane < boxes) {
+    // Speculative: the lengths and pages as they are now, clamped into the cache.
+    std::int64_t leftpad = params.maybe_cache_leftpad ? tma::load_relaxed(params.maybe_cache_leftpad + b) : 0;
+    const std::int64_t cached = params.maybe_cache_seqlens ? tma::load_relaxed(params.maybe_cache_seqlens + b) : params.uniform_cache_seqlen;
     leftpad = leftpad < 0 ? 0 : (leftpad > params.capacity ? params.capacity : leftpad);
     std::int64_t seqlen_k = cached + params.seqlen_new - leftpad;
-    seqlen_k = seqlen_k < 0 ? 0 : (seqlen_k > params.capacity ? params.capacity : seqlen_k);
+    seqlen_k = seqlen_k < 0 ? 0 : (seqlen_k > params.capacity - leftpad ? params.capacity - leftpad : seqlen_k);
     const KeyRange guess = key_range(MaskRule{a.seqlen_q, seqlen_k, a.window_left, a.window_right}, leftpad);
     const int tiles = guess.num_tiles < kStages ? guess.num_tiles : kStages;
-    for (int tile = 0; tile < tiles; ++tile)
+    for (int tile = 0; tile < tiles; ++tile) {
+      const std::int32_t block = is_paged ? page_of_box(guess, tile, lane, [](const std::int32_t* p) { return tma::load_relaxed(p); }) : 0;
+      std::int32_t row, group_coordinate;
+      box_coordinates(guess, tile, lane, block, row, group_coordinate);
 #pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const std::int64_t row = static_cast<std::int64_t>(tile) * kTileN + lane + 32 * half;
-        const std::int64_t position = guess.first_position + row;
-        if (guess.begin + row >= guess.end || position >= params.capacity) continue;
-        std::int64_t k_offset = b * a.k_batch_stride + position * a.k_row_stride;
-        std::int64_t v_offset = b * a.v_batch_stride + position * a.v_row_stride;
-        if (is_paged) {
-          const std::int64_t page = position / page_size;
-          if (page >= params.block_table_stride) continue;
-          const std::int64_t block = bulk::load_relaxed(page_table + page);
-          if (block < 0 || block >= params.num_blocks) continue;
-          k_offset = block * a.k_batch_stride + (position - page * page_size) * a.k_row_stride;
-          v_offset = block * a.v_batch_stride + (position - page * page_size) * a.v_row_stride;
-        }
-        bulk::prefetch_l2(k_head + k_offset, row_copy_bytes);
-        bulk::prefetch_l2(v_head + v_offset, row_copy_bytes);
+      for (int panel = 0; panel < kPanels; ++panel) {
+        tma::prefetch_box_l2(&maps.k, panel * kPanelColumns, row, static_cast<std::int32_t>(h_kv), group_coordinate);
+        tma::prefetch_box_l2(&maps.v, panel * kPanelColumns, row, static_cast<std::int32_t>(h_kv), group_coordinate);
       }
+    }
   }
 
   // Everything below reads what earlier kernels wrote (cache, q, lengths, page table).
@@ -207,80 +237,42 @@ __global__ void __launch_bounds__(Config::kThreads, Config::kMinBlocksPerSm)
     for (int e = 0; e < 4; ++e) o[n][e] = 0.0f;
 
   if (is_producer) {
-    // ---- producer: lane l copies rows l and l + 32 of every tile ----------------------
-    const std::int64_t range_rows = key_end - key_begin;
-    std::int64_t cache_b = b;
-    if (!is_paged && params.maybe_cache_batch_idx) cache_b = params.maybe_cache_batch_idx[b];
-    using LaneRows = std::int64_t[2];
-    // Paged: the block and in-page row of this lane's rows of `tile`.
-    const auto resolve_pages = [&](int tile, LaneRows& block, LaneRows& in_page) {
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const std::int64_t row = static_cast<std::int64_t>(tile) * kTileN + lane + 32 * half;
-        const std::int64_t position = range.first_position + row;
-        const std::int64_t page = position / page_size;
-        block[half] = row < range_rows ? page_table[page] : 0;
-        in_page[half] = position - page * page_size;
-      }
-    };
-    const auto issue_tile = [&](int tile, const LaneRows& block, const LaneRows& in_page) {
+    // ---- producer: lane 0 arms each stage's barrier, lane g < boxes copies box g of K
+    // and V (every panel); paged, lane g looks up its box's page one tile ahead.
+    const auto load_page = [](const std::int32_t* p) { return *p; };
+    const auto issue_tile = [&](int tile, std::int32_t block) {
       const int stage = tile % kStages;
-      if (tile >= kStages) bulk::mbarrier_wait(empty_barriers + 8 * stage, ((tile / kStages) - 1) & 1);
-      const std::uint32_t k_stage = ring_address + stage * Config::kStageBytes;
-      const std::uint32_t v_stage = k_stage + Config::kTileBytes;
-      const std::int64_t rows_left = range_rows - static_cast<std::int64_t>(tile) * kTileN;
-      std::uint32_t bytes = 0;
+      if (tile >= kStages) tma::mbarrier_wait(empty_barriers + 8 * stage, ((tile / kStages) - 1) & 1);
+      const std::uint32_t full = full_barriers + 8 * stage;
+      if (lane == 0) tma::mbarrier_arrive_expect_tx(full, Config::kStageBytes);
+      if (lane >= boxes) return;
+      std::int32_t row, group_coordinate;
+      box_coordinates(range, tile, lane, block, row, group_coordinate);
+      const std::uint32_t k_stage = ring_address + stage * Config::kStageBytes + lane * box_rows * kPanelColumns * 2;
 #pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int row = lane + 32 * half;
-        if (row < rows_left) {
-          bytes += 2 * row_copy_bytes;
-        } else {  // past the range: V must be finite (P = 0 there)
-          T* v_row = kv_ring + (stage * 2 + 1) * (Config::kTileBytes / 2) + Config::offset(row, 0);
-          for (int chunk = 0; chunk < static_cast<int>(a.head_dim / 8); ++chunk)
-            *reinterpret_cast<uint4*>(v_row + chunk * 8) = make_uint4(0, 0, 0, 0);
-          bulk::fence_proxy_async_shared();
-        }
-      }
-      bulk::mbarrier_arrive_expect_tx(full_barriers + 8 * stage, bytes);
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int row = lane + 32 * half;
-        if (row >= rows_left) continue;
-        std::int64_t k_offset, v_offset;
-        if (is_paged) {
-          k_offset = block[half] * a.k_batch_stride + in_page[half] * a.k_row_stride;
-          v_offset = block[half] * a.v_batch_stride + in_page[half] * a.v_row_stride;
-        } else {
-          const std::int64_t position = range.first_position + static_cast<std::int64_t>(tile) * kTileN + row;
-          k_offset = cache_b * a.k_batch_stride + position * a.k_row_stride;
-          v_offset = cache_b * a.v_batch_stride + position * a.v_row_stride;
-        }
-        const std::uint32_t row_offset = static_cast<std::uint32_t>(row) * Config::kRowBytes;
-        bulk::copy_to_shared(k_stage + row_offset, k_head + k_offset, row_copy_bytes, full_barriers + 8 * stage);
-        bulk::copy_to_shared(v_stage + row_offset, v_head + v_offset, row_copy_bytes, full_barriers + 8 * stage);
+      for (int panel = 0; panel < kPanels; ++panel) {
+        const std::uint32_t panel_offset = panel * Config::kPanelBytes;
+        tma::copy_box(k_stage + panel_offset, &maps.k, panel * kPanelColumns, row, static_cast<std::int32_t>(h_kv), group_coordinate, full);
+        tma::copy_box(k_stage + Config::kTileBytes + panel_offset, &maps.v, panel * kPanelColumns, row, static_cast<std::int32_t>(h_kv),
+                      group_coordinate, full);
       }
     };
     if (is_paged) {
-      // The first kStages tiles' pages at once, then one tile ahead: the page-table
-      // loads of tile t + 1 are in flight while the producer waits for a free stage.
-      LaneRows first_block[kStages], first_in_page[kStages];
+      std::int32_t first_blocks[kStages];
 #pragma unroll
       for (int stage = 0; stage < kStages; ++stage)
-        if (stage < num_tiles) resolve_pages(stage, first_block[stage], first_in_page[stage]);
+        first_blocks[stage] = stage < num_tiles && lane < boxes ? page_of_box(range, stage, lane, load_page) : 0;
 #pragma unroll
       for (int stage = 0; stage < kStages; ++stage)
-        if (stage < num_tiles) issue_tile(stage, first_block[stage], first_in_page[stage]);
-      LaneRows next_block = {0, 0}, next_in_page = {0, 0};
-      if (kStages < num_tiles) resolve_pages(kStages, next_block, next_in_page);
+        if (stage < num_tiles) issue_tile(stage, first_blocks[stage]);
+      std::int32_t next_block = kStages < num_tiles && lane < boxes ? page_of_box(range, kStages, lane, load_page) : 0;
       for (int tile = kStages; tile < num_tiles; ++tile) {
-        const LaneRows block = {next_block[0], next_block[1]}, in_page = {next_in_page[0], next_in_page[1]};
-        if (tile + 1 < num_tiles) resolve_pages(tile + 1, next_block, next_in_page);
-        issue_tile(tile, block, in_page);
+        const std::int32_t block = next_block;
+        if (tile + 1 < num_tiles && lane < boxes) next_block = page_of_box(range, tile + 1, lane, load_page);
+        issue_tile(tile, block);
       }
     } else {
-      const LaneRows unused = {0, 0};
-      for (int tile = 0; tile < num_tiles; ++tile) issue_tile(tile, unused, unused);
+      for (int tile = 0; tile < num_tiles; ++tile) issue_tile(tile, 0);
     }
   } else {
     // ---- consumers ------------------------------------------------------------------
@@ -300,7 +292,7 @@ __global__ void __launch_bounds__(Config::kThreads, Config::kMinBlocksPerSm)
       for (int c = tid; c < kRows * kChunks; c += kConsumerThreads) {
         const int r = c / kChunks, chunk = c % kChunks;
         const bool is_valid = row_begin + r < row_end && chunk * 8 < a.head_dim;
-        ptx::cp_async_16(ptx::shared_address(q_tile + Config::offset(r, chunk)), q_row_of(r) + chunk * 8, is_valid);
+        ptx::cp_async_16(ptx::shared_address(q_tile + Config::q_offset(r, chunk)), q_row_of(r) + chunk * 8, is_valid);
       }
       ptx::cp_async_commit_group();
       ptx::cp_async_wait_group<0>();
@@ -314,11 +306,11 @@ __global__ void __launch_bounds__(Config::kThreads, Config::kMinBlocksPerSm)
           if (is_row && d < a.head_dim)
             x = (params.has_rotary() && d < params.rotary_dim) ? rotate_feature<T>(params, q_row, d, rotary_position)
                                                                 : Numeric::to_float(q_row[d]);
-          q_tile[Config::offset(r, d / 8) + d % 8] = Numeric::from_float(x);
+          q_tile[Config::q_offset(r, d / 8) + d % 8] = Numeric::from_float(x);
         }
       }
     }
-    bulk::named_barrier_sync(1, kConsumerThreads);  // q is in shared memory
+    tma::named_barrier_sync(1, kConsumerThreads);  // q is in shared memory
 
     std::int64_t row_position[2];
     bool is_row[2];
@@ -333,33 +325,47 @@ __global__ void __launch_bounds__(Config::kThreads, Config::kMinBlocksPerSm)
     const int warp_key = warp * Config::kKeysPerWarp;    // first key row of this warp in a tile
     for (int tile = 0; tile < num_tiles; ++tile) {
       const int stage = tile % kStages;
-      bulk::mbarrier_wait(full_barriers + 8 * stage, (tile / kStages) & 1);
+      tma::mbarrier_wait(full_barriers + 8 * stage, (tile / kStages) & 1);
       const T* k_tile = kv_ring + stage * 2 * (Config::kTileBytes / 2);
-      const T* v_tile = k_tile + Config::kTileBytes / 2;
+      T* v_tile = kv_ring + (stage * 2 + 1) * (Config::kTileBytes / 2);
+      const std::int64_t tile_key = range.tile_begin + static_cast<std::int64_t>(tile) * kTileN;
+      const std::int64_t warp_first_key = tile_key + warp_key;
+      if (warp_first_key < key_begin || warp_first_key + Config::kKeysPerWarp > key_end) {
+        // Some of this warp's keys are outside the range: their V rows to zero (P is 0
+        // there). Generic writes into a stage the TMA may refill: fenced before release.
+        for (int i = lane; i < Config::kKeysPerWarp * kChunks; i += 32) {
+          const int r = i / kChunks, chunk = i % kChunks;
+          const std::int64_t key = warp_first_key + r;
+          if (key < key_begin || key >= key_end)
+            *reinterpret_cast<uint4*>(v_tile + Config::tile_offset(warp_key + r, chunk)) = make_uint4(0, 0, 0, 0);
+        }
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+        __syncwarp();
+      }
 
       float s[2][4] = {};
 #pragma unroll
       for (int k_step = 0; k_step < Config::kKSteps; ++k_step) {
         std::uint32_t q_fragment[4], k_fragment[4];
         ptx::ldmatrix_x4(q_fragment[0], q_fragment[1], q_fragment[2], q_fragment[3],
-                         ptx::shared_address(q_tile + Config::offset((matrix % 2) * 8 + matrix_row, 2 * k_step + matrix / 2)));
+                         ptx::shared_address(q_tile + Config::q_offset((matrix % 2) * 8 + matrix_row, 2 * k_step + matrix / 2)));
         ptx::ldmatrix_x4(k_fragment[0], k_fragment[1], k_fragment[2], k_fragment[3],
-                         ptx::shared_address(k_tile + Config::offset(warp_key + (matrix / 2) * 8 + matrix_row, 2 * k_step + matrix % 2)));
+                         ptx::shared_address(k_tile + Config::tile_offset(warp_key + (matrix / 2) * 8 + matrix_row, 2 * k_step + matrix % 2)));
         const std::uint32_t b0[2] = {k_fragment[0], k_fragment[1]}, b1[2] = {k_fragment[2], k_fragment[3]};
         ptx::mma_m16n8k16<Numeric::kIsBf16>(s[0], q_fragment, b0);
         ptx::mma_m16n8k16<Numeric::kIsBf16>(s[1], q_fragment, b1);
       }
 
-      const std::int64_t tile_key = key_begin + static_cast<std::int64_t>(tile) * kTileN;
-      const bool is_full_tile = tile_key + kTileN <= key_end &&
+      const bool is_full_tile = tile_key >= key_begin && tile_key + kTileN <= key_end &&
                                 mask.tile_fully_allowed(position_begin, position_end, tile_key, tile_key + kTileN);
 #pragma unroll
       for (int t = 0; t < 2; ++t)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int half = e / 2;
-          const std::int64_t key = tile_key + warp_key + 8 * t + 2 * quad_lane + (e % 2);
-          const bool is_allowed = is_row[half] && (is_full_tile || (key < key_end && mask.allowed(row_position[half], key)));
+          const std::int64_t key = warp_first_key + 8 * t + 2 * quad_lane + (e % 2);
+          const bool is_allowed =
+              is_row[half] && (is_full_tile || (key >= key_begin && key < key_end && mask.allowed(row_position[half], key)));
           s[t][e] = is_allowed ? mma_log2_score(a, s[t][e]) : online_softmax::negative_infinity<float>();
         }
 
@@ -390,13 +396,13 @@ __global__ void __launch_bounds__(Config::kThreads, Config::kMinBlocksPerSm)
       for (int n = 0; n < Config::kDTiles; n += 2) {
         std::uint32_t v_fragment[4];
         ptx::ldmatrix_x4_trans(v_fragment[0], v_fragment[1], v_fragment[2], v_fragment[3],
-                               ptx::shared_address(v_tile + Config::offset(warp_key + (matrix % 2) * 8 + matrix_row, n + matrix / 2)));
+                               ptx::shared_address(v_tile + Config::tile_offset(warp_key + (matrix % 2) * 8 + matrix_row, n + matrix / 2)));
         const std::uint32_t b0[2] = {v_fragment[0], v_fragment[1]}, b1[2] = {v_fragment[2], v_fragment[3]};
         ptx::mma_m16n8k16<Numeric::kIsBf16>(o[n], p_fragment, b0);
         ptx::mma_m16n8k16<Numeric::kIsBf16>(o[n + 1], p_fragment, b1);
       }
       __syncwarp();  // every lane's ldmatrix of this stage is done
-      if (lane == 0) bulk::mbarrier_arrive(empty_barriers + 8 * stage);
+      if (lane == 0) tma::mbarrier_arrive(empty_barriers + 8 * stage);
     }
   }
   // Every tile landed and was read (the consumers waited for each): shared memory below

@@ -30,7 +30,7 @@ inline int ctas_per_sm(int kernel_head_dim) { return kernel_head_dim <= 128 ? 2 
 #endif
 
 // The split-KV kernel (`kernel`: choose_decode_kernel's pick; the cp.async kernel where
-// the bulk-copy one has no sm_90 code in this binary): writes out/LSE (one split, or
+// the TMA one cannot run the call): writes out/LSE (one split, or
 // splits merged inside the kernel by thread-block clusters: returns true) or the
 // workspace partials (returns false: run_combine must follow).
 template <class T, int kHeadDim>

@@ -7,8 +7,9 @@
 #if defined(FLASHATTN_CUDA_DECODE_FMA)
 #include "src/cuda/decode/kernel_fma.cuh"
 #else
-#include "src/cuda/decode/kernel_bulk.cuh"
 #include "src/cuda/decode/kernel_mma.cuh"
+#include "src/cuda/decode/kernel_tma.cuh"
+#include "src/cuda/hopper/launch.hpp"
 #endif
 #include "src/cuda/decode/launch_kernel.cuh"
 #include "src/cuda/decode/launch.hpp"
@@ -16,8 +17,9 @@
 namespace flashattn::cuda::decode {
 
 // Launches the split-KV kernel; true if its splits were merged inside it (clusters).
-template <class T, class Config, class Kernel>
-bool launch_decode_config(Kernel* kernel, const KVCacheParams& params, cudaStream_t stream, bool can_merge_in_cluster) {
+template <class T, class Config, class Kernel, class... Extra>
+bool launch_decode_config(Kernel* kernel, const KVCacheParams& params, cudaStream_t stream, bool can_merge_in_cluster,
+                          const Extra&... extra) {
   const AttentionParams& a = params.attention;
   const std::int64_t query_blocks = (a.seqlen_q * a.group_size + Config::kRows - 1) / Config::kRows;
   const std::int64_t grid_x = query_blocks * params.num_splits;
@@ -33,15 +35,50 @@ bool launch_decode_config(Kernel* kernel, const KVCacheParams& params, cudaStrea
     // The cluster's CTAs on different SMs: a memory-bound CTA wants an SM's load bandwidth.
     FLASHATTN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeClusterSchedulingPolicyPreference, cudaClusterSchedulingPolicySpread));
     const cudaError_t code = launch_kernel(kernel, grid, dim3(Config::kThreads), Config::kSharedBytes, stream,
-                                           static_cast<unsigned>(params.num_splits), params);
+                                           static_cast<unsigned>(params.num_splits), params, extra...);
     if (code == cudaSuccess) return true;
     // No room for the cluster (a device partition too small, say): clear the launch
     // error and take the combine path, whose plain launch reports any real problem.
     (void)cudaGetLastError();
   }
-  FLASHATTN_CUDA_CHECK(launch_kernel(kernel, grid, dim3(Config::kThreads), Config::kSharedBytes, stream, 1, params));
+  FLASHATTN_CUDA_CHECK(launch_kernel(kernel, grid, dim3(Config::kThreads), Config::kSharedBytes, stream, 1, params, extra...));
   return false;
 }
+
+#if !defined(FLASHATTN_CUDA_DECODE_FMA)
+// The TMA kernel's tensor maps (kernel_tma.cuh): 4-D (head_dim, rows, kv heads, groups)
+// with the Hopper forward's encoder (64-column boxes, 128-byte swizzle). Contiguous:
+// rows = capacity, groups = sequences (cache_batch_idx is not supported: the cache's row
+// count is not known here), boxes of 64 keys; paged: rows = page_size, groups = pages,
+// boxes of gcd(page_size, 64) keys (page_size is a multiple of 16).
+inline DecodeTensorMaps make_decode_tensor_maps(const KVCacheParams& params) {
+  const AttentionParams& a = params.attention;
+  DecodeTensorMaps maps{};
+  const bool is_paged = params.is_paged();
+  maps.box_rows = !is_paged ? 64 : params.page_size % 64 == 0 ? 64 : params.page_size % 32 == 0 ? 32 : 16;
+  const std::int64_t rows = is_paged ? params.page_size : params.capacity;
+  const std::int64_t groups = is_paged ? params.num_blocks : a.batch;
+  maps.k = hopper::make_panel_tensor_map("k_cache", a.k, a.dtype, a.head_dim, rows, a.heads_kv, groups, a.k_row_stride, a.k_head_stride,
+                                         a.k_batch_stride, maps.box_rows);
+  maps.v = hopper::make_panel_tensor_map("v_cache", a.v, a.dtype, a.head_dim, rows, a.heads_kv, groups, a.v_row_stride, a.v_head_stride,
+                                         a.v_batch_stride, maps.box_rows);
+  return maps;
+}
+
+// Whether the TMA kernel can run this call: sm_90 code in this binary, no
+// cache_batch_idx, strides the tensor maps encode, coordinates in int32.
+template <class Kernel>
+bool can_run_tma_kernel(Kernel* kernel, const KVCacheParams& params) {
+  const AttentionParams& a = params.attention;
+  if (params.maybe_cache_batch_idx != nullptr || !kernel_is_sm90(kernel)) return false;
+  const std::int64_t rows = params.is_paged() ? params.page_size : params.capacity;
+  const std::int64_t groups = params.is_paged() ? params.num_blocks : a.batch;
+  return hopper::is_tma_encodable_stride(a.k_row_stride, rows) && hopper::is_tma_encodable_stride(a.k_head_stride, a.heads_kv) &&
+         hopper::is_tma_encodable_stride(a.k_batch_stride, groups) && hopper::is_tma_encodable_stride(a.v_row_stride, rows) &&
+         hopper::is_tma_encodable_stride(a.v_head_stride, a.heads_kv) && hopper::is_tma_encodable_stride(a.v_batch_stride, groups) &&
+         groups < 0x7fffffff;
+}
+#endif
 
 template <class T, int kHeadDim>
 bool run_decode(const KVCacheParams& params, cudaStream_t stream, DecodeKernel kernel) {
@@ -52,11 +89,11 @@ bool run_decode(const KVCacheParams& params, cudaStream_t stream, DecodeKernel k
   }
   return launch_decode_config<T, DecodeConfig<kHeadDim, 8>>(&decode_kernel<T, DecodeConfig<kHeadDim, 8>>, params, stream, false);
 #else
-  // The bulk-copy kernel where the rule picked it and this binary has sm_90 code for it
-  // (a compute_80 PTX build JIT-compiled on an H100 has an empty body there).
-  using BulkConfig = BulkDecodeConfig<kHeadDim>;
-  if (kernel == DecodeKernel::bulk_copy && kernel_is_sm90(&bulk_decode_kernel<T, BulkConfig>))
-    return launch_decode_config<T, BulkConfig>(&bulk_decode_kernel<T, BulkConfig>, params, stream, true);
+  // The TMA kernel where the rule picked it and it can run the call (a compute_80 PTX
+  // build JIT-compiled on an H100 has an empty body there); else the cp.async kernel.
+  using TmaConfig = TmaDecodeConfig<kHeadDim>;
+  if (kernel == DecodeKernel::tma && can_run_tma_kernel(&tma_decode_kernel<T, TmaConfig>, params))
+    return launch_decode_config<T, TmaConfig>(&tma_decode_kernel<T, TmaConfig>, params, stream, true, make_decode_tensor_maps(params));
   using Config = MmaDecodeConfig<kHeadDim>;
   return launch_decode_config<T, Config>(&mma_decode_kernel<T, Config>, params, stream, true);
 #endif
