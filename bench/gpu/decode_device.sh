@@ -3,9 +3,9 @@
 #   1. build test_cuda_kvcache, test_split_heuristic and decode_bench (kernel head dims
 #      HEAD_DIMS, default 128; sm_90a) into /tmp/decode-tree;
 #   2. the decode tests (a wrong kernel can hang: every step has its own time limit);
-#   3. decode_bench (every shape with the library's choice and with each split-KV kernel
-#      forced; SWEEP=1: forced split counts too) and the SDPA anchor, back to back;
-#   4. compute-sanitizer memcheck on a reduced filter of the TMA kernel's cases.
+#   3. decode_bench twice (every shape with the library's choice and with each split-KV
+#      kernel forced; SWEEP=1: forced split counts too) and the SDPA anchor, back to back;
+#   4. compute-sanitizer memcheck (and racecheck on two cases) on the TMA kernel.
 # Logs and CSVs go to $OUT. Run it from a source root (the script's ../..); GTEST_ROOT
 # points at GoogleTest libraries when the machine lacks them.
 set -uo pipefail
@@ -47,15 +47,21 @@ step "decode_bench"
 decode_bench=$(find "$tree" -name decode_bench -type f -perm -u+x | head -1)
 timeout "${BENCH_LIMIT:-90}" "$decode_bench" "$out/gpu_decode.csv" ${SWEEP:+"$out/gpu_decode_sweep.csv"} > "$logs/decode.log" 2>&1
 note "decode_bench rc=$?"
+# The same binary again: the run-to-run spread of every number above.
+timeout "${BENCH_LIMIT:-90}" "$decode_bench" "$out/gpu_decode_run2.csv" > "$logs/decode_run2.log" 2>&1
+note "decode_bench (second run) rc=$?"
 step "SDPA anchor"
 timeout "${ANCHOR_LIMIT:-45}" python3 "$root/bench/gpu/decode_anchor.py" "$out/gpu_decode_anchor.csv" >> "$logs/decode.log" 2>&1
 note "decode_anchor rc=$?"
 cat "$logs/decode.log"
 
 step "compute-sanitizer memcheck (TMA cases)"
-filter='BothKernels/KVCacheCudaKernel.*/134:BothKernels/KVCacheCudaKernel.*/135:BothKernels/KVCacheCudaKernel.*/20?:KVCacheCudaKernels.ZeroLength*'
+filter='BothKernels/KVCacheCudaKernel.*/134:BothKernels/KVCacheCudaKernel.*/135:BothKernels/KVCacheCudaKernel.*/20?:BothKernels/KVCacheCudaKernel.*/21?:KVCacheCudaKernels.ZeroLength*'
 timeout "${SANITIZER_LIMIT:-45}" compute-sanitizer --tool memcheck --error-exitcode 3 "$tree/tests/cuda/test_cuda_kvcache" --gtest_brief=1 \
   --gtest_filter="$filter" > "$logs/sanitizer.log" 2>&1
 note "memcheck rc=$? $(grep -E 'ERROR SUMMARY' "$logs/sanitizer.log" | tail -1) $(grep -E "^\[  PASSED" "$logs/sanitizer.log")"
+timeout "${RACECHECK_LIMIT:-40}" compute-sanitizer --tool racecheck --error-exitcode 3 "$tree/tests/cuda/test_cuda_kvcache" --gtest_brief=1 \
+  --gtest_filter='BothKernels/KVCacheCudaKernel.*/134:BothKernels/KVCacheCudaKernel.*/210' > "$logs/racecheck.log" 2>&1
+note "racecheck rc=$? $(grep -E 'RACECHECK SUMMARY|ERROR SUMMARY' "$logs/racecheck.log" | tail -1) $(grep -E "^\[  PASSED" "$logs/racecheck.log")"
 step "done"
 tar -czf "$out/logs.tar.gz" -C "$logs" .
