@@ -9,10 +9,11 @@
 // Bandwidth = bytes of K and V read / time. The device-to-device copy rate is
 // measured in the same run as the ceiling. Outputs are poisoned before the runs and
 // checked finite after. Writes CSV (argv[1], default decode_bench.csv).
-// Every shape runs three times: with the library's kernel choice ("auto") and with each
-// split-KV kernel forced (FLASHATTN_DECODE_KERNEL=cp_async / tma, read by the
-// library at every call, so each captured graph keeps its kernel): same process, same
-// buffers' shapes, back to back.
+// Every shape runs with the library's kernel choice ("auto"), with each split-KV kernel
+// forced (FLASHATTN_DECODE_KERNEL=cp_async / tma, read by the library at every call, so
+// each captured graph keeps its kernel), and with the TMA kernel's L2 prefetch before
+// the PDL wait off or at 16 tiles (FLASHATTN_DECODE_TMA_PREFETCH_TILES; default: its 3
+// ring stages): same process, same shapes, back to back.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -106,9 +107,15 @@ double copy_bandwidth_tbps() {
 
 void run(const Config& c, std::FILE* csv) {
   using flashattn::DType;
-  if (std::string(c.kernel) == "auto") {
-    unsetenv("FLASHATTN_DECODE_KERNEL");
-  } else {
+  // kernel: "auto", "cp_async", "tma", or "tma_prefetch<N>" (the TMA kernel prefetching
+  // N tiles per CTA into L2 before the PDL wait instead of its ring's stages).
+  const std::string kernel(c.kernel);
+  unsetenv("FLASHATTN_DECODE_KERNEL");
+  unsetenv("FLASHATTN_DECODE_TMA_PREFETCH_TILES");
+  if (kernel.rfind("tma_prefetch", 0) == 0) {
+    setenv("FLASHATTN_DECODE_KERNEL", "tma", 1);
+    setenv("FLASHATTN_DECODE_TMA_PREFETCH_TILES", kernel.substr(12).c_str(), 1);
+  } else if (kernel != "auto") {
     setenv("FLASHATTN_DECODE_KERNEL", c.kernel, 1);
   }
   constexpr std::int64_t kHeadsQ = 32, kHeadsKv = 8, kHeadDim = 128;
@@ -248,7 +255,7 @@ int main(int argc, char** argv) {
     shapes.push_back({64, 1024, page});
   }
   for (Config c : shapes)
-    for (const char* kernel : {"auto", "cp_async", "tma"}) {
+    for (const char* kernel : {"auto", "cp_async", "tma", "tma_prefetch0", "tma_prefetch16"}) {
       c.kernel = kernel;
       run(c, csv);
     }

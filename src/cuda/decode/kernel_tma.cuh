@@ -14,7 +14,7 @@
 //     others between tiles;
 //   * the fixed cost of a step (cache_seqlens -> key range -> page -> first tile): before
 //     griddepcontrol.wait (launch_kernel.cuh) the producer reads the lengths and page
-//     table speculatively and prefetches the first kStages tiles into L2 (a hint: a
+//     table speculatively and prefetches its first tiles into L2 (a hint: a
 //     stale value prefetches the wrong lines, out-of-bounds boxes fetch nothing, and
 //     the copies after the wait re-read everything), so with PDL the first tiles' DRAM
 //     latency overlaps the previous kernel; the barriers are set up before the wait too.
@@ -48,12 +48,14 @@
 
 namespace flashattn::cuda::decode {
 
-// The K and V tensor maps of one call, and the keys per box (64 / box_rows requests per
-// 64-column panel of a tile).
+// The K and V tensor maps of one call, the keys per box (64 / box_rows requests per
+// 64-column panel of a tile), and the tiles prefetched into L2 before the PDL wait (-1:
+// as many as the ring has stages).
 struct DecodeTensorMaps {
   CUtensorMap k;
   CUtensorMap v;
   int box_rows;
+  int prefetch_tiles;
 };
 
 // Tile geometry (performance-only: results do not depend on it).
@@ -207,7 +209,8 @@ __global__ void __launch_bounds__(Config::kThreads, Config::kMinBlocksPerSm)
     std::int64_t seqlen_k = cached + params.seqlen_new - leftpad;
     seqlen_k = seqlen_k < 0 ? 0 : (seqlen_k > params.capacity - leftpad ? params.capacity - leftpad : seqlen_k);
     const KeyRange guess = key_range(MaskRule{a.seqlen_q, seqlen_k, a.window_left, a.window_right}, leftpad);
-    const int tiles = guess.num_tiles < kStages ? guess.num_tiles : kStages;
+    const int prefetch_tiles = maps.prefetch_tiles < 0 ? kStages : maps.prefetch_tiles;
+    const int tiles = guess.num_tiles < prefetch_tiles ? guess.num_tiles : prefetch_tiles;
     for (int tile = 0; tile < tiles; ++tile) {
       const std::int32_t block = is_paged ? page_of_box(guess, tile, lane, [](const std::int32_t* p) { return tma::load_relaxed(p); }) : 0;
       std::int32_t row, group_coordinate;

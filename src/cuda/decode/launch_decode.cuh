@@ -2,6 +2,8 @@
 // included by the instantiation files only.
 #pragma once
 
+#include <cstdlib>
+
 #include "flashattn/error.hpp"
 #include "src/cuda/common/check.cuh"
 #if defined(FLASHATTN_CUDA_DECODE_FMA)
@@ -50,10 +52,14 @@ bool launch_decode_config(Kernel* kernel, const KVCacheParams& params, cudaStrea
 // with the Hopper forward's encoder (64-column boxes, 128-byte swizzle). Contiguous:
 // rows = capacity, groups = sequences (cache_batch_idx is not supported: the cache's row
 // count is not known here), boxes of 64 keys; paged: rows = page_size, groups = pages,
-// boxes of gcd(page_size, 64) keys (page_size is a multiple of 16).
+// boxes of gcd(page_size, 64) keys (page_size is a multiple of 16). The tiles prefetched
+// before the PDL wait: the ring's stages, or FLASHATTN_DECODE_TMA_PREFETCH_TILES (a
+// tuning knob for decode_bench; read at every call).
 inline DecodeTensorMaps make_decode_tensor_maps(const KVCacheParams& params) {
   const AttentionParams& a = params.attention;
   DecodeTensorMaps maps{};
+  maps.prefetch_tiles = -1;
+  if (const char* tiles = std::getenv("FLASHATTN_DECODE_TMA_PREFETCH_TILES"); tiles && *tiles) maps.prefetch_tiles = std::atoi(tiles) < 0 ? 0 : std::atoi(tiles);
   const bool is_paged = params.is_paged();
   maps.box_rows = !is_paged ? 64 : params.page_size % 64 == 0 ? 64 : params.page_size % 32 == 0 ? 32 : 16;
   const std::int64_t rows = is_paged ? params.page_size : params.capacity;
