@@ -24,36 +24,34 @@ import torch
 from flashattn import _C
 from flashattn.interface import check_rank, kvcache_native_arguments, lse_shape
 
+def _with_capsules(native):
+    """`native` called with DLPack capsules and the stream looked up in Python: for torch
+    without the C exchange API (before 2.10), where handing over tensors themselves
+    would go through Tensor.__dlpack__, a Python method (several us per tensor)."""
+    from torch.utils.dlpack import to_dlpack
+
+    def call(*arguments):
+        *arrays, num_threads, stream = arguments
+        if stream is None:
+            stream = 0
+            first = arrays[0]
+            if first.is_cuda:
+                stream = torch.cuda.current_stream(first.get_device()).cuda_stream
+        native(*[to_dlpack(x) if isinstance(x, torch.Tensor) else x for x in arrays], num_threads, stream)
+
+    return call
+
+
 if hasattr(torch.Tensor, "__dlpack_c_exchange_api__"):
     _forward_native = _C.forward
     _backward_native = _C.backward
     _kvcache_native = _C.forward_with_kvcache
     _merge_native = _C.merge_attention_states
 else:
-    from torch.utils.dlpack import to_dlpack
-
-    def _native_arguments(arguments):
-        """Capsules for the tensors, the stream from Python (no exchange API to ask)."""
-        *arrays, num_threads, _ = arguments
-        stream = 0
-        for x in arrays:
-            if isinstance(x, torch.Tensor):
-                if x.is_cuda:
-                    stream = torch.cuda.current_stream(x.get_device()).cuda_stream
-                break
-        return [to_dlpack(x) if isinstance(x, torch.Tensor) else x for x in arrays] + [num_threads, stream]
-
-    def _forward_native(*arguments):
-        _C.forward(*_native_arguments(arguments))
-
-    def _backward_native(*arguments):
-        _C.backward(*_native_arguments(arguments))
-
-    def _kvcache_native(*arguments):
-        _C.forward_with_kvcache(*_native_arguments(arguments))
-
-    def _merge_native(*arguments):
-        _C.merge_attention_states(*_native_arguments(arguments))
+    _forward_native = _with_capsules(_C.forward)
+    _backward_native = _with_capsules(_C.backward)
+    _kvcache_native = _with_capsules(_C.forward_with_kvcache)
+    _merge_native = _with_capsules(_C.merge_attention_states)
 
 # stream argument of the native calls: the tensors' current stream, asked by the native side.
 _CURRENT_STREAM = None
@@ -112,24 +110,41 @@ def _backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
 class _FlashAttention(torch.autograd.Function):
     """Eager autograd without the custom op's per-call Python machinery. The options
     travel as one tuple: (max_seqlen_q, max_seqlen_k, softmax_scale, causal,
-    window_left, window_right, softcap, deterministic)."""
+    window_left, window_right, softcap, deterministic, need_lse). Returns out, or
+    (out, lse) with need_lse; the LSE is computed and saved for the backward either way."""
 
     @staticmethod
     def forward(ctx, q, k, v, cu_seqlens_q, cu_seqlens_k, options):
-        max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left, window_right, softcap, _ = options
+        max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left, window_right, softcap, _, need_lse = options
         out, lse = _forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
                             window_left, window_right, softcap)
         ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k)
         ctx.options = options
-        return out, lse
+        return (out, lse) if need_lse else out
 
     @staticmethod
     @torch.autograd.function.once_differentiable
-    def backward(ctx, dout, dlse):
+    def backward(ctx, dout, *unused_dlse):
         # No gradient flows through the LSE output (as in flash_attn).
         q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k = ctx.saved_tensors
-        dq, dk, dv = _backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, *ctx.options)
+        dq, dk, dv = _backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, *ctx.options[:8])
         return dq, dk, dv, None, None, None
+
+
+# Function.apply's Python wrapper exists for functorch transforms (vmap/grad over this
+# function) and pytree-walks every argument on each call (several us). Outside a
+# transform the C implementation underneath is called directly.
+_function_base_apply = getattr(getattr(torch._C, "_FunctionBase", None), "__dict__", {}).get("apply")
+_transforms_active = getattr(torch._C, "_are_functorch_transforms_active", None)
+if _function_base_apply is not None and _transforms_active is not None:
+    _apply_flash_attention_directly = _function_base_apply.__get__(None, _FlashAttention)
+
+    def _flash_attention_apply(*arguments):
+        if _transforms_active():
+            return _FlashAttention.apply(*arguments)
+        return _apply_flash_attention_directly(*arguments)
+else:
+    _flash_attention_apply = _FlashAttention.apply
 
 
 # --- custom ops: torch.compile, opcheck ------------------------------------------------------------
@@ -190,7 +205,7 @@ _fwd.register_autograd(_op_backward, setup_context=_setup_context)
 
 def attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left,
               window_right, softcap, deterministic, need_lse):
-    """(out, lse) for torch tensors. Without an autograd graph, lse is None unless need_lse.
+    """(out, lse) for torch tensors; lse is None unless need_lse (or while compiling).
     Every array argument is checked to be a torch.Tensor by the native call."""
     if torch.compiler.is_compiling():
         return _fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
@@ -198,9 +213,10 @@ def attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, s
     if torch.is_grad_enabled() and (q.requires_grad or getattr(k, "requires_grad", False)
                                     or getattr(v, "requires_grad", False)):
         _check_tensors(k=k, v=v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k)
-        return _FlashAttention.apply(q, k, v, cu_seqlens_q, cu_seqlens_k,
-                                     (max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left, window_right,
-                                      softcap, deterministic))
+        result = _flash_attention_apply(q, k, v, cu_seqlens_q, cu_seqlens_k,
+                                        (max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left, window_right,
+                                         softcap, deterministic, need_lse))
+        return result if need_lse else (result, None)
     is_varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
     if q.ndim != (3 if is_varlen else 4):
         check_rank(q, "q", 3 if is_varlen else 4)

@@ -240,6 +240,105 @@ def test_inference_fast_path_equals_autograd_path(device):
     torch.testing.assert_close(with_graph, without_graph, rtol=0, atol=0)
 
 
+# Eager autograd runs through a plain torch.autograd.Function; torch.compile (and anyone
+# calling torch.ops.flashattn._fwd) through the custom op with register_autograd. Both
+# must give the same bits: same native forward, same native backward.
+ROUTE_CASES = {
+    "causal": dict(shape=(2, 40, 50, 4, 2, 64), kwargs={"causal": True}),
+    "window_softcap_scale": dict(shape=(1, 33, 33, 4, 4, 32),
+                                 kwargs={"window_size": (8, 3), "softcap": 4.0, "softmax_scale": 0.3}),
+    "gqa_full": dict(shape=(2, 17, 65, 8, 2, 64), kwargs={}),
+}
+
+
+def op_route(q, k, v, causal=False, window_size=(-1, -1), softcap=0.0, softmax_scale=None, deterministic=False):
+    return torch.ops.flashattn._fwd(q, k, v, None, None, 0, 0, softmax_scale, causal, window_size[0],
+                                    window_size[1], softcap, deterministic)
+
+
+@pytest.mark.parametrize("case", list(ROUTE_CASES))
+@pytest.mark.parametrize("device", DEVICES)
+def test_eager_function_route_equals_custom_op_route(device, case):
+    dtype = torch.float32 if device == "cpu" else torch.float16
+    shape, kwargs = ROUTE_CASES[case]["shape"], dict(ROUTE_CASES[case]["kwargs"], deterministic=True)
+    q, k, v = random_qkv(*shape, dtype, device, seed=40)
+    out, lse, _ = flash_attn_func(q, k, v, return_attn_probs=True, **kwargs)
+    assert type(out.grad_fn).__name__ == "_FlashAttentionBackward", "eager autograd must not go through the op"
+    out_plain = flash_attn_func(q, k, v, **kwargs)  # without the LSE output: one output, the same bits
+    op_out, op_lse = op_route(q, k, v, **kwargs)
+    assert "_FlashAttention" not in type(op_out.grad_fn).__name__
+    assert torch.equal(out, op_out) and torch.equal(out_plain, op_out) and torch.equal(lse, op_lse)
+    dout = torch.randn_like(out)
+    function_grads = grads(out, (q, k, v), dout)
+    plain_grads = grads(out_plain, (q, k, v), dout)
+    op_grads = grads(op_out, (q, k, v), dout)
+    for name, a, b, c in zip(("dq", "dk", "dv"), function_grads, plain_grads, op_grads):
+        assert torch.equal(a, c), f"{name}: the Function and custom-op routes differ"
+        assert torch.equal(b, c), f"{name}: with and without the LSE output differ"
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_eager_function_route_equals_custom_op_route_varlen(device):
+    dtype = torch.float32 if device == "cpu" else torch.float16
+    q, k, v = random_qkv(1, 30, 41, 4, 2, 64, dtype, device, seed=41)
+    q, k, v = (x.detach()[0].requires_grad_() for x in (q, k, v))
+    cu_q = torch.tensor([0, 12, 30], dtype=torch.int32, device=device)
+    cu_k = torch.tensor([0, 20, 41], dtype=torch.int32, device=device)
+    out = flash_attn_varlen_func(q, k, v, cu_q, cu_k, 18, 21, causal=True, deterministic=True)
+    assert type(out.grad_fn).__name__ == "_FlashAttentionBackward"
+    op_out, _ = torch.ops.flashattn._fwd(q, k, v, cu_q, cu_k, 18, 21, None, True, -1, -1, 0.0, True)
+    assert torch.equal(out, op_out)
+    dout = torch.randn_like(out)
+    for a, b in zip(grads(out, (q, k, v), dout), grads(op_out, (q, k, v), dout)):
+        assert torch.equal(a, b)
+
+
+def test_eager_function_route_is_once_differentiable():
+    q, k, v = random_qkv(1, 8, 8, 2, 2, 16, torch.float32, "cpu", seed=42)
+    weight = torch.randn(q.shape, requires_grad=True)  # makes the incoming gradient differentiable
+    out = flash_attn_func(q, k, v)
+    (dq,) = torch.autograd.grad((out * weight).sum(), (q,), create_graph=True)
+    with pytest.raises(RuntimeError, match="differentiate twice"):
+        dq.sum().backward()
+
+
+def test_native_call_takes_dlpack_capsules_too():
+    # Older torch (no __dlpack_c_exchange_api__) and other frameworks reach the native
+    # module through DLPack capsules / __dlpack__: the same arrays, the same bits.
+    from torch.utils.dlpack import to_dlpack
+    q, k, v = (x.detach() for x in random_qkv(2, 9, 12, 4, 2, 32, torch.float32, "cpu", seed=43))
+    expected, expected_lse, _ = flash_attn_func(q, k, v, causal=True, return_attn_probs=True)
+    out, lse = torch.empty_like(q), torch.empty_like(expected_lse)
+    flashattn._C.forward(to_dlpack(q), to_dlpack(k), to_dlpack(v), to_dlpack(out), to_dlpack(lse), None, None, 0, 0,
+                         None, True, -1, -1, 0.0, "automatic", 0, 0)
+    assert torch.equal(out, expected) and torch.equal(lse, expected_lse)
+    # The package's own capsule route (torch without the C exchange API) gives the same bits.
+    out.fill_(float("nan"))
+    lse.fill_(float("nan"))
+    flashattn._torch_ops._with_capsules(flashattn._C.forward)(q, k, v, out, lse, None, None, 0, 0, None, True, -1, -1,
+                                                              0.0, "automatic", 0, None)
+    assert torch.equal(out, expected) and torch.equal(lse, expected_lse)
+    with pytest.raises(TypeError, match="k: expected a torch.Tensor like q, got PyCapsule"):
+        flashattn._C.forward(q, to_dlpack(k), v, out, None, None, None, 0, 0, None, True, -1, -1, 0.0, "automatic", 0,
+                             None)
+
+
+def test_native_backward_asks_for_scratch_only_when_needed():
+    q, k, v = (x.detach() for x in random_qkv(1, 16, 16, 2, 2, 32, torch.float32, "cpu", seed=44))
+    out, lse, _ = flash_attn_func(q, k, v, return_attn_probs=True)
+    dout = torch.randn_like(out)
+    dq, dk, dv = (torch.empty_like(x) for x in (q, k, v))
+
+    def no_scratch_on_the_cpu(nbytes):
+        raise AssertionError(f"asked for {nbytes} bytes of scratch on the CPU")
+
+    flashattn._C.backward(q, k, v, out, dout, lse, dq, dk, dv, no_scratch_on_the_cpu, None, None, 0, 0, None, False,
+                          -1, -1, 0.0, False, "automatic", 0, None)
+    for got, want in zip((dq, dk, dv), grads(flash_attn_func(*(x.requires_grad_() for x in (q, k, v))), (q, k, v),
+                                             dout)):
+        assert torch.equal(got, want)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_deterministic_backward_is_bitwise_repeatable(device):
     dtype = torch.float32 if device == "cpu" else torch.float16
@@ -458,11 +557,21 @@ def test_cuda_graph_capture_of_forward_and_backward():
         torch.testing.assert_close(got, want, rtol=0, atol=0)
 
 
+def forward_through_capsules(q, k, v, causal):
+    """The capsule route of torch without the DLPack C exchange API, stream from Python."""
+    out = torch.empty_like(q)
+    flashattn._torch_ops._with_capsules(flashattn._C.forward)(q, k, v, out, None, None, None, 0, 0, None, causal, -1,
+                                                              -1, 0.0, "automatic", 0, None)
+    return out
+
+
 @needs_cuda
-def test_non_default_stream():
+@pytest.mark.parametrize("route", ["exchange_api", "capsules"])
+def test_non_default_stream(route):
     # The inputs are written on a side stream only after a long sleep there. A kernel
     # launched on the caller's current stream (the side stream) waits for them; one
     # wrongly launched on the default stream would run at once and read the zeros.
+    attention = flash_attn_func if route == "exchange_api" else forward_through_capsules
     source = [x.detach() for x in random_qkv(2, 256, 256, 8, 2, 64, torch.float16, "cuda", seed=13)]
     expected = flash_attn_func(*source, causal=True)
     torch.cuda.synchronize()
@@ -472,7 +581,7 @@ def test_non_default_stream():
         torch.cuda._sleep(100_000_000)  # tens of milliseconds of GPU time on `stream`
         for dst, src in zip((q, k, v), source):
             dst.copy_(src)
-        out = flash_attn_func(q, k, v, causal=True)
+        out = attention(q, k, v, causal=True)
     torch.cuda.synchronize()
     torch.testing.assert_close(out, expected, rtol=0, atol=0)
 
