@@ -1,6 +1,6 @@
 // tests/cuda/test_backward_hopper.cpp — the Hopper (sm_90a) backward kernel
 // (src/cuda/hopper_bwd) through the public API, against the float64 oracle with the
-// gradient rule of test_backward.cpp: head dim 128 (the kernel's), both dtypes, tails
+// gradient rule of test_backward.cpp: head dims 64 and 128 (the kernel's), both dtypes, tails
 // of both sequence lengths, ring wrap-around (many query blocks per key block), GQA,
 // causal/window/softcap masks, varlen with empty sequences, and dK/dV bitwise
 // stability. On a GPU without the kernel (or a build without it) the same cases run
@@ -21,9 +21,12 @@ class CudaBackwardHopper : public ::testing::Test {
   }
 };
 
-Case hopper_case(DType dtype, std::int64_t seqlen_q, std::int64_t seqlen_k, bool causal) {
+// The kernel's head dims (64: block_m 128, dQ split by rows; 128: block_m 64, dQ split by columns).
+constexpr std::int64_t kHeadDims[] = {64, 128};
+
+Case hopper_case(DType dtype, std::int64_t seqlen_q, std::int64_t seqlen_k, bool causal, std::int64_t head_dim = 128) {
   Case c;
-  c.dtype = dtype, c.head_dim = 128, c.seqlen_q = seqlen_q, c.seqlen_k = seqlen_k, c.causal = causal;
+  c.dtype = dtype, c.head_dim = head_dim, c.seqlen_q = seqlen_q, c.seqlen_k = seqlen_k, c.causal = causal;
   c.seed = static_cast<std::uint64_t>(seqlen_q * 1000 + seqlen_k);
   return c;
 }
@@ -68,29 +71,38 @@ TEST_F(CudaBackwardHopper, DispatchPicksTheHopperKernelOnSm90) {
   BackwardParams other_head_dim = params;
   other_head_dim.head_dim = 96;
   EXPECT_NE(cuda::hopper_bwd::why_unsupported(other_head_dim), "");
+  if (major * 10 + minor == 90 && reason.empty()) {
+    BackwardParams head_dim_64 = params;
+    head_dim_64.head_dim = 64;
+    const std::string reason_64 = cuda::hopper_bwd::why_unsupported(head_dim_64);
+    if (reason_64.rfind("head_dim 64 not built", 0) != 0)  // a build with FLASHATTN_CUDA_HEAD_DIMS=128
+      EXPECT_EQ(reason_64, "") << "d64 should run on the Hopper backward kernel too";
+  }
 }
 
 TEST_F(CudaBackwardHopper, TailsOfBothSequences) {
-  for (DType dtype : {DType::float16, DType::bfloat16})
-    for (bool causal : {false, true})
-      for (auto [sq, sk] : {std::pair<std::int64_t, std::int64_t>{129, 200}, {200, 129}, {64, 64}, {128, 128},
-                            {1, 257}, {257, 1}, {17, 300}})
-        check_case(hopper_case(dtype, sq, sk, causal));
+  for (std::int64_t d : kHeadDims)
+    for (DType dtype : {DType::float16, DType::bfloat16})
+      for (bool causal : {false, true})
+        for (auto [sq, sk] : {std::pair<std::int64_t, std::int64_t>{129, 200}, {200, 129}, {64, 64}, {128, 128},
+                              {1, 257}, {257, 1}, {17, 300}})
+          check_case(hopper_case(dtype, sq, sk, causal, d));
 }
 
 // Many query blocks per key block: the Q/dO ring wraps several times.
 TEST_F(CudaBackwardHopper, LongQueryRangeWrapsTheRing) {
-  for (bool causal : {false, true}) {
-    Case c = hopper_case(DType::bfloat16, 700, 333, causal);
-    c.batch = 1, c.heads_q = c.heads_kv = 1;
-    check_case(c);
-  }
+  for (std::int64_t d : kHeadDims)
+    for (bool causal : {false, true}) {
+      Case c = hopper_case(DType::bfloat16, 700, 333, causal, d);
+      c.batch = 1, c.heads_q = c.heads_kv = 1;
+      check_case(c);
+    }
 }
 
 TEST_F(CudaBackwardHopper, GroupedQueryAttention) {
   for (auto [hq, hkv] : {std::pair<std::int64_t, std::int64_t>{8, 2}, {6, 1}})
     for (bool causal : {false, true}) {
-      Case c = hopper_case(DType::float16, 100, 150, causal);
+      Case c = hopper_case(DType::float16, 100, 150, causal, hq == 8 ? 64 : 128);
       c.heads_q = hq, c.heads_kv = hkv, c.batch = 1;
       check_case(c);
     }
@@ -109,11 +121,15 @@ TEST_F(CudaBackwardHopper, WindowAndSoftcap) {
   c.q_scale = 3.0f;
   c.dtype = DType::float16;
   check_case(c);
+  c.head_dim = 64;
+  check_case(c);
+  c.softcap = 0.0, c.causal = false, c.q_scale = 1.0f, c.window_left = 20, c.window_right = 5;
+  check_case(c);
 }
 
 TEST_F(CudaBackwardHopper, VarlenWithEmptyAndSingleTokenSequences) {
   for (bool causal : {false, true}) {
-    Case c = hopper_case(DType::float16, 0, 0, causal);
+    Case c = hopper_case(DType::float16, 0, 0, causal, causal ? 64 : 128);
     c.varlen_q = {0, 1, 70, 129, 5, 0, 200};
     c.varlen_k = {3, 1, 200, 64, 0, 0, 190};
     c.batch = 7, c.heads_q = 4, c.heads_kv = 2;
@@ -131,22 +147,26 @@ TEST_F(CudaBackwardHopper, NonContiguousDout) {
 }
 
 TEST_F(CudaBackwardHopper, NoNanForMaskedRowsAndLargeLogits) {
-  Case c = hopper_case(DType::float16, 150, 40, true);
-  c.q_scale = 5.0f;
-  check_case(c);
+  for (std::int64_t d : kHeadDims) {
+    Case c = hopper_case(DType::float16, 150, 40, true, d);
+    c.q_scale = 5.0f;
+    check_case(c);
+  }
 }
 
 // dK/dV are summed in registers in a fixed order: bitwise identical across runs
 // (dQ goes through unordered bulk reductions and may differ in the last bits).
 TEST_F(CudaBackwardHopper, RepeatedRunsGiveBitwiseEqualDkDv) {
-  const int repeats = 40;
-  Case c = hopper_case(DType::bfloat16, 256, 256, true);
-  c.batch = 30, c.heads_q = 4, c.heads_kv = 2;
-  Problem p(c);
-  const std::vector<Gradients> runs = run_cuda(p, repeats);
-  for (int r = 1; r < repeats; ++r) {
-    EXPECT_TRUE(runs[r].dk.bitwise_equal(runs[0].dk)) << "dk differs in run " << r;
-    EXPECT_TRUE(runs[r].dv.bitwise_equal(runs[0].dv)) << "dv differs in run " << r;
+  const int repeats = 30;
+  for (std::int64_t d : kHeadDims) {
+    Case c = hopper_case(DType::bfloat16, 256, 256, true, d);
+    c.batch = 30, c.heads_q = 4, c.heads_kv = 2;
+    Problem p(c);
+    const std::vector<Gradients> runs = run_cuda(p, repeats);
+    for (int r = 1; r < repeats; ++r) {
+      EXPECT_TRUE(runs[r].dk.bitwise_equal(runs[0].dk)) << "d" << d << ": dk differs in run " << r;
+      EXPECT_TRUE(runs[r].dv.bitwise_equal(runs[0].dv)) << "d" << d << ": dv differs in run " << r;
+    }
   }
 }
 

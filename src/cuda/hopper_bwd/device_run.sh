@@ -4,13 +4,14 @@
 # a compute-sanitizer pass on the Hopper cases), time ours (sm90 and FA2-class) and the
 # SDPA anchors (FA2, cuDNN) in the same call. Logs/CSVs under $OUT.
 #   TIMING_ARGS: arguments of flashattn_hopper_bwd_timing (default "20 --quick")
-#   SKIP_TESTS=1: timing only
+#   SKIP_TESTS=1: timing only; VARIANT_LIMIT=0 skips the tile-config variants
 set -uo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../../.." && pwd)
 cd "$root"
 out=${OUT:-$root/build-dev-hbwd/out}
 tree=$root/build-dev-hbwd
-mkdir -p "$out"
+logs=$tree/logs  # full logs, packed into $out/logs.tar.gz at the end (few files come back)
+mkdir -p "$out" "$logs"
 log=$out/log.txt
 started=$(date +%s)
 step() { echo "=== [$(( $(date +%s) - started ))s] $*" | tee -a "$log"; }
@@ -19,31 +20,35 @@ step() { echo "=== [$(( $(date +%s) - started ))s] $*" | tee -a "$log"; }
 step "configure + build"
 deps=$root/.device-deps
 cmake -S . -B "$tree" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHATTN_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a-real \
-  -DFLASHATTN_CUDA_HEAD_DIMS=128 -DFLASHATTN_BUILD_TESTS=ON -DGTEST_ROOT="$deps/gtest" -DCLI11_INCLUDE_DIR="$deps" \
-  > "$out/build.log" 2>&1
-timeout "${BUILD_LIMIT:-200}" ninja -C "$tree" -j16 test_cuda_backward test_cuda_backward_hopper flashattn_hopper_bwd_timing >> "$out/build.log" 2>&1
+  -DFLASHATTN_CUDA_HEAD_DIMS="${HEAD_DIMS:-64;128}" -DFLASHATTN_BUILD_TESTS=ON -DGTEST_ROOT="$deps/gtest" -DCLI11_INCLUDE_DIR="$deps" \
+  > "$logs/build.log" 2>&1
+timeout "${BUILD_LIMIT:-200}" ninja -C "$tree" -j16 test_cuda_backward test_cuda_backward_hopper flashattn_hopper_bwd_timing >> "$logs/build.log" 2>&1
 echo "build rc=$?" | tee -a "$log"
-grep -B2 -A12 -E "error|FAILED" "$out/build.log" | head -60 | tee -a "$log"
+grep -B2 -A12 -E "error|FAILED" "$logs/build.log" | head -60 | tee -a "$log"
 
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
   step "tests"
-  timeout "${HOPPER_TEST_LIMIT:-120}" "$tree/tests/cuda/test_cuda_backward_hopper" > "$out/test_hopper.log" 2>&1
-  rc=$?; echo "test_cuda_backward_hopper rc=$rc" | tee -a "$log"; grep -E "FAILED|Failure|error|PASSED|differs|OK \]" "$out/test_hopper.log" | head -40 | tee -a "$log"
-  if [ "$rc" = 124 ]; then tail -20 "$out/test_hopper.log" | tee -a "$log"; echo "hang: stopping" | tee -a "$log"; exit 1; fi
-  timeout "${BACKWARD_LIMIT:-150}" "$tree/tests/cuda/test_cuda_backward" --gtest_brief=1 --gtest_filter="${BACKWARD_FILTER:-*}" > "$out/test_backward.log" 2>&1
-  echo "test_cuda_backward rc=$?" | tee -a "$log"; grep -E "FAILED|Failure|PASSED" "$out/test_backward.log" | head -20 | tee -a "$log"
+  timeout "${HOPPER_TEST_LIMIT:-120}" "$tree/tests/cuda/test_cuda_backward_hopper" > "$logs/test_hopper.log" 2>&1
+  rc=$?; echo "test_cuda_backward_hopper rc=$rc" | tee -a "$log"; grep -E "FAILED|Failure|error|PASSED|differs|OK \]" "$logs/test_hopper.log" | head -40 | tee -a "$log"
+  if [ "$rc" = 124 ]; then tail -20 "$logs/test_hopper.log" | tee -a "$log"; echo "hang: stopping" | tee -a "$log"; tar -czf "$out/logs.tar.gz" -C "$logs" .; exit 1; fi
+  timeout "${BACKWARD_LIMIT:-150}" "$tree/tests/cuda/test_cuda_backward" --gtest_brief=1 --gtest_filter="${BACKWARD_FILTER:-*}" > "$logs/test_backward.log" 2>&1
+  echo "test_cuda_backward rc=$?" | tee -a "$log"; grep -E "FAILED|Failure|PASSED" "$logs/test_backward.log" | head -20 | tee -a "$log"
   timeout "${SANITIZER_LIMIT:-60}" compute-sanitizer --tool memcheck --error-exitcode 3 "$tree/tests/cuda/test_cuda_backward_hopper" --gtest_brief=1 \
-    --gtest_filter='*TailsOfBothSequences*:*Varlen*' > "$out/sanitizer.log" 2>&1
-  echo "memcheck rc=$? $(grep 'ERROR SUMMARY' "$out/sanitizer.log" | tail -1)" | tee -a "$log"
+    --gtest_filter='*TailsOfBothSequences*:*Varlen*' > "$logs/sanitizer.log" 2>&1
+  echo "memcheck rc=$? $(grep 'ERROR SUMMARY' "$logs/sanitizer.log" | tail -1)" | tee -a "$log"
   timeout "${SANITIZER_LIMIT:-60}" compute-sanitizer --tool racecheck --error-exitcode 3 "$tree/tests/cuda/test_cuda_backward_hopper" --gtest_brief=1 \
-    --gtest_filter='*LongQueryRange*' >> "$out/sanitizer.log" 2>&1
-  echo "racecheck rc=$? $(grep 'RACECHECK SUMMARY' "$out/sanitizer.log" | tail -1)" | tee -a "$log"
+    --gtest_filter='*LongQueryRange*' >> "$logs/sanitizer.log" 2>&1
+  echo "racecheck rc=$? $(grep 'RACECHECK SUMMARY' "$logs/sanitizer.log" | tail -1)" | tee -a "$log"
 fi
 
+step "variants"
+timeout "${VARIANT_LIMIT:-60}" "$tree/src/cuda/flashattn_hopper_bwd_timing" 20 --variants > "$out/variants.csv" 2>&1
+echo "variants rc=$?" | tee -a "$log"; cat "$out/variants.csv" | tee -a "$log"
 step "timing"
-timeout "${TIMING_LIMIT:-120}" "$tree/src/cuda/flashattn_hopper_bwd_timing" ${TIMING_ARGS:-20 --quick} > "$out/timing.csv" 2> "$out/timing.err"
+timeout "${TIMING_LIMIT:-120}" "$tree/src/cuda/flashattn_hopper_bwd_timing" ${TIMING_ARGS:-20 --quick} > "$out/timing.csv" 2> "$logs/timing.err"
 echo "timing rc=$?" | tee -a "$log"; cat "$out/timing.csv" | tee -a "$log"
 step "anchors"
-PYTHONUNBUFFERED=1 timeout "${ANCHOR_LIMIT:-120}" python3 src/cuda/hopper_bwd/hopper_bwd_anchors.py "$out/timing.csv" > "$out/joined.csv" 2> "$out/anchors.err"
-echo "anchors rc=$?" | tee -a "$log"; cat "$out/joined.csv" | tee -a "$log"; tail -5 "$out/anchors.err" | tee -a "$log"
+PYTHONUNBUFFERED=1 timeout "${ANCHOR_LIMIT:-120}" python3 src/cuda/hopper_bwd/hopper_bwd_anchors.py "$out/timing.csv" > "$out/joined.csv" 2> "$logs/anchors.err"
+echo "anchors rc=$?" | tee -a "$log"; cat "$out/joined.csv" | tee -a "$log"; tail -5 "$logs/anchors.err" | tee -a "$log"
+tar -czf "$out/logs.tar.gz" -C "$logs" .
 step "done"

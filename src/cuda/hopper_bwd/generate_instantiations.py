@@ -10,7 +10,7 @@ after changing HEAD_DIMS (and add the head dim to tile_config.hpp's table).
 """
 from pathlib import Path
 
-HEAD_DIMS = [128]
+HEAD_DIMS = [64, 128]
 DTYPES = {"fp16": "__half", "bf16": "__nv_bfloat16"}
 
 TEMPLATE = """\

@@ -11,7 +11,8 @@
 // max_rel_diff compares the two kernels' dq/dk/dv (a broken kernel shows as NaN or a
 // large value).
 //
-// flashattn_hopper_bwd_timing [repeats] [--quick]
+// flashattn_hopper_bwd_timing [repeats] [--quick]      the sweeps, Hopper vs FA2-class kernel
+// flashattn_hopper_bwd_timing [repeats] --variants     tile configs other than the table's
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -29,7 +30,7 @@
 #include "src/core/validate.hpp"
 #include "src/cuda/bwd/launch.hpp"
 #include "src/cuda/bwd/workspace.hpp"
-#include "src/cuda/hopper_bwd/launch.hpp"
+#include "src/cuda/hopper_bwd/kernel.cuh"
 
 namespace {
 
@@ -174,13 +175,13 @@ double median_ms(Run run, int repeats) {
   return times[times.size() / 2];
 }
 
-template <class Element>
+template <class Element, int kHeadDim>
 void measure(const Shape& shape, int repeats) {
   Problem p(shape);
   const flashattn::BackwardParams params = flashattn::validate_backward(p.args);
   const std::string reason = flashattn::cuda::hopper_bwd::why_unsupported(params);
   p.poison_gradients();
-  run_fa2_class<Element, 128>(p.args);
+  run_fa2_class<Element, kHeadDim>(p.args);
   check(cudaDeviceSynchronize(), "fa2-class run");
   const std::vector<float> reference = p.gradients();
   p.poison_gradients();
@@ -196,7 +197,7 @@ void measure(const Shape& shape, int repeats) {
   }
   const double relative = has_nan ? NAN : (magnitude > 0 ? difference / magnitude : difference);
   const double sm90_ms = median_ms([&] { flashattn::backward(p.args); }, repeats);
-  const double fa2_class_ms = median_ms([&] { run_fa2_class<Element, 128>(p.args); }, repeats);
+  const double fa2_class_ms = median_ms([&] { run_fa2_class<Element, kHeadDim>(p.args); }, repeats);
   const double flops = 2.5 * p.forward_flops();
   std::printf("%s,%s,%lld,%lld,%lld,%lld,%d,%s,%.4f,%.1f,%.4f,%.1f,%.3g\n", shape.sweep,
               flashattn::dtype_name(shape.dtype), static_cast<long long>(shape.batch),
@@ -205,6 +206,63 @@ void measure(const Shape& shape, int repeats) {
               sm90_ms, flops / (sm90_ms * 1e-3) / 1e12, fa2_class_ms, flops / (fa2_class_ms * 1e-3) / 1e12,
               relative);
   std::fflush(stdout);
+}
+
+// The backward pass with the Hopper kernel compiled for tile config kConfig.
+template <class Element, flashattn::cuda::hopper_bwd::HopperBwdTileConfig kConfig>
+void run_variant(const flashattn::BackwardArgs& args) {
+  namespace bwd = flashattn::cuda::bwd;
+  namespace hopper_bwd = flashattn::cuda::hopper_bwd;
+  const flashattn::BackwardParams params = flashattn::validate_backward(args);
+  const bwd::Workspace workspace = bwd::carve_workspace(params);
+  bwd::launch_preprocess(params, workspace, nullptr);
+  hopper_bwd::launch_backward_sm90<Element, kConfig>(hopper_bwd::make_backward_params(params, workspace, kConfig),
+                                                     nullptr);
+  bwd::launch_convert_dq(params, workspace, nullptr);
+}
+
+// Times variant kConfig against the table's config on one shape; max_rel_diff against the table's gradients.
+template <class Element, flashattn::cuda::hopper_bwd::HopperBwdTileConfig kConfig>
+void compare_variant(const Shape& shape, int repeats, const char* name) {
+  Problem p(shape);
+  p.poison_gradients();
+  flashattn::backward(p.args);
+  check(cudaDeviceSynchronize(), "table run");
+  const std::vector<float> reference = p.gradients();
+  p.poison_gradients();
+  run_variant<Element, kConfig>(p.args);
+  check(cudaDeviceSynchronize(), "variant run");
+  const std::vector<float> ours = p.gradients();
+  double difference = 0, magnitude = 0;
+  bool has_nan = false;
+  for (std::size_t i = 0; i < ours.size(); ++i) {
+    has_nan = has_nan || std::isnan(ours[i]);
+    difference = std::max(difference, static_cast<double>(std::fabs(ours[i] - reference[i])));
+    magnitude = std::max(magnitude, static_cast<double>(std::fabs(reference[i])));
+  }
+  const double table_ms = median_ms([&] { flashattn::backward(p.args); }, repeats);
+  const double variant_ms = median_ms([&] { run_variant<Element, kConfig>(p.args); }, repeats);
+  const double flops = 2.5 * p.forward_flops();
+  std::printf("%s,%s,%lld,%lld,%lld,%lld,%d,%s,%.4f,%.1f,%.4f,%.1f,%.3g\n", shape.sweep,
+              flashattn::dtype_name(shape.dtype), static_cast<long long>(shape.batch),
+              static_cast<long long>(shape.heads), static_cast<long long>(shape.seqlen),
+              static_cast<long long>(shape.head_dim), shape.causal ? 1 : 0, name, table_ms,
+              flops / (table_ms * 1e-3) / 1e12, variant_ms, flops / (variant_ms * 1e-3) / 1e12,
+              has_nan ? NAN : (magnitude > 0 ? difference / magnitude : difference));
+  std::fflush(stdout);
+}
+
+// Variant names: m<block_m>_n<block_n>_s<stages>.
+void sweep_variants(int repeats) {
+  using flashattn::cuda::hopper_bwd::HopperBwdTileConfig;
+  std::printf("sweep,dtype,batch,heads,seqlen,head_dim,causal,variant,table_ms,table_tflops,variant_ms,"
+              "variant_tflops,max_rel_diff\n");
+  for (bool causal : {false, true}) {
+    const Shape d64{"seed004_fp16_b4h48_d64", flashattn::DType::float16, 4, 48, 4096, 64, causal};
+    compare_variant<__half, HopperBwdTileConfig{64, 128, 128, 3}>(d64, repeats, "m128_n128_s3");
+    const Shape d128{"fa3_bf16_16k_tokens", flashattn::DType::bfloat16, 4, 16, 4096, 128, causal};
+    compare_variant<__nv_bfloat16, HopperBwdTileConfig{128, 64, 128, 3}>(d128, repeats, "m64_n128_s3");
+  }
 }
 
 }  // namespace
@@ -216,19 +274,34 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "no CUDA device\n");
     return 1;
   }
+  if (argc > 2 && std::string(argv[2]) == "--variants") {
+    sweep_variants(repeats);
+    return 0;
+  }
+  // The sweeps of shared/BENCHMARKS.md at the kernel's head dims: seed 004 (fp16 B4 H48
+  // d64) and the FA3 sweep (bf16, 16k tokens, 2048 / d heads); --quick: 3 lengths.
   std::vector<Shape> shapes;
   const std::vector<std::int64_t> seqlens =
       quick ? std::vector<std::int64_t>{1024, 4096, 16384} : std::vector<std::int64_t>{512, 1024, 2048, 4096, 8192, 16384};
-  for (flashattn::DType dtype : {flashattn::DType::bfloat16, flashattn::DType::float16})
+  for (std::int64_t n : seqlens)
+    if (n >= 1024)
+      for (bool causal : {false, true}) shapes.push_back({"seed004_fp16_b4h48_d64", flashattn::DType::float16, 4, 48, n, 64, causal});
+  for (std::int64_t d : {64, 128})
     for (std::int64_t n : seqlens)
       for (bool causal : {false, true})
-        shapes.push_back({"fa3_16k_tokens_d128", dtype, 16384 / n, 16, n, 128, causal});
+        shapes.push_back({"fa3_bf16_16k_tokens", flashattn::DType::bfloat16, 16384 / n, 2048 / d, n, d, causal});
   std::printf("sweep,dtype,batch,heads,seqlen,head_dim,causal,path,sm90_ms,sm90_tflops,fa2_class_ms,fa2_class_tflops,"
               "max_rel_diff\n");
   for (const Shape& shape : shapes) {
     try {
-      if (shape.dtype == flashattn::DType::float16) measure<__half>(shape, repeats);
-      else measure<__nv_bfloat16>(shape, repeats);
+      const bool is_half = shape.dtype == flashattn::DType::float16;
+      if (shape.head_dim == 64) {
+        if (is_half) measure<__half, 64>(shape, repeats);
+        else measure<__nv_bfloat16, 64>(shape, repeats);
+      } else {
+        if (is_half) measure<__half, 128>(shape, repeats);
+        else measure<__nv_bfloat16, 128>(shape, repeats);
+      }
     } catch (const std::exception& e) {
       std::printf("# %s n%lld: %s\n", shape.sweep, static_cast<long long>(shape.seqlen), e.what());
     }

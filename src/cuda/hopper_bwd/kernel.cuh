@@ -10,16 +10,18 @@
 //     stages, each guarded by a "full" mbarrier (byte count) and an "empty" mbarrier
 //     (every consumer warp is done with the stage).
 //   consumer w (warpgroups 1, 2): owns keys [64 w, 64 w + 64) of the block. Per step
-//     S^T  = K_w Q^T         wgmma m64n64, both operands K-major in shared memory
-//     dP^T = V_w dO^T        wgmma m64n64
+//     S^T  = K_w Q^T         wgmma m64n{block_m}, both operands K-major in shared memory
+//     dP^T = V_w dO^T        wgmma m64n{block_m}
 //     P^T  = exp2(S^T scale_log2 - LSE), element mask on boundary tiles
 //     dS^T = P^T ∘ (dP^T - D)   (softcap: ∘ (1 - tanh²))
 //     dV_w += P^T dO         wgmma m64n{d}, P^T from registers (the S^T accumulator
 //     dK_w += dS^T Q         converted to 16 bits is the A fragment), dO/Q MN-major
 //     dS^T -> shared memory; both consumers' halves meet at a named barrier
-//     dQ[:, w half] = dS K   wgmma m64n{d/2}, dS^T read MN-major (transpose-A), K
-//                            MN-major; fp32 into the staging tile, which one thread
-//                            adds to dq_accum with one bulk TMA reduction per step.
+//     dQ = dS K, split over the consumers by rows (block_m 128: 64 each) or by
+//                            columns (block_m 64: d/2 each); wgmma with dS^T read
+//                            MN-major (transpose-A), K MN-major; fp32 into the staging
+//                            tile, which one thread adds to dq_accum with one bulk
+//                            TMA reduction per step.
 //   Computing S^T (keys as rows) rather than S keeps P^T and dS^T in the accumulator
 //   layout the dV/dK products take from registers (FA3's SdP_swapAB): no shared-memory
 //   round trip for P at all, and dS^T's round trip serves only the dQ product.
@@ -78,12 +80,16 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
   constexpr int kKVBytes = kConfig.kv_tile_bytes();
   constexpr int kQBytes = kConfig.q_tile_bytes();
   constexpr int kStatsBytes = kConfig.stats_bytes();
-  constexpr int kDqColumns = kHeadDim / kConsumerWarpgroups;  // dQ columns per consumer
+  // dQ = dS K (kBlockM, kHeadDim) over the two consumers: by rows when there are 64 per
+  // consumer (block_m 128), else by columns (block_m 64: one m64 wgmma each).
+  constexpr bool kDqSplitsRows = kBlockM == 64 * kConsumerWarpgroups;
+  constexpr int kDqColumns = kDqSplitsRows ? kHeadDim : kHeadDim / kConsumerWarpgroups;  // per consumer
   constexpr int kConsumerWarps = 4 * kConsumerWarpgroups;
   constexpr int kConsumerThreads = 128 * kConsumerWarpgroups;
   constexpr bool kIsBf16 = Numeric<T>::kIsBf16;
   static_assert(kBlockN == kConsumerWarpgroups * kKeysPerConsumer, "each consumer owns 64 keys");
-  static_assert(kBlockM == 64, "S^T's N and dQ's M: one m64 wgmma and one 128-byte row of dS^T");
+  static_assert(kBlockM == 64 || kBlockM == 64 * kConsumerWarpgroups, "dQ: one m64 wgmma per consumer");
+  static_assert(kBlockM <= bwd::kMaxBlockM, "LSE/D rows and dq_accum rows are padded for kMaxBlockM-row tiles");
   static_assert(kHeadDim % kPanelColumns == 0 && kDqColumns % kPanelColumns == 0, "whole 64-column panels");
   static_assert(kConfig.shared_bytes() <= kMaxSharedBytes, "tiles exceed 227 KB of shared memory");
   static_assert(128 * kConfig.producer_registers() + kConsumerThreads * kConfig.consumer_registers() <= 65536,
@@ -119,7 +125,7 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
   T* shared_v = reinterpret_cast<T*>(shared_base + kConfig.v_offset());    // (kBlockN, kHeadDim)
   T* shared_q = reinterpret_cast<T*>(shared_base + kConfig.q_offset());    // kStages x (kBlockM, kHeadDim)
   T* shared_do = reinterpret_cast<T*>(shared_base + kConfig.do_offset());  // kStages x (kBlockM, kHeadDim)
-  unsigned char* shared_ds = shared_base + kConfig.ds_offset();            // (kBlockN, kBlockM): dS^T
+  unsigned char* shared_ds = shared_base + kConfig.ds_offset();            // (kBlockN, kBlockM): dS^T, panels of 64 queries
   float* shared_dq = reinterpret_cast<float*>(shared_base + kConfig.dq_offset());      // (kBlockM, kHeadDim)
   float* shared_lse = reinterpret_cast<float*>(shared_base + kConfig.lse_offset());    // kStages x kBlockM
   float* shared_dsum = reinterpret_cast<float*>(shared_base + kConfig.dsum_offset());  // kStages x kBlockM
@@ -215,11 +221,15 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
   const std::uint64_t do_as_b = make_smem_descriptor(do_address, 16, 1024, SwizzleMode::bytes128);
   const std::uint64_t q_as_b_mn = make_smem_descriptor(q_address, kBlockM * 128, 1024, SwizzleMode::bytes128);
   const std::uint64_t do_as_b_mn = make_smem_descriptor(do_address, kBlockM * 128, 1024, SwizzleMode::bytes128);
-  const std::uint64_t ds_as_a_mn =
-      make_smem_descriptor(address_of(shared_ds), kBlockN * 128, 1024, SwizzleMode::bytes128);
-  const std::uint64_t k_as_b_mn =
-      make_smem_descriptor(k_address + consumer * (kDqColumns / kPanelColumns) * kBlockN * 128, kBlockN * 128, 1024,
-                           SwizzleMode::bytes128);
+  // dQ: this consumer's 64 query rows (a 64-query panel of dS^T) or kDqColumns head-dim columns (panels of K).
+  const std::uint64_t ds_as_a_mn = make_smem_descriptor(
+      address_of(shared_ds) + (kDqSplitsRows ? consumer * kBlockN * 128 : 0), kBlockN * 128, 1024,
+      SwizzleMode::bytes128);
+  const std::uint64_t k_as_b_mn = make_smem_descriptor(
+      k_address + (kDqSplitsRows ? 0 : consumer * (kDqColumns / kPanelColumns) * kBlockN * 128), kBlockN * 128, 1024,
+      SwizzleMode::bytes128);
+  const int dq_row0 = kDqSplitsRows ? consumer * 64 : 0;           // of the staging tile
+  const int dq_column0 = kDqSplitsRows ? 0 : consumer * kDqColumns;
   // Descriptor increments are byte offsets >> 4 in the start-address field.
   // K-major k16 step kk of a (rows, kHeadDim) panelled tile: panel kk / 4, 32 bytes per step inside it.
   auto k_step_offset = [](int kk, int tile_rows) { return ((kk / 4) * tile_rows * 128 + (kk % 4) * 32) >> 4; };
@@ -341,15 +351,16 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
         p_fragment[kq][r] = pack_pair<T>(s[8 * kq + 2 * r], s[8 * kq + 2 * r + 1]);
         ds_fragment[kq][r] = pack_pair<T>(dp[8 * kq + 2 * r], dp[8 * kq + 2 * r + 1]);
       }
-    // dS^T to shared memory: register r of step kq is row half r % 2, query chunk 2 kq + r / 2.
+      // dS^T to shared memory: register r of step kq is row half r % 2, query chunk 2 kq + r / 2
+    // (panel chunk / 8 of 64 queries, 16-byte chunk chunk % 8 of the row, swizzled).
 #pragma unroll
     for (int kq = 0; kq < kBlockM / 16; ++kq)
 #pragma unroll
       for (int r = 0; r < 4; ++r) {
         const int row = key_row0 + 8 * (r % 2);
         const int chunk = 2 * kq + r / 2;
-        *reinterpret_cast<std::uint32_t*>(shared_ds + row * 128 + ((chunk ^ (row % 8)) * 16) + quad_lane * 4) =
-            ds_fragment[kq][r];
+        *reinterpret_cast<std::uint32_t*>(shared_ds + (chunk / 8) * kBlockN * 128 + row * 128 +
+                                          (((chunk % 8) ^ (row % 8)) * 16) + quad_lane * 4) = ds_fragment[kq][r];
       }
 
     // dV_w += P^T dO, dK_w += dS^T Q (depth kBlockM queries).
@@ -382,15 +393,17 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
     ptx::fence_operands(dq);
     ptx::fence_operands(dv);
     ptx::fence_operands(dk);
-    // Q, dO, LSE, D of this stage are no longer read by this warp.
+    // Q, dO, LSE, D of this stage are no longer read by this warp (every lane's reads
+    // ordered before lane 0's release).
+    __syncwarp();
     if (lane == 0) ::cuda::ptx::mbarrier_arrive(&empty[stage]);
 
 #pragma unroll
     for (int j = 0; j < kDqColumns / 8; ++j)
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
-        const int row = warp_row0 + 8 * half;
-        const int column = consumer * kDqColumns + 8 * j + 2 * quad_lane;
+        const int row = dq_row0 + warp_row0 + 8 * half;
+        const int column = dq_column0 + 8 * j + 2 * quad_lane;
         *reinterpret_cast<float2*>(shared_dq + row * kHeadDim + column) =
             make_float2(dq[4 * j + 2 * half], dq[4 * j + 2 * half + 1]);
       }

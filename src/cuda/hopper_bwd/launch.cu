@@ -19,6 +19,9 @@ namespace {
 // Kernel head dims compiled into this library (CMake: sm_90a among the CUDA
 // architectures and the head dim in FLASHATTN_CUDA_HEAD_DIMS).
 constexpr int kBuiltHeadDims[] = {
+#ifdef FLASHATTN_CUDA_HOPPER_BWD_HDIM_64
+    64,
+#endif
 #ifdef FLASHATTN_CUDA_HOPPER_BWD_HDIM_128
     128,
 #endif
@@ -45,6 +48,9 @@ bool is_disabled_by_environment() {
 template <class T>
 void run_for_head_dim(const HopperBackwardParams& params, cudaStream_t stream) {
   switch (params.backward.head_dim) {
+#ifdef FLASHATTN_CUDA_HOPPER_BWD_HDIM_64
+    case 64: return run_backward_sm90<T, 64>(params, stream);
+#endif
 #ifdef FLASHATTN_CUDA_HOPPER_BWD_HDIM_128
     case 128: return run_backward_sm90<T, 128>(params, stream);
 #endif
@@ -57,7 +63,7 @@ void run_for_head_dim(const HopperBackwardParams& params, cudaStream_t stream) {
 }  // namespace
 
 std::string why_unsupported(const BackwardParams& params) {
-  if (kBuiltCount == 0) return "no Hopper backward kernel in this build (needs sm_90a and head dim 128)";
+  if (kBuiltCount == 0) return "no Hopper backward kernel in this build (needs sm_90a and head dim 64 or 128)";
   if (is_disabled_by_environment()) return "disabled by FLASHATTN_CUDA_BWD_SM90=0";
   if (params.deterministic) return "deterministic mode runs the FA2-class kernels (separate dQ kernel, no atomics)";
   if (hopper::device_compute_capability(params.device.index) != 90) return "not a compute capability 9.0 device";
@@ -86,19 +92,17 @@ std::string why_unsupported(const BackwardParams& params) {
   return {};
 }
 
-void backward_main(const BackwardParams& params, const bwd::Workspace& workspace, cudaStream_t stream) {
+HopperBackwardParams make_backward_params(const BackwardParams& params, const bwd::Workspace& workspace,
+                                          const HopperBwdTileConfig& config) {
   const bool is_varlen = params.is_varlen();
   const std::int64_t rows_q = is_varlen ? params.total_q : params.seqlen_q;
   const std::int64_t rows_k = is_varlen ? params.total_k : params.seqlen_k;
   const std::int64_t batch = is_varlen ? 1 : params.batch;
-  // No keys: no dK/dV to write, dQ stays the zeroed accumulator. No query rows: the
-  // kernel runs no step and writes dK = dV = 0 (the Q/dO maps stay unused, zero).
-  if (rows_k == 0) return;
-  const HopperBwdTileConfig config = hopper_bwd_tile_config(static_cast<int>(params.head_dim));
   HopperBackwardParams hopper_params{};
   hopper_params.backward = params;
   hopper_params.workspace = workspace;
   using hopper::make_panel_tensor_map;
+  // Maps of empty tensors stay zero: the kernel never reads them (no step without query rows).
   if (rows_q > 0) {
     hopper_params.q_map = make_panel_tensor_map("q", params.q, params.dtype, params.head_dim, rows_q, params.heads_q,
                                                 batch, params.q_row_stride, params.q_head_stride, params.q_batch_stride,
@@ -107,12 +111,24 @@ void backward_main(const BackwardParams& params, const bwd::Workspace& workspace
                                                    params.heads_q, batch, params.dout_row_stride,
                                                    params.dout_head_stride, params.dout_batch_stride, config.block_m);
   }
-  hopper_params.k_map = make_panel_tensor_map("k", params.k, params.dtype, params.head_dim, rows_k, params.heads_kv,
-                                              batch, params.k_row_stride, params.k_head_stride, params.k_batch_stride,
-                                              config.block_n);
-  hopper_params.v_map = make_panel_tensor_map("v", params.v, params.dtype, params.head_dim, rows_k, params.heads_kv,
-                                              batch, params.v_row_stride, params.v_head_stride, params.v_batch_stride,
-                                              config.block_n);
+  if (rows_k > 0) {
+    hopper_params.k_map = make_panel_tensor_map("k", params.k, params.dtype, params.head_dim, rows_k, params.heads_kv,
+                                                batch, params.k_row_stride, params.k_head_stride,
+                                                params.k_batch_stride, config.block_n);
+    hopper_params.v_map = make_panel_tensor_map("v", params.v, params.dtype, params.head_dim, rows_k, params.heads_kv,
+                                                batch, params.v_row_stride, params.v_head_stride,
+                                                params.v_batch_stride, config.block_n);
+  }
+  return hopper_params;
+}
+
+void backward_main(const BackwardParams& params, const bwd::Workspace& workspace, cudaStream_t stream) {
+  // No keys: no dK/dV to write, dQ stays the zeroed accumulator. No query rows: the
+  // kernel runs no step and writes dK = dV = 0.
+  const std::int64_t rows_k = params.is_varlen() ? params.total_k : params.seqlen_k;
+  if (rows_k == 0) return;
+  const HopperBackwardParams hopper_params =
+      make_backward_params(params, workspace, hopper_bwd_tile_config(static_cast<int>(params.head_dim)));
   if (params.dtype == DType::bfloat16) {
     run_for_head_dim<__nv_bfloat16>(hopper_params, stream);
   } else {

@@ -14,6 +14,7 @@
 
 #include "src/core/params.hpp"
 #include "src/cuda/bwd/workspace.hpp"
+#include "src/cuda/hopper_bwd/tile_config.hpp"
 
 namespace flashattn::cuda::hopper_bwd {
 
@@ -33,6 +34,10 @@ void run_backward_sm90(const HopperBackwardParams& params, cudaStream_t stream);
 
 // Empty when the Hopper backward kernel runs these (validated) params, else why not.
 std::string why_unsupported(const BackwardParams& params);
+
+// The kernel's parameters for `config`'s tile rows (the tensor maps' boxes).
+HopperBackwardParams make_backward_params(const BackwardParams& params, const bwd::Workspace& workspace,
+                                          const HopperBwdTileConfig& config);
 
 // Runs the dK/dV/dQ kernel (between launch_preprocess and launch_convert_dq); the
 // caller has checked why_unsupported(params).empty().

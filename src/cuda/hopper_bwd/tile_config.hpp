@@ -6,7 +6,7 @@
 //
 // CTA = 1 producer warpgroup (TMA) + 2 consumer warpgroups (wgmma); consumer w owns
 // the key rows [64 w, 64 w + 64) of the CTA's block_n = 128 keys: its S^T, dP^T, dV
-// and dK rows. Shared memory: K, V (block_n, d) resident; stages x [Q, dO (block_m, d),
+// and dK rows. block_m is 64 or 128 (one or two 64-query panels of dS^T). Shared memory: K, V (block_n, d) resident; stages x [Q, dO (block_m, d),
 // LSE, D (block_m floats)]; dS^T (block_n, block_m) 16-bit; the fp32 dQ staging tile
 // (block_m, d). Host and device code; no CUDA headers.
 #pragma once
@@ -47,11 +47,13 @@ struct HopperBwdTileConfig {
   constexpr int shared_bytes() const { return barrier_offset() + 256 + 1024; }
 };
 
-// After FA3's hopper/flash_bwd_launch_template.h (hdim 128: 64 x 128 tiles, 2 MMA
-// warpgroups, dK/dV split over the keys, dQ over the head dim).
+// After FA3's hopper/flash_bwd_launch_template.h (hdim 64: 128 x 128 tiles; hdim 128:
+// 64 x 128 tiles; 2 MMA warpgroups, dK/dV split over the keys). Registers per consumer
+// thread: dK + dV = d fp32, S^T + dP^T = block_m fp32 (64 + 128 at d64, 128 + 64 at d128).
 inline constexpr HopperBwdTileConfig kHopperBwdTileTable[] = {
-    //  dim  M   N   stages
-    {128, 64, 128, 2},
+    //  dim  M    N   stages
+    {64, 128, 128, 2},  // dQ split by rows; S^T/dP^T 64 x 128 per consumer
+    {128, 64, 128, 2},  // dQ split by columns
 };
 
 constexpr HopperBwdTileConfig hopper_bwd_tile_config(int kernel_head_dim) {
