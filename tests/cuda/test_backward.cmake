@@ -9,3 +9,7 @@ target_include_directories(test_cuda_backward_layout PRIVATE ${PROJECT_SOURCE_DI
 # The Hopper backward kernel (src/cuda/hopper_bwd) at its head dim, through the public API.
 flashattn_add_test(test_cuda_backward_hopper test_backward_hopper.cpp)
 target_link_libraries(test_cuda_backward_hopper PRIVATE CUDA::cudart_static)
+# The backward configs of GPUs with less shared memory (A100, sm_86/sm_89), run on this
+# GPU under a capped limit; FA2-class kernels only.
+flashattn_add_test(test_cuda_backward_small_smem test_backward_small_smem.cpp)
+target_link_libraries(test_cuda_backward_small_smem PRIVATE CUDA::cudart_static)

@@ -2,16 +2,21 @@
 // kernel for every entry of the tile table (pure host arithmetic, runs without a
 // GPU): each ldmatrix address a lane computes with FragmentAddress equals the
 // swizzled offset of the (row, chunk) the product needs, stays inside its tile, and
-// the 8 rows of every 8x8 matrix fall into 8 distinct 16-byte bank groups. The GPU
-// tests run only the head dims a build compiles; this covers all of them.
+// the 8 rows of every 8x8 matrix fall into 8 distinct 16-byte bank groups. Every
+// config fits the shared memory of its tier, and the selection (select.hpp) picks
+// the tier each GPU family can run. The GPU tests run only the head dims a build
+// compiles; this covers all of them.
 #include <gtest/gtest.h>
 
 #include <cstdint>
 #include <set>
+#include <utility>
 #include <string>
 
 #include "src/cuda/bwd/dkdv_traits.hpp"
+#include "src/cuda/bwd/dq_traits.hpp"
 #include "src/cuda/bwd/fragment_address.hpp"
+#include "src/cuda/bwd/select.hpp"
 
 namespace flashattn::cuda::bwd {
 namespace {
@@ -57,11 +62,12 @@ void check_use(const Use& use, LaneRow (*pattern)(int), const std::string& confi
 }
 
 template <int kHeadDim, DkdvConfig kConfig = dkdv_config(kHeadDim)>
-void check_config() {
+void check_config(int shared_memory_budget = kSmemTierBytes[0]) {
   using T = DkdvTraits<std::uint16_t, kHeadDim, kConfig>;
   const std::string config = "d" + std::to_string(kHeadDim) + " m" + std::to_string(T::kBlockM) + " n" +
-                             std::to_string(T::kBlockN) + " w" + std::to_string(T::kWarps);
-  EXPECT_LE(T::kSmemBytes, 227 * 1024) << config << ": more shared memory than an H100 CTA may use";
+                             std::to_string(T::kBlockN) + " w" + std::to_string(T::kWarps) + " s" +
+                             std::to_string(T::kStages);
+  EXPECT_LE(T::kSmemBytes, shared_memory_budget) << config << ": more shared memory than its tier allows";
   for (int warp = 0; warp < T::kWarps; ++warp) {
     // S = Q K^T, dP = dO V^T
     check_use<typename T::QTile, T::kBlockM, 0>({"Q as A", T::sdp_row0(warp), 0, T::kSdpMTiles, kHeadDim / 16},
@@ -83,13 +89,103 @@ void check_config() {
   }
 }
 
+template <int kHeadDim, SmemTier kTier>
+void check_tier() {
+  constexpr int kBudget = kSmemTierBytes[static_cast<int>(kTier)];
+  check_config<kHeadDim, dkdv_config(kHeadDim, kTier)>(kBudget);
+  using D = DqTraits<std::uint16_t, kHeadDim, dq_config(kHeadDim, kTier)>;
+  EXPECT_LE(static_cast<int>(D::kDqSmemBytes), kBudget)
+      << "dQ kernel d" << kHeadDim << " tier " << static_cast<int>(kTier) << ": more shared memory than its tier allows";
+  // Below the hopper tier the dQ of the dK/dV kernel cannot rely on the sm_90 bulk reduction.
+  if (kTier != SmemTier::hopper) EXPECT_TRUE(dkdv_config(kHeadDim, kTier).dq_atomics) << "d" << kHeadDim;
+}
+
+template <int kHeadDim>
+void check_every_tier() {
+  check_tier<kHeadDim, SmemTier::hopper>();
+  check_tier<kHeadDim, SmemTier::ampere>();
+  check_tier<kHeadDim, SmemTier::compact>();
+}
+
 TEST(BackwardLayout, EveryTableEntryAddressesItsTilesExactly) {
-  check_config<32>();
-  check_config<64>();
-  check_config<96>();
-  check_config<128>();
-  check_config<192>();
-  check_config<256>();
+  check_every_tier<32>();
+  check_every_tier<64>();
+  check_every_tier<96>();
+  check_every_tier<128>();
+  check_every_tier<192>();
+  check_every_tier<256>();
+}
+
+// The opt-in shared memory per block of each GPU family (cudaDevAttrMaxSharedMemoryPerBlockOptin).
+constexpr DeviceLimits kH100{232448, true};
+constexpr DeviceLimits kA100{166912, false};
+constexpr DeviceLimits kSm86{101376, false};  // also sm_89 and sm_120
+
+TEST(BackwardSelection, EachGpuFamilyRunsItsTier) {
+  for (const int d : kHeadDims) {
+    SCOPED_TRACE("d" + std::to_string(d));
+    const auto h100 = select_kernels(d, kH100), a100 = select_kernels(d, kA100), sm86 = select_kernels(d, kSm86);
+    ASSERT_TRUE(h100 && a100 && sm86);
+    // Tiers with equal configs select the first of them: compare the configs.
+    EXPECT_EQ(dkdv_config(d, h100->dkdv), dkdv_config(d, SmemTier::hopper));
+    EXPECT_EQ(dq_config(d, h100->dq), dq_config(d, SmemTier::hopper));
+    EXPECT_EQ(dkdv_config(d, a100->dkdv), dkdv_config(d, SmemTier::ampere));
+    EXPECT_EQ(dq_config(d, a100->dq), dq_config(d, SmemTier::ampere));
+    EXPECT_EQ(dkdv_config(d, sm86->dkdv), dkdv_config(d, SmemTier::compact));
+    EXPECT_EQ(dq_config(d, sm86->dq), dq_config(d, SmemTier::compact));
+  }
+}
+
+TEST(BackwardSelection, StagedDqNeedsBulkReductions) {
+  // 227 KB but code compiled for sm_80 (a newer GPU running the JIT-compiled PTX).
+  for (const int d : kHeadDims) {
+    const auto choice = select_kernels(d, DeviceLimits{232448, false});
+    ASSERT_TRUE(choice) << "d" << d;
+    EXPECT_TRUE(dkdv_config(d, choice->dkdv).dq_atomics) << "d" << d;
+  }
+  // An H100 capped at 163 KB (as the GPU test does): the hopper configs that fit stay.
+  EXPECT_EQ(select_kernels(32, DeviceLimits{166912, true})->dkdv, SmemTier::hopper);
+  EXPECT_EQ(select_kernels(96, DeviceLimits{166912, true})->dkdv, SmemTier::hopper);
+  EXPECT_EQ(select_kernels(128, DeviceLimits{166912, true})->dkdv, SmemTier::ampere);
+}
+
+TEST(BackwardSelection, RefusesWhereNothingFits) {
+  for (const int d : kHeadDims) EXPECT_FALSE(select_kernels(d, DeviceLimits{48 * 1024, true})) << "d" << d;
+  EXPECT_FALSE(select_kernels(80, kH100)) << "not a kernel head dim";
+}
+
+// Shared memory of the tier's kernels, dK/dV and dQ, for a head dim known at run time.
+std::pair<int, int> smem_bytes(int head_dim, SmemTier tier) {
+  const int t = static_cast<int>(tier);
+  switch (head_dim) {
+    case 32: return {kDkdvSmemBytes<32>[t], kDqSmemBytes<32>[t]};
+    case 64: return {kDkdvSmemBytes<64>[t], kDqSmemBytes<64>[t]};
+    case 96: return {kDkdvSmemBytes<96>[t], kDqSmemBytes<96>[t]};
+    case 128: return {kDkdvSmemBytes<128>[t], kDqSmemBytes<128>[t]};
+    case 192: return {kDkdvSmemBytes<192>[t], kDqSmemBytes<192>[t]};
+    default: return {kDkdvSmemBytes<256>[t], kDqSmemBytes<256>[t]};
+  }
+}
+
+// The selected tier is canonical (the instantiated one), fits the device, and no
+// earlier tier would have: from 64 KB to 227 KB in 1 KB steps.
+TEST(BackwardSelection, SelectedConfigsFitTheDevice) {
+  for (const int d : kHeadDims)
+    for (int limit = 64 * 1024; limit <= 232448; limit += 1024)
+      for (const bool has_bulk_reduce : {false, true}) {
+        const auto choice = select_kernels(d, DeviceLimits{limit, has_bulk_reduce});
+        if (!choice) continue;
+        EXPECT_EQ(canonical_dkdv_tier(d, choice->dkdv), choice->dkdv);
+        EXPECT_EQ(canonical_dq_tier(d, choice->dq), choice->dq);
+        EXPECT_TRUE(has_bulk_reduce || dkdv_config(d, choice->dkdv).dq_atomics);
+        EXPECT_LE(smem_bytes(d, choice->dkdv).first, limit);
+        EXPECT_LE(smem_bytes(d, choice->dq).second, limit);
+        for (int t = 0; t < static_cast<int>(choice->dkdv); ++t) {
+          const auto tier = static_cast<SmemTier>(t);
+          const bool runs = has_bulk_reduce || dkdv_config(d, tier).dq_atomics;
+          EXPECT_FALSE(runs && smem_bytes(d, tier).first <= limit) << "d" << d << " limit " << limit << " tier " << t;
+        }
+      }
 }
 
 // The alternatives bwd_timing compares (other warp grids, 16 warps, block_m 32).

@@ -207,12 +207,10 @@ __device__ __forceinline__ void write_p_and_ds(const float (&s)[T::kSdpMTiles][T
     }
 }
 
-// kHasSoftcap: a template parameter so that without softcap the exponentials and the
-// dP product share one basic block (the compiler interleaves them).
+// One CTA's work (dkdv_kernel below).
 template <class T, bool kHasSoftcap>
-__global__ void __launch_bounds__(T::kThreads, 1)
-    dkdv_kernel(const __grid_constant__ BackwardParams params, const Workspace workspace, int num_n_blocks,
-                bool is_aligned) {
+__device__ __forceinline__ void dkdv_block(const BackwardParams& params, const Workspace& workspace, int num_n_blocks,
+                                           bool is_aligned) {
   using Element = typename T::Element;
   using QTile = typename T::QTile;
   using KvTile = typename T::KvTile;
@@ -302,18 +300,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       ptx::bulk_commit_group();
     }
 #else
-    constexpr int kQuads = kHeadDim / 4;
-    for (int index = tid; index < kBlockM * kQuads; index += T::kThreads) {
-      const int row = index / kQuads, col = (index % kQuads) * 4;
-      if (col < head_dim) {
-        const float4 value = *reinterpret_cast<const float4*>(dq_staging + row * kHeadDim + col);
-        float* destination = dq_rows + row * params.head_dim + col;
-        atomicAdd(destination, value.x);
-        atomicAdd(destination + 1, value.y);
-        atomicAdd(destination + 2, value.z);
-        atomicAdd(destination + 3, value.w);
-      }
-    }
+    (void)dq_rows;  // staged configs are compiled for sm_90 only (dkdv_kernel)
 #endif
   };
   constexpr bool kUsesStaging = !T::kDqAtomics;
@@ -456,6 +443,26 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     store_fragment_tile<Element, T::kKvNTiles>(
         dv[mi], 1.0f, static_cast<Element*>(params.dv) + params.dv_offset(b, h_kv) + n0 * params.dv_row_stride,
         params.dv_row_stride, kv_n0 + 16 * mi, kv_d0, kv_rows, head_dim, is_aligned, lane);
+  }
+}
+
+// kHasSoftcap: a template parameter so that without softcap the exponentials and the
+// dP product share one basic block (the compiler interleaves them).
+// Staged dQ (config dq_atomics = false) needs the sm_90 bulk reductions: for older
+// targets its body is not compiled and traps; select.hpp never picks it there.
+template <class T, bool kHasSoftcap>
+__global__ void __launch_bounds__(T::kThreads, 1)
+    dkdv_kernel(const __grid_constant__ BackwardParams params, const Workspace workspace, int num_n_blocks,
+                bool is_aligned) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+  constexpr bool kIsCompiled = T::kDqAtomics;
+#else
+  constexpr bool kIsCompiled = true;
+#endif
+  if constexpr (kIsCompiled) {
+    dkdv_block<T, kHasSoftcap>(params, workspace, num_n_blocks, is_aligned);
+  } else {
+    __trap();
   }
 }
 

@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 
 #include "src/core/params.hpp"
+#include "src/cuda/bwd/select.hpp"
 #include "src/cuda/bwd/workspace.hpp"
 
 namespace flashattn::cuda::bwd {
@@ -15,7 +16,15 @@ void launch_preprocess(const BackwardParams& params, const Workspace& workspace,
 void launch_convert_dq(const BackwardParams& params, const Workspace& workspace, cudaStream_t stream);
 // The dK/dV kernel (with dQ atomics) or, deterministic, dK/dV kernel + dQ kernel.
 // is_aligned: every q/k/v/dout/dq/dk/dv pointer and stride allows 16-byte accesses.
+// The configs are those select_kernels picks for current_device_limits(); NotSupported
+// where none fits.
 template <class Element, int kHeadDim>
 void launch_main(const BackwardParams& params, const Workspace& workspace, bool is_aligned, cudaStream_t stream);
+
+// The current device's limits (queried once per device), capped by the testing limit.
+DeviceLimits current_device_limits();
+// Tests only: caps the shared memory per block the configs are picked for (0: no cap),
+// so that one GPU runs the configs of GPUs with less shared memory. Process-wide.
+void set_shared_memory_limit_for_testing(int bytes);
 
 }  // namespace flashattn::cuda::bwd

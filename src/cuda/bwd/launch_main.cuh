@@ -1,9 +1,12 @@
 // src/cuda/bwd/launch_main.cuh — launch_main<Element, kHeadDim>, included only by
-// the generated per-(dtype, head dim) translation units.
+// the generated per-(dtype, head dim) translation units (and the timing tool): the
+// configs select.hpp picks for the device, one instantiation per distinct config.
 #pragma once
 
 #include <cstdint>
 #include <limits>
+#include <optional>
+#include <stdexcept>
 #include <string>
 
 #include "flashattn/error.hpp"
@@ -34,33 +37,85 @@ void allow_shared_memory(Kernel kernel, std::size_t bytes) {
   FLASHATTN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
 }
 
+template <class T>
+void launch_dkdv(const BackwardParams& params, const Workspace& workspace, bool is_aligned, cudaStream_t stream) {
+  const std::int64_t num_n_blocks = (params.seqlen_k + T::kBlockN - 1) / T::kBlockN;
+  const unsigned int dkdv_grid = flat_grid(num_n_blocks, params.heads_kv, params.batch);
+  if (dkdv_grid == 0) return;
+  const auto kernel = params.has_softcap() ? dkdv_kernel<T, true> : dkdv_kernel<T, false>;
+  allow_shared_memory(kernel, T::kSmemBytes);
+  kernel<<<dkdv_grid, T::kThreads, T::kSmemBytes, stream>>>(params, workspace, static_cast<int>(num_n_blocks),
+                                                            is_aligned);
+  FLASHATTN_CUDA_CHECK_LAUNCH();
+}
+
+template <class D>
+void launch_dq(const BackwardParams& params, const Workspace& workspace, bool is_aligned, cudaStream_t stream) {
+  const std::int64_t num_m_blocks = (params.seqlen_q + D::kBlockM - 1) / D::kBlockM;
+  const unsigned int dq_grid = flat_grid(num_m_blocks, params.heads_q, params.batch);
+  if (dq_grid == 0) return;
+  allow_shared_memory(dq_kernel<D>, D::kDqSmemBytes);
+  dq_kernel<D><<<dq_grid, D::kThreads, D::kDqSmemBytes, stream>>>(params, workspace, static_cast<int>(num_m_blocks),
+                                                                   is_aligned);
+  FLASHATTN_CUDA_CHECK_LAUNCH();
+}
+
 // The dK/dV kernel (traits T), and the dQ kernel (traits D) when deterministic.
 template <class T, class D>
 void launch_kernels(const BackwardParams& params, const Workspace& workspace, bool is_aligned, cudaStream_t stream) {
-  const std::int64_t num_n_blocks = (params.seqlen_k + T::kBlockN - 1) / T::kBlockN;
-  const unsigned int dkdv_grid = flat_grid(num_n_blocks, params.heads_kv, params.batch);
-  if (dkdv_grid > 0) {
-    const auto kernel = params.has_softcap() ? dkdv_kernel<T, true> : dkdv_kernel<T, false>;
-    allow_shared_memory(kernel, T::kSmemBytes);
-    kernel<<<dkdv_grid, T::kThreads, T::kSmemBytes, stream>>>(params, workspace, static_cast<int>(num_n_blocks),
-                                                              is_aligned);
-    FLASHATTN_CUDA_CHECK_LAUNCH();
-  }
-  if (params.deterministic) {
-    const std::int64_t num_m_blocks = (params.seqlen_q + D::kBlockM - 1) / D::kBlockM;
-    const unsigned int dq_grid = flat_grid(num_m_blocks, params.heads_q, params.batch);
-    if (dq_grid > 0) {
-      allow_shared_memory(dq_kernel<D>, D::kDqSmemBytes);
-      dq_kernel<D><<<dq_grid, D::kThreads, D::kDqSmemBytes, stream>>>(params, workspace, static_cast<int>(num_m_blocks),
-                                                                       is_aligned);
-      FLASHATTN_CUDA_CHECK_LAUNCH();
+  launch_dkdv<T>(params, workspace, is_aligned, stream);
+  if (params.deterministic) launch_dq<D>(params, workspace, is_aligned, stream);
+}
+
+// The kernel of `tier` (a canonical tier from select_kernels); only canonical tiers are
+// instantiated, so a config shared by two tiers is compiled once.
+template <class Element, int kHeadDim, int kTier = 0>
+void launch_dkdv_tier(SmemTier tier, const BackwardParams& params, const Workspace& workspace, bool is_aligned,
+                      cudaStream_t stream) {
+  if constexpr (kTier < kSmemTierCount) {
+    constexpr auto kThisTier = static_cast<SmemTier>(kTier);
+    if constexpr (canonical_dkdv_tier(kHeadDim, kThisTier) == kThisTier) {
+      if (tier == kThisTier) {
+        using T = DkdvTraits<Element, kHeadDim, dkdv_config(kHeadDim, kThisTier)>;
+        static_assert(T::kSmemBytes == kDkdvSmemBytes<kHeadDim>[kTier]);
+        return launch_dkdv<T>(params, workspace, is_aligned, stream);
+      }
     }
+    launch_dkdv_tier<Element, kHeadDim, kTier + 1>(tier, params, workspace, is_aligned, stream);
+  } else {
+    throw std::logic_error("flashattn: cuda backward: no dK/dV kernel for tier " + std::to_string(static_cast<int>(tier)));
+  }
+}
+
+template <class Element, int kHeadDim, int kTier = 0>
+void launch_dq_tier(SmemTier tier, const BackwardParams& params, const Workspace& workspace, bool is_aligned,
+                    cudaStream_t stream) {
+  if constexpr (kTier < kSmemTierCount) {
+    constexpr auto kThisTier = static_cast<SmemTier>(kTier);
+    if constexpr (canonical_dq_tier(kHeadDim, kThisTier) == kThisTier) {
+      if (tier == kThisTier) {
+        using D = DqTraits<Element, kHeadDim, dq_config(kHeadDim, kThisTier)>;
+        static_assert(static_cast<int>(D::kDqSmemBytes) == kDqSmemBytes<kHeadDim>[kTier]);
+        return launch_dq<D>(params, workspace, is_aligned, stream);
+      }
+    }
+    launch_dq_tier<Element, kHeadDim, kTier + 1>(tier, params, workspace, is_aligned, stream);
+  } else {
+    throw std::logic_error("flashattn: cuda backward: no dQ kernel for tier " + std::to_string(static_cast<int>(tier)));
   }
 }
 
 template <class Element, int kHeadDim>
 void launch_main(const BackwardParams& params, const Workspace& workspace, bool is_aligned, cudaStream_t stream) {
-  launch_kernels<DkdvTraits<Element, kHeadDim>, DqTraits<Element, kHeadDim>>(params, workspace, is_aligned, stream);
+  const DeviceLimits device = current_device_limits();
+  const std::optional<KernelChoice> choice = select_kernels<kHeadDim>(device);
+  if (!choice)
+    throw NotSupported("flashattn: cuda backward: head dim " + std::to_string(params.head_dim) + " needs " +
+                       std::to_string(least_shared_memory<kHeadDim>()) +
+                       " bytes of shared memory per block, this GPU allows " +
+                       std::to_string(device.shared_memory_per_block));
+  launch_dkdv_tier<Element, kHeadDim>(choice->dkdv, params, workspace, is_aligned, stream);
+  if (params.deterministic) launch_dq_tier<Element, kHeadDim>(choice->dq, params, workspace, is_aligned, stream);
 }
 
 }  // namespace flashattn::cuda::bwd

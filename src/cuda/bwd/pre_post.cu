@@ -1,11 +1,15 @@
 // src/cuda/bwd/pre_post.cu — the small kernels around the main backward kernel:
 // D = rowsum(dO ∘ O) and LSE in log2 units before it, dQ conversion after it. One
 // warp per (query row, head); CTAs flattened over (row block, head, sequence) like
-// the main kernels.
+// the main kernels. And the device limits the main kernels' configs are picked from.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <algorithm>
+#include <atomic>
 #include <limits>
+#include <mutex>
+#include <vector>
 
 #include "flashattn/error.hpp"
 #include "flashattn/online_softmax.hpp"
@@ -92,7 +96,44 @@ void launch_per_row(RowKernel half_kernel, RowKernel bfloat16_kernel, const Back
   FLASHATTN_CUDA_CHECK_LAUNCH();
 }
 
+// Compiled like every kernel of the library: its PTX version is the __CUDA_ARCH__ of
+// the code a device runs (sm_90a SASS on an H100; the compute_80 PTX, JIT-compiled,
+// on a GPU newer than the SASS targets).
+__global__ void compiled_arch_probe() {}
+
+std::atomic<int> shared_memory_limit_for_testing{0};
+
+DeviceLimits query_device_limits(int device) {
+  DeviceLimits limits;
+  FLASHATTN_CUDA_CHECK(
+      cudaDeviceGetAttribute(&limits.shared_memory_per_block, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  cudaFuncAttributes attributes{};
+  FLASHATTN_CUDA_CHECK(cudaFuncGetAttributes(&attributes, compiled_arch_probe));
+  limits.has_bulk_reduce = attributes.ptxVersion >= 90;
+  return limits;
+}
+
 }  // namespace
+
+DeviceLimits current_device_limits() {
+  int device = 0;
+  FLASHATTN_CUDA_CHECK(cudaGetDevice(&device));
+  static std::mutex mutex;
+  static std::vector<DeviceLimits> cache;  // by device ordinal; shared_memory_per_block 0 = not yet queried
+  DeviceLimits limits;
+  {
+    const std::lock_guard<std::mutex> lock(mutex);
+    if (static_cast<std::size_t>(device) >= cache.size()) cache.resize(static_cast<std::size_t>(device) + 1);
+    DeviceLimits& cached = cache[static_cast<std::size_t>(device)];
+    if (cached.shared_memory_per_block == 0) cached = query_device_limits(device);
+    limits = cached;
+  }
+  const int cap = shared_memory_limit_for_testing.load();
+  if (cap > 0) limits.shared_memory_per_block = std::min(limits.shared_memory_per_block, cap);
+  return limits;
+}
+
+void set_shared_memory_limit_for_testing(int bytes) { shared_memory_limit_for_testing.store(bytes); }
 
 void launch_preprocess(const BackwardParams& params, const Workspace& workspace, cudaStream_t stream) {
   if (!params.deterministic && params.total_q > 0) {

@@ -23,6 +23,7 @@ struct DkdvConfig {
   bool dq_atomics = false;
   // Load the next k-step's mma fragments before the current k-step's mma (more registers).
   bool prefetch_fragments = false;
+  friend constexpr bool operator==(const DkdvConfig&, const DkdvConfig&) = default;
 };
 
 // The deterministic dQ kernel (dq_kernel.cuh): one CTA per query block sums dS K over
@@ -32,6 +33,7 @@ struct TileConfig {
   int block_n;  // key rows per step
   int warps;
   int stages;   // cp.async pipeline depth of the streamed K/V tiles (1 or 2)
+  friend constexpr bool operator==(const TileConfig&, const TileConfig&) = default;
 };
 
 // Head dims instantiated (a head dim in between runs padded to the next one).
@@ -41,8 +43,19 @@ inline constexpr int kHeadDims[] = {32, 64, 96, 128, 192, 256};
 // (workspace.hpp) lets every step load whole block_m tiles of LSE and D.
 inline constexpr int kMaxBlockM = 128;
 
-// As FA2 picks them for sm80/sm90 (flash_bwd_launch_template.h), with dK and dV of
-// the CTA's key block in registers: 2 * block_n * head_dim fp32 over warps * 32
+// Each head dim has one config per shared-memory tier, the opt-in shared memory per
+// block of a GPU family. A device runs the first tier whose config fits its limit
+// (select.hpp); tiers whose config equals an earlier one are not instantiated twice.
+enum class SmemTier : int {
+  hopper = 0,   // 227 KB: H100, H200 (and the sm_100 datacenter parts)
+  ampere = 1,   // 163 KB: A100, and the sm_87 Jetson Orin
+  compact = 2,  // 99 KB: sm_86, sm_89 (RTX 30xx/40xx, A10, L4, L40) and sm_120
+};
+inline constexpr int kSmemTierCount = 3;
+inline constexpr int kSmemTierBytes[kSmemTierCount] = {227 * 1024, 163 * 1024, 99 * 1024};
+
+// hopper: as FA2 picks them for sm80/sm90 (flash_bwd_launch_template.h), with dK and
+// dV of the CTA's key block in registers: 2 * block_n * head_dim fp32 over warps * 32
 // threads = 64 (d <= 64), 128 (d128, d256) per thread. One CTA per SM (~200 KB of
 // shared memory: K, V, Q/dO stages, P, dS, the fp32 dQ staging tile).
 //  - d <= 64: 128 x 128 steps halve the per-flop Q/dO traffic and dQ reductions of 64 x 128.
@@ -53,16 +66,46 @@ inline constexpr int kMaxBlockM = 128;
 // dQ, with and without fragment prefetch, are within 3% at d64 4k; prefetch is on (no
 // extra spills at 255 registers). This table: 0.73-0.82x (d64), 0.78-0.95x (d128),
 // 0.76-1.00x (d256) of PyTorch FA2's backward over the BENCHMARKS.md sweeps.
-constexpr DkdvConfig dkdv_config(int head_dim) {
+//
+// ampere and compact: no staging tile (the bulk reduction is sm_90 only), dQ by
+// atomics from the registers as FA2 does on sm80/sm86. block_n stays as large as the
+// budget allows (the number of dQ atomics and of Q/dO loads scale with 1/block_n),
+// then block_m and the Q/dO double buffer give way:
+//  - ampere: the hopper tiles for d >= 128 (161, 161, 144.5 KB), FA2's A100 choices;
+//    d <= 96 use the compact config (d64 64 x 128 is FA2's A100 choice).
+//  - compact: d32/d64 64 x 128 (65/97 KB); d96 64 x 64 (89 KB; 64 x 128 needs 129 KB);
+//    d128 64 x 64 single-buffered (80.5 KB, FA2's sm86 tiles); d192 32 x 64
+//    single-buffered (80 KB); d256 32 x 32, 4 warps, single-buffered (68 KB) — every
+//    tile with more rows needs > 99 KB here (FA2 fits 64 x 32 by keeping V in registers).
+constexpr DkdvConfig dkdv_config(int head_dim, SmemTier tier = SmemTier::hopper) {
   // block_m, block_n, warps, stages, sdp_warps_m, dkdv_warps_n, dq_warps_m, dq_atomics, prefetch
-  if (head_dim <= 64) return {128, 128, 8, 2, 2, 4, 4, false, true};
-  if (head_dim <= 96) return {64, 128, 8, 2, 2, 8, 4, false, true};
-  if (head_dim <= 128) return {64, 128, 8, 2, 2, 4, 2, false, true};
-  if (head_dim <= 192) return {64, 64, 8, 2, 4, 2, 2, false, true};
-  return {64, 64, 8, 1, 4, 2, 2, false, true};
+  if (tier == SmemTier::hopper) {
+    if (head_dim <= 64) return {128, 128, 8, 2, 2, 4, 4, false, true};
+    if (head_dim <= 96) return {64, 128, 8, 2, 2, 8, 4, false, true};
+    if (head_dim <= 128) return {64, 128, 8, 2, 2, 4, 2, false, true};
+    if (head_dim <= 192) return {64, 64, 8, 2, 4, 2, 2, false, true};
+    return {64, 64, 8, 1, 4, 2, 2, false, true};
+  }
+  if (tier == SmemTier::ampere && head_dim > 96) {
+    if (head_dim <= 128) return {64, 128, 8, 2, 2, 4, 2, true, true};
+    if (head_dim <= 192) return {64, 64, 8, 2, 4, 2, 2, true, true};
+    return {64, 64, 8, 1, 4, 2, 2, true, true};
+  }
+  if (head_dim <= 64) return {64, 128, 8, 2, 2, 4, 4, true, true};
+  if (head_dim <= 96) return {64, 64, 8, 2, 4, 4, 4, true, true};
+  if (head_dim <= 128) return {64, 64, 8, 1, 4, 2, 2, true, true};
+  if (head_dim <= 192) return {32, 64, 8, 1, 2, 2, 2, true, true};
+  return {32, 32, 4, 1, 2, 2, 2, true, true};
 }
 
-constexpr TileConfig dq_config(int head_dim) {
+// The deterministic dQ kernel. Its padded tiles fit 163 KB at every head dim; for
+// 99 KB the K/V stream is single-buffered from d128 and d256 takes 32-row blocks.
+constexpr TileConfig dq_config(int head_dim, SmemTier tier = SmemTier::hopper) {
+  if (tier == SmemTier::compact && head_dim > 96) {
+    if (head_dim <= 128) return {64, 64, 8, 1};
+    if (head_dim <= 192) return {64, 32, 8, 1};
+    return {32, 32, 8, 1};
+  }
   if (head_dim <= 128) return {64, 64, 8, 2};
   return {64, 32, 8, 2};
 }
