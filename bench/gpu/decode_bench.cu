@@ -9,11 +9,12 @@
 // Bandwidth = bytes of K and V read / time. The device-to-device copy rate is
 // measured in the same run as the ceiling. Outputs are poisoned before the runs and
 // checked finite after. Writes CSV (argv[1], default decode_bench.csv).
-// Every shape runs with the library's kernel choice ("auto"), with each split-KV kernel
-// forced (FLASHATTN_DECODE_KERNEL=cp_async / tma, read by the library at every call, so
-// each captured graph keeps its kernel), and with the TMA kernel's L2 prefetch before
-// the PDL wait off or at 16 tiles (FLASHATTN_DECODE_TMA_PREFETCH_TILES; default: its 3
-// ring stages): same process, same shapes, back to back.
+// DECODE_BENCH_KERNELS (comma-separated, default "auto") lists the kernels each shape
+// runs with, back to back in one process: "auto" (the library's choice), "cp_async" or
+// "tma" (forced through FLASHATTN_DECODE_KERNEL, read by the library at every call, so
+// each captured graph keeps its kernel), "tma_prefetch<N>" (the TMA kernel prefetching N
+// tiles per CTA into L2 before the PDL wait; FLASHATTN_DECODE_TMA_PREFETCH_TILES).
+// Every row is flushed as soon as it is measured: a run cut short keeps its rows.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -75,7 +76,7 @@ struct Config {
   std::int64_t batch, kv_len;
   std::int64_t page_size;  // 0 = contiguous
   int num_splits = 0;      // 0 = the library's heuristic
-  const char* kernel = "auto";  // or a FLASHATTN_DECODE_KERNEL value
+  std::string kernel = "auto";  // a DECODE_BENCH_KERNELS entry
 };
 
 double median(std::vector<float> v) {
@@ -107,8 +108,6 @@ double copy_bandwidth_tbps() {
 
 void run(const Config& c, std::FILE* csv) {
   using flashattn::DType;
-  // kernel: "auto", "cp_async", "tma", or "tma_prefetch<N>" (the TMA kernel prefetching
-  // N tiles per CTA into L2 before the PDL wait instead of its ring's stages).
   const std::string kernel(c.kernel);
   unsetenv("FLASHATTN_DECODE_KERNEL");
   unsetenv("FLASHATTN_DECODE_TMA_PREFETCH_TILES");
@@ -116,7 +115,7 @@ void run(const Config& c, std::FILE* csv) {
     setenv("FLASHATTN_DECODE_KERNEL", "tma", 1);
     setenv("FLASHATTN_DECODE_TMA_PREFETCH_TILES", kernel.substr(12).c_str(), 1);
   } else if (kernel != "auto") {
-    setenv("FLASHATTN_DECODE_KERNEL", c.kernel, 1);
+    setenv("FLASHATTN_DECODE_KERNEL", kernel.c_str(), 1);
   }
   constexpr std::int64_t kHeadsQ = 32, kHeadsKv = 8, kHeadDim = 128;
   const std::int64_t pages_per_seq = c.page_size ? (c.kv_len + c.page_size - 1) / c.page_size : 0;
@@ -214,12 +213,14 @@ void run(const Config& c, std::FILE* csv) {
   const double bytes_read = 2.0 * static_cast<double>(c.batch * c.kv_len * kHeadsKv * kHeadDim) * 2.0;  // K and V, bf16
   const double tbps = bytes_read / (ms * 1e-3) / 1e12;
   const std::string layout = c.page_size ? "paged" : "contiguous";
-  std::printf("%-9s %-10s page %3lld batch %3lld kv %7lld splits %2d: %8.2f us  %5.2f TB/s%s\n", c.kernel, layout.c_str(),
+  std::printf("%-14s %-10s page %3lld batch %3lld kv %7lld splits %2d: %8.2f us  %5.2f TB/s%s\n", kernel.c_str(), layout.c_str(),
               static_cast<long long>(c.page_size), static_cast<long long>(c.batch), static_cast<long long>(c.kv_len), num_splits,
               ms * 1e3, tbps, finite ? "" : "  NON-FINITE OUTPUT");
   std::fprintf(csv, "%s,%lld,%lld,%lld,%lld,%lld,%lld,%d,%.3f,%.4f,%d,%s\n", layout.c_str(), static_cast<long long>(c.page_size),
                static_cast<long long>(c.batch), static_cast<long long>(kHeadsQ), static_cast<long long>(kHeadsKv),
-               static_cast<long long>(kHeadDim), static_cast<long long>(c.kv_len), num_splits, ms * 1e3, tbps, finite ? 1 : 0, c.kernel);
+               static_cast<long long>(kHeadDim), static_cast<long long>(c.kv_len), num_splits, ms * 1e3, tbps, finite ? 1 : 0, kernel.c_str());
+  std::fflush(csv);
+  std::fflush(stdout);
   if (!finite) std::exit(2);
 }
 
@@ -238,6 +239,14 @@ std::FILE* open_csv(const char* path) {
 // heuristic into out.csv; with sweep.csv, also forced split counts on some of them and
 // a 64-key cache (the step's fixed cost: launches, prologue, combine), for tuning.
 int main(int argc, char** argv) {
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
+  std::vector<std::string> kernels;
+  {
+    const char* list = std::getenv("DECODE_BENCH_KERNELS");
+    std::string rest = list && *list ? list : "auto";
+    for (std::size_t comma; (comma = rest.find(',')) != std::string::npos; rest = rest.substr(comma + 1)) kernels.push_back(rest.substr(0, comma));
+    kernels.push_back(rest);
+  }
   std::FILE* csv = open_csv(argc > 1 ? argv[1] : "decode_bench.csv");
   cudaDeviceProp prop{};
   check(cudaGetDeviceProperties(&prop, 0), "properties");
@@ -255,7 +264,7 @@ int main(int argc, char** argv) {
     shapes.push_back({64, 1024, page});
   }
   for (Config c : shapes)
-    for (const char* kernel : {"auto", "cp_async", "tma", "tma_prefetch0", "tma_prefetch16"}) {
+    for (const std::string& kernel : kernels) {
       c.kernel = kernel;
       run(c, csv);
     }
@@ -272,11 +281,8 @@ int main(int argc, char** argv) {
     for (std::int64_t kv : {1024, 4096})
       for (int splits : {2, 4}) sweeps.push_back({8, kv, 16, splits});
     for (int splits : {28, 31}) sweeps.push_back({1, 65536, 0, splits});
-    // The TMA kernel; the cp.async kernel's sweep is in gpu_decode_sweep.csv of 2026-11-22,
-    // here only its fixed cost (64 keys) again, beside the TMA kernel's.
     for (Config c : sweeps)
-      for (const char* kernel : {"cp_async", "tma"}) {
-        if (std::string(kernel) == "cp_async" && c.kv_len != 64) continue;
+      for (const std::string& kernel : kernels) {
         c.kernel = kernel;
         run(c, sweep);
       }

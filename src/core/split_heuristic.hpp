@@ -75,24 +75,4 @@ constexpr int choose_num_splits(const SplitProblem& p) {
   return splits_for(sms);  // rule 4
 }
 
-// Which split-KV kernel runs a decode step on the GPU (performance-only: both compute
-// the same function; src/cuda/decode/kernel_mma.cuh and kernel_tma.cuh).
-//   cp_async  16-byte cp.async by every thread, one __syncthreads per tile; any sm_80+.
-//   tma       one producer warp, TMA tensor-map boxes into an mbarrier ring, the first
-//             tiles prefetched into L2 before the PDL wait; sm_90+ only.
-enum class DecodeKernel { cp_async, tma };
-
-struct DecodeKernelProblem {
-  int compute_capability_major = 0;
-  int kernel_head_dim = 128;
-  std::int64_t page_size = 0;  // 0: contiguous cache
-  std::int64_t key_blocks = 0;  // key tiles of the longest range (SplitProblem's seqlen_k / block_n)
-  int num_splits = 1;
-};
-
-constexpr DecodeKernel choose_decode_kernel(const DecodeKernelProblem& p) {
-  if (p.compute_capability_major < 9) return DecodeKernel::cp_async;  // no TMA before Hopper
-  return DecodeKernel::tma;
-}
-
 }  // namespace flashattn

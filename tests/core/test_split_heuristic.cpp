@@ -115,29 +115,5 @@ TEST(SplitHeuristic, DegenerateInputsGiveOneSplit) {
   EXPECT_EQ(choose_num_splits(p), 1);
 }
 
-DecodeKernelProblem hopper_decode(int kernel_head_dim, std::int64_t page_size, std::int64_t key_blocks, int num_splits) {
-  DecodeKernelProblem p;
-  p.compute_capability_major = 9;
-  p.kernel_head_dim = kernel_head_dim;
-  p.page_size = page_size;
-  p.key_blocks = key_blocks;
-  p.num_splits = num_splits;
-  return p;
-}
-
-TEST(DecodeKernelChoice, TmaKernelOnHopper) {
-  for (std::int64_t page : {0, 16, 48, 256})
-    for (int splits : {1, 2, 4, 32}) EXPECT_EQ(choose_decode_kernel(hopper_decode(128, page, 16, splits)), DecodeKernel::tma) << page;
-}
-
-TEST(DecodeKernelChoice, NoTmaKernelBeforeHopper) {
-  for (int major : {7, 8})
-    for (std::int64_t page : {0, 16, 256}) {
-      DecodeKernelProblem p = hopper_decode(128, page, 64, 2);
-      p.compute_capability_major = major;
-      EXPECT_EQ(choose_decode_kernel(p), DecodeKernel::cp_async) << major;
-    }
-}
-
 }  // namespace
 }  // namespace flashattn

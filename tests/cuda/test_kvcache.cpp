@@ -221,7 +221,7 @@ TEST(KVCacheCudaValidation, OnePastCapacityAndMissingWorkspaceAreRejected) {
   EXPECT_TRUE(p.lse.bitwise_equal(lse_before));
 }
 
-// Both split-KV kernels on every shape, whatever the dispatch rule would pick: the
+// Both split-KV kernels on every shape (the TMA one runs only when asked for): the
 // library reads FLASHATTN_DECODE_KERNEL at every call. On a GPU without sm_90 (and with
 // cache_batch_idx) the TMA choice falls back to the cp.async kernel (the same checks
 // then run twice). The TMA kernel's own edges are in the shapes: pages of 16/48 (boxes

@@ -46,7 +46,7 @@ int largest_built_head_dim() {
 }
 
 template <class T>
-bool run_decode_for_head_dim(int kernel_head_dim, const KVCacheParams& params, cudaStream_t stream, DecodeKernel kernel) {
+bool run_decode_for_head_dim(int kernel_head_dim, const KVCacheParams& params, cudaStream_t stream, decode::DecodeKernel kernel) {
   switch (kernel_head_dim) {
 #if defined(FLASHATTN_CUDA_DECODE_HDIM_64)
     case 64: return decode::run_decode<T, 64>(params, stream, kernel);
@@ -63,25 +63,16 @@ bool run_decode_for_head_dim(int kernel_head_dim, const KVCacheParams& params, c
   }
 }
 
-// choose_decode_kernel's pick, unless FLASHATTN_DECODE_KERNEL names one (cp_async or
-// tma: for benchmarks comparing the two in one process; read at every call, so a
-// captured graph keeps the kernel of its capture).
-DecodeKernel decode_kernel_for(const KVCacheParams& params, const SplitProblem& split_problem) {
-  if (const char* forced = std::getenv("FLASHATTN_DECODE_KERNEL"); forced && *forced) {
-    const std::string name(forced);
-    if (name == "cp_async") return DecodeKernel::cp_async;
-    if (name == "tma") return DecodeKernel::tma;
-    throw Error("flashattn: FLASHATTN_DECODE_KERNEL: expected cp_async or tma, got " + name);
-  }
-  int major = 0;
-  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, params.attention.device.index) != cudaSuccess) major = 0;
-  DecodeKernelProblem p;
-  p.compute_capability_major = major;
-  p.kernel_head_dim = kernel_head_dim_for(params.attention.head_dim);
-  p.page_size = params.is_paged() ? params.page_size : 0;
-  p.key_blocks = ceil_div(split_problem.seqlen_k, split_problem.block_n > 0 ? split_problem.block_n : 1);
-  p.num_splits = params.num_splits;
-  return choose_decode_kernel(p);
+// The cp.async kernel, unless FLASHATTN_DECODE_KERNEL names one (cp_async or tma: the
+// TMA kernel is opt-in, see launch.hpp; read at every call, so a captured graph keeps
+// the kernel of its capture).
+decode::DecodeKernel decode_kernel_from_environment() {
+  const char* forced = std::getenv("FLASHATTN_DECODE_KERNEL");
+  if (forced == nullptr || *forced == 0) return decode::DecodeKernel::cp_async;
+  const std::string name(forced);
+  if (name == "cp_async") return decode::DecodeKernel::cp_async;
+  if (name == "tma") return decode::DecodeKernel::tma;
+  throw Error("flashattn: FLASHATTN_DECODE_KERNEL: expected cp_async or tma, got " + name);
 }
 
 }  // namespace
@@ -126,7 +117,7 @@ void forward_with_kvcache(const KVCacheParams& params, void* stream) {
   const auto cuda_stream = static_cast<cudaStream_t>(stream);
   if (params.has_append()) decode::run_append(params, cuda_stream);  // the new keys are part of the cache read next
   if (a.batch == 0 || a.seqlen_q == 0) return;
-  const DecodeKernel kernel = decode_kernel_for(params, kvcache_split_problem(params));
+  const decode::DecodeKernel kernel = decode_kernel_from_environment();
   const bool is_merged = a.dtype == DType::bfloat16 ? run_decode_for_head_dim<__nv_bfloat16>(kernel_head_dim, params, cuda_stream, kernel)
                                                      : run_decode_for_head_dim<__half>(kernel_head_dim, params, cuda_stream, kernel);
   if (params.num_splits > 1 && !is_merged) decode::run_combine(params, cuda_stream);

@@ -95,7 +95,7 @@ bool run_decode(const KVCacheParams& params, cudaStream_t stream, DecodeKernel k
   }
   return launch_decode_config<T, DecodeConfig<kHeadDim, 8>>(&decode_kernel<T, DecodeConfig<kHeadDim, 8>>, params, stream, false);
 #else
-  // The TMA kernel where the rule picked it and it can run the call (a compute_80 PTX
+  // The TMA kernel where it was asked for and can run the call (a compute_80 PTX
   // build JIT-compiled on an H100 has an empty body there); else the cp.async kernel.
   using TmaConfig = TmaDecodeConfig<kHeadDim>;
   if (kernel == DecodeKernel::tma && can_run_tma_kernel(&tma_decode_kernel<T, TmaConfig>, params))
