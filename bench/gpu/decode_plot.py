@@ -1,7 +1,8 @@
 """Plot of the decode benchmark (issue 6): bandwidth of forward_with_kvcache
-(bench/gpu/decode_bench.cu CSV: contiguous, paged 16, paged 256) beside the SDPA
-anchors of the same run (bench/gpu/decode_anchor.py CSV), one group of bars per
-shape, the device copy rate of the run as the ceiling.
+(bench/gpu/decode_bench.cu CSV: contiguous, paged 16, paged 256; the rows of the
+library's own kernel choice, kernel "auto", where the CSV has a kernel column) beside
+the SDPA anchors of the same run (bench/gpu/decode_anchor.py CSV), one group of bars
+per shape, the device copy rate of the run as the ceiling.
 
     python bench/gpu/decode_plot.py gpu_decode.csv gpu_decode_anchor.csv gpu_decode.png
 """
@@ -32,6 +33,7 @@ def copy_rate(path):
 def main():
     ours_path, anchor_path, out_path = sys.argv[1:4]
     ours, anchor = read_csv(ours_path), read_csv(anchor_path)
+    ours = [r for r in ours if r.get("kernel", "auto") == "auto"]
     shapes = []
     for row in ours:
         shape = (int(row["batch"]), int(row["kv_len"]))
