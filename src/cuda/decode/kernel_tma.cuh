@@ -113,7 +113,7 @@ __global__ void __launch_bounds__(Config::kThreads, Config::kMinBlocksPerSm)
   constexpr int kRows = Config::kRows, kTileN = Config::kTileN, kStages = Config::kStages, kThreads = Config::kThreads;
   constexpr int kChunks = Config::kChunks, kHeadDim = Config::kHeadDim, kConsumerWarps = Config::kConsumerWarps;
   constexpr int kPanels = Config::kPanels, kPanelColumns = Config::kPanelColumns;
-  extern __shared__ unsigned char shared_storage[];
+  extern __shared__ __align__(128) unsigned char shared_storage[];
   // TMA destinations with the 128-byte swizzle: 1024-byte aligned (kSharedBytes has the slack).
   const std::uint32_t raw_address = ptx::shared_address(shared_storage);
   unsigned char* shared = shared_storage + (Config::kAlignment - raw_address % Config::kAlignment) % Config::kAlignment;
@@ -418,7 +418,11 @@ __global__ void __launch_bounds__(Config::kThreads, Config::kMinBlocksPerSm)
     state[half].l += __shfl_xor_sync(0xffffffffu, state[half].l, 1);
     state[half].l += __shfl_xor_sync(0xffffffffu, state[half].l, 2);
   }
-  float* merge_m = reinterpret_cast<float*>(shared);
+  // From the window's own start, not the 1024-aligned base: the cluster merge reads the
+  // partner CTA's rows at the same offset in its window, and two CTAs' windows need not
+  // have the same alignment padding (e.g. the second CTA on an SM). The barriers lie
+  // past kMergeBytes either way.
+  float* merge_m = reinterpret_cast<float*>(shared_storage);
   float* merge_l = merge_m + kConsumerWarps * kRows;
   float* merge_o = merge_l + kConsumerWarps * kRows;
   if (!is_producer) {
