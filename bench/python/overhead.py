@@ -24,6 +24,7 @@ each as a call and as its own kernel replayed from a CUDA graph.
 """
 
 import argparse
+import contextlib
 import csv
 import datetime
 import os
@@ -41,10 +42,13 @@ TARGET_US = 10.0
 
 
 class Path:
-    """One way of making the call; `graph_calls` > 0 means fn replays a graph of that many calls."""
+    """One way of making the call; `graph_calls` > 0 means fn replays a graph of that many calls.
+    `context` (a factory) is entered around a whole timed loop, never per call: SDPA's backend
+    choice (sdpa_kernel) costs tens of us of Python per entry, which no caller pays per call."""
 
-    def __init__(self, name, fn, kernel_name, graph_calls=0):
+    def __init__(self, name, fn, kernel_name, graph_calls=0, context=contextlib.nullcontext):
         self.name, self.fn, self.kernel_name, self.graph_calls = name, fn, kernel_name, graph_calls
+        self.context = context
         self.per_call, self.host, self.over_kernel = [], [], []
 
 
@@ -144,13 +148,15 @@ def main():
     # SDPA anchors, (batch, heads, seqlen, d) layout; each against its own graph-replayed kernel.
     q_sdpa, k_sdpa, v_sdpa = (x.transpose(1, 2).contiguous() for x in (q, k, v))
     skipped = []
+    def sdpa():
+        return torch.nn.functional.scaled_dot_product_attention(q_sdpa, k_sdpa, v_sdpa)
+
     for label, backend in (("sdpa FLASH", SDPBackend.FLASH_ATTENTION), ("sdpa cuDNN", SDPBackend.CUDNN_ATTENTION)):
-        def sdpa(backend=backend):
-            with sdpa_kernel(backend):
-                return torch.nn.functional.scaled_dot_product_attention(q_sdpa, k_sdpa, v_sdpa)
+        def backend_context(backend=backend):
+            return sdpa_kernel(backend)
 
         try:
-            with torch.no_grad():
+            with torch.no_grad(), backend_context():
                 anchor = sdpa().transpose(1, 2)
                 torch.testing.assert_close(anchor, reference, rtol=2e-3, atol=2e-3)
                 graph = capture(sdpa, args.calls)
@@ -158,12 +164,13 @@ def main():
             skipped.append(f"{label}: {type(error).__name__}: {str(error).splitlines()[0][:160]}")
             continue
         paths.append(Path(f"{label} kernel (CUDA graph)", graph.replay, None, args.calls))
-        paths.append(Path(f"{label} call", sdpa, f"{label} kernel (CUDA graph)"))
+        paths.append(Path(f"{label} call", sdpa, f"{label} kernel (CUDA graph)", context=backend_context))
 
     with torch.no_grad():  # warm-up of the non-autograd paths; autograd paths build their graph anyway
         for path in paths:
-            for _ in range(1 if path.graph_calls else args.calls):
-                path.fn()
+            with path.context():
+                for _ in range(1 if path.graph_calls else args.calls):
+                    path.fn()
     for path in paths:
         if "autograd" in path.name:
             for _ in range(args.calls):
@@ -176,7 +183,7 @@ def main():
         round_times = {}
         for path in paths[shift:] + paths[:shift]:
             grad_mode = torch.enable_grad() if "autograd" in path.name else torch.no_grad()
-            with grad_mode:
+            with grad_mode, path.context():
                 per_call, host = time_round(path, args.calls)
             path.per_call.append(per_call)
             path.host.append(host)
