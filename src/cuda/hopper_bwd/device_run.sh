@@ -5,6 +5,10 @@
 # SDPA anchors (FA2, cuDNN) in the same call. Logs/CSVs under $OUT.
 #   TIMING_ARGS: arguments of flashattn_hopper_bwd_timing (default "20 --quick")
 #   SKIP_TESTS=1: timing only; VARIANT_LIMIT=0 skips the tile-config variants
+# Runs in the tree it lives in: the repo root, or (what the 2026-11-23 runs did, so
+# that other work in progress in a shared checkout cannot break the build) a
+# `git archive HEAD` snapshot with .device-deps copied in, in an ignored folder named
+# in the device call's carry: cd build-hbwd-src && bash src/cuda/hopper_bwd/device_run.sh
 set -uo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../../.." && pwd)
 cd "$root"
@@ -15,7 +19,7 @@ mkdir -p "$out" "$logs"
 log=$out/log.txt
 started=$(date +%s)
 step() { echo "=== [$(( $(date +%s) - started ))s] $*" | tee -a "$log"; }
-{ date -u; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; git log -1 --format='commit %h %s'; } | tee -a "$log"
+{ date -u; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; git -C "$root" log -1 --format='commit %h %s' 2>/dev/null || true; } | tee -a "$log"
 
 step "configure + build"
 deps=$root/.device-deps
