@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # src/cuda/hopper_bwd/device_run.sh — one device call for the Hopper backward: build
-# (head dim 128, sm_90a) the backward tests and the timing tool, run the tests (with
+# (head dims HEAD_DIMS, default "64;128", sm_90a) the backward tests and the timing tool, run the tests (with
 # a compute-sanitizer pass on the Hopper cases), time ours (sm90 and FA2-class) and the
 # SDPA anchors (FA2, cuDNN) in the same call. Logs/CSVs under $OUT.
 #   TIMING_ARGS: arguments of flashattn_hopper_bwd_timing (default "20 --quick")
