@@ -4,7 +4,7 @@
 //   1. preprocess: D = rowsum(dO ∘ O), LSE in log2 units; dq_accum = 0   (bwd/pre_post.cu)
 //   2. dK/dV kernel, dQ added to dq_accum by bulk reductions     (bwd/dkdv_kernel.cuh)
 //      sm_90 where hopper_bwd::why_unsupported is empty: the wgmma kernel instead
-//      (hopper_bwd/kernel.cuh: d128, fp16/bf16, not deterministic, TMA-encodable strides)
+//      (hopper_bwd/kernel.cuh: d64/d128, fp16/bf16, not deterministic, TMA-encodable strides)
 //      deterministic: + dQ kernel writing dQ directly, no atomics    (bwd/dq_kernel.cuh)
 //   3. dQ = scale * dq_accum in the user's dtype/strides   (skipped when deterministic)
 #include <cuda_bf16.h>
