@@ -14,10 +14,10 @@
 //     others between tiles;
 //   * the fixed cost of a step (cache_seqlens -> key range -> page -> first tile): before
 //     griddepcontrol.wait (launch_kernel.cuh) the producer reads the lengths and page
-//     table speculatively and prefetches its first tiles into L2 (a hint: a
-//     stale value prefetches the wrong lines, out-of-bounds boxes fetch nothing, and
-//     the copies after the wait re-read everything), so with PDL the first tiles' DRAM
-//     latency overlaps the previous kernel; the barriers are set up before the wait too.
+//     table speculatively and prefetches its first tiles into L2 (a hint: a stale value
+//     prefetches other lines of the cache, and the copies after the wait re-read
+//     everything), so with PDL the first tiles' DRAM latency overlaps the previous
+//     kernel; the barriers are set up before the wait too.
 // Tensor maps (host, make_decode_tensor_maps): 4-D (head_dim, rows, kv heads, groups)
 // over each cache — contiguous: rows = capacity, groups = sequences, box 64 keys;
 // paged: rows = page_size, groups = pages, box gcd(page_size, 64) keys, so a box never
@@ -195,14 +195,16 @@ __global__ void __launch_bounds__(Config::kThreads, Config::kMinBlocksPerSm)
     }
     tma::fence_mbarrier_init();
   }
-  if (is_producer && lane == 0) {
-    tma::prefetch_tensor_map(&maps.k);
-    tma::prefetch_tensor_map(&maps.v);
-  }
   __syncthreads();
 
-  if (is_producer && lane < boxes) {
-    // Speculative: the lengths and pages as they are now, clamped into the cache.
+  // Speculative L2 prefetch of the first tiles, with plain per-lane prefetch.global.L2
+  // (two 128-byte lines per 256-byte row), not the TMA unit: nothing is handed to the TMA
+  // before griddepcontrol.wait. (The first version prefetched TMA boxes here and
+  // decode_bench, back-to-back steps under PDL, did not finish — one suspect: a dependent
+  // grid's TMA requests held behind its wait while the previous step's copies need the
+  // same unit. Unconfirmed; see gpu_decode.md.)
+  if (is_producer && params.maybe_cache_batch_idx == nullptr) {
+    // The lengths and pages as they are now, clamped so every address is in the cache.
     std::int64_t leftpad = params.maybe_cache_leftpad ? tma::load_relaxed(params.maybe_cache_leftpad + b) : 0;
     const std::int64_t cached = params.maybe_cache_seqlens ? tma::load_relaxed(params.maybe_cache_seqlens + b) : params.uniform_cache_seqlen;
     leftpad = leftpad < 0 ? 0 : (leftpad > params.capacity ? params.capacity : leftpad);
@@ -210,15 +212,25 @@ __global__ void __launch_bounds__(Config::kThreads, Config::kMinBlocksPerSm)
     seqlen_k = seqlen_k < 0 ? 0 : (seqlen_k > params.capacity - leftpad ? params.capacity - leftpad : seqlen_k);
     const KeyRange guess = key_range(MaskRule{a.seqlen_q, seqlen_k, a.window_left, a.window_right}, leftpad);
     const int prefetch_tiles = maps.prefetch_tiles < 0 ? kStages : maps.prefetch_tiles;
-    const int tiles = guess.num_tiles < prefetch_tiles ? guess.num_tiles : prefetch_tiles;
-    for (int tile = 0; tile < tiles; ++tile) {
-      const std::int32_t block = is_paged ? page_of_box(guess, tile, lane, [](const std::int32_t* p) { return tma::load_relaxed(p); }) : 0;
-      std::int32_t row, group_coordinate;
-      box_coordinates(guess, tile, lane, block, row, group_coordinate);
-#pragma unroll
-      for (int panel = 0; panel < kPanels; ++panel) {
-        tma::prefetch_box_l2(&maps.k, panel * kPanelColumns, row, static_cast<std::int32_t>(h_kv), group_coordinate);
-        tma::prefetch_box_l2(&maps.v, panel * kPanelColumns, row, static_cast<std::int32_t>(h_kv), group_coordinate);
+    const std::int64_t rows = static_cast<std::int64_t>(guess.num_tiles < prefetch_tiles ? guess.num_tiles : prefetch_tiles) * kTileN;
+    const T* k_head = static_cast<const T*>(a.k) + h_kv * a.k_head_stride;
+    const T* v_head = static_cast<const T*>(a.v) + h_kv * a.v_head_stride;
+    for (std::int64_t row = lane; row < rows; row += 32) {
+      const std::int64_t position = guess.first_position + row;
+      if (guess.tile_begin + row >= guess.end || position >= params.capacity) break;
+      std::int64_t k_offset = b * a.k_batch_stride + position * a.k_row_stride;
+      std::int64_t v_offset = b * a.v_batch_stride + position * a.v_row_stride;
+      if (is_paged) {
+        const std::int64_t page = position / page_size;
+        if (page >= params.block_table_stride) break;
+        const std::int64_t block = tma::load_relaxed(page_table + page);
+        if (block < 0 || block >= params.num_blocks) continue;
+        k_offset = block * a.k_batch_stride + (position - page * page_size) * a.k_row_stride;
+        v_offset = block * a.v_batch_stride + (position - page * page_size) * a.v_row_stride;
+      }
+      for (std::int64_t byte = 0; byte < a.head_dim * 2; byte += 128) {
+        tma::prefetch_line_l2(reinterpret_cast<const char*>(k_head + k_offset) + byte);
+        tma::prefetch_line_l2(reinterpret_cast<const char*>(v_head + v_offset) + byte);
       }
     }
   }
@@ -226,6 +238,10 @@ __global__ void __launch_bounds__(Config::kThreads, Config::kMinBlocksPerSm)
   // Everything below reads what earlier kernels wrote (cache, q, lengths, page table).
   wait_for_prior_grids();
   allow_dependent_launch();
+  if (is_producer && lane == 0) {
+    tma::prefetch_tensor_map(&maps.k);
+    tma::prefetch_tensor_map(&maps.v);
+  }
 
   const MaskRule mask = params.mask_of(b);
   const KeyRange range = key_range(mask, params.leftpad(b));

@@ -3,8 +3,8 @@
 // compiles to nothing (the kernel that calls them is empty there).
 //
 // PTX ISA: "cp.async.bulk.tensor" (global -> shared::cluster through a tensor map,
-// completing its byte count on an mbarrier), "cp.async.bulk.prefetch.tensor" (global ->
-// L2, no destination), "prefetch.tensormap", "mbarrier.init / arrive /
+// completing its byte count on an mbarrier), "prefetch" (global -> L2),
+// "prefetch.tensormap", "mbarrier.init / arrive /
 // arrive.expect_tx / try_wait.parity", "fence.mbarrier_init", "bar.sync".
 //
 // Measured and rejected (H100, 2026-11-23): one non-tensor cp.async.bulk per 256-byte
@@ -81,14 +81,12 @@ __device__ __forceinline__ void copy_box(std::uint32_t shared_destination, const
 #endif
 }
 
-// Starts bringing the box into L2. A hint: it changes no value anyone reads, so it may be
-// issued before the kernel's inputs are final (before griddepcontrol.wait), from a
-// speculative coordinate; out-of-bounds boxes fetch nothing.
-__device__ __forceinline__ void prefetch_box_l2(const CUtensorMap* map, std::int32_t c0, std::int32_t c1, std::int32_t c2, std::int32_t c3) {
+// Starts bringing the 128-byte line at `global_address` into L2 (an LSU prefetch, not the
+// TMA). A hint: it changes no value anyone reads, so it may be issued before the kernel's
+// inputs are final (before griddepcontrol.wait), from a speculative (in-bounds) address.
+__device__ __forceinline__ void prefetch_line_l2(const void* global_address) {
 #if FLASHATTN_DECODE_TMA_CODE
-  asm volatile("cp.async.bulk.prefetch.tensor.4d.L2.global.tile [%0, {%1, %2, %3, %4}];\n" ::"l"(reinterpret_cast<std::uint64_t>(map)),
-               "r"(c0), "r"(c1), "r"(c2), "r"(c3)
-               : "memory");
+  asm volatile("prefetch.global.L2 [%0];\n" ::"l"(global_address) : "memory");
 #endif
 }
 
