@@ -116,8 +116,13 @@ class _FlashAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, cu_seqlens_q, cu_seqlens_k, options):
         max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left, window_right, softcap, _, need_lse = options
-        out, lse = _forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
-                            window_left, window_right, softcap)
+        # _forward inlined (the rank was checked by the caller): every call level costs here.
+        out = torch.empty_like(q)
+        lse = torch.empty(lse_shape(q, cu_seqlens_q is not None or cu_seqlens_k is not None), dtype=torch.float32,
+                          device=q.device)
+        _forward_native(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
+                        causal, window_left, window_right, softcap, "automatic", torch.get_num_threads(),
+                        _CURRENT_STREAM)
         ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k)
         ctx.options = options
         return (out, lse) if need_lse else out
@@ -203,27 +208,32 @@ _fwd.register_autograd(_op_backward, setup_context=_setup_context)
 # --- the entry point of interface.py ---------------------------------------------------------------
 
 
+# Looked up once: attribute lookups on the torch module cost on every call.
+_is_compiling = torch.compiler.is_compiling
+_is_grad_enabled = torch.is_grad_enabled
+_get_num_threads = torch.get_num_threads
+
+
 def attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left,
               window_right, softcap, deterministic, need_lse):
     """(out, lse) for torch tensors; lse is None unless need_lse (or while compiling).
     Every array argument is checked to be a torch.Tensor by the native call."""
-    if torch.compiler.is_compiling():
+    if _is_compiling():
         return _fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
                     window_left, window_right, softcap, deterministic)
-    if torch.is_grad_enabled() and (q.requires_grad or getattr(k, "requires_grad", False)
-                                    or getattr(v, "requires_grad", False)):
-        _check_tensors(k=k, v=v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k)
+    is_varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
+    if q.ndim != (3 if is_varlen else 4):
+        check_rank(q, "q", 3 if is_varlen else 4)
+    if _is_grad_enabled() and (q.requires_grad or getattr(k, "requires_grad", False)
+                               or getattr(v, "requires_grad", False)):
         result = _flash_attention_apply(q, k, v, cu_seqlens_q, cu_seqlens_k,
                                         (max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left, window_right,
                                          softcap, deterministic, need_lse))
         return result if need_lse else (result, None)
-    is_varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
-    if q.ndim != (3 if is_varlen else 4):
-        check_rank(q, "q", 3 if is_varlen else 4)
     out = torch.empty_like(q)
     lse = torch.empty(lse_shape(q, is_varlen), dtype=torch.float32, device=q.device) if need_lse else None
     _forward_native(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
-               window_left, window_right, softcap, "automatic", torch.get_num_threads(), _CURRENT_STREAM)
+                    window_left, window_right, softcap, "automatic", _get_num_threads(), _CURRENT_STREAM)
     return out, lse
 
 
@@ -259,8 +269,7 @@ def _kvcache_fake(q, *rest):
 def with_kvcache(q, k_cache, v_cache, *rest, need_lse):
     """(out, lse) for flash_attn_with_kvcache; the custom op only while compiling.
     Without it, lse is None unless need_lse."""
-    _check_tensors(k_cache=k_cache, v_cache=v_cache)
-    if torch.compiler.is_compiling():
+    if _is_compiling():
         return _kvcache(q, k_cache, v_cache, *rest)
     return _kvcache_forward(q, k_cache, v_cache, *rest, need_lse=need_lse)
 
