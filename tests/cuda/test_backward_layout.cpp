@@ -1,5 +1,5 @@
 // tests/cuda/test_backward_layout.cpp — the shared-memory addressing of the dK/dV
-// kernel for every entry of the tile table (pure host arithmetic, runs without a
+// and dQ kernels for every entry of the tile table (pure host arithmetic, runs without a
 // GPU): each ldmatrix address a lane computes with FragmentAddress equals the
 // swizzled offset of the (row, chunk) the product needs, stays inside its tile, and
 // the 8 rows of every 8x8 matrix fall into 8 distinct 16-byte bank groups. Every
@@ -89,13 +89,32 @@ void check_config(int shared_memory_budget = kSmemTierBytes[0]) {
   }
 }
 
+// The dQ kernel's products: S = Q K^T, dP = dO V^T and dQ = dS K.
+template <int kHeadDim, TileConfig kConfig>
+void check_dq_config(int shared_memory_budget) {
+  using D = DqTraits<std::uint16_t, kHeadDim, kConfig>;
+  const std::string config = "dQ kernel d" + std::to_string(kHeadDim) + " m" + std::to_string(D::kBlockM) + " n" +
+                             std::to_string(D::kBlockN) + " w" + std::to_string(D::kWarps) + " s" +
+                             std::to_string(D::kStages);
+  EXPECT_LE(static_cast<int>(D::kDqSmemBytes), shared_memory_budget) << config << ": more shared memory than its tier allows";
+  for (int warp = 0; warp < D::kWarps; ++warp) {
+    check_use<typename D::QTile, D::kBlockM, 0>({"Q as A", D::sdp_row0(warp), 0, D::kSdpMTiles, kHeadDim / 16},
+                                                plain_a_lane, config);
+    check_use<typename D::KvTile, D::kBlockN, 0>(
+        {"K as B", D::sdp_col0(warp), 0, D::kSdpNTiles / 2, kHeadDim / 16}, plain_b_pair_lane, config);
+    check_use<typename D::ScoreTile, D::kBlockM, 0>({"dS as A", D::dq_row0(warp), 0, D::kDqMTiles, D::kBlockN / 16},
+                                                    plain_a_lane, config);
+    check_use<typename D::KvTile, D::kBlockN, D::kDqWarpChunks>(
+        {"K as B (dQ)", 0, D::dq_col0(warp) / kChunkElements, D::kBlockN / 16, D::kDqNTiles / 2}, trans_b_pair_lane,
+        config);
+  }
+}
+
 template <int kHeadDim, SmemTier kTier>
 void check_tier() {
   constexpr int kBudget = kSmemTierBytes[static_cast<int>(kTier)];
   check_config<kHeadDim, dkdv_config(kHeadDim, kTier)>(kBudget);
-  using D = DqTraits<std::uint16_t, kHeadDim, dq_config(kHeadDim, kTier)>;
-  EXPECT_LE(static_cast<int>(D::kDqSmemBytes), kBudget)
-      << "dQ kernel d" << kHeadDim << " tier " << static_cast<int>(kTier) << ": more shared memory than its tier allows";
+  check_dq_config<kHeadDim, dq_config(kHeadDim, kTier)>(kBudget);
   // Below the hopper tier the dQ of the dK/dV kernel cannot rely on the sm_90 bulk reduction.
   if (kTier != SmemTier::hopper) EXPECT_TRUE(dkdv_config(kHeadDim, kTier).dq_atomics) << "d" << kHeadDim;
 }

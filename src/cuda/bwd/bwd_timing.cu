@@ -243,11 +243,13 @@ void sweep_configs(int repeats) {
 
 }  // namespace
 
-// flashattn_bwd_timing [repeats]            the BENCHMARKS.md shapes, default + deterministic
-// flashattn_bwd_timing [repeats] --configs  alternative tile configs on a few shapes
+// flashattn_bwd_timing [repeats]                 the BENCHMARKS.md shapes, default + deterministic
+// flashattn_bwd_timing [repeats] --head-dim D    only the shapes of head dim D
+// flashattn_bwd_timing [repeats] --configs       alternative tile configs on a few shapes
 int main(int argc, char** argv) {
   const int repeats = argc > 1 ? std::atoi(argv[1]) : 20;
   const bool is_config_sweep = argc > 2 && std::string(argv[2]) == "--configs";
+  const std::int64_t only_head_dim = argc > 3 && std::string(argv[2]) == "--head-dim" ? std::atoll(argv[3]) : 0;
   if (!flashattn::cuda_available()) {
     std::fprintf(stderr, "no CUDA device\n");
     return 1;
@@ -265,6 +267,7 @@ int main(int argc, char** argv) {
         shapes.push_back({"fa3_bf16_16k_tokens", flashattn::DType::bfloat16, 16384 / n, 2048 / d, n, d, causal});
   std::printf("sweep,dtype,batch,heads,seqlen,head_dim,causal,deterministic,config,ms,tflops,max_rel_diff_vs_table\n");
   for (const Shape& shape : shapes) {
+    if (only_head_dim != 0 && shape.head_dim != only_head_dim) continue;
     for (bool deterministic : {false, true}) {
       try {
         Problem p(shape, deterministic);

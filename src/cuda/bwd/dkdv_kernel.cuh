@@ -157,8 +157,8 @@ __device__ __forceinline__ void exponentiate(float (&s)[T::kSdpMTiles][T::kSdpNT
 
 // From a warp's S (softcap: raw Q K^T; else P from exponentiate) and dP = dO V^T
 // fragments: P with the element mask, dS = P ∘ (dP - D) (softcap: ∘ (1 - tanh²)),
-// both written to shared memory as Element.
-template <class T, bool kHasSoftcap>
+// both written to shared memory as Element (P only if kWritesP: the dQ kernel needs dS alone).
+template <class T, bool kHasSoftcap, bool kWritesP = true>
 __device__ __forceinline__ void write_p_and_ds(const float (&s)[T::kSdpMTiles][T::kSdpNTiles][4],
                                                const float (&dp)[T::kSdpMTiles][T::kSdpNTiles][4],
                                                const BackwardParams& params, const MaskRule& mask, bool needs_mask,
@@ -201,7 +201,7 @@ __device__ __forceinline__ void write_p_and_ds(const float (&s)[T::kSdpMTiles][T
           }
         }
         const int offset = ScoreTile::offset(row, col);
-        *reinterpret_cast<std::uint32_t*>(p_tile + offset) = pack_pair<Element>(p[0], p[1]);
+        if constexpr (kWritesP) *reinterpret_cast<std::uint32_t*>(p_tile + offset) = pack_pair<Element>(p[0], p[1]);
         *reinterpret_cast<std::uint32_t*>(ds_tile + offset) = pack_pair<Element>(ds[0], ds[1]);
       }
     }

@@ -54,9 +54,10 @@ void launch_dq(const BackwardParams& params, const Workspace& workspace, bool is
   const std::int64_t num_m_blocks = (params.seqlen_q + D::kBlockM - 1) / D::kBlockM;
   const unsigned int dq_grid = flat_grid(num_m_blocks, params.heads_q, params.batch);
   if (dq_grid == 0) return;
-  allow_shared_memory(dq_kernel<D>, D::kDqSmemBytes);
-  dq_kernel<D><<<dq_grid, D::kThreads, D::kDqSmemBytes, stream>>>(params, workspace, static_cast<int>(num_m_blocks),
-                                                                   is_aligned);
+  const auto kernel = params.has_softcap() ? dq_kernel<D, true> : dq_kernel<D, false>;
+  allow_shared_memory(kernel, D::kDqSmemBytes);
+  kernel<<<dq_grid, D::kThreads, D::kDqSmemBytes, stream>>>(params, workspace, static_cast<int>(num_m_blocks),
+                                                            is_aligned);
   FLASHATTN_CUDA_CHECK_LAUNCH();
 }
 

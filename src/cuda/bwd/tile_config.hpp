@@ -27,12 +27,17 @@ struct DkdvConfig {
 };
 
 // The deterministic dQ kernel (dq_kernel.cuh): one CTA per query block sums dS K over
-// the key blocks in registers.
+// the key blocks in registers. Two products on two warp grids:
+//   S, dP (block_m, block_n):  sdp_warps_m warps along the queries, the rest along the keys;
+//   dQ    (block_m, head_dim): dq_warps_m warps along the queries, the rest along the head dim.
 struct TileConfig {
   int block_m;  // query rows per CTA
   int block_n;  // key rows per step
   int warps;
-  int stages;   // cp.async pipeline depth of the streamed K/V tiles (1 or 2)
+  int stages;   // K/V buffers: 2 = the next step's tiles load during this one
+  int sdp_warps_m;
+  int dq_warps_m;
+  bool prefetch_fragments = true;  // as in DkdvConfig
   friend constexpr bool operator==(const TileConfig&, const TileConfig&) = default;
 };
 
@@ -98,16 +103,23 @@ constexpr DkdvConfig dkdv_config(int head_dim, SmemTier tier = SmemTier::hopper)
   return {32, 32, 4, 1, 2, 2, 2, true, true};
 }
 
-// The deterministic dQ kernel. Its padded tiles fit 163 KB at every head dim; for
-// 99 KB the K/V stream is single-buffered from d128 and d256 takes 32-row blocks.
+// The deterministic dQ kernel: block_m 128 where it fits (K/V are streamed once per
+// query block, so block_m sets the K/V traffic), block_n 64 (S, dP and dQ of 32 fp32
+// per thread at d128), two K/V stages. hopper = ampere (<= 152.5 KB); for 99 KB the K/V
+// stream is single-buffered and the blocks shrink from d128 (d256 takes 4 warps: a
+// 32 x 32 S tile has no 8-warp grid of 16 x 16 warp tiles).
 constexpr TileConfig dq_config(int head_dim, SmemTier tier = SmemTier::hopper) {
-  if (tier == SmemTier::compact && head_dim > 96) {
-    if (head_dim <= 128) return {64, 64, 8, 1};
-    if (head_dim <= 192) return {64, 32, 8, 1};
-    return {32, 32, 8, 1};
+  // block_m, block_n, warps, stages, sdp_warps_m, dq_warps_m
+  if (tier == SmemTier::compact) {
+    if (head_dim <= 64) return {128, 64, 8, 2, 4, 4};  // 49 / 81 KB
+    if (head_dim <= 96) return {128, 64, 8, 1, 4, 4};  // 89 KB
+    if (head_dim <= 128) return {64, 64, 8, 1, 4, 4};  // 72.5 KB
+    if (head_dim <= 192) return {64, 32, 8, 1, 4, 4};  // 76.5 KB
+    return {32, 32, 4, 2, 2, 2};                       // 98.3 KB
   }
-  if (head_dim <= 128) return {64, 64, 8, 2};
-  return {64, 32, 8, 2};
+  if (head_dim <= 128) return {128, 64, 8, 2, 4, 4};  // 145 KB at d128
+  if (head_dim <= 192) return {64, 64, 8, 2, 4, 4};   // 152.5 KB
+  return {64, 32, 8, 2, 4, 4};                        // 132.5 KB
 }
 
 }  // namespace flashattn::cuda::bwd
