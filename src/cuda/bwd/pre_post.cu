@@ -109,7 +109,8 @@ DeviceLimits query_device_limits(int device) {
       cudaDeviceGetAttribute(&limits.shared_memory_per_block, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
   cudaFuncAttributes attributes{};
   FLASHATTN_CUDA_CHECK(cudaFuncGetAttributes(&attributes, compiled_arch_probe));
-  limits.has_bulk_reduce = attributes.ptxVersion >= 90;
+  // ptxVersion: the compute_XX the loaded code came from (binaryVersion, its SASS target, if unset).
+  limits.has_bulk_reduce = (attributes.ptxVersion != 0 ? attributes.ptxVersion : attributes.binaryVersion) >= 90;
   return limits;
 }
 
