@@ -7,12 +7,15 @@
 
 #include <cstdlib>
 #include <map>
+#include <numeric>
+#include <set>
 #include <string>
 #include <tuple>
 #include <vector>
 
 #include "flashattn/error.hpp"
 #include "flashattn/kvcache.hpp"
+#include "src/cuda/decode/tma_config.hpp"
 #include "tests/cpu/kvcache_problem.hpp"
 #include "tests/cuda/device_problem.hpp"
 
@@ -292,6 +295,66 @@ TEST(KVCacheCudaKernels, UnknownKernelNameIsRejected) {
   p.snapshot();
   DeviceDecode device(p);
   EXPECT_THROW(forward_with_kvcache(device.args(p.args())), Error);
+}
+
+// The TMA kernel's tile geometry, host arithmetic only (runs without a GPU).
+template <int kHeadDim>
+void check_tma_layout() {
+  using Config = cuda::decode::TmaDecodeConfig<kHeadDim>;
+  // K/V tiles: tile_offset is the TMA's 128-byte swizzle of the tile written as 64-column
+  // panels of 128-byte rows (CUTLASS Swizzle<3, 4, 3>: byte bits 4-6 ^= bits 7-9 of the
+  // unswizzled offset), a bijection, and ldmatrix-conflict-free (8 consecutive rows at one
+  // logical chunk in 8 distinct 16-byte bank groups).
+  std::set<int> offsets;
+  for (int row = 0; row < Config::kTileN; ++row)
+    for (int chunk = 0; chunk < Config::kChunks; ++chunk) {
+      const int unswizzled = (chunk / 8) * Config::kPanelBytes + row * 128 + (chunk % 8) * 16;
+      const int swizzled = unswizzled ^ (((unswizzled >> 7) & 7) << 4);
+      EXPECT_EQ(Config::tile_offset(row, chunk) * 2, swizzled) << "d" << kHeadDim << " row " << row << " chunk " << chunk;
+      offsets.insert(Config::tile_offset(row, chunk));
+    }
+  EXPECT_EQ(static_cast<int>(offsets.size()), Config::kTileN * Config::kChunks);
+  EXPECT_EQ(*offsets.rbegin() + 8, Config::kTileBytes / 2);
+  for (int row0 = 0; row0 < Config::kTileN; row0 += 8)
+    for (int chunk = 0; chunk < Config::kChunks; ++chunk) {
+      std::set<int> tile_groups, q_groups;
+      for (int r = row0; r < row0 + 8; ++r) {
+        tile_groups.insert(Config::tile_offset(r, chunk) / 8 % 8);
+        if (row0 < Config::kRows) q_groups.insert(Config::q_offset(r, chunk) / 8 % 8);
+      }
+      EXPECT_EQ(tile_groups.size(), 8u) << "d" << kHeadDim << " rows " << row0 << " chunk " << chunk;
+      if (row0 < Config::kRows) {
+        EXPECT_EQ(q_groups.size(), 8u) << "q, d" << kHeadDim << " rows " << row0 << " chunk " << chunk;
+      }
+    }
+  // Shared memory: the ring and q below the barriers, the merge area too; TMA stages on
+  // 1024-byte boundaries; two CTAs per SM (228 KB, 1 KB reserved each) for d <= 128.
+  EXPECT_LE(Config::kRingBytes + Config::kQBytes, Config::kBarrierOffset);
+  EXPECT_LE(Config::kMergeBytes, Config::kBarrierOffset);
+  EXPECT_EQ(Config::kStageBytes % 1024, 0);
+  EXPECT_EQ(Config::kPanelBytes % 1024, 0);
+  EXPECT_LE(Config::kSharedBytes, 227 * 1024);
+  if (kHeadDim <= 128) {
+    EXPECT_LE(2 * (Config::kSharedBytes + 1024), 228 * 1024);
+  }
+  // Every box size fills a stage exactly: the bytes the producer's expect_tx announces.
+  for (int box_rows : {16, 32, 64}) EXPECT_EQ((Config::kTileN / box_rows) * Config::kPanels * 2 * box_rows * 128, Config::kStageBytes);
+}
+
+TEST(KVCacheTmaLayout, SwizzleBanksAndSharedMemoryAtEveryKernelHeadDim) {
+  check_tma_layout<64>();
+  check_tma_layout<128>();
+  check_tma_layout<256>();
+}
+
+TEST(KVCacheTmaLayout, BoxesTileTheTileAndThePage) {
+  EXPECT_EQ(cuda::decode::tma_box_rows(0), 64);  // contiguous
+  for (std::int64_t page = 16; page <= 256; page += 16) {
+    const int box = cuda::decode::tma_box_rows(page);
+    EXPECT_EQ(box, std::gcd(page, std::int64_t{64})) << page;
+    EXPECT_EQ(64 % box, 0) << page;
+    EXPECT_EQ(page % box, 0) << page;
+  }
 }
 
 }  // namespace

@@ -18,6 +18,7 @@
 //     prefetches other lines of the cache, and the copies after the wait re-read
 //     everything), so with PDL the first tiles' DRAM latency overlaps the previous
 //     kernel; the barriers are set up before the wait too.
+// Opt-in (FLASHATTN_DECODE_KERNEL=tma) until it is measured: see launch.hpp.
 // Tensor maps (host, make_decode_tensor_maps): 4-D (head_dim, rows, kv heads, groups)
 // over each cache — contiguous: rows = capacity, groups = sequences, box 64 keys;
 // paged: rows = page_size, groups = pages, box gcd(page_size, 64) keys, so a box never
@@ -42,6 +43,7 @@
 #include "src/cuda/decode/launch_kernel.cuh"
 #include "src/cuda/decode/rotary.cuh"
 #include "src/cuda/decode/tma.cuh"
+#include "src/cuda/decode/tma_config.hpp"
 #include "src/cuda/ptx/cp_async.cuh"
 #include "src/cuda/ptx/ldmatrix.cuh"
 #include "src/cuda/ptx/mma_sync.cuh"
@@ -56,53 +58,6 @@ struct DecodeTensorMaps {
   CUtensorMap v;
   int box_rows;
   int prefetch_tiles;
-};
-
-// Tile geometry (performance-only: results do not depend on it).
-template <int kHeadDim_>
-struct TmaDecodeConfig {
-  static constexpr int kHeadDim = kHeadDim_;
-  static constexpr int kRows = 16;  // packed query rows per CTA: one mma M tile
-  static constexpr int kConsumerWarps = 4;
-  static constexpr int kWarps = kConsumerWarps + 1;  // + the producer warp
-  static constexpr int kThreads = kWarps * 32;
-  static constexpr int kConsumerThreads = kConsumerWarps * 32;
-  static constexpr int kKeysPerWarp = 16;
-  static constexpr int kTileN = kConsumerWarps * kKeysPerWarp;  // 64
-  static constexpr int kPanelColumns = 64;                      // 128 bytes: the swizzle span
-  static constexpr int kPanels = kHeadDim / kPanelColumns;
-  static constexpr int kPanelBytes = kTileN * kPanelColumns * 2;
-  static constexpr int kTileBytes = kPanels * kPanelBytes;
-  static constexpr int kStageBytes = 2 * kTileBytes;  // K and V
-  // As many stages as keep 2 CTAs per SM (<= ~113 KB each) for d <= 128, so the next
-  // step's CTAs can be resident early (PDL); d = 256 runs one CTA per SM.
-  static constexpr int kStages = kHeadDim <= 64 ? 6 : 3;
-  static constexpr int kMinBlocksPerSm = kHeadDim <= 128 ? 2 : 1;
-  static constexpr int kRingBytes = kStages * kStageBytes;
-  static constexpr int kQRowElements = kHeadDim + 8;  // padded rows: 8 rows in 8 bank groups
-  static constexpr int kQBytes = kRows * kQRowElements * 2;
-  static constexpr int kPipelineBytes = kRingBytes + kQBytes;
-  static constexpr int kChunks = kHeadDim / 8;
-  static constexpr int kKSteps = kHeadDim / 16;
-  static constexpr int kDTiles = kHeadDim / 8;
-  // Merge area (reuses the pipeline): per warp and row m, l, then o (kRows, kHeadDim),
-  // per warp and row the merge scale, per row the LSE, the CTA's normalised rows.
-  static constexpr int kMergeBytes = (kConsumerWarps * kRows * (3 + kHeadDim) + kRows + kRows * kHeadDim) * 4;
-  // The barriers live past both, so the merge never overwrites a live mbarrier.
-  static constexpr int kBarrierOffset = ((kPipelineBytes > kMergeBytes ? kPipelineBytes : kMergeBytes) + 15) / 16 * 16;
-  static constexpr int kAlignment = 1024;  // the 128-byte swizzle's atom: TMA destinations
-  static constexpr int kSharedBytes = kBarrierOffset + 2 * kStages * 8 + kAlignment;
-  static_assert(kHeadDim % kPanelColumns == 0, "whole 64-column panels");
-  static_assert(kDTiles % 2 == 0, "ldmatrix x4 covers pairs of tiles");
-  static_assert(kMinBlocksPerSm == 1 || kSharedBytes <= 113 * 1024, "two CTAs per SM");
-  static_assert(kSharedBytes <= 227 * 1024, "shared memory per CTA");
-
-  // Element offset of logical 16-byte chunk `chunk` of key row `row` in a K/V tile: panel
-  // chunk / 8, its 128-byte row, chunk ^ (row % 8) inside it (the TMA's 128-byte swizzle).
-  __host__ __device__ static constexpr int tile_offset(int row, int chunk) {
-    return (chunk / 8) * (kTileN * kPanelColumns) + row * kPanelColumns + ((chunk % 8) ^ (row % 8)) * 8;
-  }
-  __host__ __device__ static constexpr int q_offset(int row, int chunk) { return row * kQRowElements + chunk * 8; }
 };
 
 template <class T, class Config>

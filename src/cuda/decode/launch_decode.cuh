@@ -61,7 +61,7 @@ inline DecodeTensorMaps make_decode_tensor_maps(const KVCacheParams& params) {
   maps.prefetch_tiles = -1;
   if (const char* tiles = std::getenv("FLASHATTN_DECODE_TMA_PREFETCH_TILES"); tiles && *tiles) maps.prefetch_tiles = std::atoi(tiles) < 0 ? 0 : std::atoi(tiles);
   const bool is_paged = params.is_paged();
-  maps.box_rows = !is_paged ? 64 : params.page_size % 64 == 0 ? 64 : params.page_size % 32 == 0 ? 32 : 16;
+  maps.box_rows = tma_box_rows(is_paged ? params.page_size : 0);
   const std::int64_t rows = is_paged ? params.page_size : params.capacity;
   const std::int64_t groups = is_paged ? params.num_blocks : a.batch;
   maps.k = hopper::make_panel_tensor_map("k_cache", a.k, a.dtype, a.head_dim, rows, a.heads_kv, groups, a.k_row_stride, a.k_head_stride,
