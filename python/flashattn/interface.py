@@ -24,14 +24,15 @@ import numpy as np
 from flashattn import _C
 
 _torch_backend = None  # flashattn._torch_ops, imported on the first torch.Tensor
+_torch_tensor_type = None  # torch.Tensor, from then on: one isinstance on the hot path
 
 
 def _torch_ops():
-    global _torch_backend
+    global _torch_backend, _torch_tensor_type
     if _torch_backend is None:
         from flashattn import _torch_ops as module
 
-        _torch_backend = module
+        _torch_backend, _torch_tensor_type = module, module.torch.Tensor
     return _torch_backend
 
 
@@ -99,13 +100,16 @@ def _attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, 
                window_size, softcap, alibi_slopes, deterministic, return_attn_probs, block_table=None):
     if dropout_p != 0.0 or alibi_slopes is not None or block_table is not None:
         _check_unsupported(dropout_p, alibi_slopes, block_table)
-    window_left, window_right = _window(window_size)
+    if type(window_size) is tuple and window_size == (-1, -1):  # the default, inline on the hot path
+        window_left = window_right = -1
+    else:
+        window_left, window_right = _window(window_size)
     if softmax_scale is not None:
         softmax_scale = float(softmax_scale)
     # The LSE is computed only when returned, or saved for the backward pass.
     need_lse = bool(return_attn_probs)
-    if _is_torch_tensor(q):
-        out, lse = _torch_ops().attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+    if (_torch_tensor_type is not None and isinstance(q, _torch_tensor_type)) or _is_torch_tensor(q):
+        out, lse = (_torch_backend or _torch_ops()).attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                           softmax_scale, bool(causal), window_left, window_right, float(softcap),
                                           bool(deterministic), need_lse)
     elif isinstance(q, np.ndarray):
