@@ -83,7 +83,7 @@ def _forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, so
     check_rank(q, "q", 3 if is_varlen else 4)
     out, lse = _empty_outputs(q, is_varlen, need_lse)
     _forward_native(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
-               window_left, window_right, softcap, "automatic", torch.get_num_threads(), _CURRENT_STREAM)
+                    window_left, window_right, softcap, "automatic", torch.get_num_threads(), _CURRENT_STREAM)
     return out, lse
 
 
