@@ -50,7 +50,10 @@
 //
 // Scratch: with more than one split the CUDA backend needs a workspace of
 // kvcache_workspace_bytes(args) bytes (uint8, on q's device) in maybe_workspace;
-// nothing is allocated by the library. The CPU needs none.
+// nothing is allocated by the library. The CPU needs none. With exactly two splits
+// on sm_90 the two partial results merge inside a thread-block cluster and the
+// workspace goes unused; the size query still counts it: the size is a function of
+// the split count alone, not of how a given GPU merges the splits.
 //
 // Validation: every argument is checked before anything is written (the cache is an
 // output when appending). Block-table entries, cache_batch_idx, cache_leftpad and
