@@ -6,9 +6,17 @@
 #   3. compute-sanitizer memcheck/racecheck/synccheck/initcheck on the reduced sweeps;
 #   4. the Python tests on CUDA (vs SDPA, compile, opcheck, graphs, streams) and the
 #      per-call overhead benchmark;
-#   5. the CLI's run/check on the GPU, the decode benchmark and its SDPA anchor.
-# Logs go to $OUT (device.tar.gz + summary.txt). Dependencies the GPU machine lacks
-# (GoogleTest libraries, CLI11 headers) come from .device-deps/ (carried; see README).
+#   5. the CLI's run/check on the GPU, the decode benchmark and its SDPA anchor
+#      (with DECODE_KERNELS, e.g. "auto,tma", more kernels per shape);
+#   6. (step bench, not in the default list) the forward and backward harness
+#      (bench/gpu/bench_attention.py: ours beside SDPA FA2 and cuDNN, CSV + PNG).
+# STEPS picks and orders the steps (default "build ctest sanitize python cli decode"), so
+# one check can span two device calls on the same warm machine, e.g.
+#   STEPS="build ctest sanitize" bash scripts/device_check.sh   then
+#   STEPS="python cli decode bench" bash scripts/device_check.sh
+# Logs go to $OUT (device.tar.gz + summary.txt, appended to by each call). Dependencies
+# the GPU machine lacks (GoogleTest libraries, CLI11 headers) come from .device-deps/
+# (carried; made by scripts/make-device-deps.sh).
 set -uo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
@@ -20,10 +28,13 @@ started=$(date +%s)
 step() { echo "=== [$(( $(date +%s) - started ))s] $*" | tee -a "$logs/summary.txt"; }
 note() { echo "$*" | tee -a "$logs/summary.txt"; }
 
-{ date -u; nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader; nvcc --version | tail -1
-  git log -1 --format='commit %H %s' 2>/dev/null; } > "$logs/summary.txt" 2>&1
-cat "$logs/summary.txt"
+steps=" ${STEPS:-build ctest sanitize python cli decode} "
+wants() { [[ "$steps" == *" $1 "* ]]; }
+{ echo "--- steps:$steps"; date -u; nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader; nvcc --version | tail -1
+  git log -1 --format='commit %H %s' 2>/dev/null; } >> "$logs/summary.txt" 2>&1
+tail -6 "$logs/summary.txt"
 
+if wants build; then
 step "configure + build"
 deps=$root/.device-deps
 cmake -S . -B "$tree" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHATTN_CUDA=ON \
@@ -33,12 +44,16 @@ cmake -S . -B "$tree" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHATTN_CUDA=ON \
 ( time timeout "${BUILD_LIMIT:-330}" ninja -C "$tree" -j16 -k 0 ) >> "$logs/build.log" 2>&1
 note "build rc=$? ($(grep -c FAILED "$logs/build.log") failed steps) $(grep real "$logs/build.log" | tail -1)"
 grep -A8 FAILED "$logs/build.log" | head -30
+fi
 
+if wants ctest; then
 step "ctest (all but python)"
 (cd "$tree" && timeout "${CTEST_LIMIT:-150}" ctest -j6 -E python_tests --timeout 140 > "$logs/ctest.log" 2>&1)
 note "ctest rc=$? $(grep -E 'tests passed|tests failed' "$logs/ctest.log")"
 grep -E "\*\*\*Failed|\*\*\*Timeout|Exception" "$logs/ctest.log" | head -20 | tee -a "$logs/summary.txt"
+fi
 
+if wants sanitize; then
 step "compute-sanitizer"
 sanitize() {  # tool binary filter
   timeout 60 compute-sanitizer --tool "$1" --error-exitcode 3 "$tree/tests/cuda/$2" --gtest_brief=1 --gtest_filter="$3" \
@@ -50,27 +65,46 @@ for tool in memcheck racecheck synccheck; do sanitize $tool test_cuda_forward_ho
 for tool in memcheck racecheck; do sanitize $tool test_cuda_backward '*SanitizerSweep*:*NoNan*'; done
 sanitize memcheck test_cuda_kvcache 'Shapes/KVCacheCuda.MatchesReferenceAndAppendsExactly/1*:KVCacheCudaProperties.ZeroLength*'
 sanitize racecheck test_cuda_kvcache 'Shapes/KVCacheCuda.MatchesReferenceAndAppendsExactly/2:Shapes/KVCacheCuda.MatchesReferenceAndAppendsExactly/29'
+fi
 
-step "python tests (CUDA)"
 export PYTHONUNBUFFERED=1 PYTHONPATH="$tree/python"
+if wants python; then
+step "python tests (CUDA)"
 timeout "${PYTEST_LIMIT:-150}" python3 -m pytest python/tests -q -rs -x --timeout 120 -p no:cacheprovider > "$logs/pytest.log" 2>&1
 note "pytest rc=$? $(tail -1 "$logs/pytest.log")"
 grep -E "^FAILED|Error" "$logs/pytest.log" | head -10 | tee -a "$logs/summary.txt"
 timeout 60 python3 bench/python/overhead.py --out "$logs/python_overhead.csv" > "$logs/overhead.log" 2>&1
 note "overhead rc=$?"; tail -8 "$logs/overhead.log" | tee -a "$logs/summary.txt"
+fi
 
+if wants cli; then
 step "CLI on the GPU"
 timeout 60 "$tree/tools/flashattn" run 2>&1 | tee "$logs/cli.log" | tail -8 | tee -a "$logs/summary.txt"
 timeout 60 "$tree/tools/flashattn" check --device cuda --backward >> "$logs/cli.log" 2>&1
 note "check --device cuda --backward rc=$? $(tail -1 "$logs/cli.log")"
+fi
 
+if wants decode; then
 step "decode benchmark + SDPA anchor"
 decode_bench=$(find "$tree" -name decode_bench -type f -perm -u+x | head -1)
-timeout 90 "$decode_bench" "$logs/gpu_decode.csv" > "$logs/decode.log" 2>&1; note "decode_bench rc=$?"
+DECODE_BENCH_KERNELS=${DECODE_KERNELS:-auto} timeout "${DECODE_LIMIT:-90}" "$decode_bench" "$logs/gpu_decode.csv" > "$logs/decode.log" 2>&1
+note "decode_bench (kernels ${DECODE_KERNELS:-auto}) rc=$?"
 timeout 60 python3 bench/gpu/decode_anchor.py "$logs/gpu_decode_anchor.csv" >> "$logs/decode.log" 2>&1; note "decode_anchor rc=$?"
 tail -30 "$logs/decode.log" | tee -a "$logs/summary.txt"
+fi
+
+if wants bench; then
+step "forward and backward harness (ours beside SDPA FA2 and cuDNN)"
+for pass in fwd bwd; do
+  impls=$([ $pass = fwd ] && echo "fa2,cudnn,ours,ours_flash2" || echo "fa2,cudnn,ours,ours_det")
+  timeout "$([ $pass = fwd ] && echo "${FWD_LIMIT:-150}" || echo "${BWD_LIMIT:-240}")" python3 bench/gpu/bench_attention.py \
+    --passes $pass --impls "$impls" --out-dir "$logs" ${HARNESS_ARGS:-} > "$logs/harness_$pass.log" 2>&1
+  note "harness $pass rc=$? $(grep -c '' "$logs/harness_$pass.log") lines"
+  grep -m3 -i 'error\|traceback' "$logs/harness_$pass.log" | tee -a "$logs/summary.txt"
+done
+fi
 
 step "done"
 tar -czf "$out/device.tar.gz" -C "$logs" . 2>/dev/null
 cp "$logs/summary.txt" "$out/"
-for f in gpu_decode.csv gpu_decode_anchor.csv python_overhead.csv; do [ -f "$logs/$f" ] && cp "$logs/$f" "$out/"; done
+for f in gpu_decode.csv gpu_decode_anchor.csv python_overhead.csv gpu_forward.csv gpu_backward.csv; do [ -f "$logs/$f" ] && cp "$logs/$f" "$out/"; done
