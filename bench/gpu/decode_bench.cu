@@ -10,9 +10,10 @@
 // measured in the same run as the ceiling. Outputs are poisoned before the runs and
 // checked finite after. Writes CSV (argv[1], default decode_bench.csv).
 // DECODE_BENCH_KERNELS (comma-separated, default "auto") lists the kernels each shape
-// runs with, back to back in one process: "auto" (the library's choice), "cp_async" or
-// "tma" (forced through FLASHATTN_DECODE_KERNEL, read by the library at every call, so
-// each captured graph keeps its kernel), "tma_prefetch<N>" (the TMA kernel prefetching N
+// runs with, back to back in one process: "auto" (the library's choice,
+// src/cuda/decode/kernel_choice.hpp), "cp_async" or "tma" (forced through
+// FLASHATTN_DECODE_KERNEL, read by the library at every call, so each captured graph
+// keeps its kernel), "tma_prefetch<N>" (the TMA kernel prefetching N
 // tiles per CTA into L2 before the PDL wait; FLASHATTN_DECODE_TMA_PREFETCH_TILES).
 // Every row is flushed as soon as it is measured: a run cut short keeps its rows.
 #include <cuda_bf16.h>

@@ -46,7 +46,7 @@ int largest_built_head_dim() {
 }
 
 template <class T>
-bool run_decode_for_head_dim(int kernel_head_dim, const KVCacheParams& params, cudaStream_t stream, decode::DecodeKernel kernel) {
+bool run_decode_for_head_dim(int kernel_head_dim, const KVCacheParams& params, cudaStream_t stream, decode::DecodeKernelChoice kernel) {
   switch (kernel_head_dim) {
 #if defined(FLASHATTN_CUDA_DECODE_HDIM_64)
     case 64: return decode::run_decode<T, 64>(params, stream, kernel);
@@ -63,15 +63,22 @@ bool run_decode_for_head_dim(int kernel_head_dim, const KVCacheParams& params, c
   }
 }
 
-// The cp.async kernel, unless FLASHATTN_DECODE_KERNEL names one (cp_async or tma: the
-// TMA kernel is opt-in, see launch.hpp; read at every call, so a captured graph keeps
-// the kernel of its capture).
-decode::DecodeKernel decode_kernel_from_environment() {
+// Device-resident lengths are unknown on the host: plan for the longest possible range.
+std::int64_t longest_key_range(const KVCacheParams& params) {
+  return (params.maybe_cache_seqlens || params.maybe_cache_leftpad) ? params.capacity
+                                                                    : params.uniform_cache_seqlen + params.seqlen_new;
+}
+
+// The rule of kernel_choice.hpp, unless FLASHATTN_DECODE_KERNEL forces a kernel
+// (cp_async, or tma with its default pre-wait prefetch; read at every call, so a
+// captured graph keeps the kernel of its capture): the tests force each kernel on
+// every shape, decode_bench compares them.
+decode::DecodeKernelChoice decode_kernel_for(const KVCacheParams& params) {
   const char* forced = std::getenv("FLASHATTN_DECODE_KERNEL");
-  if (forced == nullptr || *forced == 0) return decode::DecodeKernel::cp_async;
+  if (forced == nullptr || *forced == 0) return decode::choose_decode_kernel(params.is_paged(), longest_key_range(params));
   const std::string name(forced);
-  if (name == "cp_async") return decode::DecodeKernel::cp_async;
-  if (name == "tma") return decode::DecodeKernel::tma;
+  if (name == "cp_async") return {decode::DecodeKernel::cp_async, 0};
+  if (name == "tma") return {decode::DecodeKernel::tma, -1};
   throw Error("flashattn: FLASHATTN_DECODE_KERNEL: expected cp_async or tma, got " + name);
 }
 
@@ -87,9 +94,7 @@ SplitProblem kvcache_split_problem(const KVCacheParams& params) {
   p.batch = a.batch;
   p.heads_kv = a.heads_kv;
   p.query_blocks = (packed_rows + rows - 1) / rows;
-  // Device-resident lengths are unknown on the host: plan for the longest possible range.
-  p.seqlen_k = (params.maybe_cache_seqlens || params.maybe_cache_leftpad) ? params.capacity
-                                                                       : params.uniform_cache_seqlen + params.seqlen_new;
+  p.seqlen_k = longest_key_range(params);
   const int kernel_head_dim = kernel_head_dim_for(a.head_dim);
   p.block_n = kernel_head_dim ? decode::tile_keys(kernel_head_dim) : 64;
   int sm_count = 1;
@@ -117,7 +122,7 @@ void forward_with_kvcache(const KVCacheParams& params, void* stream) {
   const auto cuda_stream = static_cast<cudaStream_t>(stream);
   if (params.has_append()) decode::run_append(params, cuda_stream);  // the new keys are part of the cache read next
   if (a.batch == 0 || a.seqlen_q == 0) return;
-  const decode::DecodeKernel kernel = decode_kernel_from_environment();
+  const decode::DecodeKernelChoice kernel = decode_kernel_for(params);
   const bool is_merged = a.dtype == DType::bfloat16 ? run_decode_for_head_dim<__nv_bfloat16>(kernel_head_dim, params, cuda_stream, kernel)
                                                      : run_decode_for_head_dim<__half>(kernel_head_dim, params, cuda_stream, kernel);
   if (params.num_splits > 1 && !is_merged) decode::run_combine(params, cuda_stream);

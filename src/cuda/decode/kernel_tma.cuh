@@ -17,8 +17,11 @@
 //     table speculatively and prefetches its first tiles into L2 (a hint: a stale value
 //     prefetches other lines of the cache, and the copies after the wait re-read
 //     everything), so with PDL the first tiles' DRAM latency overlaps the previous
-//     kernel; the barriers are set up before the wait too.
-// Opt-in (FLASHATTN_DECODE_KERNEL=tma) until it is measured: see launch.hpp.
+//     kernel; the barriers are set up before the wait too. Measured (H100, 2026-11-25):
+//     the prefetch costs more than it hides at KV 1k, so the library's own choice runs
+//     this kernel without it (prefetch_tiles = 0).
+// Where it runs: kernel_choice.hpp (paged caches with short key ranges; anywhere with
+// FLASHATTN_DECODE_KERNEL=tma).
 // Tensor maps (host, make_decode_tensor_maps): 4-D (head_dim, rows, kv heads, groups)
 // over each cache — contiguous: rows = capacity, groups = sequences, box 64 keys;
 // paged: rows = page_size, groups = pages, box gcd(page_size, 64) keys, so a box never

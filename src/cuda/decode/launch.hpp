@@ -7,18 +7,11 @@
 #include <cuda_runtime.h>
 
 #include "src/core/kvcache_params.hpp"
+#include "src/cuda/decode/kernel_choice.hpp"
 
 namespace flashattn::cuda::decode {
 
-// The split-KV kernels (same function, different load paths):
-//   cp_async  kernel_mma.cuh: 16-byte cp.async by every thread, one __syncthreads per
-//             tile; any sm_80+. The default everywhere.
-//   tma       kernel_tma.cuh: one producer warp, TMA tensor-map boxes into an mbarrier
-//             ring, first tiles prefetched into L2 before the PDL wait; sm_90 only.
-//             Opt-in (FLASHATTN_DECODE_KERNEL=tma): correct in every test (H100,
-//             2026-11-23), but a CUDA graph of back-to-back steps of it did not finish
-//             in decode_bench and its speed is unmeasured (bench/results/gpu_decode.md).
-enum class DecodeKernel { cp_async, tma };
+// The split-KV kernels and the rule that picks one: kernel_choice.hpp.
 
 #if defined(FLASHATTN_CUDA_DECODE_FMA)
 // CUDA-core kernel (kernel_fma.cuh). Query rows packed per CTA: the whole GQA group of
@@ -38,12 +31,12 @@ inline int tile_keys(int) { return 64; }
 inline int ctas_per_sm(int kernel_head_dim) { return kernel_head_dim <= 128 ? 2 : 1; }
 #endif
 
-// The split-KV kernel (`kernel`, or the cp.async kernel where the TMA one cannot run the
-// call): writes out/LSE (one split, or
+// The split-KV kernel (`choice.kernel`, or the cp.async kernel where the TMA one cannot
+// run the call): writes out/LSE (one split, or
 // splits merged inside the kernel by thread-block clusters: returns true) or the
 // workspace partials (returns false: run_combine must follow).
 template <class T, int kHeadDim>
-bool run_decode(const KVCacheParams& params, cudaStream_t stream, DecodeKernel kernel);
+bool run_decode(const KVCacheParams& params, cudaStream_t stream, DecodeKernelChoice choice);
 
 // Writes k_new/v_new (k rotated) into the cache at positions cache_seqlen(b) + j.
 void run_append(const KVCacheParams& params, cudaStream_t stream);

@@ -53,12 +53,12 @@ bool launch_decode_config(Kernel* kernel, const KVCacheParams& params, cudaStrea
 // rows = capacity, groups = sequences (cache_batch_idx is not supported: the cache's row
 // count is not known here), boxes of 64 keys; paged: rows = page_size, groups = pages,
 // boxes of gcd(page_size, 64) keys (page_size is a multiple of 16). The tiles prefetched
-// before the PDL wait: the ring's stages, or FLASHATTN_DECODE_TMA_PREFETCH_TILES (a
-// tuning knob for decode_bench; read at every call).
-inline DecodeTensorMaps make_decode_tensor_maps(const KVCacheParams& params) {
+// before the PDL wait: `prefetch_tiles` (kernel_choice.hpp; -1 = the ring's stages), or
+// FLASHATTN_DECODE_TMA_PREFETCH_TILES (a tuning knob for decode_bench; read at every call).
+inline DecodeTensorMaps make_decode_tensor_maps(const KVCacheParams& params, int prefetch_tiles) {
   const AttentionParams& a = params.attention;
   DecodeTensorMaps maps{};
-  maps.prefetch_tiles = -1;
+  maps.prefetch_tiles = prefetch_tiles;
   if (const char* tiles = std::getenv("FLASHATTN_DECODE_TMA_PREFETCH_TILES"); tiles && *tiles) maps.prefetch_tiles = std::atoi(tiles) < 0 ? 0 : std::atoi(tiles);
   const bool is_paged = params.is_paged();
   maps.box_rows = tma_box_rows(is_paged ? params.page_size : 0);
@@ -87,9 +87,9 @@ bool can_run_tma_kernel(Kernel* kernel, const KVCacheParams& params) {
 #endif
 
 template <class T, int kHeadDim>
-bool run_decode(const KVCacheParams& params, cudaStream_t stream, DecodeKernel kernel) {
+bool run_decode(const KVCacheParams& params, cudaStream_t stream, DecodeKernelChoice choice) {
 #if defined(FLASHATTN_CUDA_DECODE_FMA)
-  (void)kernel;
+  (void)choice;
   if (rows_per_cta(params.attention.seqlen_q * params.attention.group_size) == 4) {
     return launch_decode_config<T, DecodeConfig<kHeadDim, 4>>(&decode_kernel<T, DecodeConfig<kHeadDim, 4>>, params, stream, false);
   }
@@ -98,8 +98,9 @@ bool run_decode(const KVCacheParams& params, cudaStream_t stream, DecodeKernel k
   // The TMA kernel where it was asked for and can run the call (a compute_80 PTX
   // build JIT-compiled on an H100 has an empty body there); else the cp.async kernel.
   using TmaConfig = TmaDecodeConfig<kHeadDim>;
-  if (kernel == DecodeKernel::tma && can_run_tma_kernel(&tma_decode_kernel<T, TmaConfig>, params))
-    return launch_decode_config<T, TmaConfig>(&tma_decode_kernel<T, TmaConfig>, params, stream, true, make_decode_tensor_maps(params));
+  if (choice.kernel == DecodeKernel::tma && can_run_tma_kernel(&tma_decode_kernel<T, TmaConfig>, params))
+    return launch_decode_config<T, TmaConfig>(&tma_decode_kernel<T, TmaConfig>, params, stream, true,
+                                              make_decode_tensor_maps(params, choice.tma_prefetch_tiles));
   using Config = MmaDecodeConfig<kHeadDim>;
   return launch_decode_config<T, Config>(&mma_decode_kernel<T, Config>, params, stream, true);
 #endif

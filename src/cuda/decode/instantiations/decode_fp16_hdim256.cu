@@ -2,5 +2,5 @@
 #include "src/cuda/decode/launch_decode.cuh"
 
 namespace flashattn::cuda::decode {
-template bool run_decode<__half, 256>(const KVCacheParams&, cudaStream_t, DecodeKernel);
+template bool run_decode<__half, 256>(const KVCacheParams&, cudaStream_t, DecodeKernelChoice);
 }  // namespace flashattn::cuda::decode
