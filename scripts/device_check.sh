@@ -9,7 +9,10 @@
 #   5. the CLI's run/check on the GPU, the decode benchmark and its SDPA anchor
 #      (with DECODE_KERNELS, e.g. "auto,tma", more kernels per shape);
 #   6. (step bench, not in the default list) the forward and backward harness
-#      (bench/gpu/bench_attention.py: ours beside SDPA FA2 and cuDNN, CSV + PNG).
+#      (bench/gpu/bench_attention.py: ours beside SDPA FA2 and cuDNN, CSV + PNG;
+#      BENCH_PASSES="fwd bwd", HARNESS_ARGS);
+#   7. (step bwd_timing, not in the default list) flashattn_bwd_timing $BWD_TIMING_ARGS
+#      (e.g. "10 --configs 256": the backward's alternative tile configs) into bwd_timing.csv.
 # STEPS picks and orders the steps (default "build ctest sanitize python cli decode"), so
 # one check can span two device calls on the same warm machine, e.g.
 #   STEPS="build ctest sanitize" bash scripts/device_check.sh   then
@@ -95,7 +98,7 @@ fi
 
 if wants bench; then
 step "forward and backward harness (ours beside SDPA FA2 and cuDNN)"
-for pass in fwd bwd; do
+for pass in ${BENCH_PASSES:-fwd bwd}; do
   impls=$([ $pass = fwd ] && echo "fa2,cudnn,ours,ours_flash2" || echo "fa2,cudnn,ours,ours_det")
   timeout "$([ $pass = fwd ] && echo "${FWD_LIMIT:-150}" || echo "${BWD_LIMIT:-240}")" python3 bench/gpu/bench_attention.py \
     --passes $pass --impls "$impls" --out-dir "$logs" ${HARNESS_ARGS:-} > "$logs/harness_$pass.log" 2>&1
@@ -104,7 +107,14 @@ for pass in fwd bwd; do
 done
 fi
 
+if wants bwd_timing; then
+step "flashattn_bwd_timing ${BWD_TIMING_ARGS:-10 --configs}"
+# shellcheck disable=SC2086
+timeout "${BWD_TIMING_LIMIT:-150}" "$tree/src/cuda/flashattn_bwd_timing" ${BWD_TIMING_ARGS:-10 --configs} > "$logs/bwd_timing.csv" 2> "$logs/bwd_timing.err"
+note "bwd_timing rc=$?"; cat "$logs/bwd_timing.csv" | tee -a "$logs/summary.txt"
+fi
+
 step "done"
 tar -czf "$out/device.tar.gz" -C "$logs" . 2>/dev/null
 cp "$logs/summary.txt" "$out/"
-for f in gpu_decode.csv gpu_decode_anchor.csv python_overhead.csv gpu_forward.csv gpu_backward.csv; do [ -f "$logs/$f" ] && cp "$logs/$f" "$out/"; done
+for f in gpu_decode.csv gpu_decode_anchor.csv python_overhead.csv gpu_forward.csv gpu_backward.csv bwd_timing.csv; do [ -f "$logs/$f" ] && cp "$logs/$f" "$out/"; done

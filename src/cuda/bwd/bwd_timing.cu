@@ -211,33 +211,44 @@ void compare_config(const Shape& shape, int repeats, const char* name) {
 
 // Config names: m<block_m>_n<block_n>_w<warps>_s<stages>_<sdp_warps_m>.<dkdv_warps_n>.<dq_warps_m>
 // [_atomics: dQ by vector atomics][_prefetch: fragments of the next k-step loaded early].
-void sweep_configs(int repeats) {
+void sweep_configs(int repeats, std::int64_t only_head_dim) {
   using flashattn::cuda::bwd::DkdvConfig;
   std::printf("sweep,dtype,batch,heads,seqlen,head_dim,causal,deterministic,config,ms,tflops,max_rel_diff_vs_table\n");
+  const auto wants = [&](std::int64_t head_dim) { return only_head_dim == 0 || only_head_dim == head_dim; };
   for (bool causal : {false, true}) {
-    const Shape d64{"seed004_fp16_b4h48_d64", flashattn::DType::float16, 4, 48, 4096, 64, causal};
-    compare_config<__half, 64, DkdvConfig{128, 128, 8, 2, 2, 4, 4}>(d64, repeats, "m128_n128_w8_s2_2.4.4");
-    compare_config<__half, 64, DkdvConfig{128, 128, 8, 2, 2, 4, 4, true}>(d64, repeats, "m128_n128_w8_s2_2.4.4_atomics");
-    compare_config<__half, 64, DkdvConfig{128, 128, 8, 2, 2, 4, 4, false, true}>(d64, repeats, "m128_n128_w8_s2_2.4.4_prefetch");
-    compare_config<__half, 64, DkdvConfig{128, 128, 8, 2, 2, 4, 4, true, true}>(d64, repeats, "m128_n128_w8_s2_2.4.4_atomics_prefetch");
-    compare_config<__half, 64, DkdvConfig{64, 128, 8, 2, 2, 4, 4, false, true}>(d64, repeats, "m64_n128_w8_s2_2.4.4_prefetch");
-    compare_config<__half, 64, DkdvConfig{128, 128, 8, 2, 4, 4, 4, false, true}>(d64, repeats, "m128_n128_w8_s2_4.4.4_prefetch");
-    compare_config<__half, 64, DkdvConfig{128, 128, 16, 2, 4, 8, 8}>(d64, repeats, "m128_n128_w16_s2_4.8.8");
-    const Shape d128{"fa3_bf16_16k_tokens", flashattn::DType::bfloat16, 4, 16, 4096, 128, causal};
-    compare_config<__nv_bfloat16, 128, DkdvConfig{64, 128, 8, 2, 2, 4, 2}>(d128, repeats, "m64_n128_w8_s2_2.4.2");
-    compare_config<__nv_bfloat16, 128, DkdvConfig{64, 128, 8, 2, 2, 4, 2, true}>(d128, repeats, "m64_n128_w8_s2_2.4.2_atomics");
-    compare_config<__nv_bfloat16, 128, DkdvConfig{64, 128, 8, 2, 2, 4, 2, false, true}>(d128, repeats, "m64_n128_w8_s2_2.4.2_prefetch");
-    compare_config<__nv_bfloat16, 128, DkdvConfig{64, 128, 8, 2, 2, 4, 2, true, true}>(d128, repeats, "m64_n128_w8_s2_2.4.2_atomics_prefetch");
-    compare_config<__nv_bfloat16, 128, DkdvConfig{32, 128, 8, 2, 2, 8, 2, false, true}>(d128, repeats, "m32_n128_w8_s2_2.8.2_prefetch");
-    compare_config<__nv_bfloat16, 128, DkdvConfig{64, 128, 8, 2, 2, 4, 4, false, true}>(d128, repeats, "m64_n128_w8_s2_2.4.4_prefetch");
-    compare_config<__nv_bfloat16, 128, DkdvConfig{64, 128, 16, 2, 2, 8, 4}>(d128, repeats, "m64_n128_w16_s2_2.8.4");
-    const Shape d256{"fa3_bf16_16k_tokens", flashattn::DType::bfloat16, 4, 8, 4096, 256, causal};
-    compare_config<__nv_bfloat16, 256, DkdvConfig{64, 64, 8, 1, 4, 2, 2}>(d256, repeats, "m64_n64_w8_s1_4.2.2");
-    compare_config<__nv_bfloat16, 256, DkdvConfig{64, 64, 8, 1, 4, 2, 2, true}>(d256, repeats, "m64_n64_w8_s1_4.2.2_atomics");
-    compare_config<__nv_bfloat16, 256, DkdvConfig{64, 64, 8, 1, 4, 2, 2, false, true}>(d256, repeats, "m64_n64_w8_s1_4.2.2_prefetch");
-    compare_config<__nv_bfloat16, 256, DkdvConfig{64, 64, 8, 1, 4, 2, 2, true, true}>(d256, repeats, "m64_n64_w8_s1_4.2.2_atomics_prefetch");
-    compare_config<__nv_bfloat16, 256, DkdvConfig{32, 64, 8, 2, 2, 4, 2, false, true}>(d256, repeats, "m32_n64_w8_s2_2.4.2_prefetch");
-    compare_config<__nv_bfloat16, 256, DkdvConfig{32, 64, 8, 2, 2, 4, 2, true}>(d256, repeats, "m32_n64_w8_s2_2.4.2_atomics");
+    if (wants(64)) {
+      const Shape d64{"seed004_fp16_b4h48_d64", flashattn::DType::float16, 4, 48, 4096, 64, causal};
+      compare_config<__half, 64, DkdvConfig{128, 128, 8, 2, 2, 4, 4}>(d64, repeats, "m128_n128_w8_s2_2.4.4");
+      compare_config<__half, 64, DkdvConfig{128, 128, 8, 2, 2, 4, 4, true}>(d64, repeats, "m128_n128_w8_s2_2.4.4_atomics");
+      compare_config<__half, 64, DkdvConfig{128, 128, 8, 2, 2, 4, 4, false, true}>(d64, repeats, "m128_n128_w8_s2_2.4.4_prefetch");
+      compare_config<__half, 64, DkdvConfig{128, 128, 8, 2, 2, 4, 4, true, true}>(d64, repeats, "m128_n128_w8_s2_2.4.4_atomics_prefetch");
+      compare_config<__half, 64, DkdvConfig{64, 128, 8, 2, 2, 4, 4, false, true}>(d64, repeats, "m64_n128_w8_s2_2.4.4_prefetch");
+      compare_config<__half, 64, DkdvConfig{128, 128, 8, 2, 4, 4, 4, false, true}>(d64, repeats, "m128_n128_w8_s2_4.4.4_prefetch");
+      compare_config<__half, 64, DkdvConfig{128, 128, 16, 2, 4, 8, 8}>(d64, repeats, "m128_n128_w16_s2_4.8.8");
+    }
+    if (wants(128)) {
+      const Shape d128{"fa3_bf16_16k_tokens", flashattn::DType::bfloat16, 4, 16, 4096, 128, causal};
+      compare_config<__nv_bfloat16, 128, DkdvConfig{64, 128, 8, 2, 2, 4, 2}>(d128, repeats, "m64_n128_w8_s2_2.4.2");
+      compare_config<__nv_bfloat16, 128, DkdvConfig{64, 128, 8, 2, 2, 4, 2, true}>(d128, repeats, "m64_n128_w8_s2_2.4.2_atomics");
+      compare_config<__nv_bfloat16, 128, DkdvConfig{64, 128, 8, 2, 2, 4, 2, false, true}>(d128, repeats, "m64_n128_w8_s2_2.4.2_prefetch");
+      compare_config<__nv_bfloat16, 128, DkdvConfig{64, 128, 8, 2, 2, 4, 2, true, true}>(d128, repeats, "m64_n128_w8_s2_2.4.2_atomics_prefetch");
+      compare_config<__nv_bfloat16, 128, DkdvConfig{32, 128, 8, 2, 2, 8, 2, false, true}>(d128, repeats, "m32_n128_w8_s2_2.8.2_prefetch");
+      compare_config<__nv_bfloat16, 128, DkdvConfig{64, 128, 8, 2, 2, 4, 4, false, true}>(d128, repeats, "m64_n128_w8_s2_2.4.4_prefetch");
+      compare_config<__nv_bfloat16, 128, DkdvConfig{64, 128, 16, 2, 2, 8, 4}>(d128, repeats, "m64_n128_w16_s2_2.8.4");
+    }
+    if (wants(256)) {
+      const Shape d256{"fa3_bf16_16k_tokens", flashattn::DType::bfloat16, 4, 8, 4096, 256, causal};
+      compare_config<__nv_bfloat16, 256, DkdvConfig{64, 64, 8, 1, 4, 2, 2}>(d256, repeats, "m64_n64_w8_s1_4.2.2");
+      compare_config<__nv_bfloat16, 256, DkdvConfig{64, 64, 8, 1, 4, 2, 2, true}>(d256, repeats, "m64_n64_w8_s1_4.2.2_atomics");
+      compare_config<__nv_bfloat16, 256, DkdvConfig{64, 64, 8, 1, 4, 2, 2, false, true}>(d256, repeats, "m64_n64_w8_s1_4.2.2_prefetch");
+      compare_config<__nv_bfloat16, 256, DkdvConfig{64, 64, 8, 1, 4, 2, 2, true, true}>(d256, repeats, "m64_n64_w8_s1_4.2.2_atomics_prefetch");
+      compare_config<__nv_bfloat16, 256, DkdvConfig{32, 64, 8, 2, 2, 4, 2, false, true}>(d256, repeats, "m32_n64_w8_s2_2.4.2_prefetch");
+      compare_config<__nv_bfloat16, 256, DkdvConfig{32, 64, 8, 2, 2, 4, 2, true}>(d256, repeats, "m32_n64_w8_s2_2.4.2_atomics");
+      // FA2's own d256 tiles on sm80/sm90 (64 x 64, 8 warps, Q/dO double-buffered, dQ by
+      // atomics): 209 KB, which fits only without the fp32 dQ staging tile.
+      compare_config<__nv_bfloat16, 256, DkdvConfig{64, 64, 8, 2, 4, 2, 2, true}>(d256, repeats, "m64_n64_w8_s2_4.2.2_atomics");
+      compare_config<__nv_bfloat16, 256, DkdvConfig{64, 64, 8, 2, 4, 2, 2, true, true}>(d256, repeats, "m64_n64_w8_s2_4.2.2_atomics_prefetch");
+    }
   }
 }
 
@@ -245,17 +256,18 @@ void sweep_configs(int repeats) {
 
 // flashattn_bwd_timing [repeats]                 the BENCHMARKS.md shapes, default + deterministic
 // flashattn_bwd_timing [repeats] --head-dim D    only the shapes of head dim D
-// flashattn_bwd_timing [repeats] --configs       alternative tile configs on a few shapes
+// flashattn_bwd_timing [repeats] --configs [D]   alternative tile configs on a few shapes (of head dim D)
 int main(int argc, char** argv) {
   const int repeats = argc > 1 ? std::atoi(argv[1]) : 20;
   const bool is_config_sweep = argc > 2 && std::string(argv[2]) == "--configs";
-  const std::int64_t only_head_dim = argc > 3 && std::string(argv[2]) == "--head-dim" ? std::atoll(argv[3]) : 0;
+  const std::int64_t only_head_dim =
+      argc > 3 && (std::string(argv[2]) == "--head-dim" || is_config_sweep) ? std::atoll(argv[3]) : 0;
   if (!flashattn::cuda_available()) {
     std::fprintf(stderr, "no CUDA device\n");
     return 1;
   }
   if (is_config_sweep) {
-    sweep_configs(repeats);
+    sweep_configs(repeats, only_head_dim);
     return 0;
   }
   std::vector<Shape> shapes;
