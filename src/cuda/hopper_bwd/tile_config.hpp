@@ -62,4 +62,55 @@ constexpr HopperBwdTileConfig hopper_bwd_tile_config(int kernel_head_dim) {
   return HopperBwdTileConfig{0, 0, 0, 0};
 }
 
+// ---- wide head dims (d256): FA3's d256 mapping, kernel_wide.cuh --------------------
+// The mapping above holds dK and dV of 64 keys x d per consumer in registers: 2 d fp32
+// per thread, 512 at d256. Here the consumers split the head dim instead: per step
+// (64 queries x 64 keys) consumer w computes S and dP for the keys [32 w, 32 w + 32)
+// (queries as the wgmma M, N = 32), writes its half of P and dS (16-bit) to shared
+// memory, and then owns the columns [d/2 w, d/2 (w + 1)) of dV += P^T dO, dK += dS^T Q
+// (64 keys x d/2: d/2 fp32 per thread each) and dQ = dS K (64 queries x d/2), all from
+// shared memory. A stage is [Q | dO] (64 rows x d each): once both consumers are done
+// with it, it is the fp32 dQ staging tile (64 x d x 4 bytes = the stage's bytes), which
+// the producer adds to dq_accum with one bulk reduction before refilling the stage.
+struct HopperBwdWideConfig {
+  int kernel_head_dim;
+  int block_m;  // queries per step (the M of S, dP, dQ)
+  int block_n;  // keys per CTA (the M of dV, dK); 32 per consumer in S and dP
+  int stages;   // [Q | dO | LSE | D] stages
+
+  constexpr int threads() const { return 128 * (1 + kConsumerWarpgroups); }
+  constexpr int producer_registers() const { return 24; }
+  constexpr int consumer_registers() const { return 240; }
+  constexpr int panels() const { return kernel_head_dim / kPanelColumns; }
+  constexpr int columns_per_consumer() const { return kernel_head_dim / kConsumerWarpgroups; }
+  constexpr int keys_per_consumer() const { return block_n / kConsumerWarpgroups; }
+  constexpr int kv_tile_bytes() const { return block_n * kernel_head_dim * 2; }
+  constexpr int q_tile_bytes() const { return block_m * kernel_head_dim * 2; }
+  constexpr int stage_bytes() const { return 2 * q_tile_bytes(); }  // [Q | dO]
+  constexpr int dq_staging_bytes() const { return block_m * kernel_head_dim * 4; }
+  constexpr int score_tile_bytes() const { return block_m * block_n * 2; }  // P or dS, 16-bit
+  constexpr int stats_bytes() const { return block_m * 4; }
+  constexpr int k_offset() const { return 0; }
+  constexpr int v_offset() const { return kv_tile_bytes(); }
+  constexpr int stage_offset(int stage) const { return 2 * kv_tile_bytes() + stage * stage_bytes(); }
+  constexpr int p_offset() const { return stage_offset(stages); }
+  constexpr int ds_offset() const { return p_offset() + score_tile_bytes(); }
+  constexpr int lse_offset() const { return ds_offset() + score_tile_bytes(); }
+  constexpr int dsum_offset() const { return lse_offset() + stages * stats_bytes(); }
+  constexpr int barrier_offset() const { return dsum_offset() + stages * stats_bytes(); }
+  constexpr int shared_bytes() const { return barrier_offset() + 256 + 1024; }
+};
+
+// 64 x 64 tiles (FA3's d256 tiles), two stages: 209.5 KB.
+inline constexpr HopperBwdWideConfig kHopperBwdWideTileTable[] = {
+    //  dim  M   N  stages
+    {256, 64, 64, 2},
+};
+
+constexpr HopperBwdWideConfig hopper_bwd_wide_tile_config(int kernel_head_dim) {
+  for (const HopperBwdWideConfig& entry : kHopperBwdWideTileTable)
+    if (entry.kernel_head_dim == kernel_head_dim) return entry;
+  return HopperBwdWideConfig{0, 0, 0, 0};
+}
+
 }  // namespace flashattn::cuda::hopper_bwd

@@ -9,7 +9,7 @@ The output is committed; rerun this after changing SHAPES.
 """
 from pathlib import Path
 
-SHAPES = [64, 80, 128, 176, 256]  # the N of S = Q K^T (block_n) and of O += P V (head dim)
+SHAPES = [32, 64, 80, 128, 176, 256]  # the N of S = Q K^T (block_n, or its half per warpgroup) and of O += P V (head dim)
 TYPES = {"F16": "f16", "Bf16": "bf16"}
 
 HEADER = """\

@@ -8,6 +8,68 @@
 
 namespace flashattn::cuda::ptx {
 
+// D (64 x 32, fp32) {+}= A (64 x 16, shared) * B (16 x 32, shared); kTransposeB: B is MN-major;
+// kTransposeA: A is MN-major (M contiguous) instead of K-major.
+template <int kTransposeB, int kTransposeA = 0>
+__device__ __forceinline__ void wgmma_m64n32k16_ss_F16(float (&d)[16], std::uint64_t a_descriptor,
+                                                          std::uint64_t b_descriptor, int scale_d) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %18, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1, %20, %19;\n"
+      "}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+      : "l"(a_descriptor), "l"(b_descriptor), "r"(scale_d), "n"(kTransposeB), "n"(kTransposeA));
+}
+
+// D (64 x 32, fp32) {+}= A (64 x 16, registers: the m16n8k16 A fragment per warp) * B (16 x 32, shared).
+template <int kTransposeB>
+__device__ __forceinline__ void wgmma_m64n32k16_rs_F16(float (&d)[16], const std::uint32_t (&a)[4],
+                                                          std::uint64_t b_descriptor, int scale_d) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %21, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, {%16, %17, %18, %19}, %20, p, 1, 1, %22;\n"
+      "}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_descriptor), "r"(scale_d), "n"(kTransposeB));
+}
+
+// D (64 x 32, fp32) {+}= A (64 x 16, shared) * B (16 x 32, shared); kTransposeB: B is MN-major;
+// kTransposeA: A is MN-major (M contiguous) instead of K-major.
+template <int kTransposeB, int kTransposeA = 0>
+__device__ __forceinline__ void wgmma_m64n32k16_ss_Bf16(float (&d)[16], std::uint64_t a_descriptor,
+                                                          std::uint64_t b_descriptor, int scale_d) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %18, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1, %20, %19;\n"
+      "}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+      : "l"(a_descriptor), "l"(b_descriptor), "r"(scale_d), "n"(kTransposeB), "n"(kTransposeA));
+}
+
+// D (64 x 32, fp32) {+}= A (64 x 16, registers: the m16n8k16 A fragment per warp) * B (16 x 32, shared).
+template <int kTransposeB>
+__device__ __forceinline__ void wgmma_m64n32k16_rs_Bf16(float (&d)[16], const std::uint32_t (&a)[4],
+                                                          std::uint64_t b_descriptor, int scale_d) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %21, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, {%16, %17, %18, %19}, %20, p, 1, 1, %22;\n"
+      "}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_descriptor), "r"(scale_d), "n"(kTransposeB));
+}
+
 // D (64 x 64, fp32) {+}= A (64 x 16, shared) * B (16 x 64, shared); kTransposeB: B is MN-major;
 // kTransposeA: A is MN-major (M contiguous) instead of K-major.
 template <int kTransposeB, int kTransposeA = 0>
@@ -322,7 +384,10 @@ __device__ __forceinline__ void wgmma_m64n256k16_rs_Bf16(float (&d)[128], const 
 template <int kN, bool kIsBf16, int kTransposeB, int kTransposeA = 0>
 __device__ __forceinline__ void wgmma_ss(float (&d)[kN / 2], std::uint64_t a_descriptor, std::uint64_t b_descriptor,
                                          int scale_d) {
-  if constexpr (kN == 64) {
+  if constexpr (kN == 32) {
+    if constexpr (kIsBf16) wgmma_m64n32k16_ss_Bf16<kTransposeB, kTransposeA>(d, a_descriptor, b_descriptor, scale_d);
+    else wgmma_m64n32k16_ss_F16<kTransposeB, kTransposeA>(d, a_descriptor, b_descriptor, scale_d);
+  } else if constexpr (kN == 64) {
     if constexpr (kIsBf16) wgmma_m64n64k16_ss_Bf16<kTransposeB, kTransposeA>(d, a_descriptor, b_descriptor, scale_d);
     else wgmma_m64n64k16_ss_F16<kTransposeB, kTransposeA>(d, a_descriptor, b_descriptor, scale_d);
   } else if constexpr (kN == 80) {
@@ -345,7 +410,10 @@ __device__ __forceinline__ void wgmma_ss(float (&d)[kN / 2], std::uint64_t a_des
 template <int kN, bool kIsBf16, int kTransposeB>
 __device__ __forceinline__ void wgmma_rs(float (&d)[kN / 2], const std::uint32_t (&a)[4], std::uint64_t b_descriptor,
                                          int scale_d) {
-  if constexpr (kN == 64) {
+  if constexpr (kN == 32) {
+    if constexpr (kIsBf16) wgmma_m64n32k16_rs_Bf16<kTransposeB>(d, a, b_descriptor, scale_d);
+    else wgmma_m64n32k16_rs_F16<kTransposeB>(d, a, b_descriptor, scale_d);
+  } else if constexpr (kN == 64) {
     if constexpr (kIsBf16) wgmma_m64n64k16_rs_Bf16<kTransposeB>(d, a, b_descriptor, scale_d);
     else wgmma_m64n64k16_rs_F16<kTransposeB>(d, a, b_descriptor, scale_d);
   } else if constexpr (kN == 80) {
