@@ -2,11 +2,14 @@
 // head-dim dispatch, and the order of the kernels (src/cuda/bwd/).
 //
 //   1. preprocess: D = rowsum(dO ∘ O), LSE in log2 units; dq_accum = 0   (bwd/pre_post.cu)
-//   2. dK/dV kernel, dQ added to dq_accum by bulk reductions     (bwd/dkdv_kernel.cuh)
-//      sm_90 where hopper_bwd::why_unsupported is empty: the wgmma kernel instead
-//      (hopper_bwd/kernel.cuh: d64/d128, fp16/bf16, not deterministic, TMA-encodable strides)
+//   2. sm_90 where hopper_bwd::why_unsupported is empty: the wgmma kernel
+//      (hopper_bwd/kernel.cuh: d64/d128, fp16/bf16, TMA-encodable strides), dQ added to
+//      dq_accum by bulk reductions; deterministic: the same kernel, the reductions of
+//      each query block ordered by key block (semaphores in the workspace, zeroed in 1).
+//      Elsewhere the FA2-class dK/dV kernel, dQ added to dq_accum (bwd/dkdv_kernel.cuh);
 //      deterministic: + dQ kernel writing dQ directly, no atomics    (bwd/dq_kernel.cuh)
-//   3. dQ = scale * dq_accum in the user's dtype/strides   (skipped when deterministic)
+//   3. dQ = scale * dq_accum in the user's dtype/strides   (skipped by the FA2-class
+//      deterministic path, whose dQ kernel wrote dQ)
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -60,18 +63,24 @@ void backward(const BackwardParams& params, void* stream_handle) {
                        " is not supported (float16, bfloat16)");
   const auto stream = static_cast<cudaStream_t>(stream_handle);
   if (params.batch == 0 || params.heads_q == 0) return;
-  const bwd::Workspace workspace = bwd::carve_workspace(params);
+  bwd::Workspace workspace = bwd::carve_workspace(params);
+  const bool runs_hopper_kernel = hopper_bwd::why_unsupported(params).empty();
+  // The FA2-class deterministic kernels write dQ directly: nothing to zero or convert
+  // (the workspace still holds both sections, sized without knowing the GPU).
+  const bool uses_dq_accum = runs_hopper_kernel || !params.deterministic;
+  if (!uses_dq_accum) workspace.dq_accum = nullptr;
+  if (!runs_hopper_kernel) workspace.dq_semaphore = nullptr;
 
   bwd::launch_preprocess(params, workspace, stream);
   const bool is_aligned = bwd::allows_vector_access(params);
-  if (hopper_bwd::why_unsupported(params).empty()) {
+  if (runs_hopper_kernel) {
     hopper_bwd::backward_main(params, workspace, stream);
   } else if (params.dtype == DType::float16) {
     dispatch_head_dim<__half>(params, workspace, is_aligned, stream);
   } else {
     dispatch_head_dim<__nv_bfloat16>(params, workspace, is_aligned, stream);
   }
-  if (!params.deterministic) bwd::launch_convert_dq(params, workspace, stream);
+  if (uses_dq_accum) bwd::launch_convert_dq(params, workspace, stream);
 }
 
 }  // namespace flashattn::cuda

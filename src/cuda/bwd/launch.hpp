@@ -10,7 +10,8 @@
 
 namespace flashattn::cuda::bwd {
 
-// D = rowsum(dO ∘ O) into workspace.dsum (and dq_accum zeroed unless deterministic).
+// D = rowsum(dO ∘ O) into workspace.dsum; workspace.dq_accum and .dq_semaphore zeroed
+// where present (the FA2-class deterministic kernels use neither: pass them null).
 void launch_preprocess(const BackwardParams& params, const Workspace& workspace, cudaStream_t stream);
 // dQ = scale * dq_accum, converted to the dtype and strides of params.dq.
 void launch_convert_dq(const BackwardParams& params, const Workspace& workspace, cudaStream_t stream);

@@ -137,9 +137,15 @@ DeviceLimits current_device_limits() {
 void set_shared_memory_limit_for_testing(int bytes) { shared_memory_limit_for_testing.store(bytes); }
 
 void launch_preprocess(const BackwardParams& params, const Workspace& workspace, cudaStream_t stream) {
-  if (!params.deterministic && params.total_q > 0) {
+  // The sections the main kernel adds into (absent where it does not: backward_api.cu).
+  if (workspace.dq_accum != nullptr && params.total_q > 0) {
     const std::size_t bytes = sizeof(float) * static_cast<std::size_t>(workspace.dq_head_stride * params.heads_q * params.head_dim);
     FLASHATTN_CUDA_CHECK(cudaMemsetAsync(workspace.dq_accum, 0, bytes, stream));
+  }
+  if (workspace.dq_semaphore != nullptr && params.total_q > 0) {
+    const std::size_t bytes =
+        sizeof(std::int32_t) * static_cast<std::size_t>(Workspace::semaphores_per_head(params) * params.heads_q);
+    FLASHATTN_CUDA_CHECK(cudaMemsetAsync(workspace.dq_semaphore, 0, bytes, stream));
   }
   const std::int64_t padded_rows = (params.seqlen_q + kMaxBlockM - 1) / kMaxBlockM * kMaxBlockM;
   launch_per_row(dsum_kernel<__half>, dsum_kernel<__nv_bfloat16>, params, workspace, padded_rows, stream);

@@ -24,6 +24,11 @@ struct Workspace {
   float* dq_accum = nullptr;  // unscaled dQ, fp32 [heads_q, dq rows, head_dim]
   std::int64_t stats_head_stride = 0;  // rows per head of lse_log2 / dsum
   std::int64_t dq_head_stride = 0;     // rows per head of dq_accum
+  // Deterministic Hopper backward only: per (query head, sequence, query block) the
+  // number of key blocks whose dQ tile has been added (hopper_bwd/kernel.cuh),
+  // int32 [heads_q, semaphores_per_head]; zeroed by the preprocess. (No stride field:
+  // the Hopper kernel's parameters fill exactly 512 bytes before its tensor maps.)
+  std::int32_t* dq_semaphore = nullptr;
 
   // dq_accum rows of one head: the packed query rows plus kMaxBlockM, so a query tile
   // of block_m rows starting in the last sequence stays inside the head's rows. A
@@ -37,6 +42,23 @@ struct Workspace {
                                                std::int64_t h) const {
     const std::int64_t packed = (params.is_varlen() ? params.q_start(b) : b * params.seqlen_q) + i;
     return (h * dq_head_stride + packed) * params.head_dim;
+  }
+
+  // dq_semaphore entries of one head: sequence b's query blocks of block_m >=
+  // kMinSemaphoreBlockM rows start at floor(packed row of its query 0 / block_m) + b.
+  // The +b keeps sequences apart: with s = packed start, L = seqlen_q(b), the next
+  // sequence starts at floor((s + L) / block_m) + b + 1 >= floor(s / block_m) +
+  // ceil(L / block_m) + b, past b's last block. The last sequence ends below
+  // total_q / block_m + batch + 1.
+  static constexpr std::int64_t kMinSemaphoreBlockM = 64;
+  FLASHATTN_HOST_DEVICE static std::int64_t semaphores_per_head(const BackwardParams& params) {
+    return params.total_q / kMinSemaphoreBlockM + params.batch + 1;
+  }
+  // Index of (sequence b, query block m_block of block_m rows, head h) in dq_semaphore.
+  FLASHATTN_HOST_DEVICE std::int64_t semaphore_index(const BackwardParams& params, std::int64_t b,
+                                                     std::int64_t m_block, int block_m, std::int64_t h) const {
+    const std::int64_t packed = params.is_varlen() ? params.q_start(b) : b * params.seqlen_q;
+    return h * semaphores_per_head(params) + packed / block_m + b + m_block;
   }
 
   // Row of (sequence b, query 0) in the statistics of one head.
@@ -56,13 +78,18 @@ inline std::size_t round_up_to_alignment(std::size_t bytes) {
 }
 
 // LSE [heads_q, stats rows] fp32 | D [heads_q, stats rows] fp32 | dq_accum [heads_q,
-// dq rows, head_dim] fp32 (absent when deterministic: the dQ kernel writes dQ directly).
-// Sections start on 256-byte boundaries.
+// dq rows, head_dim] fp32 | dq_semaphore [heads_q, semaphore rows] int32 (deterministic
+// only). Sections start on 256-byte boundaries.
+// The size depends on the arguments only, never on the GPU: a deterministic call may
+// run the Hopper kernel (ordered dQ bulk reductions into dq_accum, one semaphore per
+// query block) or the FA2-class kernels (a dQ kernel writing dQ directly, neither
+// section used), so deterministic mode is sized for both.
 struct WorkspaceLayout {
   std::size_t stats_bytes = 0;  // each of LSE and D
   std::size_t dq_accum_bytes = 0;
+  std::size_t semaphore_bytes = 0;
   // + alignment slack: the sections are carved from the caller's pointer rounded up to 256 bytes.
-  std::size_t total() const { return 2 * stats_bytes + dq_accum_bytes + kWorkspaceAlignment; }
+  std::size_t total() const { return 2 * stats_bytes + dq_accum_bytes + semaphore_bytes + kWorkspaceAlignment; }
 };
 
 inline WorkspaceLayout workspace_layout(const BackwardParams& params) {
@@ -70,8 +97,10 @@ inline WorkspaceLayout workspace_layout(const BackwardParams& params) {
   WorkspaceLayout layout;
   layout.stats_bytes = round_up_to_alignment(sizeof(float) * static_cast<std::size_t>(params.heads_q) *
                                              static_cast<std::size_t>(Workspace::stats_rows_per_head(params)));
-  if (!params.deterministic)
-    layout.dq_accum_bytes = round_up_to_alignment(sizeof(float) * rows * static_cast<std::size_t>(params.head_dim));
+  layout.dq_accum_bytes = round_up_to_alignment(sizeof(float) * rows * static_cast<std::size_t>(params.head_dim));
+  if (params.deterministic)
+    layout.semaphore_bytes = round_up_to_alignment(sizeof(std::int32_t) * static_cast<std::size_t>(params.heads_q) *
+                                                   static_cast<std::size_t>(Workspace::semaphores_per_head(params)));
   return layout;
 }
 
@@ -84,6 +113,8 @@ inline Workspace carve_workspace(const BackwardParams& params) {
   workspace.lse_log2 = reinterpret_cast<float*>(base);
   workspace.dsum = reinterpret_cast<float*>(base + layout.stats_bytes);
   if (layout.dq_accum_bytes > 0) workspace.dq_accum = reinterpret_cast<float*>(base + 2 * layout.stats_bytes);
+  if (layout.semaphore_bytes > 0)
+    workspace.dq_semaphore = reinterpret_cast<std::int32_t*>(base + 2 * layout.stats_bytes + layout.dq_accum_bytes);
   workspace.stats_head_stride = Workspace::stats_rows_per_head(params);
   workspace.dq_head_stride = Workspace::dq_rows_per_head(params);
   return workspace;
