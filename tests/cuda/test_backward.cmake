@@ -6,6 +6,10 @@ target_link_libraries(test_cuda_backward PRIVATE CUDA::cudart_static)
 # Host-only: the dK/dV kernel's shared-memory addressing for every tile-table entry.
 flashattn_add_test(test_cuda_backward_layout test_backward_layout.cpp)
 target_include_directories(test_cuda_backward_layout PRIVATE ${PROJECT_SOURCE_DIR}/include)
+# Host-only: the deterministic Hopper backward's dQ turns (key blocks of a query block)
+# against the query blocks each key block's CTA visits, by brute force over many masks.
+flashattn_add_test(test_cuda_hopper_bwd_dq_order test_hopper_bwd_dq_order.cpp)
+target_include_directories(test_cuda_hopper_bwd_dq_order PRIVATE ${PROJECT_SOURCE_DIR}/include)
 # The Hopper backward kernel (src/cuda/hopper_bwd) at its head dim, through the public API.
 flashattn_add_test(test_cuda_backward_hopper test_backward_hopper.cpp)
 target_link_libraries(test_cuda_backward_hopper PRIVATE CUDA::cudart_static)

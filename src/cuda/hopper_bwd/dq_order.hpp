@@ -1,0 +1,82 @@
+// src/cuda/hopper_bwd/dq_order.hpp — which query blocks a key block's CTA visits, and
+// the dual: which key blocks visit a query block. The deterministic Hopper backward
+// orders the dQ additions of each (sequence, query head, query block) by key block
+// with these (kernel.cuh); the two functions must agree exactly, or a CTA waits for a
+// turn that never comes. tests/cuda/test_hopper_bwd_dq_order.cpp checks them against
+// each other by brute force. Host and device code; no CUDA headers.
+#pragma once
+
+#include <cstdint>
+
+#include "flashattn/config.hpp"
+#include "flashattn/mask.hpp"
+
+namespace flashattn::cuda::hopper_bwd {
+
+// Query blocks [begin, begin + count) of block_m rows.
+struct QueryBlockRange {
+  int begin;
+  int count;
+};
+
+// The query blocks the CTA of keys [n0, n0 + kv_rows) walks (kv_rows >= 1): every
+// block holding a row that sees one of those keys (mask.rows_of_columns). The kernel
+// calls this (int arithmetic as it always had: its code must not change).
+FLASHATTN_HOST_DEVICE QueryBlockRange query_blocks_of_key_block(const MaskRule& mask, std::int64_t n0,
+                                                                std::int64_t kv_rows, int block_m) {
+  const MaskRule::RowRange rows = mask.rows_of_columns(n0, n0 + kv_rows);
+  const int begin = static_cast<int>(rows.begin / block_m);
+  const int count = rows.end > rows.begin ? static_cast<int>((rows.end + block_m - 1) / block_m) - begin : 0;
+  return {begin, count};
+}
+
+// Key blocks [first, first + count) of block_n keys.
+struct KeyBlockRange {
+  std::int64_t first;
+  std::int64_t count;
+};
+
+FLASHATTN_HOST_DEVICE std::int64_t floor_div(std::int64_t a, std::int64_t b) {  // b > 0
+  return a >= 0 ? a / b : -((-a + b - 1) / b);
+}
+FLASHATTN_HOST_DEVICE std::int64_t ceil_div(std::int64_t a, std::int64_t b) {  // b > 0
+  return -floor_div(-a, b);
+}
+
+// The key blocks n (n * block_n < seqlen_k: CTAs past the keys return at once) whose
+// query_blocks_of_key_block range holds query block m_block (m_block * block_m <
+// seqlen_q). They are contiguous. With offset = seqlen_k - seqlen_q, the key block n
+// (keys [n0, n0 + kv_rows)) reaches the rows [lo, hi) ∩ [0, seqlen_q) where
+//   lo = n0 - offset - window_right            (-inf when window_right < 0)
+//   hi = n0 + kv_rows - offset + window_left   (+inf when window_left  < 0)
+// (mask.hpp: col < col_end(row) and col >= col_begin(row) solved for the row), and
+// hi - lo >= kv_rows >= 1. It visits block m iff that set meets [m0, u), u =
+// min(m0 + block_m, seqlen_q), i.e. iff lo < u and hi > m0. lo and hi grow with n
+// (n0 + kv_rows = min(n0 + block_n, seqlen_k)), so the first condition holds for a
+// prefix of the key blocks, the second for a suffix: the visitors are an interval.
+//   hi > m0  <=>  min(n0 + block_n, seqlen_k) > t, t = m0 + offset - window_left
+//            <=>  seqlen_k > t and n >= floor(t / block_n)
+//   lo < u   <=>  n block_n < u + offset + window_right  <=>  n < ceil((u + offset + window_right) / block_n)
+FLASHATTN_HOST_DEVICE KeyBlockRange key_blocks_of_query_block(const MaskRule& mask, std::int64_t m_block,
+                                                              int block_m, int block_n) {
+  const std::int64_t key_blocks = (mask.seqlen_k + block_n - 1) / block_n;
+  const std::int64_t m0 = m_block * block_m;
+  if (key_blocks == 0 || m0 >= mask.seqlen_q) return {0, 0};
+  const std::int64_t offset = mask.seqlen_k - mask.seqlen_q;
+  std::int64_t first = 0;
+  if (mask.window_left >= 0) {
+    const std::int64_t t = m0 + offset - mask.window_left;
+    if (mask.seqlen_k <= t) return {0, 0};
+    first = floor_div(t, block_n);
+    if (first < 0) first = 0;
+  }
+  std::int64_t end = key_blocks;
+  if (mask.window_right >= 0) {
+    const std::int64_t u = m0 + block_m < mask.seqlen_q ? m0 + block_m : mask.seqlen_q;
+    end = ceil_div(u + offset + mask.window_right, block_n);
+    if (end > key_blocks) end = key_blocks;
+  }
+  return {first, end > first ? end - first : 0};
+}
+
+}  // namespace flashattn::cuda::hopper_bwd

@@ -1,0 +1,143 @@
+// tests/cuda/test_hopper_bwd_dq_order.cpp — the deterministic Hopper backward's dQ
+// turns (src/cuda/hopper_bwd/dq_order.hpp), pure host arithmetic (runs without a GPU).
+// A CTA of the kernel (key block n) adds its dQ tile to query block m iff m is in
+// query_blocks_of_key_block; it waits for its turn from key_blocks_of_query_block(m).
+// If the two disagreed by one block the kernel would hang or order nothing, so: for
+// every query block of many masks, the set {n : m visited by n} (brute force over the
+// CTAs that do not return early) is exactly [first, first + count). And the semaphore
+// index of (sequence, query block, head) is unique and inside the workspace section.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "flashattn/mask.hpp"
+#include "src/core/params.hpp"
+#include "src/cuda/bwd/workspace.hpp"
+#include "src/cuda/hopper_bwd/dq_order.hpp"
+
+namespace flashattn::cuda::hopper_bwd {
+namespace {
+
+std::string describe(const MaskRule& mask, int block_m, int block_n) {
+  std::ostringstream out;
+  out << "seqlen_q " << mask.seqlen_q << " seqlen_k " << mask.seqlen_k << " window (" << mask.window_left << ", "
+      << mask.window_right << ") block_m " << block_m << " block_n " << block_n;
+  return out.str();
+}
+
+// Checks every query block of `mask`; adds the number of (m, n) visits to *visits.
+void check_mask(const MaskRule& mask, int block_m, int block_n, std::int64_t* visits = nullptr) {
+  SCOPED_TRACE(describe(mask, block_m, block_n));
+  const std::int64_t m_blocks = (mask.seqlen_q + block_m - 1) / block_m;
+  const std::int64_t n_blocks = (mask.seqlen_k + block_n - 1) / block_n;  // the CTAs with n0 < seqlen_k
+  std::vector<std::vector<std::int64_t>> visitors(static_cast<std::size_t>(m_blocks));
+  for (std::int64_t n = 0; n < n_blocks; ++n) {
+    const std::int64_t n0 = n * block_n;
+    const std::int64_t kv_rows = mask.seqlen_k - n0 < block_n ? mask.seqlen_k - n0 : block_n;
+    const QueryBlockRange range = query_blocks_of_key_block(mask, n0, kv_rows, block_m);
+    EXPECT_GE(range.count, 0);
+    for (int m = range.begin; m < range.begin + range.count; ++m) {
+      // The kernel's steps stay inside the query rows (its loads and stores rely on it).
+      EXPECT_LT(m, m_blocks) << "key block " << n;
+      if (m < m_blocks) visitors[static_cast<std::size_t>(m)].push_back(n);
+      if (visits != nullptr) ++*visits;
+    }
+    // Every block in the range really has a row that sees one of the keys, and the
+    // blocks outside it have none (the range is exactly the kernel's need).
+    for (std::int64_t m = 0; m < m_blocks; ++m) {
+      bool sees = false;
+      for (std::int64_t row = m * block_m; row < (m + 1) * block_m && row < mask.seqlen_q && !sees; ++row)
+        sees = mask.col_begin(row) < n0 + kv_rows && mask.col_end(row) > n0 &&
+               mask.col_begin(row) < mask.col_end(row);
+      const bool in_range = m >= range.begin && m < range.begin + range.count;
+      EXPECT_EQ(sees, in_range) << "key block " << n << ", query block " << m;
+    }
+  }
+  for (std::int64_t m = 0; m < m_blocks; ++m) {
+    const KeyBlockRange keys = key_blocks_of_query_block(mask, m, block_m, block_n);
+    const std::vector<std::int64_t>& expected = visitors[static_cast<std::size_t>(m)];  // ascending
+    ASSERT_EQ(keys.count, static_cast<std::int64_t>(expected.size())) << "query block " << m;
+    for (std::size_t i = 0; i < expected.size(); ++i)
+      ASSERT_EQ(keys.first + static_cast<std::int64_t>(i), expected[i]) << "query block " << m << ", visitor " << i;
+  }
+}
+
+TEST(HopperBwdDqOrder, KeyBlocksOfAQueryBlockAreExactlyItsVisitors) {
+  const std::int64_t seqlens[] = {0, 1, 2, 17, 63, 64, 65, 97, 127, 128, 129, 200, 255, 256, 257, 383, 513, 700, 1025};
+  const std::int64_t windows[] = {-1, 0, 1, 5, 63, 64, 127, 128, 129, 200, 1000};
+  std::int64_t masks = 0, visits = 0;
+  for (const int block_m : {64, 128})
+    for (const std::int64_t seqlen_q : seqlens)
+      for (const std::int64_t seqlen_k : seqlens)
+        for (const std::int64_t left : windows)
+          for (const std::int64_t right : windows) {
+            const MaskRule mask{seqlen_q, seqlen_k, left, right};  // right 0: causal (bottom-right)
+            check_mask(mask, block_m, 128, &visits);
+            ++masks;
+            if (HasFatalFailure()) return;
+          }
+  EXPECT_GT(visits, masks);  // not vacuous
+}
+
+// Tails around the block sizes and seqlen_q far from seqlen_k both ways, where the
+// bottom-right alignment pushes whole key or query blocks out of the mask.
+TEST(HopperBwdDqOrder, LopsidedSequencesAndOtherKeyBlocks) {
+  for (const int block_m : {64, 128})
+    for (const int block_n : {64, 128})
+      for (std::int64_t seqlen_q = 1; seqlen_q <= 600; seqlen_q += 37)
+        for (std::int64_t seqlen_k = 1; seqlen_k <= 2100; seqlen_k += 131)
+          for (const std::int64_t left : {-1, 0, 3, 130})
+            for (const std::int64_t right : {-1, 0, 3, 130}) {
+              check_mask(MaskRule{seqlen_q, seqlen_k, left, right}, block_m, block_n);
+              check_mask(MaskRule{seqlen_k, seqlen_q, left, right}, block_m, block_n);
+              if (HasFatalFailure()) return;
+            }
+}
+
+// Semaphores of distinct (sequence, query block) never share an entry, for block_m 64
+// and 128, dense and varlen batches (empty and single-token sequences included), and
+// every index is inside [0, heads_q * semaphores_per_head).
+TEST(HopperBwdDqOrder, SemaphoreIndicesAreDistinctAndInBounds) {
+  const std::vector<std::vector<std::int32_t>> varlen_lengths = {
+      {0, 1, 70, 129, 5, 0, 200}, {64, 64, 64}, {63, 65, 1, 127, 128, 129}, {1}, {0, 0}, {300}, {1, 1, 1, 1, 1}};
+  auto check = [](const BackwardParams& params) {
+    const std::int64_t per_head = bwd::Workspace::semaphores_per_head(params);
+    const bwd::Workspace workspace{};
+    for (const int block_m : {64, 128}) {
+      std::set<std::int64_t> seen;
+      for (std::int64_t h = 0; h < params.heads_q; ++h)
+        for (std::int64_t b = 0; b < params.batch; ++b) {
+          const std::int64_t m_blocks = (params.seqlen_q_of(b) + block_m - 1) / block_m;
+          for (std::int64_t m = 0; m < m_blocks; ++m) {
+            const std::int64_t index = workspace.semaphore_index(params, b, m, block_m, h);
+            EXPECT_GE(index, h * per_head);
+            EXPECT_LT(index, (h + 1) * per_head);
+            EXPECT_TRUE(seen.insert(index).second) << "b " << b << " m " << m << " h " << h << " block_m " << block_m;
+          }
+        }
+    }
+  };
+  for (const std::vector<std::int32_t>& lengths : varlen_lengths) {
+    std::vector<std::int32_t> cu_seqlens = {0};
+    for (const std::int32_t length : lengths) cu_seqlens.push_back(cu_seqlens.back() + length);
+    BackwardParams params;
+    params.batch = static_cast<std::int64_t>(lengths.size());
+    params.heads_q = 3;
+    params.maybe_cu_seqlens_q = cu_seqlens.data();
+    params.total_q = cu_seqlens.back();
+    check(params);
+  }
+  for (const std::int64_t batch : {1, 2, 7})
+    for (const std::int64_t seqlen_q : {1, 63, 64, 65, 129, 1000}) {
+      BackwardParams params;
+      params.batch = batch, params.heads_q = 2, params.seqlen_q = seqlen_q, params.total_q = batch * seqlen_q;
+      check(params);
+    }
+}
+
+}  // namespace
+}  // namespace flashattn::cuda::hopper_bwd
