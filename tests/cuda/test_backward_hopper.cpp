@@ -2,9 +2,11 @@
 // (src/cuda/hopper_bwd) through the public API, against the float64 oracle with the
 // gradient rule of test_backward.cpp: head dims 64 and 128 (the kernel's), both dtypes, tails
 // of both sequence lengths, ring wrap-around (many query blocks per key block), GQA,
-// causal/window/softcap masks, varlen with empty sequences, and dK/dV bitwise
-// stability. On a GPU without the kernel (or a build without it) the same cases run
-// on the FA2-class kernel; the dispatch test says which. Skips without a GPU.
+// causal/window/softcap masks, varlen with empty sequences, dK/dV bitwise
+// stability, and deterministic mode (dQ reductions ordered by key block: bitwise
+// repeatable, equal to the default mode up to summation order). On a GPU without the
+// kernel (or a build without it) the same cases run on the FA2-class kernel; the
+// dispatch test says which. Skips without a GPU.
 #include "tests/cuda/backward_case.hpp"
 
 #include <memory>
@@ -61,10 +63,11 @@ TEST_F(CudaBackwardHopper, DispatchPicksTheHopperKernelOnSm90) {
   } else {
     EXPECT_NE(reason, "") << "the Hopper backward kernel must not run on compute capability " << major << "." << minor;
   }
-  // Deterministic mode and unaligned strides stay on the FA2-class kernels.
+  // Deterministic mode runs wherever the default mode does (ordered dQ reductions);
+  // unaligned strides stay on the FA2-class kernels.
   BackwardParams deterministic = params;
   deterministic.deterministic = true;
-  EXPECT_NE(cuda::hopper_bwd::why_unsupported(deterministic), "");
+  EXPECT_EQ(cuda::hopper_bwd::why_unsupported(deterministic), reason);
   BackwardParams unaligned = params;
   unaligned.dout_row_stride += 3;
   EXPECT_NE(cuda::hopper_bwd::why_unsupported(unaligned), "");
@@ -168,6 +171,86 @@ TEST_F(CudaBackwardHopper, RepeatedRunsGiveBitwiseEqualDkDv) {
       EXPECT_TRUE(runs[r].dv.bitwise_equal(runs[0].dv)) << "d" << d << ": dv differs in run " << r;
     }
   }
+}
+
+// Deterministic mode: dQ (and dK, dV) bitwise identical over repeated runs, each run
+// within the oracle's tolerance, and equal to the default mode's gradients up to the
+// fp32 summation order of dQ (a few units in the last place of the output dtype).
+void check_deterministic(const Case& deterministic_case, int repeats, bool with_oracle) {
+  SCOPED_TRACE(deterministic_case.name());
+  Problem p(deterministic_case);
+  const std::vector<Gradients> runs = run_cuda(p, repeats);
+  int dq_differs = 0;
+  for (int r = 1; r < repeats; ++r) {
+    dq_differs += runs[r].dq.bitwise_equal(runs[0].dq) ? 0 : 1;
+    EXPECT_TRUE(runs[r].dk.bitwise_equal(runs[0].dk)) << "dk differs in run " << r;
+    EXPECT_TRUE(runs[r].dv.bitwise_equal(runs[0].dv)) << "dv differs in run " << r;
+  }
+  EXPECT_EQ(dq_differs, 0) << "deterministic dq differs in " << dq_differs << " of " << repeats - 1 << " runs";
+  if (with_oracle) {
+    const ReferencePair ref = reference_gradients(p);
+    expect_close("dq", runs[0].dq, ref.exact.dq, ref.lowprec.dq, deterministic_case.name());
+    expect_close("dk", runs[0].dk, ref.exact.dk, ref.lowprec.dk, deterministic_case.name());
+    expect_close("dv", runs[0].dv, ref.exact.dv, ref.lowprec.dv, deterministic_case.name());
+  }
+  p.c.deterministic = false;
+  const std::vector<Gradients> fast = run_cuda(p, 1);
+  // dK/dV do not depend on the mode at all.
+  EXPECT_TRUE(fast[0].dk.bitwise_equal(runs[0].dk)) << "dk differs from the default mode";
+  EXPECT_TRUE(fast[0].dv.bitwise_equal(runs[0].dv)) << "dv differs from the default mode";
+  const HostTensor& ours = runs[0].dq;
+  const HostTensor& theirs = fast[0].dq;
+  double magnitude = 0;
+  for (std::int64_t i = 0; i < theirs.numel(); ++i) magnitude = std::max(magnitude, std::abs(static_cast<double>(theirs.get(i))));
+  const double relative = deterministic_case.dtype == DType::bfloat16 ? 1.0 / 64 : 1.0 / 512;  // 2 ulp
+  std::int64_t worst = -1;
+  double worst_excess = 0;
+  for (std::int64_t i = 0; i < ours.numel(); ++i) {
+    const double a = static_cast<double>(ours.get(i)), b = static_cast<double>(theirs.get(i));
+    const double excess = std::abs(a - b) - (relative * std::abs(b) + 1e-3 * magnitude);
+    if (!(excess <= worst_excess)) worst_excess = excess, worst = i;
+  }
+  EXPECT_EQ(worst, -1) << "dq differs from the default mode at " << worst << ": "
+                       << (worst >= 0 ? ours.get(worst) : 0) << " vs " << (worst >= 0 ? theirs.get(worst) : 0)
+                       << " (max|dq| " << magnitude << ")";
+}
+
+TEST_F(CudaBackwardHopper, DeterministicModeIsBitwiseRepeatable) {
+  const int repeats = 20;
+  // Causal, GQA 8/2 (four query heads per CTA), both kernel head dims, tails.
+  for (std::int64_t d : kHeadDims) {
+    Case c = hopper_case(DType::bfloat16, 300, 257, true, d);
+    c.deterministic = true, c.batch = 2, c.heads_q = 8, c.heads_kv = 2;
+    check_deterministic(c, repeats, true);
+    c.causal = false, c.seqlen_q = 257, c.seqlen_k = 300, c.dtype = DType::float16;
+    check_deterministic(c, repeats, true);
+  }
+  // Sliding windows (the visiting key blocks of a query block start past 0), including
+  // a left-only and a right-only window.
+  for (auto [left, right] : {std::pair<std::int64_t, std::int64_t>{32, 0}, {100, 20}, {-1, 40}, {70, -1}, {0, 0}}) {
+    Case c = hopper_case(DType::bfloat16, 400, 430, false);
+    c.deterministic = true, c.heads_q = 4, c.heads_kv = 2, c.window_left = left, c.window_right = right;
+    check_deterministic(c, repeats, true);
+  }
+  // Varlen: empty and single-token sequences, key blocks past a sequence's keys.
+  for (bool causal : {false, true}) {
+    Case c = hopper_case(DType::float16, 0, 0, causal, causal ? 64 : 128);
+    c.varlen_q = {0, 1, 70, 129, 5, 0, 300};
+    c.varlen_k = {3, 1, 200, 64, 0, 0, 290};
+    c.deterministic = true, c.batch = 7, c.heads_q = 8, c.heads_kv = 2;
+    check_deterministic(c, repeats, true);
+  }
+}
+
+// More CTAs than an H100 has SMs (360 CTAs: waits across waves of CTAs): no deadlock,
+// still bitwise repeatable. No gradient oracle (the forward one builds the inputs).
+TEST_F(CudaBackwardHopper, DeterministicModeManyWaves) {
+  for (std::int64_t d : kHeadDims)
+    for (bool causal : {true, false}) {
+      Case c = hopper_case(DType::bfloat16, 384, 384, causal, d);
+      c.deterministic = true, c.batch = 30, c.heads_q = 4, c.heads_kv = 4;
+      check_deterministic(c, 5, false);
+    }
 }
 
 }  // namespace

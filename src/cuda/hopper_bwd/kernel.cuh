@@ -33,6 +33,28 @@
 // (varlen) sequence are finite, and their LSE is +inf (workspace padding), so P = 0
 // and dS = 0 there; the dQ tile's rows past the sequence add exact zeros (the
 // accumulator has block_m spare rows per head). Keys past the sequence are masked.
+//
+// Deterministic mode (kDeterministic): the bulk reductions of the CTAs into one
+// (sequence, query head, query block) tile of dq_accum happen in a fixed order, by
+// descending key block: before its reduction the issuer waits (acquire) until the
+// tile's semaphore equals its turn = last visiting key block - its key block
+// (dq_order.hpp gives the visitors of a query block, exactly those whose
+// rows_of_columns range holds it), after it waits for the reduction to complete and
+// publishes turn + 1 (release). Fp32 addition in a fixed order: dQ is bitwise
+// repeatable. The key blocks are mapped onto blockIdx.x in reverse (highest first):
+//   - deadlock freedom: a CTA only waits for CTAs of the same (sequence, kv head) with a
+//     higher key block, which have a lower blockIdx.x. CTAs are dispatched in blockIdx
+//     order, so those are resident or finished when it waits, and by induction on
+//     blockIdx.x each of them completes its steps (the lowest CTA waits for no one);
+//     nothing else a CTA waits on (its own mbarriers and named barriers) depends on
+//     another CTA. Whatever the order of the steps inside a CTA (query heads of the group,
+//     then ascending query blocks), no CTA waits on a CTA that waits on it.
+//   - speed: under causal and sliding-window masks a higher key block starts at a later
+//     query block, so it reaches a given query block after fewer steps than a lower one:
+//     descending turns are (roughly) the order in which the CTAs arrive anyway (FA3
+//     does the same for causal masks). Without a mask every CTA arrives at once and
+//     the adds of a query block serialize either way.
+// CTAs that return early (keys past the sequence, no query block) take no turn.
 #pragma once
 
 #include <cuda.h>
@@ -51,10 +73,12 @@
 #include "src/cuda/bwd/workspace.hpp"
 #include "src/cuda/common/check.cuh"
 #include "src/cuda/common/numeric.cuh"
+#include "src/cuda/hopper_bwd/dq_order.hpp"
 #include "src/cuda/hopper_bwd/launch.hpp"
 #include "src/cuda/hopper_bwd/tile_config.hpp"
 #include "src/cuda/ptx/bulk_reduce.cuh"
 #include "src/cuda/ptx/math.cuh"
+#include "src/cuda/ptx/semaphore.cuh"
 #include "src/cuda/ptx/warpgroup.cuh"
 #include "src/cuda/ptx/wgmma.cuh"
 
@@ -70,7 +94,7 @@ __device__ __forceinline__ void wait_barrier(std::uint64_t* barrier, std::uint32
 }
 #endif
 
-template <class T, int kHeadDimArg, int kBlockMArg, int kBlockNArg, int kStagesArg>
+template <class T, int kHeadDimArg, int kBlockMArg, int kBlockNArg, int kStagesArg, bool kDeterministic>
 __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
     backward_kernel_sm90(const __grid_constant__ HopperBackwardParams params) {
 #if FLASHATTN_HOPPER_DEVICE_CODE
@@ -101,7 +125,9 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
   const std::int64_t num_n_blocks = (attention.seqlen_k + kBlockN - 1) / kBlockN;
   // Key block fastest: under a causal mask the low key blocks (the most query blocks)
   // start first, the short ones fill the tail (as the FA2-class kernel).
-  const std::int64_t n_block = blockIdx.x % num_n_blocks;
+  // Deterministic: highest key block first (see the top of the file).
+  const std::int64_t n_block =
+      kDeterministic ? num_n_blocks - 1 - blockIdx.x % num_n_blocks : blockIdx.x % num_n_blocks;
   const std::int64_t head_kv = (blockIdx.x / num_n_blocks) % attention.heads_kv;
   const std::int64_t batch = blockIdx.x / num_n_blocks / attention.heads_kv;
   const std::int64_t seqlen_q = attention.seqlen_q_of(batch), seqlen_k = attention.seqlen_k_of(batch);
@@ -110,9 +136,10 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
   const std::int64_t kv_rows = seqlen_k - n0 < kBlockN ? seqlen_k - n0 : kBlockN;
   const MaskRule mask = attention.mask_of(batch);
   // Steps: every query head of the group x every query block that sees this key block.
-  const MaskRule::RowRange rows = mask.rows_of_columns(n0, n0 + kv_rows);
-  const int m_block_begin = static_cast<int>(rows.begin / kBlockM);
-  const int m_blocks = rows.end > rows.begin ? static_cast<int>((rows.end + kBlockM - 1) / kBlockM) - m_block_begin : 0;
+  // (dq_order.hpp: the deterministic mode's turns are derived from the same ranges.)
+  const QueryBlockRange query_blocks = query_blocks_of_key_block(mask, n0, kv_rows, kBlockM);
+  const int m_block_begin = query_blocks.begin;
+  const int m_blocks = query_blocks.count;
   const int steps = m_blocks * static_cast<int>(attention.group_size);
   auto step_head = [&](int step) { return head_kv * attention.group_size + step / m_blocks; };
   auto step_m0 = [&](int step) { return static_cast<std::int64_t>(m_block_begin + step % m_blocks) * kBlockM; };
@@ -410,10 +437,32 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
     ptx::fence_proxy_async_shared();
     // Also: every consumer's dQ product is done, so dS^T may be rewritten next step.
     ptx::named_barrier_sync(static_cast<int>(NamedBarrier::kDqStaged), kConsumerThreads);
-    if (is_issuer) {
-      ptx::bulk_reduce_add_f32(workspace.dq_accum + workspace.dq_offset(attention, batch, m0, head_q),
-                               address_of(shared_dq), kBlockM * kHeadDim * 4);
-      ptx::bulk_commit_group();
+    if constexpr (!kDeterministic) {
+      if (is_issuer) {
+        ptx::bulk_reduce_add_f32(workspace.dq_accum + workspace.dq_offset(attention, batch, m0, head_q),
+                                 address_of(shared_dq), kBlockM * kHeadDim * 4);
+        ptx::bulk_commit_group();
+      }
+    } else {
+      if (is_issuer) {
+        const std::int64_t m_block = m0 / kBlockM;
+        const KeyBlockRange visitors = key_blocks_of_query_block(mask, m_block, kBlockM, kBlockN);
+        const auto turn = static_cast<std::int32_t>(visitors.first + visitors.count - 1 - n_block);
+        std::int32_t* semaphore =
+            workspace.dq_semaphore + workspace.semaphore_index(attention, batch, m_block, kBlockM, head_q);
+        ptx::wait_until_equal_acquire_gpu(semaphore, turn);
+        ptx::fence_proxy_async_global();  // the earlier turns' additions before ours
+        ptx::bulk_reduce_add_f32(workspace.dq_accum + workspace.dq_offset(attention, batch, m0, head_q),
+                                 address_of(shared_dq), kBlockM * kHeadDim * 4);
+        ptx::bulk_commit_group();
+        // Performed in global memory (not only read from shared memory) before the next turn.
+        ptx::bulk_wait_group<0>();
+        ptx::fence_proxy_async_global();
+        __threadfence();
+        ptx::store_release_gpu(semaphore, turn + 1);
+      }
+      // The issuer rejoins its warp before the next step's warpgroup-wide wgmma.
+      __syncwarp();
     }
   }
   // The staging tile must stay readable until the TMA has added it.
@@ -441,9 +490,13 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
 
 // Launches backward_kernel_sm90 with kConfig's tiles for already checked params
 // (why_unsupported empty). No allocation, no synchronisation.
-template <class T, HopperBwdTileConfig kConfig>
+// kDeterministic must equal params.backward.deterministic (it needs the workspace's
+// dq_semaphore, zeroed).
+template <class T, HopperBwdTileConfig kConfig, bool kDeterministic = false>
 void launch_backward_sm90(const HopperBackwardParams& params, cudaStream_t stream) {
   const BackwardParams& attention = params.backward;
+  if (attention.deterministic != kDeterministic || (kDeterministic && params.workspace.dq_semaphore == nullptr))
+    throw Error("flashattn: cuda backward: Hopper kernel instantiated for the other deterministic mode");
   const std::int64_t num_n_blocks = (attention.seqlen_k + kConfig.block_n - 1) / kConfig.block_n;
   const std::int64_t num_ctas = num_n_blocks * attention.heads_kv * attention.batch;
   if (num_ctas == 0) return;
@@ -453,7 +506,8 @@ void launch_backward_sm90(const HopperBackwardParams& params, cudaStream_t strea
   int device = 0;
   FLASHATTN_CUDA_CHECK(cudaGetDevice(&device));
   constexpr int kSharedBytes = kConfig.shared_bytes();
-  auto* kernel = backward_kernel_sm90<T, kConfig.kernel_head_dim, kConfig.block_m, kConfig.block_n, kConfig.stages>;
+  auto* kernel = backward_kernel_sm90<T, kConfig.kernel_head_dim, kConfig.block_m, kConfig.block_n, kConfig.stages,
+                                      kDeterministic>;
   // Above 48 KB of dynamic shared memory a kernel must opt in, once per device.
   static std::atomic<std::uint64_t> opted_in_devices{0};
   const std::uint64_t device_bit = device < 64 ? (std::uint64_t{1} << device) : 0;
@@ -466,11 +520,11 @@ void launch_backward_sm90(const HopperBackwardParams& params, cudaStream_t strea
 }
 
 // What a generated translation unit instantiates (see generate_instantiations.py).
-template <class T, int kHeadDim>
+template <class T, int kHeadDim, bool kDeterministic>
 void run_backward_sm90(const HopperBackwardParams& params, cudaStream_t stream) {
   constexpr HopperBwdTileConfig kConfig = hopper_bwd_tile_config(kHeadDim);
   static_assert(kConfig.kernel_head_dim == kHeadDim, "no Hopper backward tile config for this head dim");
-  launch_backward_sm90<T, kConfig>(params, stream);
+  launch_backward_sm90<T, kConfig, kDeterministic>(params, stream);
 }
 
 }  // namespace flashattn::cuda::hopper_bwd

@@ -35,8 +35,8 @@ bool is_built_head_dim(std::int64_t head_dim) {
   return false;
 }
 
-// FLASHATTN_CUDA_BWD_SM90=0 keeps every backward on the FA2-class kernel (A/B timing);
-// read once.
+// FLASHATTN_CUDA_BWD_SM90=0 keeps every backward, deterministic or not, on the
+// FA2-class kernels (A/B timing, escape hatch); read once.
 bool is_disabled_by_environment() {
   static const bool disabled = [] {
     const char* value = std::getenv("FLASHATTN_CUDA_BWD_SM90");
@@ -45,14 +45,14 @@ bool is_disabled_by_environment() {
   return disabled;
 }
 
-template <class T>
+template <class T, bool kDeterministic>
 void run_for_head_dim(const HopperBackwardParams& params, cudaStream_t stream) {
   switch (params.backward.head_dim) {
 #ifdef FLASHATTN_CUDA_HOPPER_BWD_HDIM_64
-    case 64: return run_backward_sm90<T, 64>(params, stream);
+    case 64: return run_backward_sm90<T, 64, kDeterministic>(params, stream);
 #endif
 #ifdef FLASHATTN_CUDA_HOPPER_BWD_HDIM_128
-    case 128: return run_backward_sm90<T, 128>(params, stream);
+    case 128: return run_backward_sm90<T, 128, kDeterministic>(params, stream);
 #endif
     default:
       throw NotSupported("flashattn: cuda backward: no Hopper backward kernel for head_dim " +
@@ -65,7 +65,9 @@ void run_for_head_dim(const HopperBackwardParams& params, cudaStream_t stream) {
 std::string why_unsupported(const BackwardParams& params) {
   if (kBuiltCount == 0) return "no Hopper backward kernel in this build (needs sm_90a and head dim 64 or 128)";
   if (is_disabled_by_environment()) return "disabled by FLASHATTN_CUDA_BWD_SM90=0";
-  if (params.deterministic) return "deterministic mode runs the FA2-class kernels (separate dQ kernel, no atomics)";
+  // Deterministic mode runs here too: the dQ bulk reductions of each query block are
+  // ordered by key block (semaphores in the workspace, kernel.cuh); dK/dV are summed in
+  // registers in a fixed order in both modes.
   if (hopper::device_compute_capability(params.device.index) != 90) return "not a compute capability 9.0 device";
   if (params.dtype != DType::float16 && params.dtype != DType::bfloat16) return "dtype is not float16/bfloat16";
   // Exact head dims only: dQ goes out as one contiguous bulk reduction per tile.
@@ -129,10 +131,16 @@ void backward_main(const BackwardParams& params, const bwd::Workspace& workspace
   if (rows_k == 0) return;
   const HopperBackwardParams hopper_params =
       make_backward_params(params, workspace, hopper_bwd_tile_config(static_cast<int>(params.head_dim)));
-  if (params.dtype == DType::bfloat16) {
-    run_for_head_dim<__nv_bfloat16>(hopper_params, stream);
+  if (params.deterministic) {
+    if (params.dtype == DType::bfloat16) {
+      run_for_head_dim<__nv_bfloat16, true>(hopper_params, stream);
+    } else {
+      run_for_head_dim<__half, true>(hopper_params, stream);
+    }
+  } else if (params.dtype == DType::bfloat16) {
+    run_for_head_dim<__nv_bfloat16, false>(hopper_params, stream);
   } else {
-    run_for_head_dim<__half>(hopper_params, stream);
+    run_for_head_dim<__half, false>(hopper_params, stream);
   }
 }
 

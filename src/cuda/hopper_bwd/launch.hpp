@@ -1,8 +1,9 @@
 // src/cuda/hopper_bwd/launch.hpp — the Hopper (sm_90a) backward kernel's entry points.
 //
 // It replaces only the dK/dV(+dQ) kernel of the backward pass (src/cuda/bwd/): the
-// preprocess (LSE in log2 units, D = rowsum(dO ∘ O), dq_accum zeroed) and the dQ
-// conversion stay, and so does the workspace (src/cuda/bwd/workspace.hpp).
+// preprocess (LSE in log2 units, D = rowsum(dO ∘ O), dq_accum and, deterministic, the
+// dQ semaphores zeroed) and the dQ conversion stay, and so does the workspace
+// (src/cuda/bwd/workspace.hpp). In both modes.
 // Including this header compiles no kernel; one explicit instantiation per (dtype,
 // kernel head dim) lives in src/cuda/hopper_bwd/instantiations/ (generated).
 #pragma once
@@ -29,7 +30,9 @@ struct HopperBackwardParams {
   CUtensorMap v_map;     // box rows block_n
 };
 
-template <class T, int kHeadDim>
+// kDeterministic: the dQ reductions of each query block ordered by key block (needs
+// params.backward.deterministic and the workspace's dq_semaphore; see kernel.cuh).
+template <class T, int kHeadDim, bool kDeterministic>
 void run_backward_sm90(const HopperBackwardParams& params, cudaStream_t stream);
 
 // Empty when the Hopper backward kernel runs these (validated) params, else why not.

@@ -3,7 +3,8 @@
 // PTX ISA, "Data Movement and Conversion Instructions" > "Data movement instructions
 // using the Tensor Memory Accelerator (bulk, non-tensor)": "cp.reduce.async.bulk",
 // "cp.async.bulk.commit_group", "cp.async.bulk.wait_group"; and "Parallel
-// Synchronization and Communication Instructions" > "membar/fence" (fence.proxy.async).
+// Synchronization and Communication Instructions" > "membar/fence" (fence.proxy.async,
+// fence.proxy.async.global).
 // sm_90 and newer.
 //
 // One thread hands a contiguous range of shared memory to the TMA unit, which adds
@@ -51,6 +52,14 @@ __device__ __forceinline__ void bulk_wait_group() {
 // to shared memory before later async-proxy (TMA) accesses to it.
 __device__ __forceinline__ void fence_proxy_async_shared() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
+// fence.proxy.async.global: orders this thread's async-proxy (TMA) accesses to global
+// memory with its generic-proxy accesses to it, both ways. Between a completed bulk
+// reduction (bulk_wait_group<0>) and the release that publishes it, and between the
+// acquire that waits for another CTA's reduction and the next bulk reduction.
+__device__ __forceinline__ void fence_proxy_async_global() {
+  asm volatile("fence.proxy.async.global;\n" ::: "memory");
 }
 
 }  // namespace flashattn::cuda::ptx
