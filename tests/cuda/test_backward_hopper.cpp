@@ -1,6 +1,6 @@
 // tests/cuda/test_backward_hopper.cpp — the Hopper (sm_90a) backward kernel
 // (src/cuda/hopper_bwd) through the public API, against the float64 oracle with the
-// gradient rule of test_backward.cpp: head dims 64 and 128 (the kernel's), both dtypes, tails
+// gradient rule of test_backward.cpp: head dims 64, 128 (kernel.cuh) and 256 (kernel_wide.cuh), both dtypes, tails
 // of both sequence lengths, ring wrap-around (many query blocks per key block), GQA,
 // causal/window/softcap masks, varlen with empty sequences, dK/dV bitwise
 // stability, and deterministic mode (dQ reductions ordered by key block: bitwise
@@ -23,8 +23,12 @@ class CudaBackwardHopper : public ::testing::Test {
   }
 };
 
-// The kernel's head dims (64: block_m 128, dQ split by rows; 128: block_m 64, dQ split by columns).
-constexpr std::int64_t kHeadDims[] = {64, 128};
+// The kernels' head dims (64: block_m 128, dQ split by rows; 128: block_m 64, dQ split by
+// columns; 256: the wide kernel, head dim split between the consumers).
+constexpr std::int64_t kHeadDims[] = {64, 128, 256};
+// Deterministic mode (ordered dQ reductions) exists in kernel.cuh only; d256 runs the
+// FA2-class kernels there.
+constexpr std::int64_t kDeterministicHeadDims[] = {64, 128};
 
 Case hopper_case(DType dtype, std::int64_t seqlen_q, std::int64_t seqlen_k, bool causal, std::int64_t head_dim = 128) {
   Case c;
@@ -63,11 +67,18 @@ TEST_F(CudaBackwardHopper, DispatchPicksTheHopperKernelOnSm90) {
   } else {
     EXPECT_NE(reason, "") << "the Hopper backward kernel must not run on compute capability " << major << "." << minor;
   }
-  // Deterministic mode runs wherever the default mode does (ordered dQ reductions);
-  // unaligned strides stay on the FA2-class kernels.
+  // Deterministic mode runs wherever the default mode does (ordered dQ reductions), but
+  // at d256; unaligned strides stay on the FA2-class kernels.
   BackwardParams deterministic = params;
   deterministic.deterministic = true;
   EXPECT_EQ(cuda::hopper_bwd::why_unsupported(deterministic), reason);
+  BackwardParams head_dim_256 = params;
+  head_dim_256.head_dim = 256;
+  const std::string reason_256 = cuda::hopper_bwd::why_unsupported(head_dim_256);
+  if (major * 10 + minor == 90 && reason.empty() && reason_256.rfind("head_dim 256 not built", 0) != 0)
+    EXPECT_EQ(reason_256, "") << "d256 should run on the wide Hopper backward kernel";
+  head_dim_256.deterministic = true;
+  EXPECT_NE(cuda::hopper_bwd::why_unsupported(head_dim_256), "");
   BackwardParams unaligned = params;
   unaligned.dout_row_stride += 3;
   EXPECT_NE(cuda::hopper_bwd::why_unsupported(unaligned), "");
@@ -104,11 +115,12 @@ TEST_F(CudaBackwardHopper, LongQueryRangeWrapsTheRing) {
 
 TEST_F(CudaBackwardHopper, GroupedQueryAttention) {
   for (auto [hq, hkv] : {std::pair<std::int64_t, std::int64_t>{8, 2}, {6, 1}})
-    for (bool causal : {false, true}) {
-      Case c = hopper_case(DType::float16, 100, 150, causal, hq == 8 ? 64 : 128);
-      c.heads_q = hq, c.heads_kv = hkv, c.batch = 1;
-      check_case(c);
-    }
+    for (bool causal : {false, true})
+      for (std::int64_t d : {hq == 8 ? std::int64_t{64} : std::int64_t{128}, std::int64_t{256}}) {
+        Case c = hopper_case(DType::float16, 100, 150, causal, d);
+        c.heads_q = hq, c.heads_kv = hkv, c.batch = 1;
+        check_case(c);
+      }
 }
 
 TEST_F(CudaBackwardHopper, WindowAndSoftcap) {
@@ -126,27 +138,34 @@ TEST_F(CudaBackwardHopper, WindowAndSoftcap) {
   check_case(c);
   c.head_dim = 64;
   check_case(c);
+  c.head_dim = 256;
+  check_case(c);
   c.softcap = 0.0, c.causal = false, c.q_scale = 1.0f, c.window_left = 20, c.window_right = 5;
+  check_case(c);
+  c.head_dim = 64;
   check_case(c);
 }
 
 TEST_F(CudaBackwardHopper, VarlenWithEmptyAndSingleTokenSequences) {
-  for (bool causal : {false, true}) {
-    Case c = hopper_case(DType::float16, 0, 0, causal, causal ? 64 : 128);
-    c.varlen_q = {0, 1, 70, 129, 5, 0, 200};
-    c.varlen_k = {3, 1, 200, 64, 0, 0, 190};
-    c.batch = 7, c.heads_q = 4, c.heads_kv = 2;
-    check_case(c);
-  }
+  for (bool causal : {false, true})
+    for (std::int64_t d : {causal ? std::int64_t{64} : std::int64_t{128}, std::int64_t{256}}) {
+      Case c = hopper_case(DType::float16, 0, 0, causal, d);
+      c.varlen_q = {0, 1, 70, 129, 5, 0, 200};
+      c.varlen_k = {3, 1, 200, 64, 0, 0, 190};
+      c.batch = 7, c.heads_q = 4, c.heads_kv = 2;
+      check_case(c);
+    }
 }
 
 // dout with padded heads (aligned: the Hopper kernel; odd: the FA2-class fallback).
 TEST_F(CudaBackwardHopper, NonContiguousDout) {
-  Case c = hopper_case(DType::bfloat16, 150, 170, true);
-  c.dout_head_padding = 8;
-  check_case(c);
-  c.dout_head_padding = 3;
-  check_case(c);
+  for (std::int64_t d : {128, 256}) {
+    Case c = hopper_case(DType::bfloat16, 150, 170, true, d);
+    c.dout_head_padding = 8;
+    check_case(c);
+    c.dout_head_padding = 3;
+    check_case(c);
+  }
 }
 
 TEST_F(CudaBackwardHopper, NoNanForMaskedRowsAndLargeLogits) {
@@ -218,7 +237,7 @@ void check_deterministic(const Case& deterministic_case, int repeats, bool with_
 TEST_F(CudaBackwardHopper, DeterministicModeIsBitwiseRepeatable) {
   const int repeats = 20;
   // Causal, GQA 8/2 (four query heads per CTA), both kernel head dims, tails.
-  for (std::int64_t d : kHeadDims) {
+  for (std::int64_t d : kDeterministicHeadDims) {
     Case c = hopper_case(DType::bfloat16, 300, 257, true, d);
     c.deterministic = true, c.batch = 2, c.heads_q = 8, c.heads_kv = 2;
     check_deterministic(c, repeats, true);
@@ -245,7 +264,7 @@ TEST_F(CudaBackwardHopper, DeterministicModeIsBitwiseRepeatable) {
 // More CTAs than an H100 has SMs (360 CTAs: waits across waves of CTAs): no deadlock,
 // still bitwise repeatable. No gradient oracle (the forward one builds the inputs).
 TEST_F(CudaBackwardHopper, DeterministicModeManyWaves) {
-  for (std::int64_t d : kHeadDims)
+  for (std::int64_t d : kDeterministicHeadDims)
     for (bool causal : {true, false}) {
       Case c = hopper_case(DType::bfloat16, 384, 384, causal, d);
       c.deterministic = true, c.batch = 30, c.heads_q = 4, c.heads_kv = 4;

@@ -13,6 +13,7 @@
 //
 // flashattn_hopper_bwd_timing [repeats] [--quick]      the sweeps, Hopper vs FA2-class kernel
 // flashattn_hopper_bwd_timing [repeats] --variants     tile configs other than the table's
+// flashattn_hopper_bwd_timing [repeats] --head-dim D   the sweeps of head dim D only (64, 128, 256)
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -270,6 +271,8 @@ void sweep_variants(int repeats) {
 int main(int argc, char** argv) {
   const int repeats = argc > 1 ? std::atoi(argv[1]) : 20;
   const bool quick = argc > 2 && std::string(argv[2]) == "--quick";
+  // --head-dim D: only the shapes of head dim D (full seqlen sweep).
+  const std::int64_t only_head_dim = argc > 3 && std::string(argv[2]) == "--head-dim" ? std::atoll(argv[3]) : 0;
   if (!flashattn::cuda_available()) {
     std::fprintf(stderr, "no CUDA device\n");
     return 1;
@@ -286,18 +289,22 @@ int main(int argc, char** argv) {
   for (std::int64_t n : seqlens)
     if (n >= 1024)
       for (bool causal : {false, true}) shapes.push_back({"seed004_fp16_b4h48_d64", flashattn::DType::float16, 4, 48, n, 64, causal});
-  for (std::int64_t d : {64, 128})
+  for (std::int64_t d : {64, 128, 256})
     for (std::int64_t n : seqlens)
       for (bool causal : {false, true})
         shapes.push_back({"fa3_bf16_16k_tokens", flashattn::DType::bfloat16, 16384 / n, 2048 / d, n, d, causal});
   std::printf("sweep,dtype,batch,heads,seqlen,head_dim,causal,path,sm90_ms,sm90_tflops,fa2_class_ms,fa2_class_tflops,"
               "max_rel_diff\n");
   for (const Shape& shape : shapes) {
+    if (only_head_dim != 0 && shape.head_dim != only_head_dim) continue;
     try {
       const bool is_half = shape.dtype == flashattn::DType::float16;
       if (shape.head_dim == 64) {
         if (is_half) measure<__half, 64>(shape, repeats);
         else measure<__nv_bfloat16, 64>(shape, repeats);
+      } else if (shape.head_dim == 256) {
+        if (is_half) measure<__half, 256>(shape, repeats);
+        else measure<__nv_bfloat16, 256>(shape, repeats);
       } else {
         if (is_half) measure<__half, 128>(shape, repeats);
         else measure<__nv_bfloat16, 128>(shape, repeats);

@@ -25,9 +25,15 @@ constexpr int kBuiltHeadDims[] = {
 #ifdef FLASHATTN_CUDA_HOPPER_BWD_HDIM_128
     128,
 #endif
+#ifdef FLASHATTN_CUDA_HOPPER_BWD_HDIM_256
+    256,
+#endif
     0,  // sentinel
 };
 constexpr int kBuiltCount = static_cast<int>(sizeof(kBuiltHeadDims) / sizeof(int)) - 1;
+
+// Head dims of the wide kernel (kernel_wide.cuh) rather than kernel.cuh.
+bool is_wide_head_dim(std::int64_t head_dim) { return head_dim == 256; }
 
 bool is_built_head_dim(std::int64_t head_dim) {
   for (int i = 0; i < kBuiltCount; ++i)
@@ -54,6 +60,11 @@ void run_for_head_dim(const HopperBackwardParams& params, cudaStream_t stream) {
 #ifdef FLASHATTN_CUDA_HOPPER_BWD_HDIM_128
     case 128: return run_backward_sm90<T, 128, kDeterministic>(params, stream);
 #endif
+#ifdef FLASHATTN_CUDA_HOPPER_BWD_HDIM_256
+    case 256:
+      if constexpr (!kDeterministic) return run_backward_sm90_wide<T, 256>(params, stream);
+      [[fallthrough]];  // deterministic: refused by why_unsupported
+#endif
     default:
       throw NotSupported("flashattn: cuda backward: no Hopper backward kernel for head_dim " +
                          std::to_string(params.backward.head_dim));
@@ -63,7 +74,7 @@ void run_for_head_dim(const HopperBackwardParams& params, cudaStream_t stream) {
 }  // namespace
 
 std::string why_unsupported(const BackwardParams& params) {
-  if (kBuiltCount == 0) return "no Hopper backward kernel in this build (needs sm_90a and head dim 64 or 128)";
+  if (kBuiltCount == 0) return "no Hopper backward kernel in this build (needs sm_90a and head dim 64, 128 or 256)";
   if (is_disabled_by_environment()) return "disabled by FLASHATTN_CUDA_BWD_SM90=0";
   // Deterministic mode runs here too: the dQ bulk reductions of each query block are
   // ordered by key block (semaphores in the workspace, kernel.cuh); dK/dV are summed in
@@ -72,6 +83,9 @@ std::string why_unsupported(const BackwardParams& params) {
   if (params.dtype != DType::float16 && params.dtype != DType::bfloat16) return "dtype is not float16/bfloat16";
   // Exact head dims only: dQ goes out as one contiguous bulk reduction per tile.
   if (!is_built_head_dim(params.head_dim)) return "head_dim " + std::to_string(params.head_dim) + " not built";
+  if (params.deterministic && is_wide_head_dim(params.head_dim))
+    return "deterministic mode at head dim " + std::to_string(params.head_dim) +
+           " runs the FA2-class kernels (the wide Hopper kernel has no ordered dQ reductions)";
   if (!bwd::allows_vector_access(params)) return "a pointer or stride is not 16-byte aligned";
   const bool is_varlen = params.is_varlen();
   const std::int64_t rows_q = is_varlen ? params.total_q : params.seqlen_q;
@@ -94,8 +108,11 @@ std::string why_unsupported(const BackwardParams& params) {
   return {};
 }
 
-HopperBackwardParams make_backward_params(const BackwardParams& params, const bwd::Workspace& workspace,
-                                          const HopperBwdTileConfig& config) {
+namespace {
+
+// The maps' boxes: block_m rows of Q/dO, block_n rows of K/V.
+HopperBackwardParams make_params_with_boxes(const BackwardParams& params, const bwd::Workspace& workspace,
+                                            int block_m, int block_n) {
   const bool is_varlen = params.is_varlen();
   const std::int64_t rows_q = is_varlen ? params.total_q : params.seqlen_q;
   const std::int64_t rows_k = is_varlen ? params.total_k : params.seqlen_k;
@@ -108,20 +125,32 @@ HopperBackwardParams make_backward_params(const BackwardParams& params, const bw
   if (rows_q > 0) {
     hopper_params.q_map = make_panel_tensor_map("q", params.q, params.dtype, params.head_dim, rows_q, params.heads_q,
                                                 batch, params.q_row_stride, params.q_head_stride, params.q_batch_stride,
-                                                config.block_m);
+                                                block_m);
     hopper_params.dout_map = make_panel_tensor_map("dout", params.dout, params.dtype, params.head_dim, rows_q,
                                                    params.heads_q, batch, params.dout_row_stride,
-                                                   params.dout_head_stride, params.dout_batch_stride, config.block_m);
+                                                   params.dout_head_stride, params.dout_batch_stride, block_m);
   }
   if (rows_k > 0) {
     hopper_params.k_map = make_panel_tensor_map("k", params.k, params.dtype, params.head_dim, rows_k, params.heads_kv,
                                                 batch, params.k_row_stride, params.k_head_stride,
-                                                params.k_batch_stride, config.block_n);
+                                                params.k_batch_stride, block_n);
     hopper_params.v_map = make_panel_tensor_map("v", params.v, params.dtype, params.head_dim, rows_k, params.heads_kv,
                                                 batch, params.v_row_stride, params.v_head_stride,
-                                                params.v_batch_stride, config.block_n);
+                                                params.v_batch_stride, block_n);
   }
   return hopper_params;
+}
+
+}  // namespace
+
+HopperBackwardParams make_backward_params(const BackwardParams& params, const bwd::Workspace& workspace,
+                                          const HopperBwdTileConfig& config) {
+  return make_params_with_boxes(params, workspace, config.block_m, config.block_n);
+}
+
+HopperBackwardParams make_backward_params(const BackwardParams& params, const bwd::Workspace& workspace,
+                                          const HopperBwdWideConfig& config) {
+  return make_params_with_boxes(params, workspace, config.block_m, config.block_n);
 }
 
 void backward_main(const BackwardParams& params, const bwd::Workspace& workspace, cudaStream_t stream) {
@@ -129,8 +158,10 @@ void backward_main(const BackwardParams& params, const bwd::Workspace& workspace
   // kernel runs no step and writes dK = dV = 0.
   const std::int64_t rows_k = params.is_varlen() ? params.total_k : params.seqlen_k;
   if (rows_k == 0) return;
+  const int head_dim = static_cast<int>(params.head_dim);
   const HopperBackwardParams hopper_params =
-      make_backward_params(params, workspace, hopper_bwd_tile_config(static_cast<int>(params.head_dim)));
+      is_wide_head_dim(head_dim) ? make_backward_params(params, workspace, hopper_bwd_wide_tile_config(head_dim))
+                                 : make_backward_params(params, workspace, hopper_bwd_tile_config(head_dim));
   if (params.deterministic) {
     if (params.dtype == DType::bfloat16) {
       run_for_head_dim<__nv_bfloat16, true>(hopper_params, stream);

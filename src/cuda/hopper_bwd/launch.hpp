@@ -35,12 +35,19 @@ struct HopperBackwardParams {
 template <class T, int kHeadDim, bool kDeterministic>
 void run_backward_sm90(const HopperBackwardParams& params, cudaStream_t stream);
 
+// The wide head dims' kernel (kernel_wide.cuh: d256, the head dim split between the
+// consumers); default mode only.
+template <class T, int kHeadDim>
+void run_backward_sm90_wide(const HopperBackwardParams& params, cudaStream_t stream);
+
 // Empty when the Hopper backward kernel runs these (validated) params, else why not.
 std::string why_unsupported(const BackwardParams& params);
 
 // The kernel's parameters for `config`'s tile rows (the tensor maps' boxes).
 HopperBackwardParams make_backward_params(const BackwardParams& params, const bwd::Workspace& workspace,
                                           const HopperBwdTileConfig& config);
+HopperBackwardParams make_backward_params(const BackwardParams& params, const bwd::Workspace& workspace,
+                                          const HopperBwdWideConfig& config);
 
 // Runs the dK/dV/dQ kernel (between launch_preprocess and launch_convert_dq); the
 // caller has checked why_unsupported(params).empty().
