@@ -20,8 +20,9 @@
 //     kernel; the barriers are set up before the wait too. Measured (H100, 2026-11-25):
 //     the prefetch costs more than it hides at KV 1k, so the library's own choice runs
 //     this kernel without it (prefetch_tiles = 0).
-// Where it runs: kernel_choice.hpp (paged caches with short key ranges; anywhere with
-// FLASHATTN_DECODE_KERNEL=tma).
+// Where it runs: FLASHATTN_DECODE_KERNEL=tma. kernel_choice.hpp has the measured rule
+// for paged caches with short key ranges, off while racecheck reports hazards here
+// (bench/results/gpu_decode.md).
 // Tensor maps (host, make_decode_tensor_maps): 4-D (head_dim, rows, kv heads, groups)
 // over each cache — contiguous: rows = capacity, groups = sequences, box 64 keys;
 // paged: rows = page_size, groups = pages, box gcd(page_size, 64) keys, so a box never
