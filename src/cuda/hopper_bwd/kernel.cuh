@@ -61,7 +61,6 @@
 #include <cuda_runtime.h>
 
 #include <atomic>
-#include <climits>
 #include <cstdint>
 #include <cuda/ptx>
 #include <string>
@@ -75,6 +74,7 @@
 #include "src/cuda/common/numeric.cuh"
 #include "src/cuda/hopper_bwd/dq_order.hpp"
 #include "src/cuda/hopper_bwd/launch.hpp"
+#include "src/cuda/hopper_bwd/pipeline.cuh"
 #include "src/cuda/hopper_bwd/tile_config.hpp"
 #include "src/cuda/ptx/bulk_reduce.cuh"
 #include "src/cuda/ptx/math.cuh"
@@ -87,12 +87,6 @@ namespace flashattn::cuda::hopper_bwd {
 // Named barriers among the 256 consumer threads (0 is __syncthreads).
 enum class NamedBarrier : int { kDsWritten = 1, kDqStaged = 2 };
 
-#if FLASHATTN_HOPPER_DEVICE_CODE
-__device__ __forceinline__ void wait_barrier(std::uint64_t* barrier, std::uint32_t parity) {
-  while (!::cuda::ptx::mbarrier_try_wait_parity(barrier, parity)) {
-  }
-}
-#endif
 
 template <class T, int kHeadDimArg, int kBlockMArg, int kBlockNArg, int kStagesArg, bool kDeterministic>
 __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
@@ -182,17 +176,8 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
     const std::int32_t k_row = static_cast<std::int32_t>(attention.k_start(batch) + n0);
     ::cuda::ptx::mbarrier_arrive_expect_tx(::cuda::ptx::sem_release, ::cuda::ptx::scope_cta,
                                            ::cuda::ptx::space_shared, kv_full, 2 * kKVBytes);
-#pragma unroll
-    for (int panel = 0; panel < kPanels; ++panel) {
-      const std::int32_t coordinates[4] = {panel * kPanelColumns, k_row, static_cast<std::int32_t>(head_kv),
-                                           batch_coordinate};
-      ::cuda::ptx::cp_async_bulk_tensor(::cuda::ptx::space_cluster, ::cuda::ptx::space_global,
-                                        shared_k + panel * kBlockN * kPanelColumns, &params.k_map, coordinates,
-                                        kv_full);
-      ::cuda::ptx::cp_async_bulk_tensor(::cuda::ptx::space_cluster, ::cuda::ptx::space_global,
-                                        shared_v + panel * kBlockN * kPanelColumns, &params.v_map, coordinates,
-                                        kv_full);
-    }
+    load_panels<kPanels, kBlockN>(shared_k, &params.k_map, k_row, static_cast<std::int32_t>(head_kv), batch_coordinate, kv_full);
+    load_panels<kPanels, kBlockN>(shared_v, &params.v_map, k_row, static_cast<std::int32_t>(head_kv), batch_coordinate, kv_full);
     for (int step = 0; step < steps; ++step) {
       const int stage = step % kStages;
       if (step >= kStages) wait_barrier(&empty[stage], ((step / kStages) - 1) & 1);
@@ -201,22 +186,13 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
                                              ::cuda::ptx::space_shared, &full[stage],
                                              2 * kQBytes + 2 * kStatsBytes);
       const std::int32_t q_row = static_cast<std::int32_t>(attention.q_start(batch) + m0);
-#pragma unroll
-      for (int panel = 0; panel < kPanels; ++panel) {
-        const std::int32_t coordinates[4] = {panel * kPanelColumns, q_row, static_cast<std::int32_t>(head_q),
-                                             batch_coordinate};
-        const int offset = stage * kBlockM * kHeadDim + panel * kBlockM * kPanelColumns;
-        ::cuda::ptx::cp_async_bulk_tensor(::cuda::ptx::space_cluster, ::cuda::ptx::space_global, shared_q + offset,
-                                          &params.q_map, coordinates, &full[stage]);
-        ::cuda::ptx::cp_async_bulk_tensor(::cuda::ptx::space_cluster, ::cuda::ptx::space_global, shared_do + offset,
-                                          &params.dout_map, coordinates, &full[stage]);
-      }
-      // Whole padded rows of LSE and D (bwd/workspace.hpp): 16-byte aligned, +inf / 0 past the sequence.
-      const std::int64_t stats_row = head_q * workspace.stats_head_stride + stats_start + m0;
-      ::cuda::ptx::cp_async_bulk(::cuda::ptx::space_cluster, ::cuda::ptx::space_global, shared_lse + stage * kBlockM,
-                                 workspace.lse_log2 + stats_row, kStatsBytes, &full[stage]);
-      ::cuda::ptx::cp_async_bulk(::cuda::ptx::space_cluster, ::cuda::ptx::space_global, shared_dsum + stage * kBlockM,
-                                 workspace.dsum + stats_row, kStatsBytes, &full[stage]);
+      const int offset = stage * kBlockM * kHeadDim;
+      load_panels<kPanels, kBlockM>(shared_q + offset, &params.q_map, q_row, static_cast<std::int32_t>(head_q),
+                                    batch_coordinate, &full[stage]);
+      load_panels<kPanels, kBlockM>(shared_do + offset, &params.dout_map, q_row, static_cast<std::int32_t>(head_q),
+                                    batch_coordinate, &full[stage]);
+      load_statistics(shared_lse + stage * kBlockM, shared_dsum + stage * kBlockM, workspace,
+                      head_q * workspace.stats_head_stride + stats_start + m0, kStatsBytes, &full[stage]);
     }
     return;
   }
@@ -494,29 +470,12 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
 // dq_semaphore, zeroed).
 template <class T, HopperBwdTileConfig kConfig, bool kDeterministic = false>
 void launch_backward_sm90(const HopperBackwardParams& params, cudaStream_t stream) {
-  const BackwardParams& attention = params.backward;
-  if (attention.deterministic != kDeterministic || (kDeterministic && params.workspace.dq_semaphore == nullptr))
+  if (params.backward.deterministic != kDeterministic || (kDeterministic && params.workspace.dq_semaphore == nullptr))
     throw Error("flashattn: cuda backward: Hopper kernel instantiated for the other deterministic mode");
-  const std::int64_t num_n_blocks = (attention.seqlen_k + kConfig.block_n - 1) / kConfig.block_n;
-  const std::int64_t num_ctas = num_n_blocks * attention.heads_kv * attention.batch;
-  if (num_ctas == 0) return;
-  if (num_ctas > INT_MAX)
-    throw NotSupported("flashattn: cuda backward: too many key blocks x heads x batch for one launch (" +
-                       std::to_string(num_ctas) + ")");
-  int device = 0;
-  FLASHATTN_CUDA_CHECK(cudaGetDevice(&device));
-  constexpr int kSharedBytes = kConfig.shared_bytes();
-  auto* kernel = backward_kernel_sm90<T, kConfig.kernel_head_dim, kConfig.block_m, kConfig.block_n, kConfig.stages,
-                                      kDeterministic>;
-  // Above 48 KB of dynamic shared memory a kernel must opt in, once per device.
   static std::atomic<std::uint64_t> opted_in_devices{0};
-  const std::uint64_t device_bit = device < 64 ? (std::uint64_t{1} << device) : 0;
-  if (device_bit == 0 || (opted_in_devices.load(std::memory_order_acquire) & device_bit) == 0) {
-    FLASHATTN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSharedBytes));
-    opted_in_devices.fetch_or(device_bit, std::memory_order_release);
-  }
-  kernel<<<static_cast<unsigned>(num_ctas), kConfig.threads(), kSharedBytes, stream>>>(params);
-  FLASHATTN_CUDA_CHECK_LAUNCH();
+  launch_per_key_block(backward_kernel_sm90<T, kConfig.kernel_head_dim, kConfig.block_m, kConfig.block_n, kConfig.stages,
+                                            kDeterministic>,
+                       opted_in_devices, params, kConfig.block_n, kConfig.threads(), kConfig.shared_bytes(), stream);
 }
 
 // What a generated translation unit instantiates (see generate_instantiations.py).

@@ -28,7 +28,6 @@
 #include <cuda_runtime.h>
 
 #include <atomic>
-#include <climits>
 #include <cstdint>
 #include <cuda/ptx>
 #include <string>
@@ -41,6 +40,7 @@
 #include "src/cuda/common/check.cuh"
 #include "src/cuda/common/numeric.cuh"
 #include "src/cuda/hopper_bwd/launch.hpp"
+#include "src/cuda/hopper_bwd/pipeline.cuh"
 #include "src/cuda/hopper_bwd/tile_config.hpp"
 #include "src/cuda/ptx/bulk_reduce.cuh"
 #include "src/cuda/ptx/math.cuh"
@@ -48,13 +48,6 @@
 #include "src/cuda/ptx/wgmma.cuh"
 
 namespace flashattn::cuda::hopper_bwd {
-
-#if FLASHATTN_HOPPER_DEVICE_CODE
-__device__ __forceinline__ void wait_parity(std::uint64_t* barrier, std::uint32_t parity) {
-  while (!::cuda::ptx::mbarrier_try_wait_parity(barrier, parity)) {
-  }
-}
-#endif
 
 template <class T, int kHeadDimArg, int kBlockMArg, int kBlockNArg, int kStagesArg>
 __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
@@ -138,21 +131,12 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
     const std::int32_t k_row = static_cast<std::int32_t>(attention.k_start(batch) + n0);
     ::cuda::ptx::mbarrier_arrive_expect_tx(::cuda::ptx::sem_release, ::cuda::ptx::scope_cta,
                                            ::cuda::ptx::space_shared, kv_full, 2 * kKVBytes);
-#pragma unroll
-    for (int panel = 0; panel < kPanels; ++panel) {
-      const std::int32_t coordinates[4] = {panel * kPanelColumns, k_row, static_cast<std::int32_t>(head_kv),
-                                           batch_coordinate};
-      ::cuda::ptx::cp_async_bulk_tensor(::cuda::ptx::space_cluster, ::cuda::ptx::space_global,
-                                        shared_k + panel * kBlockN * kPanelColumns, &params.k_map, coordinates,
-                                        kv_full);
-      ::cuda::ptx::cp_async_bulk_tensor(::cuda::ptx::space_cluster, ::cuda::ptx::space_global,
-                                        shared_v + panel * kBlockN * kPanelColumns, &params.v_map, coordinates,
-                                        kv_full);
-    }
+    load_panels<kPanels, kBlockN>(shared_k, &params.k_map, k_row, static_cast<std::int32_t>(head_kv), batch_coordinate, kv_full);
+    load_panels<kPanels, kBlockN>(shared_v, &params.v_map, k_row, static_cast<std::int32_t>(head_kv), batch_coordinate, kv_full);
     // The dQ tile of `step`, staged over its stage: added to dq_accum in one reduction.
     auto reduce_dq = [&](int step) {
       const int stage = step % kStages;
-      wait_parity(&dq_staged[stage], (step / kStages) & 1);
+      wait_barrier(&dq_staged[stage], (step / kStages) & 1);
       ptx::bulk_reduce_add_f32(workspace.dq_accum + workspace.dq_offset(attention, batch, step_m0(step), step_head(step)),
                                static_cast<std::uint32_t>(__cvta_generic_to_shared(shared_dq(stage))),
                                kConfig.dq_staging_bytes());
@@ -169,22 +153,12 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
                                              ::cuda::ptx::space_shared, &full[stage],
                                              2 * kQBytes + 2 * kStatsBytes);
       const std::int32_t q_row = static_cast<std::int32_t>(attention.q_start(batch) + m0);
-#pragma unroll
-      for (int panel = 0; panel < kPanels; ++panel) {
-        const std::int32_t coordinates[4] = {panel * kPanelColumns, q_row, static_cast<std::int32_t>(head_q),
-                                             batch_coordinate};
-        ::cuda::ptx::cp_async_bulk_tensor(::cuda::ptx::space_cluster, ::cuda::ptx::space_global,
-                                          shared_q(stage) + panel * kBlockM * kPanelColumns, &params.q_map,
-                                          coordinates, &full[stage]);
-        ::cuda::ptx::cp_async_bulk_tensor(::cuda::ptx::space_cluster, ::cuda::ptx::space_global,
-                                          shared_do(stage) + panel * kBlockM * kPanelColumns, &params.dout_map,
-                                          coordinates, &full[stage]);
-      }
-      const std::int64_t stats_row = head_q * workspace.stats_head_stride + stats_start + m0;
-      ::cuda::ptx::cp_async_bulk(::cuda::ptx::space_cluster, ::cuda::ptx::space_global, shared_lse + stage * kBlockM,
-                                 workspace.lse_log2 + stats_row, kStatsBytes, &full[stage]);
-      ::cuda::ptx::cp_async_bulk(::cuda::ptx::space_cluster, ::cuda::ptx::space_global, shared_dsum + stage * kBlockM,
-                                 workspace.dsum + stats_row, kStatsBytes, &full[stage]);
+      load_panels<kPanels, kBlockM>(shared_q(stage), &params.q_map, q_row, static_cast<std::int32_t>(head_q),
+                                    batch_coordinate, &full[stage]);
+      load_panels<kPanels, kBlockM>(shared_do(stage), &params.dout_map, q_row, static_cast<std::int32_t>(head_q),
+                                    batch_coordinate, &full[stage]);
+      load_statistics(shared_lse + stage * kBlockM, shared_dsum + stage * kBlockM, workspace,
+                      head_q * workspace.stats_head_stride + stats_start + m0, kStatsBytes, &full[stage]);
     }
     for (int step = steps > kStages ? steps - kStages : 0; step < steps; ++step) reduce_dq(step);
     // The shared memory must outlive the reductions' reads (the CTA ends after this).
@@ -238,12 +212,12 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
 #pragma unroll
   for (int i = 0; i < kColumns / 2; ++i) dv[i] = dk[i] = 0.0f;
 
-  if (steps > 0) wait_parity(kv_full, 0);
+  if (steps > 0) wait_barrier(kv_full, 0);
   for (int step = 0; step < steps; ++step) {
     const int stage = step % kStages;
     const std::int64_t m0 = step_m0(step);
     const std::uint32_t q_address = address_of(shared_q(stage)), do_address = address_of(shared_do(stage));
-    wait_parity(&full[stage], (step / kStages) & 1);
+    wait_barrier(&full[stage], (step / kStages) & 1);
 
     // S_w = Q K_w^T and dP_w = dO V_w^T: (64 queries, 32 keys) each, depth kHeadDim.
     const std::uint64_t q_as_a = make_smem_descriptor(q_address, 16, 1024, SwizzleMode::bytes128);
@@ -416,26 +390,9 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
 // (why_unsupported empty). No allocation, no synchronisation.
 template <class T, HopperBwdWideConfig kConfig>
 void launch_backward_sm90_wide(const HopperBackwardParams& params, cudaStream_t stream) {
-  const BackwardParams& attention = params.backward;
-  const std::int64_t num_n_blocks = (attention.seqlen_k + kConfig.block_n - 1) / kConfig.block_n;
-  const std::int64_t num_ctas = num_n_blocks * attention.heads_kv * attention.batch;
-  if (num_ctas == 0) return;
-  if (num_ctas > INT_MAX)
-    throw NotSupported("flashattn: cuda backward: too many key blocks x heads x batch for one launch (" +
-                       std::to_string(num_ctas) + ")");
-  int device = 0;
-  FLASHATTN_CUDA_CHECK(cudaGetDevice(&device));
-  constexpr int kSharedBytes = kConfig.shared_bytes();
-  auto* kernel = backward_kernel_sm90_wide<T, kConfig.kernel_head_dim, kConfig.block_m, kConfig.block_n, kConfig.stages>;
-  // Above 48 KB of dynamic shared memory a kernel must opt in, once per device.
   static std::atomic<std::uint64_t> opted_in_devices{0};
-  const std::uint64_t device_bit = device < 64 ? (std::uint64_t{1} << device) : 0;
-  if (device_bit == 0 || (opted_in_devices.load(std::memory_order_acquire) & device_bit) == 0) {
-    FLASHATTN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSharedBytes));
-    opted_in_devices.fetch_or(device_bit, std::memory_order_release);
-  }
-  kernel<<<static_cast<unsigned>(num_ctas), kConfig.threads(), kSharedBytes, stream>>>(params);
-  FLASHATTN_CUDA_CHECK_LAUNCH();
+  launch_per_key_block(backward_kernel_sm90_wide<T, kConfig.kernel_head_dim, kConfig.block_m, kConfig.block_n, kConfig.stages>,
+                       opted_in_devices, params, kConfig.block_n, kConfig.threads(), kConfig.shared_bytes(), stream);
 }
 
 // What a generated translation unit instantiates for a wide head dim.

@@ -1,0 +1,81 @@
+// src/cuda/hopper_bwd/pipeline.cuh — what both Hopper backward kernels (kernel.cuh,
+// kernel_wide.cuh) share of their hardware mapping: the producer's TMA loads (a K/V
+// block, a step's Q/dO tiles and LSE/D rows), the mbarrier wait, and the launch (one
+// CTA per key block x kv head x sequence, with the shared-memory opt-in).
+#pragma once
+
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include <atomic>
+#include <climits>
+#include <cstdint>
+#include <cuda/ptx>
+#include <string>
+
+#include "flashattn/error.hpp"
+#include "src/cuda/bwd/workspace.hpp"
+#include "src/cuda/common/check.cuh"
+#include "src/cuda/hopper_bwd/launch.hpp"
+#include "src/cuda/hopper_bwd/tile_config.hpp"
+#include "src/cuda/ptx/wgmma.cuh"  // FLASHATTN_HOPPER_DEVICE_CODE
+
+namespace flashattn::cuda::hopper_bwd {
+
+#if FLASHATTN_HOPPER_DEVICE_CODE
+__device__ __forceinline__ void wait_barrier(std::uint64_t* barrier, std::uint32_t parity) {
+  while (!::cuda::ptx::mbarrier_try_wait_parity(barrier, parity)) {
+  }
+}
+
+// A (kRows, kPanels x 64) tile of one head: kPanels TMA copies of the map's (64 columns,
+// kRows rows) box into 64-column panels of kRows rows (128-byte swizzle), completing on
+// `barrier` (whose expected bytes the caller has set).
+template <int kPanels, int kRows, class T>
+__device__ __forceinline__ void load_panels(T* destination, const CUtensorMap* map, std::int32_t row, std::int32_t head,
+                                            std::int32_t batch_coordinate, std::uint64_t* barrier) {
+#pragma unroll
+  for (int panel = 0; panel < kPanels; ++panel) {
+    const std::int32_t coordinates[4] = {panel * kPanelColumns, row, head, batch_coordinate};
+    ::cuda::ptx::cp_async_bulk_tensor(::cuda::ptx::space_cluster, ::cuda::ptx::space_global,
+                                      destination + panel * kRows * kPanelColumns, map, coordinates, barrier);
+  }
+}
+
+// Whole padded rows of LSE and D (bwd/workspace.hpp: 16-byte aligned, +inf / 0 past the
+// sequence) from statistics row `stats_row`, `bytes` each, completing on `barrier`.
+__device__ __forceinline__ void load_statistics(float* lse, float* dsum, const bwd::Workspace& workspace,
+                                                std::int64_t stats_row, int bytes, std::uint64_t* barrier) {
+  ::cuda::ptx::cp_async_bulk(::cuda::ptx::space_cluster, ::cuda::ptx::space_global, lse, workspace.lse_log2 + stats_row,
+                             bytes, barrier);
+  ::cuda::ptx::cp_async_bulk(::cuda::ptx::space_cluster, ::cuda::ptx::space_global, dsum, workspace.dsum + stats_row,
+                             bytes, barrier);
+}
+#endif
+
+// Launches `kernel` (one CTA per key block of block_n keys x kv head x sequence) with
+// `shared_bytes` of dynamic shared memory for already checked params. Above 48 KB a
+// kernel must opt in, once per device: `opted_in_devices` is the kernel's own record.
+// No allocation, no synchronisation.
+template <class Kernel>
+void launch_per_key_block(Kernel* kernel, std::atomic<std::uint64_t>& opted_in_devices, const HopperBackwardParams& params,
+                          int block_n, int threads, int shared_bytes, cudaStream_t stream) {
+  const BackwardParams& attention = params.backward;
+  const std::int64_t num_n_blocks = (attention.seqlen_k + block_n - 1) / block_n;
+  const std::int64_t num_ctas = num_n_blocks * attention.heads_kv * attention.batch;
+  if (num_ctas == 0) return;
+  if (num_ctas > INT_MAX)
+    throw NotSupported("flashattn: cuda backward: too many key blocks x heads x batch for one launch (" +
+                       std::to_string(num_ctas) + ")");
+  int device = 0;
+  FLASHATTN_CUDA_CHECK(cudaGetDevice(&device));
+  const std::uint64_t device_bit = device < 64 ? (std::uint64_t{1} << device) : 0;
+  if (device_bit == 0 || (opted_in_devices.load(std::memory_order_acquire) & device_bit) == 0) {
+    FLASHATTN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, shared_bytes));
+    opted_in_devices.fetch_or(device_bit, std::memory_order_release);
+  }
+  kernel<<<static_cast<unsigned>(num_ctas), threads, shared_bytes, stream>>>(params);
+  FLASHATTN_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace flashattn::cuda::hopper_bwd
