@@ -26,9 +26,8 @@ class CudaBackwardHopper : public ::testing::Test {
 // The kernels' head dims (64: block_m 128, dQ split by rows; 128: block_m 64, dQ split by
 // columns; 256: the wide kernel, head dim split between the consumers).
 constexpr std::int64_t kHeadDims[] = {64, 128, 256};
-// Deterministic mode (ordered dQ reductions) exists in kernel.cuh only; d256 runs the
-// FA2-class kernels there.
-constexpr std::int64_t kDeterministicHeadDims[] = {64, 128};
+// Deterministic mode (ordered dQ reductions) in both kernels.
+constexpr std::int64_t kDeterministicHeadDims[] = {64, 128, 256};
 
 Case hopper_case(DType dtype, std::int64_t seqlen_q, std::int64_t seqlen_k, bool causal, std::int64_t head_dim = 128) {
   Case c;
@@ -67,8 +66,8 @@ TEST_F(CudaBackwardHopper, DispatchPicksTheHopperKernelOnSm90) {
   } else {
     EXPECT_NE(reason, "") << "the Hopper backward kernel must not run on compute capability " << major << "." << minor;
   }
-  // Deterministic mode runs wherever the default mode does (ordered dQ reductions), but
-  // at d256; unaligned strides stay on the FA2-class kernels.
+  // Deterministic mode runs wherever the default mode does (ordered dQ reductions);
+  // unaligned strides stay on the FA2-class kernels.
   BackwardParams deterministic = params;
   deterministic.deterministic = true;
   EXPECT_EQ(cuda::hopper_bwd::why_unsupported(deterministic), reason);
@@ -78,7 +77,7 @@ TEST_F(CudaBackwardHopper, DispatchPicksTheHopperKernelOnSm90) {
   if (major * 10 + minor == 90 && reason.empty() && reason_256.rfind("head_dim 256 not built", 0) != 0)
     EXPECT_EQ(reason_256, "") << "d256 should run on the wide Hopper backward kernel";
   head_dim_256.deterministic = true;
-  EXPECT_NE(cuda::hopper_bwd::why_unsupported(head_dim_256), "");
+  EXPECT_EQ(cuda::hopper_bwd::why_unsupported(head_dim_256), reason_256);
   BackwardParams unaligned = params;
   unaligned.dout_row_stride += 3;
   EXPECT_NE(cuda::hopper_bwd::why_unsupported(unaligned), "");
@@ -251,14 +250,21 @@ TEST_F(CudaBackwardHopper, DeterministicModeIsBitwiseRepeatable) {
     c.deterministic = true, c.heads_q = 4, c.heads_kv = 2, c.window_left = left, c.window_right = right;
     check_deterministic(c, repeats, true);
   }
-  // Varlen: empty and single-token sequences, key blocks past a sequence's keys.
-  for (bool causal : {false, true}) {
-    Case c = hopper_case(DType::float16, 0, 0, causal, causal ? 64 : 128);
-    c.varlen_q = {0, 1, 70, 129, 5, 0, 300};
-    c.varlen_k = {3, 1, 200, 64, 0, 0, 290};
-    c.deterministic = true, c.batch = 7, c.heads_q = 8, c.heads_kv = 2;
+  // The wide kernel (64-key blocks: other visitor ranges) under windows.
+  for (auto [left, right] : {std::pair<std::int64_t, std::int64_t>{32, 0}, {70, -1}, {-1, 40}}) {
+    Case c = hopper_case(DType::bfloat16, 400, 430, false, 256);
+    c.deterministic = true, c.heads_q = 4, c.heads_kv = 2, c.window_left = left, c.window_right = right;
     check_deterministic(c, repeats, true);
   }
+  // Varlen: empty and single-token sequences, key blocks past a sequence's keys.
+  for (bool causal : {false, true})
+    for (std::int64_t d : {causal ? std::int64_t{64} : std::int64_t{128}, std::int64_t{256}}) {
+      Case c = hopper_case(DType::float16, 0, 0, causal, d);
+      c.varlen_q = {0, 1, 70, 129, 5, 0, 300};
+      c.varlen_k = {3, 1, 200, 64, 0, 0, 290};
+      c.deterministic = true, c.batch = 7, c.heads_q = 8, c.heads_kv = 2;
+      check_deterministic(c, repeats, true);
+    }
 }
 
 // More CTAs than an H100 has SMs (360 CTAs: waits across waves of CTAs): no deadlock,

@@ -7,13 +7,13 @@ Usage: python3 src/cuda/hopper_bwd/generate_instantiations.py
 One wgmma kernel per file keeps each nvcc invocation small and lets CMake build the
 head dims of FLASHATTN_CUDA_HEAD_DIMS only. Mode: the default kernel (bwd_sm90_*) and
 the deterministic one (bwd_sm90_det_*: dQ reductions ordered by key block); the wide
-head dims (256: kernel_wide.cuh, bwd_sm90_*_hdim256) have the default mode only. The outputs are committed; rerun this
+head dims (256) instantiate kernel_wide.cuh in both modes. The outputs are committed; rerun this
 after changing HEAD_DIMS (and add the head dim to tile_config.hpp's table).
 """
 from pathlib import Path
 
 HEAD_DIMS = [64, 128]
-WIDE_HEAD_DIMS = [256]  # kernel_wide.cuh, default mode only
+WIDE_HEAD_DIMS = [256]  # kernel_wide.cuh
 DTYPES = {"fp16": "__half", "bf16": "__nv_bfloat16"}
 MODES = {"bwd_sm90": "false", "bwd_sm90_det": "true"}
 
@@ -31,7 +31,7 @@ WIDE_TEMPLATE = """\
 #include "src/cuda/hopper_bwd/kernel_wide.cuh"
 
 namespace flashattn::cuda::hopper_bwd {{
-template void run_backward_sm90_wide<{ctype}, {head_dim}>(const HopperBackwardParams&, cudaStream_t);
+template void run_backward_sm90_wide<{ctype}, {head_dim}, {deterministic}>(const HopperBackwardParams&, cudaStream_t);
 }}  // namespace flashattn::cuda::hopper_bwd
 """
 
@@ -44,10 +44,11 @@ def main() -> None:
             for head_dim in HEAD_DIMS:
                 path = out_dir / f"{prefix}_{name}_hdim{head_dim}.cu"
                 path.write_text(TEMPLATE.format(ctype=ctype, head_dim=head_dim, deterministic=deterministic))
-    for name, ctype in DTYPES.items():
-        for head_dim in WIDE_HEAD_DIMS:
-            path = out_dir / f"bwd_sm90_{name}_hdim{head_dim}.cu"
-            path.write_text(WIDE_TEMPLATE.format(ctype=ctype, head_dim=head_dim))
+    for prefix, deterministic in MODES.items():
+        for name, ctype in DTYPES.items():
+            for head_dim in WIDE_HEAD_DIMS:
+                path = out_dir / f"{prefix}_{name}_hdim{head_dim}.cu"
+                path.write_text(WIDE_TEMPLATE.format(ctype=ctype, head_dim=head_dim, deterministic=deterministic))
 
 
 if __name__ == "__main__":

@@ -22,6 +22,11 @@
 // So the staging costs no extra shared memory and the consumers never wait for a
 // reduction; two stages (209.5 KB in all) keep the next step's loads in flight.
 // Rows past a sequence: as kernel.cuh (LSE = +inf there, so P = dS = 0).
+// Deterministic mode (kDeterministic): kernel.cuh's ordering (see there: turns by
+// descending key block, key blocks mapped onto blockIdx.x in reverse, a workspace
+// semaphore per (sequence, query head, query block)), done by the producer thread,
+// which issues the reductions here: it waits for the tile's turn, adds, waits for the
+// addition to complete and publishes the next turn, then refills the stage.
 #pragma once
 
 #include <cuda.h>
@@ -39,17 +44,19 @@
 #include "src/cuda/bwd/workspace.hpp"
 #include "src/cuda/common/check.cuh"
 #include "src/cuda/common/numeric.cuh"
+#include "src/cuda/hopper_bwd/dq_order.hpp"
 #include "src/cuda/hopper_bwd/launch.hpp"
 #include "src/cuda/hopper_bwd/pipeline.cuh"
 #include "src/cuda/hopper_bwd/tile_config.hpp"
 #include "src/cuda/ptx/bulk_reduce.cuh"
 #include "src/cuda/ptx/math.cuh"
+#include "src/cuda/ptx/semaphore.cuh"
 #include "src/cuda/ptx/warpgroup.cuh"
 #include "src/cuda/ptx/wgmma.cuh"
 
 namespace flashattn::cuda::hopper_bwd {
 
-template <class T, int kHeadDimArg, int kBlockMArg, int kBlockNArg, int kStagesArg>
+template <class T, int kHeadDimArg, int kBlockMArg, int kBlockNArg, int kStagesArg, bool kDeterministic>
 __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
     backward_kernel_sm90_wide(const __grid_constant__ HopperBackwardParams params) {
 #if FLASHATTN_HOPPER_DEVICE_CODE
@@ -77,8 +84,10 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
   const BackwardParams& attention = params.backward;
   const bwd::Workspace& workspace = params.workspace;
   const std::int64_t num_n_blocks = (attention.seqlen_k + kBlockN - 1) / kBlockN;
-  // Key block fastest (as kernel.cuh): under a causal mask the long CTAs start first.
-  const std::int64_t n_block = blockIdx.x % num_n_blocks;
+  // Key block fastest (as kernel.cuh): under a causal mask the long CTAs start first;
+  // deterministic: highest key block first (kernel.cuh says why).
+  const std::int64_t n_block =
+      kDeterministic ? num_n_blocks - 1 - blockIdx.x % num_n_blocks : blockIdx.x % num_n_blocks;
   const std::int64_t head_kv = (blockIdx.x / num_n_blocks) % attention.heads_kv;
   const std::int64_t batch = blockIdx.x / num_n_blocks / attention.heads_kv;
   const std::int64_t seqlen_q = attention.seqlen_q_of(batch), seqlen_k = attention.seqlen_k_of(batch);
@@ -86,9 +95,10 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
   if (n0 >= seqlen_k) return;
   const std::int64_t kv_rows = seqlen_k - n0 < kBlockN ? seqlen_k - n0 : kBlockN;
   const MaskRule mask = attention.mask_of(batch);
-  const MaskRule::RowRange rows = mask.rows_of_columns(n0, n0 + kv_rows);
-  const int m_block_begin = static_cast<int>(rows.begin / kBlockM);
-  const int m_blocks = rows.end > rows.begin ? static_cast<int>((rows.end + kBlockM - 1) / kBlockM) - m_block_begin : 0;
+  // (dq_order.hpp: the deterministic mode's turns are derived from the same ranges.)
+  const QueryBlockRange query_blocks = query_blocks_of_key_block(mask, n0, kv_rows, kBlockM);
+  const int m_block_begin = query_blocks.begin;
+  const int m_blocks = query_blocks.count;
   const int steps = m_blocks * static_cast<int>(attention.group_size);
   auto step_head = [&](int step) { return head_kv * attention.group_size + step / m_blocks; };
   auto step_m0 = [&](int step) { return static_cast<std::int64_t>(m_block_begin + step % m_blocks) * kBlockM; };
@@ -137,10 +147,26 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
     auto reduce_dq = [&](int step) {
       const int stage = step % kStages;
       wait_barrier(&dq_staged[stage], (step / kStages) & 1);
-      ptx::bulk_reduce_add_f32(workspace.dq_accum + workspace.dq_offset(attention, batch, step_m0(step), step_head(step)),
-                               static_cast<std::uint32_t>(__cvta_generic_to_shared(shared_dq(stage))),
-                               kConfig.dq_staging_bytes());
-      ptx::bulk_commit_group();
+      const std::int64_t m0 = step_m0(step), head_q = step_head(step);
+      float* destination = workspace.dq_accum + workspace.dq_offset(attention, batch, m0, head_q);
+      const auto source = static_cast<std::uint32_t>(__cvta_generic_to_shared(shared_dq(stage)));
+      if constexpr (!kDeterministic) {
+        ptx::bulk_reduce_add_f32(destination, source, kConfig.dq_staging_bytes());
+        ptx::bulk_commit_group();
+      } else {
+        const std::int64_t m_block = m0 / kBlockM;
+        const KeyBlockRange visitors = key_blocks_of_query_block(mask, m_block, kBlockM, kBlockN);
+        const auto turn = static_cast<std::int32_t>(visitors.first + visitors.count - 1 - n_block);
+        std::int32_t* semaphore = workspace.dq_semaphore + workspace.semaphore_index(attention, batch, m_block, kBlockM, head_q);
+        ptx::wait_until_equal_acquire_gpu(semaphore, turn);
+        ptx::fence_proxy_async_global();  // the earlier turns' additions before ours
+        ptx::bulk_reduce_add_f32(destination, source, kConfig.dq_staging_bytes());
+        ptx::bulk_commit_group();
+        ptx::bulk_wait_group<0>();  // performed in global memory before the next turn
+        ptx::fence_proxy_async_global();
+        __threadfence();
+        ptx::store_release_gpu(semaphore, turn + 1);
+      }
     };
     for (int step = 0; step < steps; ++step) {
       const int stage = step % kStages;
@@ -388,19 +414,22 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
 
 // Launches backward_kernel_sm90_wide with kConfig's tiles for already checked params
 // (why_unsupported empty). No allocation, no synchronisation.
-template <class T, HopperBwdWideConfig kConfig>
+template <class T, HopperBwdWideConfig kConfig, bool kDeterministic>
 void launch_backward_sm90_wide(const HopperBackwardParams& params, cudaStream_t stream) {
+  if (params.backward.deterministic != kDeterministic || (kDeterministic && params.workspace.dq_semaphore == nullptr))
+    throw Error("flashattn: cuda backward: wide Hopper kernel instantiated for the other deterministic mode");
   static std::atomic<std::uint64_t> opted_in_devices{0};
-  launch_per_key_block(backward_kernel_sm90_wide<T, kConfig.kernel_head_dim, kConfig.block_m, kConfig.block_n, kConfig.stages>,
-                       opted_in_devices, params, kConfig.block_n, kConfig.threads(), kConfig.shared_bytes(), stream);
+  launch_per_key_block(
+      backward_kernel_sm90_wide<T, kConfig.kernel_head_dim, kConfig.block_m, kConfig.block_n, kConfig.stages, kDeterministic>,
+      opted_in_devices, params, kConfig.block_n, kConfig.threads(), kConfig.shared_bytes(), stream);
 }
 
 // What a generated translation unit instantiates for a wide head dim.
-template <class T, int kHeadDim>
+template <class T, int kHeadDim, bool kDeterministic>
 void run_backward_sm90_wide(const HopperBackwardParams& params, cudaStream_t stream) {
   constexpr HopperBwdWideConfig kConfig = hopper_bwd_wide_tile_config(kHeadDim);
   static_assert(kConfig.kernel_head_dim == kHeadDim, "no wide Hopper backward tile config for this head dim");
-  launch_backward_sm90_wide<T, kConfig>(params, stream);
+  launch_backward_sm90_wide<T, kConfig, kDeterministic>(params, stream);
 }
 
 }  // namespace flashattn::cuda::hopper_bwd

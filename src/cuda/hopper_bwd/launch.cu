@@ -61,9 +61,7 @@ void run_for_head_dim(const HopperBackwardParams& params, cudaStream_t stream) {
     case 128: return run_backward_sm90<T, 128, kDeterministic>(params, stream);
 #endif
 #ifdef FLASHATTN_CUDA_HOPPER_BWD_HDIM_256
-    case 256:
-      if constexpr (!kDeterministic) return run_backward_sm90_wide<T, 256>(params, stream);
-      [[fallthrough]];  // deterministic: refused by why_unsupported
+    case 256: return run_backward_sm90_wide<T, 256, kDeterministic>(params, stream);
 #endif
     default:
       throw NotSupported("flashattn: cuda backward: no Hopper backward kernel for head_dim " +
@@ -83,9 +81,6 @@ std::string why_unsupported(const BackwardParams& params) {
   if (params.dtype != DType::float16 && params.dtype != DType::bfloat16) return "dtype is not float16/bfloat16";
   // Exact head dims only: dQ goes out as one contiguous bulk reduction per tile.
   if (!is_built_head_dim(params.head_dim)) return "head_dim " + std::to_string(params.head_dim) + " not built";
-  if (params.deterministic && is_wide_head_dim(params.head_dim))
-    return "deterministic mode at head dim " + std::to_string(params.head_dim) +
-           " runs the FA2-class kernels (the wide Hopper kernel has no ordered dQ reductions)";
   if (!bwd::allows_vector_access(params)) return "a pointer or stride is not 16-byte aligned";
   const bool is_varlen = params.is_varlen();
   const std::int64_t rows_q = is_varlen ? params.total_q : params.seqlen_q;

@@ -36,8 +36,8 @@ template <class T, int kHeadDim, bool kDeterministic>
 void run_backward_sm90(const HopperBackwardParams& params, cudaStream_t stream);
 
 // The wide head dims' kernel (kernel_wide.cuh: d256, the head dim split between the
-// consumers); default mode only.
-template <class T, int kHeadDim>
+// consumers); kDeterministic as above.
+template <class T, int kHeadDim, bool kDeterministic>
 void run_backward_sm90_wide(const HopperBackwardParams& params, cudaStream_t stream);
 
 // Empty when the Hopper backward kernel runs these (validated) params, else why not.

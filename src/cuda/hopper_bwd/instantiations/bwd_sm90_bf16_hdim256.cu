@@ -2,5 +2,5 @@
 #include "src/cuda/hopper_bwd/kernel_wide.cuh"
 
 namespace flashattn::cuda::hopper_bwd {
-template void run_backward_sm90_wide<__nv_bfloat16, 256>(const HopperBackwardParams&, cudaStream_t);
+template void run_backward_sm90_wide<__nv_bfloat16, 256, false>(const HopperBackwardParams&, cudaStream_t);
 }  // namespace flashattn::cuda::hopper_bwd
