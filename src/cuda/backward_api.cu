@@ -3,10 +3,10 @@
 //
 //   1. preprocess: D = rowsum(dO ∘ O), LSE in log2 units; dq_accum = 0   (bwd/pre_post.cu)
 //   2. sm_90 where hopper_bwd::why_unsupported is empty: the wgmma kernels
-//      (hopper_bwd/kernel.cuh: d64/d128; hopper_bwd/kernel_wide.cuh: d256, default mode;
-//      fp16/bf16, TMA-encodable strides), dQ added to dq_accum by bulk reductions;
-//      deterministic (d64/d128): the same kernel, the reductions of each query block
-//      ordered by key block (semaphores in the workspace, zeroed in 1).
+//      (hopper_bwd/kernel.cuh: d64/d128; hopper_bwd/kernel_wide.cuh: d256; fp16/bf16,
+//      TMA-encodable strides), dQ added to dq_accum by bulk reductions; deterministic:
+//      the same kernels, the reductions of each query block ordered by key block
+//      (semaphores in the workspace, zeroed in 1).
 //      Elsewhere the FA2-class dK/dV kernel, dQ added to dq_accum (bwd/dkdv_kernel.cuh);
 //      deterministic: + dQ kernel writing dQ directly, no atomics    (bwd/dq_kernel.cuh)
 //   3. dQ = scale * dq_accum in the user's dtype/strides   (skipped by the FA2-class
