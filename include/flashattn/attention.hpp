@@ -54,7 +54,7 @@ struct AttentionOptions {
   // Reserved for dropout; anything but 0 is rejected as not supported yet.
   double dropout_p = 0.0;
   // Backward only: bitwise-reproducible gradients (may be slower on the GPU). On the
-  // CUDA backend the Hopper kernel (sm_90, head dim 64/128) adds the dQ tiles of each
+  // CUDA backend the Hopper kernels (sm_90, head dim 64/128/256) add the dQ tiles of each
   // query block in a fixed key-block order (semaphores in the workspace); elsewhere a
   // separate dQ kernel computes dQ without atomics. The workspace size of a
   // deterministic call covers both, whichever GPU runs it.
