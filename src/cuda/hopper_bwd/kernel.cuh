@@ -420,23 +420,9 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
         ptx::bulk_commit_group();
       }
     } else {
-      if (is_issuer) {
-        const std::int64_t m_block = m0 / kBlockM;
-        const KeyBlockRange visitors = key_blocks_of_query_block(mask, m_block, kBlockM, kBlockN);
-        const auto turn = static_cast<std::int32_t>(visitors.first + visitors.count - 1 - n_block);
-        std::int32_t* semaphore =
-            workspace.dq_semaphore + workspace.semaphore_index(attention, batch, m_block, kBlockM, head_q);
-        ptx::wait_until_equal_acquire_gpu(semaphore, turn);
-        ptx::fence_proxy_async_global();  // the earlier turns' additions before ours
-        ptx::bulk_reduce_add_f32(workspace.dq_accum + workspace.dq_offset(attention, batch, m0, head_q),
-                                 address_of(shared_dq), kBlockM * kHeadDim * 4);
-        ptx::bulk_commit_group();
-        // Performed in global memory (not only read from shared memory) before the next turn.
-        ptx::bulk_wait_group<0>();
-        ptx::fence_proxy_async_global();
-        __threadfence();
-        ptx::store_release_gpu(semaphore, turn + 1);
-      }
+      if (is_issuer)
+        ordered_reduce_add<kBlockM, kBlockN>(attention, workspace, mask, batch, head_q, m0, n_block,
+                                             address_of(shared_dq), kBlockM * kHeadDim * 4);
       // The issuer rejoins its warp before the next step's warpgroup-wide wgmma.
       __syncwarp();
     }

@@ -148,24 +148,14 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
       const int stage = step % kStages;
       wait_barrier(&dq_staged[stage], (step / kStages) & 1);
       const std::int64_t m0 = step_m0(step), head_q = step_head(step);
-      float* destination = workspace.dq_accum + workspace.dq_offset(attention, batch, m0, head_q);
       const auto source = static_cast<std::uint32_t>(__cvta_generic_to_shared(shared_dq(stage)));
       if constexpr (!kDeterministic) {
-        ptx::bulk_reduce_add_f32(destination, source, kConfig.dq_staging_bytes());
+        ptx::bulk_reduce_add_f32(workspace.dq_accum + workspace.dq_offset(attention, batch, m0, head_q), source,
+                                 kConfig.dq_staging_bytes());
         ptx::bulk_commit_group();
       } else {
-        const std::int64_t m_block = m0 / kBlockM;
-        const KeyBlockRange visitors = key_blocks_of_query_block(mask, m_block, kBlockM, kBlockN);
-        const auto turn = static_cast<std::int32_t>(visitors.first + visitors.count - 1 - n_block);
-        std::int32_t* semaphore = workspace.dq_semaphore + workspace.semaphore_index(attention, batch, m_block, kBlockM, head_q);
-        ptx::wait_until_equal_acquire_gpu(semaphore, turn);
-        ptx::fence_proxy_async_global();  // the earlier turns' additions before ours
-        ptx::bulk_reduce_add_f32(destination, source, kConfig.dq_staging_bytes());
-        ptx::bulk_commit_group();
-        ptx::bulk_wait_group<0>();  // performed in global memory before the next turn
-        ptx::fence_proxy_async_global();
-        __threadfence();
-        ptx::store_release_gpu(semaphore, turn + 1);
+        ordered_reduce_add<kBlockM, kBlockN>(attention, workspace, mask, batch, head_q, m0, n_block, source,
+                                             kConfig.dq_staging_bytes());
       }
     };
     for (int step = 0; step < steps; ++step) {

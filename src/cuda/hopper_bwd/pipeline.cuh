@@ -1,7 +1,8 @@
 // src/cuda/hopper_bwd/pipeline.cuh — what both Hopper backward kernels (kernel.cuh,
 // kernel_wide.cuh) share of their hardware mapping: the producer's TMA loads (a K/V
-// block, a step's Q/dO tiles and LSE/D rows), the mbarrier wait, and the launch (one
-// CTA per key block x kv head x sequence, with the shared-memory opt-in).
+// block, a step's Q/dO tiles and LSE/D rows), the mbarrier wait, the deterministic
+// mode's ordered dQ addition, and the launch (one CTA per key block x kv head x
+// sequence, with the shared-memory opt-in).
 #pragma once
 
 #include <cuda.h>
@@ -14,10 +15,14 @@
 #include <string>
 
 #include "flashattn/error.hpp"
+#include "flashattn/mask.hpp"
 #include "src/cuda/bwd/workspace.hpp"
 #include "src/cuda/common/check.cuh"
+#include "src/cuda/hopper_bwd/dq_order.hpp"
 #include "src/cuda/hopper_bwd/launch.hpp"
 #include "src/cuda/hopper_bwd/tile_config.hpp"
+#include "src/cuda/ptx/bulk_reduce.cuh"
+#include "src/cuda/ptx/semaphore.cuh"
 #include "src/cuda/ptx/wgmma.cuh"  // FLASHATTN_HOPPER_DEVICE_CODE
 
 namespace flashattn::cuda::hopper_bwd {
@@ -50,6 +55,31 @@ __device__ __forceinline__ void load_statistics(float* lse, float* dsum, const b
                              bytes, barrier);
   ::cuda::ptx::cp_async_bulk(::cuda::ptx::space_cluster, ::cuda::ptx::space_global, dsum, workspace.dsum + stats_row,
                              bytes, barrier);
+}
+
+// Deterministic mode (the order and why it cannot deadlock: the top of kernel.cuh): one
+// thread adds the staged dQ tile of query rows [m0, m0 + kBlockM) of head_q to dq_accum
+// in its key block's turn: it waits (acquire) until the tile's semaphore equals the turn
+// (the last visiting key block - n_block, dq_order.hpp), adds, waits until the addition
+// is performed in global memory (not only read from shared memory) and publishes the
+// next turn (release).
+template <int kBlockM, int kBlockN>
+__device__ __forceinline__ void ordered_reduce_add(const BackwardParams& attention, const bwd::Workspace& workspace,
+                                                   const MaskRule& mask, std::int64_t batch, std::int64_t head_q,
+                                                   std::int64_t m0, std::int64_t n_block, std::uint32_t source,
+                                                   int bytes) {
+  const std::int64_t m_block = m0 / kBlockM;
+  const KeyBlockRange visitors = key_blocks_of_query_block(mask, m_block, kBlockM, kBlockN);
+  const auto turn = static_cast<std::int32_t>(visitors.first + visitors.count - 1 - n_block);
+  std::int32_t* semaphore = workspace.dq_semaphore + workspace.semaphore_index(attention, batch, m_block, kBlockM, head_q);
+  ptx::wait_until_equal_acquire_gpu(semaphore, turn);
+  ptx::fence_proxy_async_global();  // the earlier turns' additions before ours
+  ptx::bulk_reduce_add_f32(workspace.dq_accum + workspace.dq_offset(attention, batch, m0, head_q), source, bytes);
+  ptx::bulk_commit_group();
+  ptx::bulk_wait_group<0>();
+  ptx::fence_proxy_async_global();
+  __threadfence();
+  ptx::store_release_gpu(semaphore, turn + 1);
 }
 #endif
 
