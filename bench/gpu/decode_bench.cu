@@ -14,7 +14,9 @@
 // src/cuda/decode/kernel_choice.hpp), "cp_async" or "tma" (forced through
 // FLASHATTN_DECODE_KERNEL, read by the library at every call, so each captured graph
 // keeps its kernel), "tma_prefetch<N>" (the TMA kernel prefetching N
-// tiles per CTA into L2 before the PDL wait; FLASHATTN_DECODE_TMA_PREFETCH_TILES).
+// tiles per CTA into L2 before the PDL wait; FLASHATTN_DECODE_TMA_PREFETCH_TILES),
+// each optionally with "+nopdl" / "+drivercarveout" (the launch chain's ablation knobs,
+// launch_kernel.cuh). DECODE_BENCH_SKIP_MAIN=1 runs only the split sweep.
 // Every row is flushed as soon as it is measured: a run cut short keeps its rows.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -109,9 +111,25 @@ double copy_bandwidth_tbps() {
 
 void run(const Config& c, std::FILE* csv) {
   using flashattn::DType;
-  const std::string kernel(c.kernel);
+  // "kernel+flag+flag": the flags set the launch chain's ablation knobs (launch_kernel.cuh).
+  std::string kernel = c.kernel.substr(0, c.kernel.find('+'));
   unsetenv("FLASHATTN_DECODE_KERNEL");
   unsetenv("FLASHATTN_DECODE_TMA_PREFETCH_TILES");
+  unsetenv("FLASHATTN_DECODE_PDL");
+  unsetenv("FLASHATTN_DECODE_CARVEOUT");
+  for (std::size_t plus = c.kernel.find('+'); plus != std::string::npos;) {
+    const std::size_t next = c.kernel.find('+', plus + 1);
+    const std::string flag = c.kernel.substr(plus + 1, next == std::string::npos ? std::string::npos : next - plus - 1);
+    if (flag == "nopdl") {
+      setenv("FLASHATTN_DECODE_PDL", "0", 1);
+    } else if (flag == "drivercarveout") {
+      setenv("FLASHATTN_DECODE_CARVEOUT", "driver", 1);
+    } else {
+      std::fprintf(stderr, "unknown flag %s in %s (known: nopdl, drivercarveout)\n", flag.c_str(), c.kernel.c_str());
+      std::exit(1);
+    }
+    plus = next;
+  }
   if (kernel.rfind("tma_prefetch", 0) == 0) {
     setenv("FLASHATTN_DECODE_KERNEL", "tma", 1);
     setenv("FLASHATTN_DECODE_TMA_PREFETCH_TILES", kernel.substr(12).c_str(), 1);
@@ -214,12 +232,12 @@ void run(const Config& c, std::FILE* csv) {
   const double bytes_read = 2.0 * static_cast<double>(c.batch * c.kv_len * kHeadsKv * kHeadDim) * 2.0;  // K and V, bf16
   const double tbps = bytes_read / (ms * 1e-3) / 1e12;
   const std::string layout = c.page_size ? "paged" : "contiguous";
-  std::printf("%-14s %-10s page %3lld batch %3lld kv %7lld splits %2d: %8.2f us  %5.2f TB/s%s\n", kernel.c_str(), layout.c_str(),
+  std::printf("%-22s %-10s page %3lld batch %3lld kv %7lld splits %2d: %8.2f us  %5.2f TB/s%s\n", c.kernel.c_str(), layout.c_str(),
               static_cast<long long>(c.page_size), static_cast<long long>(c.batch), static_cast<long long>(c.kv_len), num_splits,
               ms * 1e3, tbps, finite ? "" : "  NON-FINITE OUTPUT");
   std::fprintf(csv, "%s,%lld,%lld,%lld,%lld,%lld,%lld,%d,%.3f,%.4f,%d,%s\n", layout.c_str(), static_cast<long long>(c.page_size),
                static_cast<long long>(c.batch), static_cast<long long>(kHeadsQ), static_cast<long long>(kHeadsKv),
-               static_cast<long long>(kHeadDim), static_cast<long long>(c.kv_len), num_splits, ms * 1e3, tbps, finite ? 1 : 0, kernel.c_str());
+               static_cast<long long>(kHeadDim), static_cast<long long>(c.kv_len), num_splits, ms * 1e3, tbps, finite ? 1 : 0, c.kernel.c_str());
   std::fflush(csv);
   std::fflush(stdout);
   if (!finite) std::exit(2);
@@ -264,20 +282,22 @@ int main(int argc, char** argv) {
     shapes.push_back({1, 131072, page});
     shapes.push_back({64, 1024, page});
   }
-  for (Config c : shapes)
-    for (const std::string& kernel : kernels) {
-      c.kernel = kernel;
-      run(c, csv);
-    }
+  const char* skip_main = std::getenv("DECODE_BENCH_SKIP_MAIN");  // "1": the sweep only
+  if (skip_main == nullptr || std::string(skip_main) != "1")
+    for (Config c : shapes)
+      for (const std::string& kernel : kernels) {
+        c.kernel = kernel;
+        run(c, csv);
+      }
   std::fclose(csv);
   if (argc > 2) {
     std::FILE* sweep = open_csv(argv[2]);
     std::fprintf(sweep, "%s", kHeader);
     std::printf("split sweep:\n");
     std::vector<Config> sweeps;
-    for (int splits : {1, 2, 4}) sweeps.push_back({8, 64, 0, splits});
-    for (int splits : {1, 2, 3, 4}) sweeps.push_back({8, 1024, 0, splits});
-    for (int splits : {2, 3, 4}) sweeps.push_back({8, 4096, 0, splits});
+    for (int splits : {1, 2, 3, 4}) sweeps.push_back({8, 64, 0, splits});
+    for (int splits : {1, 2, 3, 4, 6, 8}) sweeps.push_back({8, 1024, 0, splits});
+    for (int splits : {2, 3, 4, 6, 8}) sweeps.push_back({8, 4096, 0, splits});
     for (int splits : {2, 4}) sweeps.push_back({8, 16384, 0, splits});
     for (std::int64_t kv : {1024, 4096})
       for (int splits : {2, 4}) sweeps.push_back({8, kv, 16, splits});

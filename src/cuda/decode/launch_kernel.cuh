@@ -22,6 +22,8 @@
 
 #include <atomic>
 #include <cstddef>
+#include <cstdlib>
+#include <cstring>
 #include <utility>
 
 namespace flashattn::cuda::decode {
@@ -64,8 +66,32 @@ bool kernel_is_sm90(Kernel* kernel) {
   return is_sm90;
 }
 
+// Ablation knobs of the launch chain, read at every call (decode_bench compares them in
+// one process; the library's defaults are what the tests run):
+//   FLASHATTN_DECODE_PDL=0            no PDL: each kernel starts after the previous one ends;
+//   FLASHATTN_DECODE_CARVEOUT=driver  append and combine keep the driver's L1/shared split
+//                                     (the default gives them the split-KV kernel's).
+inline bool is_pdl_enabled() {
+  const char* value = std::getenv("FLASHATTN_DECODE_PDL");
+  return value == nullptr || std::strcmp(value, "0") != 0;
+}
+
+// The L1/shared-memory split of every kernel of the chain: all of it as shared memory,
+// as the split-KV kernel needs (two CTAs of ~100 KiB per SM). An SM runs CTAs of one
+// split at a time, so a small kernel left at the driver's choice (mostly L1) could not
+// start beside the split-KV kernel's CTAs under PDL, and every switch between the two
+// configurations waits for the SM to drain.
+template <class Kernel>
+cudaError_t use_chain_carveout(Kernel* kernel) {
+  const char* knob = std::getenv("FLASHATTN_DECODE_CARVEOUT");
+  const bool is_driver_choice = knob != nullptr && std::strcmp(knob, "driver") == 0;
+  return cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                              is_driver_choice ? static_cast<int>(cudaSharedmemCarveoutDefault) : static_cast<int>(cudaSharedmemCarveoutMaxShared));
+}
+
 // Launches kernel<<<grid, block, shared_bytes, stream>>>(args...), with the PDL
-// attribute when the kernel is sm_90 code (kernel_is_sm90), plainly otherwise; with
+// attribute when the kernel is sm_90 code (kernel_is_sm90) and PDL is enabled
+// (is_pdl_enabled), plainly otherwise; with
 // cluster_x > 1 (sm_90 kernels only, grid.x a multiple of it) as clusters of cluster_x
 // consecutive CTAs along x.
 template <class... KernelArgs, class... Args>
@@ -78,7 +104,7 @@ cudaError_t launch_kernel(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, 
   config.stream = stream;
   cudaLaunchAttribute attributes[2] = {};
   unsigned count = 0;
-  if (kernel_is_sm90(kernel)) {
+  if (kernel_is_sm90(kernel) && is_pdl_enabled()) {
     attributes[count].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attributes[count++].val.programmaticStreamSerializationAllowed = 1;
   }
