@@ -252,6 +252,7 @@ __global__ void __launch_bounds__(Config::kThreads, Config::kMinBlocksPerSm)
     } else {
       for (int tile = 0; tile < num_tiles; ++tile) issue_tile(tile, 0);
     }
+    __syncwarp();  // lanes left issue_tile at different points: converged for bar.sync
   } else {
     // ---- consumers ------------------------------------------------------------------
     constexpr int kConsumerThreads = Config::kConsumerThreads;

@@ -53,18 +53,32 @@ __device__ __forceinline__ void mbarrier_arrive(std::uint32_t barrier) {
 
 // Blocks until the phase of the given parity has completed (acquire: the bytes the
 // phase counted, and what the arriving threads wrote before arriving, are visible).
-__device__ __forceinline__ void mbarrier_wait(std::uint32_t barrier, std::uint32_t parity) {
+// Returns with the calling warp's threads converged: each thread polls on its own, so
+// they may see the phase complete at different polls, and what follows (mma.sync,
+// ldmatrix, bar.sync) needs the whole warp together. The poll loop is C++, not a branch
+// inside the asm, so the compiler knows the warp can diverge there. (The asm loop this
+// replaces let a warp reach __syncthreads diverged: compute-sanitizer racecheck
+// reported the epilogue's shared-memory hazards of gpu_decode.md, 2026-11-25.)
+__device__ __forceinline__ bool mbarrier_try_wait(std::uint32_t barrier, std::uint32_t parity) {
+  std::uint32_t done = 1;
 #if FLASHATTN_DECODE_TMA_CODE
   asm volatile(
       "{\n"
-      ".reg .pred done;\n"
-      "wait_loop:\n"
-      "mbarrier.try_wait.parity.acquire.cta.shared::cta.b64 done, [%0], %1;\n"
-      "@!done bra wait_loop;\n"
-      "}\n" ::"r"(barrier),
-      "r"(parity)
+      ".reg .pred p;\n"
+      "mbarrier.try_wait.parity.acquire.cta.shared::cta.b64 p, [%1], %2;\n"
+      "selp.u32 %0, 1, 0, p;\n"
+      "}\n"
+      : "=r"(done)
+      : "r"(barrier), "r"(parity)
       : "memory");
 #endif
+  return done != 0;
+}
+
+__device__ __forceinline__ void mbarrier_wait(std::uint32_t barrier, std::uint32_t parity) {
+  while (!mbarrier_try_wait(barrier, parity)) {
+  }
+  __syncwarp();
 }
 
 // The box of `map` at coordinates (c0, c1, c2, c3) into shared memory at
