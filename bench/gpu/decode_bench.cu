@@ -301,7 +301,7 @@ int main(int argc, char** argv) {
     for (int splits : {2, 4}) sweeps.push_back({8, 16384, 0, splits});
     for (std::int64_t kv : {1024, 4096})
       for (int splits : {2, 4}) sweeps.push_back({8, kv, 16, splits});
-    for (int splits : {28, 31}) sweeps.push_back({1, 65536, 0, splits});
+    for (int splits : {16, 28, 31}) sweeps.push_back({1, 65536, 0, splits});
     for (Config c : sweeps)
       for (const std::string& kernel : kernels) {
         c.kernel = kernel;

@@ -69,7 +69,7 @@ __global__ void __launch_bounds__(Config::kThreads, Config::kMinBlocksPerSm)
     tma_decode_kernel(const __grid_constant__ KVCacheParams params, const __grid_constant__ DecodeTensorMaps maps) {
 #if FLASHATTN_DECODE_TMA_CODE
   using Numeric = Numeric<T>;
-  constexpr int kRows = Config::kRows, kTileN = Config::kTileN, kStages = Config::kStages, kThreads = Config::kThreads;
+  constexpr int kRows = Config::kRows, kTileN = Config::kTileN, kStages = Config::kStages, kConsumerThreads = Config::kConsumerThreads;
   constexpr int kChunks = Config::kChunks, kHeadDim = Config::kHeadDim, kConsumerWarps = Config::kConsumerWarps;
   constexpr int kPanels = Config::kPanels, kPanelColumns = Config::kPanelColumns;
   extern __shared__ __align__(128) unsigned char shared_storage[];
@@ -94,6 +94,7 @@ __global__ void __launch_bounds__(Config::kThreads, Config::kMinBlocksPerSm)
   const bool is_producer = warp == kConsumerWarps;
 
   const std::int64_t group = a.group_size;
+  const int group32 = static_cast<int>(group);  // 32-bit divisions: packed rows < 2^31 (validate_kvcache)
   const std::int64_t packed_rows = a.seqlen_q * group;
   const std::int64_t row_begin = query_block * kRows;
   const std::int64_t row_end = row_begin + kRows < packed_rows ? row_begin + kRows : packed_rows;
@@ -255,15 +256,14 @@ __global__ void __launch_bounds__(Config::kThreads, Config::kMinBlocksPerSm)
     __syncwarp();  // lanes left issue_tile at different points: converged for bar.sync
   } else {
     // ---- consumers ------------------------------------------------------------------
-    constexpr int kConsumerThreads = Config::kConsumerThreads;
     // q rows of this CTA (row r = packed query row row_begin + r), zero past the rows and
     // head_dim: by cp.async when plain and aligned, else rotated feature by feature.
     const bool is_q_copied = !params.has_rotary() && reinterpret_cast<std::uintptr_t>(a.q) % 16 == 0 && a.q_batch_stride % 8 == 0 &&
                              a.q_row_stride % 8 == 0 && a.q_head_stride % 8 == 0;
     const auto q_row_of = [&](int r) {
-      const std::int64_t packed = row_begin + r;
+      const int packed = static_cast<int>(row_begin) + r;  // packed rows < 2^31 (validate_kvcache)
       const bool is_row = packed < row_end;
-      const std::int64_t i = is_row ? packed / group : 0, h = h_kv * group + (is_row ? packed % group : 0);
+      const int i = is_row ? packed / group32 : 0, h = static_cast<int>(h_kv) * group32 + (is_row ? packed % group32 : 0);
       return static_cast<const T*>(a.q) + a.q_offset(b, h) + i * a.q_row_stride;
     };
     if (is_q_copied) {
@@ -295,12 +295,24 @@ __global__ void __launch_bounds__(Config::kThreads, Config::kMinBlocksPerSm)
     bool is_row[2];
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
-      const std::int64_t packed = row_begin + group_row + 8 * half;
+      const int packed = static_cast<int>(row_begin) + group_row + 8 * half;
       is_row[half] = packed < row_end;
-      row_position[half] = is_row[half] ? packed / group : 0;
+      row_position[half] = is_row[half] ? packed / group32 : 0;
     }
 
     const int matrix = lane / 8, matrix_row = lane % 8;  // ldmatrix lane roles
+    // The q fragments of every k step, loaded once (d <= 128: 32 registers) instead of
+    // once per tile: the loop below is issue-bound with one warp per scheduler.
+    constexpr int kQSteps = Config::kQInRegisters ? Config::kKSteps : 1;
+    std::uint32_t q_fragments[kQSteps][4];
+    const auto load_q_fragment = [&](int k_step, std::uint32_t (&fragment)[4]) {
+      ptx::ldmatrix_x4(fragment[0], fragment[1], fragment[2], fragment[3],
+                       ptx::shared_address(q_tile + Config::q_offset((matrix % 2) * 8 + matrix_row, 2 * k_step + matrix / 2)));
+    };
+    if constexpr (Config::kQInRegisters) {
+#pragma unroll
+      for (int k_step = 0; k_step < Config::kKSteps; ++k_step) load_q_fragment(k_step, q_fragments[k_step]);
+    }
     const int warp_key = warp * Config::kKeysPerWarp;    // first key row of this warp in a tile
     for (int tile = 0; tile < num_tiles; ++tile) {
       const int stage = tile % kStages;
@@ -325,41 +337,64 @@ __global__ void __launch_bounds__(Config::kThreads, Config::kMinBlocksPerSm)
       float s[2][4] = {};
 #pragma unroll
       for (int k_step = 0; k_step < Config::kKSteps; ++k_step) {
-        std::uint32_t q_fragment[4], k_fragment[4];
-        ptx::ldmatrix_x4(q_fragment[0], q_fragment[1], q_fragment[2], q_fragment[3],
-                         ptx::shared_address(q_tile + Config::q_offset((matrix % 2) * 8 + matrix_row, 2 * k_step + matrix / 2)));
+        std::uint32_t k_fragment[4];
         ptx::ldmatrix_x4(k_fragment[0], k_fragment[1], k_fragment[2], k_fragment[3],
                          ptx::shared_address(k_tile + Config::tile_offset(warp_key + (matrix / 2) * 8 + matrix_row, 2 * k_step + matrix % 2)));
         const std::uint32_t b0[2] = {k_fragment[0], k_fragment[1]}, b1[2] = {k_fragment[2], k_fragment[3]};
-        ptx::mma_m16n8k16<Numeric::kIsBf16>(s[0], q_fragment, b0);
-        ptx::mma_m16n8k16<Numeric::kIsBf16>(s[1], q_fragment, b1);
+        if constexpr (Config::kQInRegisters) {
+          ptx::mma_m16n8k16<Numeric::kIsBf16>(s[0], q_fragments[k_step], b0);
+          ptx::mma_m16n8k16<Numeric::kIsBf16>(s[1], q_fragments[k_step], b1);
+        } else {
+          std::uint32_t q_fragment[4];
+          load_q_fragment(k_step, q_fragment);
+          ptx::mma_m16n8k16<Numeric::kIsBf16>(s[0], q_fragment, b0);
+          ptx::mma_m16n8k16<Numeric::kIsBf16>(s[1], q_fragment, b1);
+        }
       }
 
+      // Whole tiles inside every row's mask (all but the range's ends) skip the element
+      // mask: a warp-uniform branch, so the common path is straight-line. Rows past
+      // row_end need no mask either: their q is zero and their output is never written.
       const bool is_full_tile = tile_key >= key_begin && tile_key + kTileN <= key_end &&
                                 mask.tile_fully_allowed(position_begin, position_end, tile_key, tile_key + kTileN);
+      if (is_full_tile) {
 #pragma unroll
-      for (int t = 0; t < 2; ++t)
+        for (int t = 0; t < 2; ++t)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int half = e / 2;
-          const std::int64_t key = warp_first_key + 8 * t + 2 * quad_lane + (e % 2);
-          const bool is_allowed =
-              is_row[half] && (is_full_tile || (key >= key_begin && key < key_end && mask.allowed(row_position[half], key)));
-          s[t][e] = is_allowed ? mma_log2_score(a, s[t][e]) : online_softmax::negative_infinity<float>();
-        }
+          for (int e = 0; e < 4; ++e) s[t][e] = mma_log2_score(a, s[t][e]);
+      } else {
+#pragma unroll
+        for (int t = 0; t < 2; ++t)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int half = e / 2;
+            const std::int64_t key = warp_first_key + 8 * t + 2 * quad_lane + (e % 2);
+            const bool is_allowed = is_row[half] && key >= key_begin && key < key_end && mask.allowed(row_position[half], key);
+            s[t][e] = is_allowed ? mma_log2_score(a, s[t][e]) : online_softmax::negative_infinity<float>();
+          }
+      }
 
       std::uint32_t p_fragment[4];
+      float factor[2];
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
         float block_max = fmaxf(fmaxf(s[0][2 * half], s[0][2 * half + 1]), fmaxf(s[1][2 * half], s[1][2 * half + 1]));
         block_max = fmaxf(block_max, __shfl_xor_sync(0xffffffffu, block_max, 1));
         block_max = fmaxf(block_max, __shfl_xor_sync(0xffffffffu, block_max, 2));
-        const float factor = state[half].raise_max(block_max);
+        factor[half] = state[half].raise_max(block_max);
+      }
+      // The accumulator is rescaled only when some row's max moved (factor != 1): after
+      // the first tiles it rarely does, and skipping a multiply by exactly 1 changes no
+      // bit. Warp-uniform, so 64 multiplies per tile become one vote.
+      if (__any_sync(0xffffffffu, factor[0] != 1.0f || factor[1] != 1.0f)) {
 #pragma unroll
         for (int n = 0; n < Config::kDTiles; ++n) {
-          o[n][2 * half] *= factor;
-          o[n][2 * half + 1] *= factor;
+          o[n][0] *= factor[0], o[n][1] *= factor[0];
+          o[n][2] *= factor[1], o[n][3] *= factor[1];
         }
+      }
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
         const float base = state[half].base();
         float p[2][2];
 #pragma unroll
@@ -388,12 +423,11 @@ __global__ void __launch_bounds__(Config::kThreads, Config::kMinBlocksPerSm)
   // the barriers is free for the merge.
   __syncthreads();
 
-  // ---- epilogue (as kernel_mma.cuh, over the consumer warps) ---------------------------
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    state[half].l += __shfl_xor_sync(0xffffffffu, state[half].l, 1);
-    state[half].l += __shfl_xor_sync(0xffffffffu, state[half].l, 2);
-  }
+  // ---- epilogue: the consumer warps' states and rows merged per row ---------------------
+  // Only consumer threads touch the merge area; the producer warp takes part in the
+  // barriers alone. (Its threads used to share the output loop; racecheck then flagged
+  // their reads against the consumers' writes, whose barrier count is one ahead of the
+  // producer's by the consumer-only named barrier — a tool false positive, 2026-11-25.)
   // From the window's own start, not the 1024-aligned base: the cluster merge reads the
   // partner CTA's rows at the same offset in its window, and two CTAs' windows need not
   // have the same alignment padding (e.g. the second CTA on an SM). The barriers lie
@@ -401,9 +435,13 @@ __global__ void __launch_bounds__(Config::kThreads, Config::kMinBlocksPerSm)
   float* merge_m = reinterpret_cast<float*>(shared_storage);
   float* merge_l = merge_m + kConsumerWarps * kRows;
   float* merge_o = merge_l + kConsumerWarps * kRows;
+  float* merge_lse = merge_o + kConsumerWarps * kRows * kHeadDim;  // (kRows): for the cluster merge
+  float* cluster_o = merge_lse + kRows;                              // (kRows, kHeadDim): this split's normalised rows
   if (!is_producer) {
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
+      state[half].l += __shfl_xor_sync(0xffffffffu, state[half].l, 1);
+      state[half].l += __shfl_xor_sync(0xffffffffu, state[half].l, 2);
       const int r = group_row + 8 * half;
       if (quad_lane == 0) {
         merge_m[warp * kRows + r] = state[half].m;
@@ -418,53 +456,49 @@ __global__ void __launch_bounds__(Config::kThreads, Config::kMinBlocksPerSm)
   }
   __syncthreads();
 
-  float* merge_scale = merge_o + kConsumerWarps * kRows * kHeadDim;  // (kConsumerWarps, kRows)
-  float* merge_lse = merge_scale + kConsumerWarps * kRows;            // (kRows)
-  if (tid < kRows) {
-    online_softmax::State<float> total;
-    float factor[kConsumerWarps];
-#pragma unroll
-    for (int w = 0; w < kConsumerWarps; ++w) {
-      online_softmax::State<float> part;
-      part.m = merge_m[w * kRows + tid];
-      part.l = merge_l[w * kRows + tid];
-      float factor_total, factor_part;
-      total = online_softmax::merge(total, part, &factor_total, &factor_part);
-#pragma unroll
-      for (int v = 0; v < w; ++v) factor[v] *= factor_total;
-      factor[w] = factor_part;
-    }
-#pragma unroll
-    for (int w = 0; w < kConsumerWarps; ++w) merge_scale[w * kRows + tid] = factor[w] * total.inverse_sum();
-    merge_lse[tid] = total.lse();
-  }
-  __syncthreads();
-
-  float* cluster_o = merge_lse + kRows;  // (kRows, kHeadDim): this split's normalised rows
   const bool is_single_split = num_splits == 1;
   constexpr int kQuads = kHeadDim / 4;
   const int rows_here = static_cast<int>(row_end - row_begin);
-  for (int element = tid; element < rows_here * kQuads; element += kThreads) {
-    const int r = element / kQuads, d = 4 * (element % kQuads);
-    if (d >= a.head_dim) continue;
-    float4 value = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  if (!is_producer) {
+    for (int element = tid; element < rows_here * kQuads; element += kConsumerThreads) {
+      const int r = element / kQuads, d = 4 * (element % kQuads);
+      if (d >= a.head_dim) continue;
+      // The row's state over the warps (each thread of the row folds the same values in
+      // the same order: the same bits), and each warp's scale factor[w] / l.
+      online_softmax::State<float> total;
+      float scale[kConsumerWarps];
 #pragma unroll
-    for (int w = 0; w < kConsumerWarps; ++w) {
-      const float scale = merge_scale[w * kRows + r];
-      const float4 x = *reinterpret_cast<const float4*>(merge_o + (w * kRows + r) * kHeadDim + d);
-      value.x += scale * x.x, value.y += scale * x.y, value.z += scale * x.z, value.w += scale * x.w;
-    }
-    const std::int64_t packed = row_begin + r;
-    const std::int64_t i = packed / group, h = h_kv * group + packed % group;
-    if (is_single_split) {
-      store_output_quad<T>(a, b, h, i, d, value, merge_lse[r]);
-    } else if (is_cluster_merge) {
-      *reinterpret_cast<float4*>(cluster_o + r * kHeadDim + d) = value;
-    } else {
-      float* partial_o = static_cast<float*>(params.maybe_workspace);
-      const std::int64_t row = params.partial_row(split, b, h, i);
-      *reinterpret_cast<float4*>(partial_o + row * a.head_dim + d) = value;
-      if (d == 0) partial_o[params.num_splits * params.partial_rows() * a.head_dim + row] = merge_lse[r];
+      for (int w = 0; w < kConsumerWarps; ++w) {
+        online_softmax::State<float> part;
+        part.m = merge_m[w * kRows + r];
+        part.l = merge_l[w * kRows + r];
+        float factor_total, factor_part;
+        total = online_softmax::merge(total, part, &factor_total, &factor_part);
+#pragma unroll
+        for (int v = 0; v < w; ++v) scale[v] *= factor_total;
+        scale[w] = factor_part;
+      }
+      const float inverse_sum = total.inverse_sum(), lse = total.lse();
+      float4 value = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+      for (int w = 0; w < kConsumerWarps; ++w) {
+        const float weight = scale[w] * inverse_sum;
+        const float4 x = *reinterpret_cast<const float4*>(merge_o + (w * kRows + r) * kHeadDim + d);
+        value.x += weight * x.x, value.y += weight * x.y, value.z += weight * x.z, value.w += weight * x.w;
+      }
+      const int packed = static_cast<int>(row_begin) + r;
+      const int i = packed / group32, h = static_cast<int>(h_kv) * group32 + packed % group32;
+      if (is_single_split) {
+        store_output_quad<T>(a, b, h, i, d, value, lse);
+      } else if (is_cluster_merge) {
+        *reinterpret_cast<float4*>(cluster_o + r * kHeadDim + d) = value;
+        if (d == 0) merge_lse[r] = lse;
+      } else {
+        float* partial_o = static_cast<float*>(params.maybe_workspace);
+        const std::int64_t row = params.partial_row(split, b, h, i);
+        *reinterpret_cast<float4*>(partial_o + row * a.head_dim + d) = value;
+        if (d == 0) partial_o[params.num_splits * params.partial_rows() * a.head_dim + row] = lse;
+      }
     }
   }
 
@@ -476,7 +510,7 @@ __global__ void __launch_bounds__(Config::kThreads, Config::kMinBlocksPerSm)
     const int quads = rows_here * kQuads;
     const int per_split = (quads + num_splits - 1) / num_splits;
     const int last = (split + 1) * per_split < quads ? (split + 1) * per_split : quads;
-    for (int element = split * per_split + tid; element < last; element += kThreads) {
+    for (int element = split * per_split + tid; !is_producer && element < last; element += kConsumerThreads) {
       const int r = element / kQuads, d = 4 * (element % kQuads);
       if (d >= a.head_dim) continue;
       float split_lse[kMaxClusterSplits];
@@ -495,8 +529,8 @@ __global__ void __launch_bounds__(Config::kThreads, Config::kMinBlocksPerSm)
         const float4 x = *reinterpret_cast<const float4*>(cluster.map_shared_rank(cluster_o + r * kHeadDim + d, s));
         value.x += weight * x.x, value.y += weight * x.y, value.z += weight * x.z, value.w += weight * x.w;
       }
-      const std::int64_t packed = row_begin + r;
-      store_output_quad<T>(a, b, h_kv * group + packed % group, packed / group, d, value, lse);
+      const int packed = static_cast<int>(row_begin) + r;
+      store_output_quad<T>(a, b, static_cast<int>(h_kv) * group32 + packed % group32, packed / group32, d, value, lse);
     }
     cluster.sync();
   }

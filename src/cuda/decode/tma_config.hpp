@@ -37,9 +37,12 @@ struct TmaDecodeConfig {
   static constexpr int kChunks = kHeadDim / 8;
   static constexpr int kKSteps = kHeadDim / 16;
   static constexpr int kDTiles = kHeadDim / 8;
+  // q's mma fragments held in registers across the tiles at d64 (16 registers); at d128
+  // the 32 they take spill within the 168 registers two CTAs per SM leave (ptxas, sm_90a).
+  static constexpr bool kQInRegisters = kHeadDim <= 64;
   // Merge area (reuses the pipeline): per warp and row m, l, then o (kRows, kHeadDim),
-  // per warp and row the merge scale, per row the LSE, the CTA's normalised rows.
-  static constexpr int kMergeBytes = (kConsumerWarps * kRows * (3 + kHeadDim) + kRows + kRows * kHeadDim) * 4;
+  // per row the LSE, the CTA's normalised rows.
+  static constexpr int kMergeBytes = (kConsumerWarps * kRows * (2 + kHeadDim) + kRows + kRows * kHeadDim) * 4;
   // The barriers live past both, so the merge never overwrites a live mbarrier.
   static constexpr int kBarrierOffset = ((kPipelineBytes > kMergeBytes ? kPipelineBytes : kMergeBytes) + 15) / 16 * 16;
   static constexpr int kAlignment = 1024;  // the 128-byte swizzle's atom: TMA destinations
