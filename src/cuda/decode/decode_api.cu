@@ -69,13 +69,28 @@ std::int64_t longest_key_range(const KVCacheParams& params) {
                                                                     : params.uniform_cache_seqlen + params.seqlen_new;
 }
 
+// Whether the TMA kernel can run this call (kernel_choice.hpp): a Hopper device (the
+// sm_90a code; a build without it falls back to the cp.async kernel at launch, so the
+// split count was then planned for the other kernel — performance only) and caches its
+// tensor maps describe.
+bool tma_kernel_can_run(const KVCacheParams& params) {
+#if defined(FLASHATTN_CUDA_DECODE_FMA)
+  (void)params;
+  return false;
+#else
+  int major = 0;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, params.attention.device.index) != cudaSuccess) return false;
+  return major == 9 && decode::tma_maps_can_describe(params);
+#endif
+}
+
 // The rule of kernel_choice.hpp, unless FLASHATTN_DECODE_KERNEL forces a kernel
 // (cp_async, or tma with its default pre-wait prefetch; read at every call, so a
 // captured graph keeps the kernel of its capture): the tests force each kernel on
 // every shape, decode_bench compares them.
 decode::DecodeKernelChoice decode_kernel_for(const KVCacheParams& params) {
   const char* forced = std::getenv("FLASHATTN_DECODE_KERNEL");
-  if (forced == nullptr || *forced == 0) return decode::choose_decode_kernel(params.is_paged(), longest_key_range(params));
+  if (forced == nullptr || *forced == 0) return decode::choose_decode_kernel(tma_kernel_can_run(params));
   const std::string name(forced);
   if (name == "cp_async") return {decode::DecodeKernel::cp_async, 0};
   if (name == "tma") return {decode::DecodeKernel::tma, -1};
@@ -100,8 +115,12 @@ SplitProblem kvcache_split_problem(const KVCacheParams& params) {
   int sm_count = 1;
   if (cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, a.device.index) != cudaSuccess) sm_count = 1;
   p.sm_count = sm_count;
-  // The wave-efficiency rule needs the real number of resident CTAs (performance-only).
+  // The wave-efficiency rule needs the CTAs per SM of the kernel that will run (performance-only).
+#if defined(FLASHATTN_CUDA_DECODE_FMA)
   p.ctas_per_sm = kernel_head_dim ? decode::ctas_per_sm(kernel_head_dim) : 1;
+#else
+  p.ctas_per_sm = kernel_head_dim ? decode::planned_ctas_per_sm(decode_kernel_for(params).kernel, kernel_head_dim) : 1;
+#endif
   p.max_splits = 64;
   return p;
 }

@@ -1,38 +1,27 @@
-// src/cuda/decode/kernel_choice.hpp — which split-KV decode kernel runs a call.
+// src/cuda/decode/kernel_choice.hpp — which split-KV decode kernel runs a call, and how
+// many of its CTAs per SM the split heuristic plans for.
 //
 // PERFORMANCE ONLY: both kernels compute the same result (same tiles, same math,
-// same merge; the tests force each on every shape). Host code, no CUDA headers, a
-// pure function so the rule is unit-tested without a GPU.
+// same merge; the tests force each on every shape). Host code, no CUDA headers, pure
+// functions so the rule is unit-tested without a GPU.
 //
 //   cp_async  kernel_mma.cuh: 16-byte cp.async by every thread; any sm_80+.
 //   tma       kernel_tma.cuh: one producer warp, TMA tensor-map boxes into an mbarrier
-//             ring; sm_90 code only (the launcher falls back to cp_async where the TMA
-//             kernel cannot run the call: no sm_90 code, cache_batch_idx, strides a
-//             tensor map cannot encode).
+//             ring; sm_90 code only, no cache_batch_idx, strides a tensor map encodes.
 //
 // The rule, from the H100 measurements of 2026-11-25 (bench/results/gpu_decode.md;
-// bf16, 32/8 heads, d128, L2-cold, CUDA-graph replay, us per step, cp.async vs TMA
-// without pre-wait prefetch):
-//   - paged caches with short key ranges: batch 8 / KV 1k 24.6 vs 20.3 (page 16) and
-//     24.5 vs 20.6 (page 256); batch 64 / KV 1k 104.1 vs 103.3 and 101.4 vs 102.2 (a
-//     tie). The cp.async kernel pays for page-table lookups and per-page addressing in
-//     the fixed cost of a short step; a TMA box addresses a page by coordinate.
-//   - everywhere else the cp.async kernel is as fast or faster (KV 4k paged: 58.6 vs
-//     60.8 and 57.7 vs 59.6; contiguous 1k: 20.7 vs 21.8), so it stays the default.
-//   - the TMA kernel's speculative L2 prefetch before the PDL wait cost 0.5-2.7 us
-//     per step at KV 1k (and gained 1-2 us at 4k, where the cp.async kernel runs): the
-//     rule's TMA runs go without it.
-// But the automatic choice does not take the TMA kernel yet (kAutomaticTma = false):
-// on the same day compute-sanitizer racecheck reported shared-memory hazards in its
-// epilogue (kernel_tma.cuh, the per-warp merge: the merge_scale writes against their
-// reads after the __syncthreads between them) on most test shapes, also with its
-// pre-wait prefetch on, while the cp.async kernel is clean on the same shapes and every
-// result of both kernels matches the reference. Until that report is explained (a
-// racecheck blind spot for this kernel's cluster/mbarrier mix, or a real race), the
-// default stays on the kernel with a clean report; FLASHATTN_DECODE_KERNEL=tma runs it.
+// bf16, 32/8 heads, d128, L2-cold, CUDA-graph replay): the TMA kernel wherever it can
+// run. Once its consumer loop was cut from 458 to ~200 instructions per tile and warp
+// (ncu source counters), it was the faster kernel at every shape measured, contiguous
+// and paged; both kernels are issue-bound with one warp per scheduler, and the TMA
+// kernel's consumers issue no copies. It runs without the speculative L2 prefetch
+// before the PDL wait (that cost 0.5-2.7 us per step at KV 1k).
+//
+// CTAs per SM: the TMA kernel streams best with one CTA per SM (its best split count at
+// batch 8 was 2 — clusters of two, one CTA per SM — from KV 1k to 16k, and 16 rather than
+// 31 at batch 1 / KV 64k), the cp.async kernel with two where the work is long enough
+// (split_heuristic.hpp, rule 4).
 #pragma once
-
-#include <cstdint>
 
 namespace flashattn::cuda::decode {
 
@@ -46,21 +35,18 @@ struct DecodeKernelChoice {
   friend constexpr bool operator==(const DecodeKernelChoice&, const DecodeKernelChoice&) = default;
 };
 
-// Paged caches whose longest key range is at most this many keys run the TMA kernel
-// (measured: 1024 wins or ties, 4096 loses; nothing between was measured).
-inline constexpr std::int64_t kShortPagedKeyRange = 1024;
-
-// Whether the automatic choice may pick the TMA kernel (see above: not until its
-// racecheck report is explained).
-inline constexpr bool kAutomaticTma = false;
-
-// `longest_key_range`: the most keys any sequence of the call may attend to, as the
-// host knows it (the cache capacity when the lengths live on the device).
-// `tma_allowed`: kAutomaticTma for the library's own calls.
-constexpr DecodeKernelChoice choose_decode_kernel(bool is_paged, std::int64_t longest_key_range,
-                                                  bool tma_allowed = kAutomaticTma) {
-  if (tma_allowed && is_paged && longest_key_range <= kShortPagedKeyRange) return {DecodeKernel::tma, 0};
+// `tma_kernel_can_run`: the call's device has the TMA kernel's sm_90 code and its caches
+// fit the tensor maps (launch.hpp: tma_maps_can_describe).
+constexpr DecodeKernelChoice choose_decode_kernel(bool tma_kernel_can_run) {
+  if (tma_kernel_can_run) return {DecodeKernel::tma, 0};
   return {DecodeKernel::cp_async, 0};
+}
+
+// CTAs per SM the split heuristic plans for (SplitProblem::ctas_per_sm). The cp.async
+// kernel fits two per SM up to d128 (100 KiB of shared memory each), one at d256.
+constexpr int planned_ctas_per_sm(DecodeKernel kernel, int kernel_head_dim) {
+  if (kernel == DecodeKernel::tma) return 1;
+  return kernel_head_dim <= 128 ? 2 : 1;
 }
 
 }  // namespace flashattn::cuda::decode

@@ -50,6 +50,7 @@
 #include "src/cuda/decode/tma_config.hpp"
 #include "src/cuda/ptx/cp_async.cuh"
 #include "src/cuda/ptx/ldmatrix.cuh"
+#include "src/cuda/ptx/math.cuh"
 #include "src/cuda/ptx/mma_sync.cuh"
 
 namespace flashattn::cuda::decode {
@@ -314,20 +315,53 @@ __global__ void __launch_bounds__(Config::kThreads, Config::kMinBlocksPerSm)
       for (int k_step = 0; k_step < Config::kKSteps; ++k_step) load_q_fragment(k_step, q_fragments[k_step]);
     }
     const int warp_key = warp * Config::kKeysPerWarp;    // first key row of this warp in a tile
+    // This lane's ldmatrix addresses, as byte offsets from a stage's K (or V) tile. A
+    // tile row r holds 16-byte chunk c at position (c % 8) ^ (r % 8) of its 128-byte
+    // panel row (Config::tile_offset); a lane's row is fixed and its chunk is 2j + bit
+    // (j from the unrolled step, bit from the lane), so (2j + bit) ^ (r % 8) =
+    // 2j ^ (bit ^ r % 8): four offsets per lane cover every step, the panel is a
+    // compile-time constant, and the loop computes no address.
+    std::uint32_t k_offsets[4], v_offsets[4];
+    {
+      const int k_row = warp_key + (matrix / 2) * 8 + matrix_row, v_row = warp_key + (matrix % 2) * 8 + matrix_row;
+      const int k_xor = (matrix % 2) ^ (k_row % 8), v_xor = (matrix / 2) ^ (v_row % 8);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        k_offsets[j] = static_cast<std::uint32_t>((k_row * kPanelColumns + ((2 * j) ^ k_xor) * 8) * 2);
+        v_offsets[j] = static_cast<std::uint32_t>((v_row * kPanelColumns + ((2 * j) ^ v_xor) * 8) * 2);
+      }
+    }
+    // Keys as offsets from the first tile's first key (32-bit: one CTA's range), and the
+    // tiles every row of this CTA sees whole: [full_first, full_end) — no element mask,
+    // no V rows to clear.
+    const int range_begin = static_cast<int>(key_begin - range.tile_begin), range_end = static_cast<int>(key_end - range.tile_begin);
+    int full_first = 0, full_end = 0;
+    {
+      const MaskRule::ColumnRange all_rows = {mask.col_begin(position_end - 1), mask.col_end(position_begin)};
+      const std::int64_t begin = all_rows.begin > key_begin ? all_rows.begin : key_begin;
+      const std::int64_t end = all_rows.end < key_end ? all_rows.end : key_end;
+      if (end > begin) {
+        full_first = static_cast<int>((begin - range.tile_begin + kTileN - 1) / kTileN);
+        full_end = static_cast<int>((end - range.tile_begin) / kTileN);
+      }
+    }
+    const bool has_softcap = a.has_softcap();
+    const float score_scale = a.softmax_scale_log2;
     for (int tile = 0; tile < num_tiles; ++tile) {
       const int stage = tile % kStages;
       tma::mbarrier_wait(full_barriers + 8 * stage, (tile / kStages) & 1);
-      const T* k_tile = kv_ring + stage * 2 * (Config::kTileBytes / 2);
-      T* v_tile = kv_ring + (stage * 2 + 1) * (Config::kTileBytes / 2);
-      const std::int64_t tile_key = range.tile_begin + static_cast<std::int64_t>(tile) * kTileN;
-      const std::int64_t warp_first_key = tile_key + warp_key;
-      if (warp_first_key < key_begin || warp_first_key + Config::kKeysPerWarp > key_end) {
+      const std::uint32_t k_tile_address = ring_address + stage * Config::kStageBytes;
+      const std::uint32_t v_tile_address = k_tile_address + Config::kTileBytes;
+      const bool is_full_tile = tile >= full_first && tile < full_end;
+      const int warp_first = tile * kTileN + warp_key;  // relative key of this warp's first row
+      if (!is_full_tile && (warp_first < range_begin || warp_first + Config::kKeysPerWarp > range_end)) {
         // Some of this warp's keys are outside the range: their V rows to zero (P is 0
-        // there). Generic writes into a stage the TMA may refill: fenced before release.
+        // there, and 0 * NaN is NaN). Generic writes into a stage the TMA may refill:
+        // fenced before release.
+        T* v_tile = kv_ring + (stage * 2 + 1) * (Config::kTileBytes / 2);
         for (int i = lane; i < Config::kKeysPerWarp * kChunks; i += 32) {
           const int r = i / kChunks, chunk = i % kChunks;
-          const std::int64_t key = warp_first_key + r;
-          if (key < key_begin || key >= key_end)
+          if (warp_first + r < range_begin || warp_first + r >= range_end)
             *reinterpret_cast<uint4*>(v_tile + Config::tile_offset(warp_key + r, chunk)) = make_uint4(0, 0, 0, 0);
         }
         asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
@@ -339,7 +373,7 @@ __global__ void __launch_bounds__(Config::kThreads, Config::kMinBlocksPerSm)
       for (int k_step = 0; k_step < Config::kKSteps; ++k_step) {
         std::uint32_t k_fragment[4];
         ptx::ldmatrix_x4(k_fragment[0], k_fragment[1], k_fragment[2], k_fragment[3],
-                         ptx::shared_address(k_tile + Config::tile_offset(warp_key + (matrix / 2) * 8 + matrix_row, 2 * k_step + matrix % 2)));
+                         k_tile_address + k_offsets[k_step % 4] + (k_step / 4) * Config::kPanelBytes);
         const std::uint32_t b0[2] = {k_fragment[0], k_fragment[1]}, b1[2] = {k_fragment[2], k_fragment[3]};
         if constexpr (Config::kQInRegisters) {
           ptx::mma_m16n8k16<Numeric::kIsBf16>(s[0], q_fragments[k_step], b0);
@@ -352,24 +386,24 @@ __global__ void __launch_bounds__(Config::kThreads, Config::kMinBlocksPerSm)
         }
       }
 
-      // Whole tiles inside every row's mask (all but the range's ends) skip the element
-      // mask: a warp-uniform branch, so the common path is straight-line. Rows past
-      // row_end need no mask either: their q is zero and their output is never written.
-      const bool is_full_tile = tile_key >= key_begin && tile_key + kTileN <= key_end &&
-                                mask.tile_fully_allowed(position_begin, position_end, tile_key, tile_key + kTileN);
-      if (is_full_tile) {
+      // Whole tiles (all but the range's ends) skip the element mask: a warp-uniform
+      // branch, so the common path is straight-line. Rows past row_end need no mask
+      // either: their q is zero and their output is never written.
+      if (is_full_tile && !has_softcap) {
 #pragma unroll
         for (int t = 0; t < 2; ++t)
 #pragma unroll
-          for (int e = 0; e < 4; ++e) s[t][e] = mma_log2_score(a, s[t][e]);
+          for (int e = 0; e < 4; ++e) s[t][e] *= score_scale;
       } else {
+        const std::int64_t warp_first_key = range.tile_begin + warp_first;
 #pragma unroll
         for (int t = 0; t < 2; ++t)
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
             const int half = e / 2;
             const std::int64_t key = warp_first_key + 8 * t + 2 * quad_lane + (e % 2);
-            const bool is_allowed = is_row[half] && key >= key_begin && key < key_end && mask.allowed(row_position[half], key);
+            const bool is_allowed =
+                is_full_tile || (is_row[half] && key >= key_begin && key < key_end && mask.allowed(row_position[half], key));
             s[t][e] = is_allowed ? mma_log2_score(a, s[t][e]) : online_softmax::negative_infinity<float>();
           }
       }
@@ -381,7 +415,12 @@ __global__ void __launch_bounds__(Config::kThreads, Config::kMinBlocksPerSm)
         float block_max = fmaxf(fmaxf(s[0][2 * half], s[0][2 * half + 1]), fmaxf(s[1][2 * half], s[1][2 * half + 1]));
         block_max = fmaxf(block_max, __shfl_xor_sync(0xffffffffu, block_max, 1));
         block_max = fmaxf(block_max, __shfl_xor_sync(0xffffffffu, block_max, 2));
-        factor[half] = state[half].raise_max(block_max);
+        // State::raise_max with the SFU's exp2 (ptx/math.cuh): from an empty row
+        // (m = -inf) the factor is ex2(-inf) = 0, and an unchanged max gives exactly 1.
+        const float m_new = block_max > state[half].m ? block_max : state[half].m;
+        factor[half] = ptx::exp2_approx_ftz(state[half].m - online_softmax::safe_max(m_new));
+        state[half].l *= factor[half];
+        state[half].m = m_new;
       }
       // The accumulator is rescaled only when some row's max moved (factor != 1): after
       // the first tiles it rarely does, and skipping a multiply by exactly 1 changes no
@@ -400,7 +439,7 @@ __global__ void __launch_bounds__(Config::kThreads, Config::kMinBlocksPerSm)
 #pragma unroll
         for (int t = 0; t < 2; ++t)
 #pragma unroll
-          for (int e = 0; e < 2; ++e) p[t][e] = online_softmax::exp2_of(s[t][2 * half + e] - base);
+          for (int e = 0; e < 2; ++e) p[t][e] = ptx::exp2_approx_ftz(s[t][2 * half + e] - base);
         state[half].add(p[0][0] + p[0][1] + p[1][0] + p[1][1]);
         p_fragment[half] = pack_pair<T>(p[0][0], p[0][1]);
         p_fragment[2 + half] = pack_pair<T>(p[1][0], p[1][1]);
@@ -410,7 +449,7 @@ __global__ void __launch_bounds__(Config::kThreads, Config::kMinBlocksPerSm)
       for (int n = 0; n < Config::kDTiles; n += 2) {
         std::uint32_t v_fragment[4];
         ptx::ldmatrix_x4_trans(v_fragment[0], v_fragment[1], v_fragment[2], v_fragment[3],
-                               ptx::shared_address(v_tile + Config::tile_offset(warp_key + (matrix % 2) * 8 + matrix_row, n + matrix / 2)));
+                               v_tile_address + v_offsets[(n % 8) / 2] + (n / 8) * Config::kPanelBytes);
         const std::uint32_t b0[2] = {v_fragment[0], v_fragment[1]}, b1[2] = {v_fragment[2], v_fragment[3]};
         ptx::mma_m16n8k16<Numeric::kIsBf16>(o[n], p_fragment, b0);
         ptx::mma_m16n8k16<Numeric::kIsBf16>(o[n + 1], p_fragment, b1);

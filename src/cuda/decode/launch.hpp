@@ -8,6 +8,7 @@
 
 #include "src/core/kvcache_params.hpp"
 #include "src/cuda/decode/kernel_choice.hpp"
+#include "src/cuda/hopper/launch.hpp"
 
 namespace flashattn::cuda::decode {
 
@@ -26,10 +27,21 @@ inline int ctas_per_sm(int) { return 2; }
 // (MmaDecodeConfig::kRows, kTileN).
 inline int rows_per_cta(std::int64_t) { return 16; }
 inline int tile_keys(int) { return 64; }
-// CTAs resident per SM: shared memory (MmaDecodeConfig::kSharedBytes, 100 KiB at d128,
-// 136 KiB at d256) allows 2 for head dims <= 128, 1 above.
-inline int ctas_per_sm(int kernel_head_dim) { return kernel_head_dim <= 128 ? 2 : 1; }
 #endif
+
+// Whether the TMA kernel's tensor maps can describe this call's caches (the kernel
+// also needs sm_90 code on the device: launch_decode.cuh checks the loaded kernel): no
+// cache_batch_idx, strides a tensor map encodes, coordinates in int32.
+inline bool tma_maps_can_describe(const KVCacheParams& params) {
+  const AttentionParams& a = params.attention;
+  if (params.maybe_cache_batch_idx != nullptr) return false;
+  const std::int64_t rows = params.is_paged() ? params.page_size : params.capacity;
+  const std::int64_t groups = params.is_paged() ? params.num_blocks : a.batch;
+  return hopper::is_tma_encodable_stride(a.k_row_stride, rows) && hopper::is_tma_encodable_stride(a.k_head_stride, a.heads_kv) &&
+         hopper::is_tma_encodable_stride(a.k_batch_stride, groups) && hopper::is_tma_encodable_stride(a.v_row_stride, rows) &&
+         hopper::is_tma_encodable_stride(a.v_head_stride, a.heads_kv) && hopper::is_tma_encodable_stride(a.v_batch_stride, groups) &&
+         groups < 0x7fffffff;
+}
 
 // The split-KV kernel (`choice.kernel`, or the cp.async kernel where the TMA one cannot
 // run the call): writes out/LSE (one split, or

@@ -71,18 +71,11 @@ inline DecodeTensorMaps make_decode_tensor_maps(const KVCacheParams& params, int
   return maps;
 }
 
-// Whether the TMA kernel can run this call: sm_90 code in this binary, no
-// cache_batch_idx, strides the tensor maps encode, coordinates in int32.
+// Whether the TMA kernel can run this call: sm_90 code in this binary, and caches the
+// tensor maps describe (launch.hpp).
 template <class Kernel>
 bool can_run_tma_kernel(Kernel* kernel, const KVCacheParams& params) {
-  const AttentionParams& a = params.attention;
-  if (params.maybe_cache_batch_idx != nullptr || !kernel_is_sm90(kernel)) return false;
-  const std::int64_t rows = params.is_paged() ? params.page_size : params.capacity;
-  const std::int64_t groups = params.is_paged() ? params.num_blocks : a.batch;
-  return hopper::is_tma_encodable_stride(a.k_row_stride, rows) && hopper::is_tma_encodable_stride(a.k_head_stride, a.heads_kv) &&
-         hopper::is_tma_encodable_stride(a.k_batch_stride, groups) && hopper::is_tma_encodable_stride(a.v_row_stride, rows) &&
-         hopper::is_tma_encodable_stride(a.v_head_stride, a.heads_kv) && hopper::is_tma_encodable_stride(a.v_batch_stride, groups) &&
-         groups < 0x7fffffff;
+  return tma_maps_can_describe(params) && kernel_is_sm90(kernel);
 }
 #endif
 
