@@ -16,7 +16,8 @@
 // keeps its kernel), "tma_prefetch<N>" (the TMA kernel prefetching N
 // tiles per CTA into L2 before the PDL wait; FLASHATTN_DECODE_TMA_PREFETCH_TILES),
 // each optionally with "+nopdl" / "+drivercarveout" (the launch chain's ablation knobs,
-// launch_kernel.cuh). DECODE_BENCH_SKIP_MAIN=1 runs only the split sweep.
+// launch_kernel.cuh). DECODE_BENCH_SKIP_MAIN=1 runs only the split sweep;
+// DECODE_BENCH_SWEEP="batch:kv:page:splits,..." replaces the sweep's configurations.
 // Every row is flushed as soon as it is measured: a run cut short keeps its rows.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -295,13 +296,30 @@ int main(int argc, char** argv) {
     std::fprintf(sweep, "%s", kHeader);
     std::printf("split sweep:\n");
     std::vector<Config> sweeps;
-    for (int splits : {1, 2, 3, 4}) sweeps.push_back({8, 64, 0, splits});
-    for (int splits : {1, 2, 3, 4, 6, 8}) sweeps.push_back({8, 1024, 0, splits});
-    for (int splits : {2, 3, 4, 6, 8}) sweeps.push_back({8, 4096, 0, splits});
-    for (int splits : {2, 4}) sweeps.push_back({8, 16384, 0, splits});
-    for (std::int64_t kv : {1024, 4096})
-      for (int splits : {2, 4}) sweeps.push_back({8, kv, 16, splits});
-    for (int splits : {16, 28, 31}) sweeps.push_back({1, 65536, 0, splits});
+    // DECODE_BENCH_SWEEP="batch:kv:page:splits,...": these configurations instead.
+    if (const char* list = std::getenv("DECODE_BENCH_SWEEP"); list && *list) {
+      std::string rest = list;
+      while (!rest.empty()) {
+        const std::size_t comma = rest.find(',');
+        const std::string item = rest.substr(0, comma);
+        long long batch = 0, kv = 0, page = 0;
+        int splits = 0;
+        if (std::sscanf(item.c_str(), "%lld:%lld:%lld:%d", &batch, &kv, &page, &splits) != 4) {
+          std::fprintf(stderr, "DECODE_BENCH_SWEEP: expected batch:kv:page:splits, got %s\n", item.c_str());
+          return 1;
+        }
+        sweeps.push_back({batch, kv, page, splits});
+        rest = comma == std::string::npos ? "" : rest.substr(comma + 1);
+      }
+    } else {
+      for (int splits : {1, 2, 3, 4}) sweeps.push_back({8, 64, 0, splits});
+      for (int splits : {1, 2, 3, 4, 6, 8}) sweeps.push_back({8, 1024, 0, splits});
+      for (int splits : {2, 3, 4, 6, 8}) sweeps.push_back({8, 4096, 0, splits});
+      for (int splits : {2, 4}) sweeps.push_back({8, 16384, 0, splits});
+      for (std::int64_t kv : {1024, 4096})
+        for (int splits : {2, 4}) sweeps.push_back({8, kv, 16, splits});
+      for (int splits : {16, 28, 31}) sweeps.push_back({1, 65536, 0, splits});
+    }
     for (Config c : sweeps)
       for (const std::string& kernel : kernels) {
         c.kernel = kernel;
