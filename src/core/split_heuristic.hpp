@@ -17,6 +17,7 @@
 //      SM the next step's CTAs launch early into the free slot, and two splits merge
 //      inside one cluster instead of a combine kernel), so redo 1-3 with one CTA per
 //      SM (slots = sm_count).
+// With streaming_ctas set, rules 1-3 run on that many slots and rule 4 is off.
 // Measured on the H100 (2026-11-22, batch 8, 8 kv heads, d128, bf16): KV 1k best at
 // 2 splits (one CTA per SM), KV 16k-64k at 4 (two per SM); batch 1 at KV 64k-128k
 // best at 32-33 splits (85% of the best efficiency picked 28: 3-5% slower).
@@ -36,6 +37,11 @@ struct SplitProblem {
   int ctas_per_sm = 2;
   int max_splits = 64;
   std::int64_t min_blocks_to_share_sm = 16;  // rule 4
+  // > 0: the CTAs the kernel streams a step best with, used as the slots of rules 1-3
+  // instead of sm_count * ctas_per_sm (and rule 4 is off). The TMA kernel draws more
+  // than an even share of HBM bandwidth per SM, so fewer, longer CTAs win there
+  // (kernel_choice.hpp: tma_streaming_ctas).
+  std::int64_t streaming_ctas = 0;
 };
 
 constexpr std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
@@ -70,6 +76,7 @@ constexpr int choose_num_splits(const SplitProblem& p) {
     if (items <= 0 || key_blocks <= 1 || items * 10 >= slots * 8) return 1;
     return best_splits(items, key_blocks, slots, p.max_splits);
   };
+  if (p.streaming_ctas > 0) return splits_for(p.streaming_ctas);
   const int shared = splits_for(sms * ctas_per_sm);
   if (ctas_per_sm == 1 || shared == 1 || ceil_div(key_blocks, shared) >= p.min_blocks_to_share_sm) return shared;
   return splits_for(sms);  // rule 4

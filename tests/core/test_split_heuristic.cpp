@@ -83,6 +83,27 @@ TEST(SplitHeuristic, PicksNearlyTheBestWaveEfficiency) {
   }
 }
 
+TEST(SplitHeuristic, StreamingCtasReplaceTheSlots) {
+  // The TMA kernel's target on the H100 (kernel_choice.hpp): 66 CTAs, one per SM. The
+  // measured best split counts (2026-11-25): batch 8 -> 1, batch 1 -> 8, batch 2 -> 4,
+  // batch 32 / 64 -> 1; with every SM as the target (pages of 16 keys) batch 8 -> 2.
+  const auto tma = [](std::int64_t batch, std::int64_t seqlen, std::int64_t streaming) {
+    SplitProblem p = decode(batch, 8, seqlen);
+    p.ctas_per_sm = 1;
+    p.streaming_ctas = streaming;
+    return choose_num_splits(p);
+  };
+  for (std::int64_t seqlen : {1024, 4096, 16384, 65536}) EXPECT_EQ(tma(8, seqlen, 66), 1) << seqlen;
+  EXPECT_EQ(tma(1, 65536, 66), 8);
+  EXPECT_EQ(tma(1, 131072, 66), 8);
+  EXPECT_EQ(tma(2, 4096, 66), 4);
+  EXPECT_EQ(tma(32, 2048, 66), 1);
+  EXPECT_EQ(tma(64, 1024, 66), 1);
+  for (std::int64_t seqlen : {1024, 4096}) EXPECT_EQ(tma(8, seqlen, 132), 2) << seqlen;
+  // Rule 4 is off with a target: a short range keeps its split count.
+  EXPECT_EQ(tma(8, 1024, 132), 2);
+}
+
 TEST(SplitHeuristic, NeverMoreSplitsThanKeyBlocksOrTheCap) {
   for (std::int64_t seqlen : {0, 1, 63, 64, 65, 129, 200, 1000})
     for (std::int64_t batch : {1, 2, 3}) {

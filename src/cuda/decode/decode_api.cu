@@ -14,6 +14,7 @@
 #include "src/cuda/common/call_guards.hpp"
 #include "src/cuda/common/check.cuh"
 #include "src/cuda/decode/launch.hpp"
+#include "src/cuda/decode/tma_config.hpp"
 
 namespace flashattn::cuda {
 namespace {
@@ -119,7 +120,10 @@ SplitProblem kvcache_split_problem(const KVCacheParams& params) {
 #if defined(FLASHATTN_CUDA_DECODE_FMA)
   p.ctas_per_sm = kernel_head_dim ? decode::ctas_per_sm(kernel_head_dim) : 1;
 #else
-  p.ctas_per_sm = kernel_head_dim ? decode::planned_ctas_per_sm(decode_kernel_for(params).kernel, kernel_head_dim) : 1;
+  const decode::DecodeKernel kernel = decode_kernel_for(params).kernel;
+  p.ctas_per_sm = kernel_head_dim ? decode::planned_ctas_per_sm(kernel, kernel_head_dim) : 1;
+  if (kernel == decode::DecodeKernel::tma && kernel_head_dim)
+    p.streaming_ctas = decode::tma_streaming_ctas(sm_count, decode::tma_box_rows(params.is_paged() ? params.page_size : 0), kernel_head_dim);
 #endif
   p.max_splits = 64;
   return p;

@@ -17,10 +17,17 @@
 // kernel's consumers issue no copies. It runs without the speculative L2 prefetch
 // before the PDL wait (that cost 0.5-2.7 us per step at KV 1k).
 //
-// CTAs per SM: the TMA kernel streams best with one CTA per SM (its best split count at
-// batch 8 was 2 — clusters of two, one CTA per SM — from KV 1k to 16k, and 16 rather than
-// 31 at batch 1 / KV 64k), the cp.async kernel with two where the work is long enough
-// (split_heuristic.hpp, rule 4).
+// How many CTAs a step should stream with (split_heuristic.hpp's slots), measured on the
+// H100 (2026-11-25, batch 8 / 1 / 2 / 32 / 64, KV 1k-128k): the TMA kernel one per SM and
+// about half the SMs where a tile is four 64-key boxes — contiguous caches and pages of
+// 64 keys or more (batch 8: 1 split, 64 CTAs, 16.2 us at KV 1k and 48.5 us at 4k against
+// 17.3 / 49.9 with 2 splits in clusters; batch 1 / KV 64k: 8 splits 94.6 us, 16 splits
+// 95.8; batch 2 / 4k: 4 splits 19.4, 8 splits 20.0, 2 splits 23.7): 64 SMs draw ~2.9
+// TB/s, and fewer splits save the merge. With pages of 16 or 32 keys a tile is 8-16
+// small boxes and one SM's TMA issue rate limits (page 16, batch 8: 1 split 19.3-19.6 us
+// at KV 1k, 64.3 at 4k; 2 splits 17.4 / 50.6): every SM; d256 (twice the bytes per key,
+// not measured at half) every SM too. The cp.async kernel: two CTAs per SM where the
+// work is long enough (split_heuristic.hpp, rule 4).
 #pragma once
 
 namespace flashattn::cuda::decode {
@@ -47,6 +54,13 @@ constexpr DecodeKernelChoice choose_decode_kernel(bool tma_kernel_can_run) {
 constexpr int planned_ctas_per_sm(DecodeKernel kernel, int kernel_head_dim) {
   if (kernel == DecodeKernel::tma) return 1;
   return kernel_head_dim <= 128 ? 2 : 1;
+}
+
+// SplitProblem::streaming_ctas for the TMA kernel: `box_rows` keys per TMA box
+// (tma_config.hpp: 64, or gcd(page_size, 64)).
+constexpr long long tma_streaming_ctas(int sm_count, int box_rows, int kernel_head_dim) {
+  if (box_rows == 64 && kernel_head_dim <= 128) return (sm_count + 1) / 2;
+  return sm_count;
 }
 
 }  // namespace flashattn::cuda::decode
