@@ -571,7 +571,11 @@ __global__ void __launch_bounds__(Config::kThreads, Config::kMinBlocksPerSm)
       const int packed = static_cast<int>(row_begin) + r;
       store_output_quad<T>(a, b, static_cast<int>(h_kv) * group32 + packed % group32, packed / group32, d, value, lse);
     }
-    cluster.sync();
+    // No CTA exits while its partner still reads its shared memory: an execution barrier
+    // only (the reads above have returned their values), so a relaxed arrive — without
+    // the release fence cluster.sync() adds (MEMBAR.GPU in SASS).
+    asm volatile("barrier.cluster.arrive.relaxed.aligned;\n"
+                 "barrier.cluster.wait.aligned;\n" ::: "memory");
   }
 #endif
 }
