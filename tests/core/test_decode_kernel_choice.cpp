@@ -31,12 +31,12 @@ TEST(DecodeKernelChoice, TheSplitHeuristicPlansOneTmaCtaPerSm) {
   EXPECT_EQ(planned_ctas_per_sm(DecodeKernel::cp_async, 256), 1);
 }
 
-TEST(DecodeKernelChoice, TheTmaKernelStreamsWithHalfTheSmsWhenTilesAreWholeBoxes) {
-  // Contiguous caches and pages of 64+ keys (boxes of 64 keys) at d64/d128: half the SMs.
+TEST(DecodeKernelChoice, TheTmaKernelStreamsWithHalfTheSmsWhenD128TilesAreWholeBoxes) {
+  // Contiguous caches and pages of 64+ keys (boxes of 64 keys) at d128: half the SMs.
   EXPECT_EQ(tma_streaming_ctas(132, 64, 128), 66);
-  EXPECT_EQ(tma_streaming_ctas(132, 64, 64), 66);
   EXPECT_EQ(tma_streaming_ctas(133, 64, 128), 67);
-  // Pages of 16 / 32 keys (4-16 boxes per tile) and d256: every SM.
+  // Pages of 16 / 32 keys (4-16 boxes per tile), d64 and d256: every SM.
+  EXPECT_EQ(tma_streaming_ctas(132, 64, 64), 132);
   EXPECT_EQ(tma_streaming_ctas(132, 16, 128), 132);
   EXPECT_EQ(tma_streaming_ctas(132, 32, 128), 132);
   EXPECT_EQ(tma_streaming_ctas(132, 64, 256), 132);

@@ -25,9 +25,12 @@
 // 95.8; batch 2 / 4k: 4 splits 19.4, 8 splits 20.0, 2 splits 23.7): 64 SMs draw ~2.9
 // TB/s, and fewer splits save the merge. With pages of 16 or 32 keys a tile is 8-16
 // small boxes and one SM's TMA issue rate limits (page 16, batch 8: 1 split 19.3-19.6 us
-// at KV 1k, 64.3 at 4k; 2 splits 17.4 / 50.6): every SM; d256 (twice the bytes per key,
-// not measured at half) every SM too. The cp.async kernel: two CTAs per SM where the
-// work is long enough (split_heuristic.hpp, rule 4).
+// at KV 1k, 64.3 at 4k; 2 splits 17.4 / 50.6): every SM. At d64 a tile carries half the
+// bytes for the same instructions, and half the SMs fall behind on long ranges (batch
+// 8, KV 16k: 1 split 114.7 us, the cp.async kernel's 4 splits 105.3, paged-16 TMA with
+// 2 splits 100.2): every SM; d256 (twice the bytes per key, not measured at half) every
+// SM too. The cp.async kernel: two CTAs per SM where the work is long enough
+// (split_heuristic.hpp, rule 4).
 #pragma once
 
 namespace flashattn::cuda::decode {
@@ -59,7 +62,7 @@ constexpr int planned_ctas_per_sm(DecodeKernel kernel, int kernel_head_dim) {
 // SplitProblem::streaming_ctas for the TMA kernel: `box_rows` keys per TMA box
 // (tma_config.hpp: 64, or gcd(page_size, 64)).
 constexpr long long tma_streaming_ctas(int sm_count, int box_rows, int kernel_head_dim) {
-  if (box_rows == 64 && kernel_head_dim <= 128) return (sm_count + 1) / 2;
+  if (box_rows == 64 && kernel_head_dim == 128) return (sm_count + 1) / 2;
   return sm_count;
 }
 
