@@ -17,6 +17,7 @@
 // tiles per CTA into L2 before the PDL wait; FLASHATTN_DECODE_TMA_PREFETCH_TILES),
 // each optionally with "+nopdl" / "+drivercarveout" (the launch chain's ablation knobs,
 // launch_kernel.cuh). DECODE_BENCH_SKIP_MAIN=1 runs only the split sweep;
+// DECODE_BENCH_POOL_GIB sizes the cache pool (CachePool; default: batch 8 / KV 64k);
 // DECODE_BENCH_SWEEP="batch:kv:page:splits,..." replaces the sweep's configurations.
 // Every row is flushed as soon as it is measured: a run cut short keeps its rows.
 #include <cuda_bf16.h>
@@ -71,6 +72,27 @@ flashattn::TensorView view(void* data, flashattn::DType dtype, std::initializer_
   return flashattn::TensorView::contiguous(data, dtype, shape, flashattn::Device::cuda(0));
 }
 
+// The K/V caches of every shape live in one pool allocated before anything else, as a
+// serving engine allocates its cache once: measured on the H100 (2026-11-25), paged
+// caches read from memory allocated after a large allocation had been freed ran 10-17%
+// slower at batch 8 / KV 1k than from fresh memory (contiguous ones did not move), so
+// per-shape allocations made the paged/contiguous comparison depend on the shape order.
+struct CachePool {
+  char* base = nullptr;
+  std::size_t bytes = 0, used = 0;
+  void* take(std::size_t n) {
+    n = (n + 4095) / 4096 * 4096;
+    if (used + n > bytes) {
+      std::fprintf(stderr, "cache pool: %zu bytes needed, %zu left\n", n, bytes - used);
+      std::exit(1);
+    }
+    void* p = base + used;
+    used += n;
+    return p;
+  }
+};
+CachePool g_pool;
+
 constexpr int kSets = 4;
 constexpr int kCallsPerGraph = 16;  // a multiple of kSets
 constexpr int kWarmup = 3;
@@ -82,6 +104,15 @@ struct Config {
   int num_splits = 0;      // 0 = the library's heuristic
   std::string kernel = "auto";  // a DECODE_BENCH_KERNELS entry
 };
+
+constexpr std::int64_t kHeadsQ = 32, kHeadsKv = 8, kHeadDim = 128;
+
+// Bytes of one K (or V) cache of a shape: whole pages when paged.
+std::size_t cache_bytes_of(const Config& c) {
+  const std::int64_t pages_per_seq = c.page_size ? (c.kv_len + c.page_size - 1) / c.page_size : 0;
+  const std::int64_t rows = c.page_size ? c.batch * pages_per_seq * c.page_size : c.batch * c.kv_len;
+  return static_cast<std::size_t>(rows * kHeadsKv * kHeadDim) * 2;
+}
 
 double median(std::vector<float> v) {
   std::sort(v.begin(), v.end());
@@ -137,18 +168,18 @@ void run(const Config& c, std::FILE* csv) {
   } else if (kernel != "auto") {
     setenv("FLASHATTN_DECODE_KERNEL", kernel.c_str(), 1);
   }
-  constexpr std::int64_t kHeadsQ = 32, kHeadsKv = 8, kHeadDim = 128;
   const std::int64_t pages_per_seq = c.page_size ? (c.kv_len + c.page_size - 1) / c.page_size : 0;
-  const std::int64_t rows_per_set = c.page_size ? c.batch * pages_per_seq * c.page_size : c.batch * c.kv_len;
-  const std::size_t cache_bytes = static_cast<std::size_t>(rows_per_set * kHeadsKv * kHeadDim) * 2;
-  std::vector<std::unique_ptr<DeviceArray>> k_sets, v_sets, table_sets;
+  const std::size_t cache_bytes = cache_bytes_of(c);
+  std::vector<void*> k_sets, v_sets;
+  std::vector<std::unique_ptr<DeviceArray>> table_sets;
+  g_pool.used = 0;
   std::mt19937_64 rng(42);
   for (int s = 0; s < kSets; ++s) {
-    k_sets.push_back(std::make_unique<DeviceArray>(cache_bytes));
-    v_sets.push_back(std::make_unique<DeviceArray>(cache_bytes));
+    k_sets.push_back(g_pool.take(cache_bytes));
+    v_sets.push_back(g_pool.take(cache_bytes));
     const std::int64_t elements = static_cast<std::int64_t>(cache_bytes / 2);
-    fill_random<<<1024, 256>>>(static_cast<__nv_bfloat16*>(k_sets.back()->data), elements, 2 * s + 1);
-    fill_random<<<1024, 256>>>(static_cast<__nv_bfloat16*>(v_sets.back()->data), elements, 2 * s + 2);
+    fill_random<<<1024, 256>>>(static_cast<__nv_bfloat16*>(k_sets.back()), elements, 2 * s + 1);
+    fill_random<<<1024, 256>>>(static_cast<__nv_bfloat16*>(v_sets.back()), elements, 2 * s + 2);
     check(cudaGetLastError(), "fill_random");
     if (c.page_size) {  // pages in a random order, as an allocator that has run a while hands them out
       std::vector<std::int32_t> table(static_cast<std::size_t>(c.batch * pages_per_seq));
@@ -170,8 +201,8 @@ void run(const Config& c, std::FILE* csv) {
     a.q = view(q.data, DType::bfloat16, {c.batch, 1, kHeadsQ, kHeadDim});
     const std::int64_t dim0 = c.page_size ? c.batch * pages_per_seq : c.batch;
     const std::int64_t dim1 = c.page_size ? c.page_size : c.kv_len;
-    a.k_cache = view(k_sets[static_cast<std::size_t>(s)]->data, DType::bfloat16, {dim0, dim1, kHeadsKv, kHeadDim});
-    a.v_cache = view(v_sets[static_cast<std::size_t>(s)]->data, DType::bfloat16, {dim0, dim1, kHeadsKv, kHeadDim});
+    a.k_cache = view(k_sets[static_cast<std::size_t>(s)], DType::bfloat16, {dim0, dim1, kHeadsKv, kHeadDim});
+    a.v_cache = view(v_sets[static_cast<std::size_t>(s)], DType::bfloat16, {dim0, dim1, kHeadsKv, kHeadDim});
     if (c.page_size) a.maybe_block_table = view(table_sets[static_cast<std::size_t>(s)]->data, DType::int32, {c.batch, pages_per_seq});
     a.maybe_cache_seqlens = view(seqlens.data, DType::int32, {c.batch});
     a.out = view(out.data, DType::bfloat16, {c.batch, 1, kHeadsQ, kHeadDim});
@@ -267,6 +298,10 @@ int main(int argc, char** argv) {
     for (std::size_t comma; (comma = rest.find(',')) != std::string::npos; rest = rest.substr(comma + 1)) kernels.push_back(rest.substr(0, comma));
     kernels.push_back(rest);
   }
+  // The cache pool first (CachePool): the largest shape's sets, batch 8 / KV 64k.
+  g_pool.bytes = std::size_t{2} * kSets * cache_bytes_of({8, 65536, 0});
+  if (const char* gib = std::getenv("DECODE_BENCH_POOL_GIB"); gib && *gib) g_pool.bytes = static_cast<std::size_t>(std::atof(gib) * (1 << 30));
+  check(cudaMalloc(reinterpret_cast<void**>(&g_pool.base), g_pool.bytes), "cudaMalloc cache pool");
   std::FILE* csv = open_csv(argc > 1 ? argv[1] : "decode_bench.csv");
   cudaDeviceProp prop{};
   check(cudaGetDeviceProperties(&prop, 0), "properties");
@@ -327,5 +362,6 @@ int main(int argc, char** argv) {
       }
     std::fclose(sweep);
   }
+  cudaFree(g_pool.base);
   return 0;
 }
