@@ -15,8 +15,7 @@
 // FLASHATTN_DECODE_KERNEL, read by the library at every call, so each captured graph
 // keeps its kernel), "tma_prefetch<N>" (the TMA kernel prefetching N
 // tiles per CTA into L2 before the PDL wait; FLASHATTN_DECODE_TMA_PREFETCH_TILES),
-// each optionally with "+nopdl" / "+drivercarveout" (the launch chain's ablation knobs,
-// launch_kernel.cuh). DECODE_BENCH_SKIP_MAIN=1 runs only the split sweep;
+// each optionally with "+nopdl" (the launch chain's ablation knob, launch_kernel.cuh). DECODE_BENCH_SKIP_MAIN=1 runs only the split sweep;
 // DECODE_BENCH_POOL_GIB sizes the cache pool (CachePool; default: batch 8 / KV 64k);
 // DECODE_BENCH_SWEEP="batch:kv:page:splits,..." replaces the sweep's configurations.
 // Every row is flushed as soon as it is measured: a run cut short keeps its rows.
@@ -148,16 +147,13 @@ void run(const Config& c, std::FILE* csv) {
   unsetenv("FLASHATTN_DECODE_KERNEL");
   unsetenv("FLASHATTN_DECODE_TMA_PREFETCH_TILES");
   unsetenv("FLASHATTN_DECODE_PDL");
-  unsetenv("FLASHATTN_DECODE_CARVEOUT");
   for (std::size_t plus = c.kernel.find('+'); plus != std::string::npos;) {
     const std::size_t next = c.kernel.find('+', plus + 1);
     const std::string flag = c.kernel.substr(plus + 1, next == std::string::npos ? std::string::npos : next - plus - 1);
     if (flag == "nopdl") {
       setenv("FLASHATTN_DECODE_PDL", "0", 1);
-    } else if (flag == "drivercarveout") {
-      setenv("FLASHATTN_DECODE_CARVEOUT", "driver", 1);
     } else {
-      std::fprintf(stderr, "unknown flag %s in %s (known: nopdl, drivercarveout)\n", flag.c_str(), c.kernel.c_str());
+      std::fprintf(stderr, "unknown flag %s in %s (known: nopdl)\n", flag.c_str(), c.kernel.c_str());
       std::exit(1);
     }
     plus = next;

@@ -132,7 +132,6 @@ void launch_append(const KVCacheParams& p, cudaStream_t stream) {
     throw NotSupported("flashattn: k: too many new rows, kv heads or sequences for one append launch");
   const dim3 grid(static_cast<unsigned>(p.seqlen_new), static_cast<unsigned>(a.heads_kv), static_cast<unsigned>(a.batch));
   const dim3 block(static_cast<unsigned>(a.head_dim < 256 ? a.head_dim : 256));
-  FLASHATTN_CUDA_CHECK(use_chain_carveout(&append_kernel<T>));
   FLASHATTN_CUDA_CHECK(launch_kernel(&append_kernel<T>, grid, block, 0, stream, 1, p));
 }
 
@@ -140,7 +139,6 @@ template <class T>
 void launch_combine(const KVCacheParams& p, cudaStream_t stream) {
   const std::int64_t blocks = (p.partial_rows() + kCombineWarps - 1) / kCombineWarps;
   if (blocks > 0x7fffffff) throw NotSupported("flashattn: out: too many rows for one combine launch");
-  FLASHATTN_CUDA_CHECK(use_chain_carveout(&combine_kernel<T>));
   FLASHATTN_CUDA_CHECK(launch_kernel(&combine_kernel<T>, dim3(static_cast<unsigned>(blocks)), dim3(kCombineWarps * 32), 0, stream, 1, p));
 }
 
