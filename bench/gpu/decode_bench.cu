@@ -15,8 +15,8 @@
 // FLASHATTN_DECODE_KERNEL, read by the library at every call, so each captured graph
 // keeps its kernel), "tma_prefetch<N>" (the TMA kernel prefetching N
 // tiles per CTA into L2 before the PDL wait; FLASHATTN_DECODE_TMA_PREFETCH_TILES),
-// each optionally with "+nopdl" (the launch chain's ablation knob, launch_kernel.cuh). DECODE_BENCH_SKIP_MAIN=1 runs only the split sweep;
-// DECODE_BENCH_POOL_GIB sizes the cache pool (CachePool; default: batch 8 / KV 64k);
+// each optionally with "+nopdl" (the launch chain's ablation knob, launch_kernel.cuh).
+// DECODE_BENCH_SKIP_MAIN=1 runs only the split sweep; DECODE_BENCH_POOL_GIB sizes the cache pool (CachePool; default: batch 8 / KV 64k);
 // DECODE_BENCH_SWEEP="batch:kv:page:splits,..." replaces the sweep's configurations.
 // Every row is flushed as soon as it is measured: a run cut short keeps its rows.
 #include <cuda_bf16.h>

@@ -18,9 +18,11 @@
 //      inside one cluster instead of a combine kernel), so redo 1-3 with one CTA per
 //      SM (slots = sm_count).
 // With streaming_ctas set, rules 1-3 run on that many slots and rule 4 is off.
-// Measured on the H100 (2026-11-22, batch 8, 8 kv heads, d128, bf16): KV 1k best at
-// 2 splits (one CTA per SM), KV 16k-64k at 4 (two per SM); batch 1 at KV 64k-128k
-// best at 32-33 splits (85% of the best efficiency picked 28: 3-5% slower).
+// Measured on the H100 (2026-11-22, batch 8, 8 kv heads, d128, bf16, the cp.async
+// kernel): KV 1k best at 2 splits (one CTA per SM), KV 16k-64k at 4 (two per SM);
+// batch 1 at KV 64k-128k best at 32-33 splits (85% of the best efficiency picked 28:
+// 3-5% slower). The TMA kernel's target (2026-11-25, kernel_choice.hpp): 66 CTAs, so
+// batch 8 runs 1 split and batch 1 runs 8.
 #pragma once
 
 #include <cstdint>

@@ -28,6 +28,8 @@
 //
 // Measured on the H100 (bench/results/gpu_decode.md, 2026-11-22): 1.64 / 2.43 / 2.90 /
 // 3.05 TB/s at batch 8, 32/8 heads, d128, KV 1k / 4k / 16k / 64k (device copy 3.01).
+// It runs where the TMA kernel (kernel_tma.cuh) cannot: GPUs before Hopper,
+// cache_batch_idx, strides a tensor map cannot encode (kernel_choice.hpp).
 #pragma once
 
 #include <cooperative_groups.h>

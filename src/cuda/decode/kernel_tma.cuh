@@ -5,24 +5,25 @@
 // x kv head x sequence; 16 packed GQA rows; 64-key tiles, warp w takes keys 16w..16w+15;
 // mma.sync S = Q K^T and O += P V; per-warp online softmax merged at the end; one split,
 // workspace partials or the in-cluster merge of two splits). What changes is the
-// hardware mapping of the loads, for the two costs gpu_decode.md measured:
+// hardware mapping, for the costs gpu_decode.md measured:
 //   * streaming: the cp.async kernel's 128 threads issue 16 copies of 16 bytes per tile
 //     and meet at a __syncthreads per tile; here one producer warp issues a few tensor
 //     copies per tile (a (64 columns, box_rows keys) box per request, 128-byte swizzle)
 //     into a kStages ring whose stages the consumer warps release one by one
 //     (full/empty mbarriers): no consumer thread holds copy addresses or waits for the
 //     others between tiles;
-//   * the fixed cost of a step (cache_seqlens -> key range -> page -> first tile): before
-//     griddepcontrol.wait (launch_kernel.cuh) the producer reads the lengths and page
-//     table speculatively and prefetches its first tiles into L2 (a hint: a stale value
-//     prefetches other lines of the cache, and the copies after the wait re-read
-//     everything), so with PDL the first tiles' DRAM latency overlaps the previous
-//     kernel; the barriers are set up before the wait too. Measured (H100, 2026-11-25):
-//     the prefetch costs more than it hides at KV 1k, so the library's own choice runs
-//     this kernel without it (prefetch_tiles = 0).
-// Where it runs: FLASHATTN_DECODE_KERNEL=tma. kernel_choice.hpp has the measured rule
-// for paged caches with short key ranges, off while racecheck reports hazards here
-// (bench/results/gpu_decode.md).
+//   * the fixed cost of a step (cache_seqlens -> key range -> page -> first tile): the
+//     barriers are set up before griddepcontrol.wait; optionally (prefetch_tiles > 0, a
+//     tuning knob) the producer reads the lengths and page table speculatively and
+//     prefetches its first tiles into L2 before the wait. Measured (H100, 2026-11-25):
+//     the prefetch costs more than it hides at KV 1k, so the library runs without it.
+//   * the issue rate: with one CTA per SM each scheduler has one consumer warp, so every
+//     instruction of the tile loop shows (ncu, 2026-11-25: 458 per tile and warp before,
+//     197 after): whole tiles skip the element mask, the accumulator is rescaled only
+//     when a row max moved, ldmatrix addresses are per-lane constants, exp2 is the SFU's.
+// Where it runs: the library's choice wherever it can (kernel_choice.hpp: sm_90 code, no
+// cache_batch_idx, strides a tensor map encodes); FLASHATTN_DECODE_KERNEL forces either
+// kernel (bench/results/gpu_decode.md has the measurements).
 // Tensor maps (host, make_decode_tensor_maps): 4-D (head_dim, rows, kv heads, groups)
 // over each cache — contiguous: rows = capacity, groups = sequences, box 64 keys;
 // paged: rows = page_size, groups = pages, box gcd(page_size, 64) keys, so a box never

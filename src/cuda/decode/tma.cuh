@@ -56,9 +56,8 @@ __device__ __forceinline__ void mbarrier_arrive(std::uint32_t barrier) {
 // Returns with the calling warp's threads converged: each thread polls on its own, so
 // they may see the phase complete at different polls, and what follows (mma.sync,
 // ldmatrix, bar.sync) needs the whole warp together. The poll loop is C++, not a branch
-// inside the asm, so the compiler knows the warp can diverge there. (The asm loop this
-// replaces let a warp reach __syncthreads diverged: compute-sanitizer racecheck
-// reported the epilogue's shared-memory hazards of gpu_decode.md, 2026-11-25.)
+// inside the asm, so the compiler knows the warp can diverge there (an asm-internal
+// loop hides that divergence from it).
 __device__ __forceinline__ bool mbarrier_try_wait(std::uint32_t barrier, std::uint32_t parity) {
   std::uint32_t done = 1;
 #if FLASHATTN_DECODE_TMA_CODE
