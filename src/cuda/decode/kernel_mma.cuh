@@ -46,6 +46,7 @@
 #include "src/cuda/decode/rotary.cuh"
 #include "src/cuda/ptx/cp_async.cuh"
 #include "src/cuda/ptx/ldmatrix.cuh"
+#include "src/cuda/ptx/math.cuh"
 #include "src/cuda/ptx/mma_sync.cuh"
 
 namespace flashattn::cuda::decode {
@@ -193,11 +194,30 @@ __global__ void __launch_bounds__(Config::kThreads, Config::kMinBlocksPerSm)
       row_of[pass] = in_page;
     }
   };
+  // Contiguous cache: this thread's first row of the range, and the steps between its
+  // rows, as pointers (a copy then costs a 64-bit add, not an index product).
+  const T* k_rows = k_base + (range_position + copy_row) * a.k_row_stride;
+  const T* v_rows = v_base + (range_position + copy_row) * a.v_row_stride;
+  const std::int64_t k_pass_stride = kRowsPerPass * a.k_row_stride, v_pass_stride = kRowsPerPass * a.v_row_stride;
   const auto load_tile = [&](int tile, int stage, const PassInts& block_of, const PassInts& row_of) {
     T* k_tile = kv_tiles + stage * 2 * KVTile::kElements;
     T* v_tile = k_tile + KVTile::kElements;
     const std::int64_t tile_position = range_position + static_cast<std::int64_t>(tile) * kTileN;
     const std::int64_t tile_rows_left = key_end - key_begin - static_cast<std::int64_t>(tile) * kTileN;
+    if (!is_paged) {
+      const int rows_left = tile_rows_left < kTileN ? static_cast<int>(tile_rows_left) : kTileN;
+      const T* k_src = k_rows + static_cast<std::int64_t>(tile) * kTileN * a.k_row_stride;
+      const T* v_src = v_rows + static_cast<std::int64_t>(tile) * kTileN * a.v_row_stride;
+#pragma unroll
+      for (int pass = 0; pass < kPasses; ++pass) {
+        const int row = copy_row + pass * kRowsPerPass;
+        const bool is_valid = row < rows_left && has_chunk;
+        const int offset = KVTile::chunk_offset(row, copy_chunk);
+        ptx::cp_async_16(ptx::shared_address(k_tile + offset), k_src + pass * k_pass_stride, is_valid);
+        ptx::cp_async_16(ptx::shared_address(v_tile + offset), v_src + pass * v_pass_stride, is_valid);
+      }
+      return;
+    }
     // Without the look-ahead: the page of each row, advanced pass by pass (no arrays).
     int page = 0, in_page = 0;
     if (!kResolvesAhead && is_paged) {
@@ -217,12 +237,9 @@ __global__ void __launch_bounds__(Config::kThreads, Config::kMinBlocksPerSm)
         const std::int64_t block = row < tile_rows_left ? page_table[page] : 0;
         k_offset = block * a.k_batch_stride + in_page * a.k_row_stride;
         v_offset = block * a.v_batch_stride + in_page * a.v_row_stride;
-      } else if (is_paged) {
+      } else {
         k_offset = block_of[pass] * a.k_batch_stride + row_of[pass] * a.k_row_stride;
         v_offset = block_of[pass] * a.v_batch_stride + row_of[pass] * a.v_row_stride;
-      } else {
-        k_offset = (tile_position + row) * a.k_row_stride;
-        v_offset = (tile_position + row) * a.v_row_stride;
       }
       const int offset = KVTile::chunk_offset(row, copy_chunk);
       ptx::cp_async_16(ptx::shared_address(k_tile + offset), k_base + k_offset, is_valid);
@@ -305,8 +322,39 @@ __global__ void __launch_bounds__(Config::kThreads, Config::kMinBlocksPerSm)
 #pragma unroll
     for (int e = 0; e < 4; ++e) o[n][e] = 0.0f;
 
-  // ldmatrix lane roles: matrix (lane / 8), row (lane % 8) of it.
+  // ldmatrix lane roles: matrix (lane / 8), row (lane % 8) of it. Each lane's addresses
+  // are per-lane byte offsets plus compile-time constants: a row r holds chunk c at
+  // c ^ (r % 8) (SwizzledTile with 8-chunk swizzle), a lane's chunk is 2j + bit, and
+  // (2j + bit) ^ (r % 8) = 2j ^ (bit ^ r % 8) — four offsets per operand cover every step.
+  static_assert(KVTile::kSwizzleWidth == 8 && QTile::kSwizzleWidth == 8, "8-chunk swizzle: head dims that are multiples of 64");
   const int matrix = lane / 8, matrix_row = lane % 8;
+  const int warp_key = warp * Config::kKeysPerWarp;  // first key row of this warp in a tile
+  std::uint32_t q_offsets[4], k_offsets[4], v_offsets[4];
+  {
+    const int q_row = (matrix % 2) * 8 + matrix_row, k_row = warp_key + (matrix / 2) * 8 + matrix_row;
+    const int v_row = warp_key + (matrix % 2) * 8 + matrix_row;
+    const int q_xor = (matrix / 2) ^ QTile::row_swizzle(q_row), k_xor = (matrix % 2) ^ KVTile::row_swizzle(k_row);
+    const int v_xor = (matrix / 2) ^ KVTile::row_swizzle(v_row);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      q_offsets[j] = ptx::shared_address(q_tile + q_row * kHeadDim + ((2 * j) ^ q_xor) * 8);
+      k_offsets[j] = static_cast<std::uint32_t>((k_row * kHeadDim + ((2 * j) ^ k_xor) * 8) * 2);
+      v_offsets[j] = static_cast<std::uint32_t>((v_row * kHeadDim + ((2 * j) ^ v_xor) * 8) * 2);
+    }
+  }
+  // Tiles every row of this CTA sees whole, [full_first, full_end): no element mask.
+  int full_first = 0, full_end = 0;
+  {
+    const std::int64_t all_begin = mask.col_begin(position_end - 1), all_end = mask.col_end(position_begin);
+    const std::int64_t begin = all_begin > key_begin ? all_begin : key_begin, end = all_end < key_end ? all_end : key_end;
+    if (end > begin) {
+      full_first = static_cast<int>((begin - key_begin + kTileN - 1) / kTileN);
+      full_end = static_cast<int>((end - key_begin) / kTileN);
+    }
+  }
+  const bool has_softcap = a.has_softcap();
+  const float score_scale = a.softmax_scale_log2;
+  const std::uint32_t kv_tiles_address = ptx::shared_address(kv_tiles);
   for (int tile = 0; tile < num_tiles; ++tile) {
     ptx::cp_async_wait_group<kStages - 2>();  // this thread's copies of `tile` landed
     __syncthreads();                          // ... everyone's; and everyone is done with tile - 1
@@ -315,9 +363,8 @@ __global__ void __launch_bounds__(Config::kThreads, Config::kMinBlocksPerSm)
       if (kResolvesAhead && is_paged && tile + kStages < num_tiles) resolve_pages(tile + kStages, page_block, page_row);
     }
     ptx::cp_async_commit_group();
-    const T* k_tile = kv_tiles + (tile % kStages) * 2 * KVTile::kElements;
-    const T* v_tile = k_tile + KVTile::kElements;
-    const int warp_key = warp * Config::kKeysPerWarp;  // first key row of this warp in the tile
+    const std::uint32_t k_tile_address = kv_tiles_address + (tile % kStages) * 2 * KVTile::kBytes;
+    const std::uint32_t v_tile_address = k_tile_address + KVTile::kBytes;
 
     // S = Q K^T for the warp's 16 keys: two n8 tiles, (16 rows, 8 keys) each.
     float s[2][4] = {};
@@ -325,49 +372,67 @@ __global__ void __launch_bounds__(Config::kThreads, Config::kMinBlocksPerSm)
     for (int k_step = 0; k_step < Config::kKSteps; ++k_step) {
       std::uint32_t q_fragment[4], k_fragment[4];
       // A: matrices (rows 0-7 | 8-15) x (chunk 2k | 2k+1) -> a[0..3].
-      ptx::ldmatrix_x4(q_fragment[0], q_fragment[1], q_fragment[2], q_fragment[3],
-                       ptx::shared_address(q_tile + QTile::chunk_offset((matrix % 2) * 8 + matrix_row, 2 * k_step + matrix / 2)));
+      ptx::ldmatrix_x4(q_fragment[0], q_fragment[1], q_fragment[2], q_fragment[3], q_offsets[k_step % 4] + (k_step / 4) * 128);
       // B (K stored key-major = B column-major): matrices (keys 0-7 | 8-15) x (chunk 2k | 2k+1).
-      ptx::ldmatrix_x4(k_fragment[0], k_fragment[1], k_fragment[2], k_fragment[3],
-                       ptx::shared_address(k_tile + KVTile::chunk_offset(warp_key + (matrix / 2) * 8 + matrix_row, 2 * k_step + matrix % 2)));
+      ptx::ldmatrix_x4(k_fragment[0], k_fragment[1], k_fragment[2], k_fragment[3], k_tile_address + k_offsets[k_step % 4] + (k_step / 4) * 128);
       const std::uint32_t b0[2] = {k_fragment[0], k_fragment[1]}, b1[2] = {k_fragment[2], k_fragment[3]};
       ptx::mma_m16n8k16<Numeric::kIsBf16>(s[0], q_fragment, b0);
       ptx::mma_m16n8k16<Numeric::kIsBf16>(s[1], q_fragment, b1);
     }
 
-    // Scores in log2 units; keys past the range, masked pairs and padding rows -> -inf.
-    const std::int64_t tile_key = key_begin + static_cast<std::int64_t>(tile) * kTileN;
-    const bool is_full_tile = tile_key + kTileN <= key_end &&
-                              mask.tile_fully_allowed(position_begin, position_end, tile_key, tile_key + kTileN);
+    // Scores in log2 units. Whole tiles skip the element mask (a warp-uniform branch; rows
+    // past row_end have zero q and are never written); elsewhere keys past the range,
+    // masked pairs and padding rows -> -inf.
+    const bool is_full_tile = tile >= full_first && tile < full_end;
+    if (is_full_tile && !has_softcap) {
 #pragma unroll
-    for (int t = 0; t < 2; ++t)
+      for (int t = 0; t < 2; ++t)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int half = e / 2;
-        const std::int64_t key = tile_key + warp_key + 8 * t + 2 * quad_lane + (e % 2);
-        const bool is_allowed = is_row[half] && (is_full_tile || (key < key_end && mask.allowed(row_position[half], key)));
-        s[t][e] = is_allowed ? mma_log2_score(a, s[t][e]) : online_softmax::negative_infinity<float>();
-      }
+        for (int e = 0; e < 4; ++e) s[t][e] *= score_scale;
+    } else {
+      const std::int64_t tile_key = key_begin + static_cast<std::int64_t>(tile) * kTileN;
+#pragma unroll
+      for (int t = 0; t < 2; ++t)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int half = e / 2;
+          const std::int64_t key = tile_key + warp_key + 8 * t + 2 * quad_lane + (e % 2);
+          const bool is_allowed = is_full_tile || (is_row[half] && key < key_end && mask.allowed(row_position[half], key));
+          s[t][e] = is_allowed ? mma_log2_score(a, s[t][e]) : online_softmax::negative_infinity<float>();
+        }
+    }
 
-    // Online softmax per row (the row's 16 keys sit in the 4 lanes of a quad), then P.
+    // Online softmax per row (the row's 16 keys sit in the 4 lanes of a quad), then P:
+    // State::raise_max with the SFU's exp2 (ptx/math.cuh; an empty row's factor is
+    // ex2(-inf) = 0, an unchanged max's exactly 1), and the accumulator rescaled only when
+    // some row's max moved (a warp vote: skipping a multiply by exactly 1 changes no bit).
     std::uint32_t p_fragment[4];
+    float factor[2];
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       float block_max = fmaxf(fmaxf(s[0][2 * half], s[0][2 * half + 1]), fmaxf(s[1][2 * half], s[1][2 * half + 1]));
       block_max = fmaxf(block_max, __shfl_xor_sync(0xffffffffu, block_max, 1));
       block_max = fmaxf(block_max, __shfl_xor_sync(0xffffffffu, block_max, 2));
-      const float factor = state[half].raise_max(block_max);
+      const float m_new = block_max > state[half].m ? block_max : state[half].m;
+      factor[half] = ptx::exp2_approx_ftz(state[half].m - online_softmax::safe_max(m_new));
+      state[half].l *= factor[half];
+      state[half].m = m_new;
+    }
+    if (__any_sync(0xffffffffu, factor[0] != 1.0f || factor[1] != 1.0f)) {
 #pragma unroll
       for (int n = 0; n < Config::kDTiles; ++n) {
-        o[n][2 * half] *= factor;
-        o[n][2 * half + 1] *= factor;
+        o[n][0] *= factor[0], o[n][1] *= factor[0];
+        o[n][2] *= factor[1], o[n][3] *= factor[1];
       }
+    }
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
       const float base = state[half].base();
       float p[2][2];
 #pragma unroll
       for (int t = 0; t < 2; ++t)
 #pragma unroll
-        for (int e = 0; e < 2; ++e) p[t][e] = online_softmax::exp2_of(s[t][2 * half + e] - base);
+        for (int e = 0; e < 2; ++e) p[t][e] = ptx::exp2_approx_ftz(s[t][2 * half + e] - base);
       state[half].add(p[0][0] + p[0][1] + p[1][0] + p[1][1]);
       // The S fragments of the two n8 tiles are the A fragment of P (mma_sync.cuh).
       p_fragment[half] = pack_pair<T>(p[0][0], p[0][1]);
@@ -379,7 +444,7 @@ __global__ void __launch_bounds__(Config::kThreads, Config::kMinBlocksPerSm)
     for (int n = 0; n < Config::kDTiles; n += 2) {
       std::uint32_t v_fragment[4];
       ptx::ldmatrix_x4_trans(v_fragment[0], v_fragment[1], v_fragment[2], v_fragment[3],
-                             ptx::shared_address(v_tile + KVTile::chunk_offset(warp_key + (matrix % 2) * 8 + matrix_row, n + matrix / 2)));
+                             v_tile_address + v_offsets[(n % 8) / 2] + (n / 8) * 128);
       const std::uint32_t b0[2] = {v_fragment[0], v_fragment[1]}, b1[2] = {v_fragment[2], v_fragment[3]};
       ptx::mma_m16n8k16<Numeric::kIsBf16>(o[n], p_fragment, b0);
       ptx::mma_m16n8k16<Numeric::kIsBf16>(o[n + 1], p_fragment, b1);
