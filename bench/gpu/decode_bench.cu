@@ -33,16 +33,12 @@
 #include <string>
 #include <vector>
 
+#include "bench/gpu/graph_timing.hpp"
 #include "flashattn/kvcache.hpp"
 
 namespace {
 
-void check(cudaError_t code, const char* what) {
-  if (code != cudaSuccess) {
-    std::fprintf(stderr, "CUDA error in %s: %s\n", what, cudaGetErrorString(code));
-    std::exit(1);
-  }
-}
+using flashattn::bench::check;
 
 // Deterministic pseudo-random N(0,1)-ish values (sum of uniforms), never all zeros.
 __global__ void fill_random(__nv_bfloat16* data, std::int64_t count, std::uint64_t seed) {
@@ -223,33 +219,11 @@ void run(const Config& c, std::FILE* csv) {
   check(cudaStreamSynchronize(stream), "first call");
   check(cudaMemset(out.data, 0xFF, out.bytes), "poison out");  // NaN in bf16: the timed calls must overwrite it
   check(cudaMemset(lse.data, 0xFF, lse.bytes), "poison lse");
-  cudaGraph_t graph;
-  check(cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed), "capture");
-  for (int i = 0; i < kCallsPerGraph; ++i) {
+  const std::vector<float> times = flashattn::bench::time_graph_replays(stream, kCallsPerGraph, kWarmup, kRepeats, [&](int i) {
     flashattn::KVCacheArgs a = args_for(i % kSets);
     if (workspace_bytes) a.maybe_workspace = view(workspace.data, DType::uint8, {static_cast<std::int64_t>(workspace_bytes)});
     flashattn::forward_with_kvcache(a, context);
-  }
-  check(cudaStreamEndCapture(stream, &graph), "end capture");
-  cudaGraphExec_t exec;
-  check(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
-  cudaEvent_t start, stop;
-  check(cudaEventCreate(&start), "event");
-  check(cudaEventCreate(&stop), "event");
-  std::vector<float> times;
-  for (int i = 0; i < kWarmup + kRepeats; ++i) {
-    check(cudaEventRecord(start, stream), "record");
-    check(cudaGraphLaunch(exec, stream), "graph launch");
-    check(cudaEventRecord(stop, stream), "record");
-    check(cudaEventSynchronize(stop), "sync");
-    float ms = 0;
-    check(cudaEventElapsedTime(&ms, start, stop), "elapsed");
-    if (i >= kWarmup) times.push_back(ms / kCallsPerGraph);
-  }
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-  cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
+  });
   cudaStreamDestroy(stream);
   std::vector<__nv_bfloat16> host_out(static_cast<std::size_t>(c.batch * kHeadsQ * kHeadDim));
   check(cudaMemcpy(host_out.data(), out.data, out.bytes, cudaMemcpyDeviceToHost), "download");

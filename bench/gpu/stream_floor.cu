@@ -17,14 +17,11 @@
 #include <cstdlib>
 #include <vector>
 
+#include "bench/gpu/graph_timing.hpp"
+
 namespace {
 
-void check(cudaError_t code, const char* what) {
-  if (code != cudaSuccess) {
-    std::fprintf(stderr, "CUDA error in %s: %s\n", what, cudaGetErrorString(code));
-    std::exit(1);
-  }
-}
+using flashattn::bench::check;
 
 constexpr int kThreads = 512;
 constexpr int kUnroll = 8;  // independent 16-byte loads in flight per thread: 64 KiB per CTA
@@ -94,30 +91,9 @@ double time_per_launch_us(std::int64_t bytes, bool pdl, int sm_count, const std:
   attribute.val.programmaticStreamSerializationAllowed = 1;
   config.attrs = &attribute;
   config.numAttrs = pdl ? 1 : 0;
-  cudaGraph_t graph;
-  check(cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed), "capture");
-  for (int i = 0; i < kLaunchesPerGraph; ++i)
+  const std::vector<float> times = flashattn::bench::time_graph_replays(stream, kLaunchesPerGraph, kWarmup, kRepeats, [&](int i) {
     check(cudaLaunchKernelEx(&config, read_kernel, static_cast<const uint4*>(buffers[i % kBuffers]), count, sink), "launch");
-  check(cudaStreamEndCapture(stream, &graph), "end capture");
-  cudaGraphExec_t exec;
-  check(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
-  cudaEvent_t start, stop;
-  check(cudaEventCreate(&start), "event");
-  check(cudaEventCreate(&stop), "event");
-  std::vector<float> times;
-  for (int r = 0; r < kWarmup + kRepeats; ++r) {
-    check(cudaEventRecord(start, stream), "record");
-    check(cudaGraphLaunch(exec, stream), "graph launch");
-    check(cudaEventRecord(stop, stream), "record");
-    check(cudaEventSynchronize(stop), "sync");
-    float ms = 0;
-    check(cudaEventElapsedTime(&ms, start, stop), "elapsed");
-    if (r >= kWarmup) times.push_back(ms / kLaunchesPerGraph);
-  }
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-  cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
+  });
   cudaStreamDestroy(stream);
   return median(times) * 1e3;
 }
