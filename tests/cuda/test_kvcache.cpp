@@ -224,8 +224,10 @@ TEST(KVCacheCudaValidation, OnePastCapacityAndMissingWorkspaceAreRejected) {
   EXPECT_TRUE(p.lse.bitwise_equal(lse_before));
 }
 
-// Both split-KV kernels on every shape (the TMA one runs only when asked for): the
-// library reads FLASHATTN_DECODE_KERNEL at every call. On a GPU without sm_90 (and with
+// Both split-KV kernels forced on every shape (the default is the TMA kernel on Hopper,
+// the cp.async kernel elsewhere; the Shapes suite above runs the default): the library
+// reads FLASHATTN_DECODE_KERNEL at every call, and a forced "tma" also runs its
+// pre-wait L2 prefetch, which the default leaves off. On a GPU without sm_90 (and with
 // cache_batch_idx) the TMA choice falls back to the cp.async kernel (the same checks
 // then run twice). The TMA kernel's own edges are in the shapes: pages of 16/48 (boxes
 // of 16 keys, several pages per 64-key tile), ranges starting mid-page (left padding,
