@@ -100,6 +100,48 @@ __device__ __forceinline__ void store_output_quad(const AttentionParams& a, std:
   if (d == 0 && a.maybe_lse) a.maybe_lse[a.lse_offset(b, h) + i * a.lse_row_stride] = lse;
 }
 
+// One 64-key tile's online-softmax step of a warp, for its (16 rows, 16 keys) score
+// fragments s (log2 units, masked = -inf; row group_row in s[.][0..1], row group_row + 8 in
+// s[.][2..3], the row's 16 keys over the 4 lanes of a quad): State::raise_max with the
+// SFU's exp2 (ptx/math.cuh; an empty row's factor is ex2(-inf) = 0, an unchanged max's
+// exactly 1), the accumulator o rescaled only when some row's max moved (a warp vote:
+// skipping a multiply by exactly 1 changes no bit), the tile's terms added to l, and P
+// packed as the A fragment of O += P V (the S fragments of the two n8 tiles, mma_sync.cuh).
+template <class T, int kDTiles>
+__device__ __forceinline__ void softmax_tile(const float (&s)[2][4], online_softmax::State<float> (&state)[2], float (&o)[kDTiles][4],
+                                             std::uint32_t (&p_fragment)[4]) {
+  float factor[2];
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    float block_max = fmaxf(fmaxf(s[0][2 * half], s[0][2 * half + 1]), fmaxf(s[1][2 * half], s[1][2 * half + 1]));
+    block_max = fmaxf(block_max, __shfl_xor_sync(0xffffffffu, block_max, 1));
+    block_max = fmaxf(block_max, __shfl_xor_sync(0xffffffffu, block_max, 2));
+    const float m_new = block_max > state[half].m ? block_max : state[half].m;
+    factor[half] = ptx::exp2_approx_ftz(state[half].m - online_softmax::safe_max(m_new));
+    state[half].l *= factor[half];
+    state[half].m = m_new;
+  }
+  if (__any_sync(0xffffffffu, factor[0] != 1.0f || factor[1] != 1.0f)) {
+#pragma unroll
+    for (int n = 0; n < kDTiles; ++n) {
+      o[n][0] *= factor[0], o[n][1] *= factor[0];
+      o[n][2] *= factor[1], o[n][3] *= factor[1];
+    }
+  }
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const float base = state[half].base();
+    float p[2][2];
+#pragma unroll
+    for (int t = 0; t < 2; ++t)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) p[t][e] = ptx::exp2_approx_ftz(s[t][2 * half + e] - base);
+    state[half].add(p[0][0] + p[0][1] + p[1][0] + p[1][1]);
+    p_fragment[half] = pack_pair<T>(p[0][0], p[0][1]);
+    p_fragment[2 + half] = pack_pair<T>(p[1][0], p[1][1]);
+  }
+}
+
 template <class T, class Config>
 __global__ void __launch_bounds__(Config::kThreads, Config::kMinBlocksPerSm)
     mma_decode_kernel(const __grid_constant__ KVCacheParams params) {
@@ -402,42 +444,9 @@ __global__ void __launch_bounds__(Config::kThreads, Config::kMinBlocksPerSm)
         }
     }
 
-    // Online softmax per row (the row's 16 keys sit in the 4 lanes of a quad), then P:
-    // State::raise_max with the SFU's exp2 (ptx/math.cuh; an empty row's factor is
-    // ex2(-inf) = 0, an unchanged max's exactly 1), and the accumulator rescaled only when
-    // some row's max moved (a warp vote: skipping a multiply by exactly 1 changes no bit).
+    // Online softmax per row, then P.
     std::uint32_t p_fragment[4];
-    float factor[2];
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      float block_max = fmaxf(fmaxf(s[0][2 * half], s[0][2 * half + 1]), fmaxf(s[1][2 * half], s[1][2 * half + 1]));
-      block_max = fmaxf(block_max, __shfl_xor_sync(0xffffffffu, block_max, 1));
-      block_max = fmaxf(block_max, __shfl_xor_sync(0xffffffffu, block_max, 2));
-      const float m_new = block_max > state[half].m ? block_max : state[half].m;
-      factor[half] = ptx::exp2_approx_ftz(state[half].m - online_softmax::safe_max(m_new));
-      state[half].l *= factor[half];
-      state[half].m = m_new;
-    }
-    if (__any_sync(0xffffffffu, factor[0] != 1.0f || factor[1] != 1.0f)) {
-#pragma unroll
-      for (int n = 0; n < Config::kDTiles; ++n) {
-        o[n][0] *= factor[0], o[n][1] *= factor[0];
-        o[n][2] *= factor[1], o[n][3] *= factor[1];
-      }
-    }
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const float base = state[half].base();
-      float p[2][2];
-#pragma unroll
-      for (int t = 0; t < 2; ++t)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) p[t][e] = ptx::exp2_approx_ftz(s[t][2 * half + e] - base);
-      state[half].add(p[0][0] + p[0][1] + p[1][0] + p[1][1]);
-      // The S fragments of the two n8 tiles are the A fragment of P (mma_sync.cuh).
-      p_fragment[half] = pack_pair<T>(p[0][0], p[0][1]);
-      p_fragment[2 + half] = pack_pair<T>(p[1][0], p[1][1]);
-    }
+    softmax_tile<T>(s, state, o, p_fragment);
 
     // O += P V: V stored key-major = B row-major, so ldmatrix.trans; two n8 tiles per x4.
 #pragma unroll

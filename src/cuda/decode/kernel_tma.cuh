@@ -437,41 +437,7 @@ __global__ void __launch_bounds__(Config::kThreads, Config::kMinBlocksPerSm)
       }
 
       std::uint32_t p_fragment[4];
-      float factor[2];
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        float block_max = fmaxf(fmaxf(s[0][2 * half], s[0][2 * half + 1]), fmaxf(s[1][2 * half], s[1][2 * half + 1]));
-        block_max = fmaxf(block_max, __shfl_xor_sync(0xffffffffu, block_max, 1));
-        block_max = fmaxf(block_max, __shfl_xor_sync(0xffffffffu, block_max, 2));
-        // State::raise_max with the SFU's exp2 (ptx/math.cuh): from an empty row
-        // (m = -inf) the factor is ex2(-inf) = 0, and an unchanged max gives exactly 1.
-        const float m_new = block_max > state[half].m ? block_max : state[half].m;
-        factor[half] = ptx::exp2_approx_ftz(state[half].m - online_softmax::safe_max(m_new));
-        state[half].l *= factor[half];
-        state[half].m = m_new;
-      }
-      // The accumulator is rescaled only when some row's max moved (factor != 1): after
-      // the first tiles it rarely does, and skipping a multiply by exactly 1 changes no
-      // bit. Warp-uniform, so 64 multiplies per tile become one vote.
-      if (__any_sync(0xffffffffu, factor[0] != 1.0f || factor[1] != 1.0f)) {
-#pragma unroll
-        for (int n = 0; n < Config::kDTiles; ++n) {
-          o[n][0] *= factor[0], o[n][1] *= factor[0];
-          o[n][2] *= factor[1], o[n][3] *= factor[1];
-        }
-      }
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const float base = state[half].base();
-        float p[2][2];
-#pragma unroll
-        for (int t = 0; t < 2; ++t)
-#pragma unroll
-          for (int e = 0; e < 2; ++e) p[t][e] = ptx::exp2_approx_ftz(s[t][2 * half + e] - base);
-        state[half].add(p[0][0] + p[0][1] + p[1][0] + p[1][1]);
-        p_fragment[half] = pack_pair<T>(p[0][0], p[0][1]);
-        p_fragment[2 + half] = pack_pair<T>(p[1][0], p[1][1]);
-      }
+      softmax_tile<T>(s, state, o, p_fragment);  // kernel_mma.cuh
 
 #pragma unroll
       for (int n = 0; n < Config::kDTiles; n += 2) {
