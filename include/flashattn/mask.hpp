@@ -52,6 +52,12 @@ struct MaskRule {
     const std::int64_t end = col_end(row_end - 1);
     return {begin, end > begin ? end : begin};
   }
+  // Key columns that every row of [row_begin, row_end) may see: [begin, end), empty when
+  // begin >= end (the intersection; by monotonicity, spanned by the end rows — the
+  // bounds tile_fully_allowed tests a tile against, as a range a kernel computes once).
+  FLASHATTN_HOST_DEVICE ColumnRange columns_of_all_rows(std::int64_t row_begin, std::int64_t row_end) const {
+    return {col_begin(row_end - 1), col_end(row_begin)};
+  }
   // Whether every (row, col) of the tile rows [row_begin,row_end) x cols
   // [col_begin_,col_end_) is allowed, so the element mask can be skipped there.
   // Only boundary tiles (where this is false) pay for the mask.

@@ -77,10 +77,12 @@ TEST(MaskRule, RowAndColumnRangesAgreeWithElementMask) {
       for (std::int64_t r0 = 0; r0 < sq; r0 += 3) {
         const std::int64_t r1 = std::min(sq, r0 + 3);
         const auto cols = rule.columns_of_rows(r0, r1);
+        const auto common = rule.columns_of_all_rows(r0, r1);
         for (std::int64_t c = 0; c < sk; ++c) {
-          bool any = false;
-          for (std::int64_t r = r0; r < r1; ++r) any = any || rule.allowed(r, c);
+          bool any = false, all = true;
+          for (std::int64_t r = r0; r < r1; ++r) any = any || rule.allowed(r, c), all = all && rule.allowed(r, c);
           EXPECT_EQ(any, c >= cols.begin && c < cols.end);
+          EXPECT_EQ(all, c >= common.begin && c < common.end) << sq << " " << sk << " " << left << " " << right << " c" << c;
         }
       }
     }

@@ -5,6 +5,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <atomic>
 #include <cstdint>
 #include <cstdlib>
 #include <string>
@@ -79,8 +80,15 @@ bool tma_kernel_can_run(const KVCacheParams& params) {
   (void)params;
   return false;
 #else
-  int major = 0;
-  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, params.attention.device.index) != cudaSuccess) return false;
+  // The compute capability per device, read once (this runs twice per call).
+  constexpr int kMaxDevices = 64;
+  static std::atomic<int> cached_major[kMaxDevices] = {};  // 0: not read yet
+  const int device = params.attention.device.index;
+  int major = device >= 0 && device < kMaxDevices ? cached_major[device].load(std::memory_order_relaxed) : 0;
+  if (major == 0) {
+    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) return false;
+    if (device >= 0 && device < kMaxDevices) cached_major[device].store(major, std::memory_order_relaxed);
+  }
   return major == 9 && decode::tma_maps_can_describe(params);
 #endif
 }

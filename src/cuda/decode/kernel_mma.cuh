@@ -100,6 +100,26 @@ __device__ __forceinline__ void store_output_quad(const AttentionParams& a, std:
   if (d == 0 && a.maybe_lse) a.maybe_lse[a.lse_offset(b, h) + i * a.lse_row_stride] = lse;
 }
 
+// The tiles of kTileN keys, numbered from the key `origin`, that every row of positions
+// [position_begin, position_end) sees whole inside the CTA's keys [key_begin, key_end):
+// [first, end). Those tiles skip the element mask.
+struct WholeTiles {
+  int first = 0, end = 0;
+  __device__ __forceinline__ bool contains(int tile) const { return tile >= first && tile < end; }
+};
+template <int kTileN>
+__device__ __forceinline__ WholeTiles whole_tiles(const MaskRule& mask, std::int64_t position_begin, std::int64_t position_end,
+                                                  std::int64_t key_begin, std::int64_t key_end, std::int64_t origin) {
+  const MaskRule::ColumnRange all = mask.columns_of_all_rows(position_begin, position_end);
+  const std::int64_t begin = all.begin > key_begin ? all.begin : key_begin, end = all.end < key_end ? all.end : key_end;
+  WholeTiles tiles;
+  if (end > begin) {
+    tiles.first = static_cast<int>((begin - origin + kTileN - 1) / kTileN);
+    tiles.end = static_cast<int>((end - origin) / kTileN);
+  }
+  return tiles;
+}
+
 // One 64-key tile's online-softmax step of a warp, for its (16 rows, 16 keys) score
 // fragments s (log2 units, masked = -inf; row group_row in s[.][0..1], row group_row + 8 in
 // s[.][2..3], the row's 16 keys over the 4 lanes of a quad): State::raise_max with the
@@ -384,16 +404,7 @@ __global__ void __launch_bounds__(Config::kThreads, Config::kMinBlocksPerSm)
       v_offsets[j] = static_cast<std::uint32_t>((v_row * kHeadDim + ((2 * j) ^ v_xor) * 8) * 2);
     }
   }
-  // Tiles every row of this CTA sees whole, [full_first, full_end): no element mask.
-  int full_first = 0, full_end = 0;
-  {
-    const std::int64_t all_begin = mask.col_begin(position_end - 1), all_end = mask.col_end(position_begin);
-    const std::int64_t begin = all_begin > key_begin ? all_begin : key_begin, end = all_end < key_end ? all_end : key_end;
-    if (end > begin) {
-      full_first = static_cast<int>((begin - key_begin + kTileN - 1) / kTileN);
-      full_end = static_cast<int>((end - key_begin) / kTileN);
-    }
-  }
+  const WholeTiles whole = whole_tiles<kTileN>(mask, position_begin, position_end, key_begin, key_end, key_begin);
   const bool has_softcap = a.has_softcap();
   const float score_scale = a.softmax_scale_log2;
   const std::uint32_t kv_tiles_address = ptx::shared_address(kv_tiles);
@@ -425,7 +436,7 @@ __global__ void __launch_bounds__(Config::kThreads, Config::kMinBlocksPerSm)
     // Scores in log2 units. Whole tiles skip the element mask (a warp-uniform branch; rows
     // past row_end have zero q and are never written); elsewhere keys past the range,
     // masked pairs and padding rows -> -inf.
-    const bool is_full_tile = tile >= full_first && tile < full_end;
+    const bool is_full_tile = whole.contains(tile);
     if (is_full_tile && !has_softcap) {
 #pragma unroll
       for (int t = 0; t < 2; ++t)

@@ -360,19 +360,9 @@ __global__ void __launch_bounds__(Config::kThreads, Config::kMinBlocksPerSm)
       }
     }
     // Keys as offsets from the first tile's first key (32-bit: one CTA's range), and the
-    // tiles every row of this CTA sees whole: [full_first, full_end) — no element mask,
-    // no V rows to clear.
+    // tiles every row of this CTA sees whole (no element mask, no V rows to clear).
     const int range_begin = static_cast<int>(key_begin - range.tile_begin), range_end = static_cast<int>(key_end - range.tile_begin);
-    int full_first = 0, full_end = 0;
-    {
-      const MaskRule::ColumnRange all_rows = {mask.col_begin(position_end - 1), mask.col_end(position_begin)};
-      const std::int64_t begin = all_rows.begin > key_begin ? all_rows.begin : key_begin;
-      const std::int64_t end = all_rows.end < key_end ? all_rows.end : key_end;
-      if (end > begin) {
-        full_first = static_cast<int>((begin - range.tile_begin + kTileN - 1) / kTileN);
-        full_end = static_cast<int>((end - range.tile_begin) / kTileN);
-      }
-    }
+    const WholeTiles whole = whole_tiles<kTileN>(mask, position_begin, position_end, key_begin, key_end, range.tile_begin);
     const bool has_softcap = a.has_softcap();
     const float score_scale = a.softmax_scale_log2;
     for (int tile = 0; tile < num_tiles; ++tile) {
@@ -380,7 +370,7 @@ __global__ void __launch_bounds__(Config::kThreads, Config::kMinBlocksPerSm)
       tma::mbarrier_wait(full_barriers + 8 * stage, (tile / kStages) & 1);
       const std::uint32_t k_tile_address = ring_address + stage * Config::kStageBytes;
       const std::uint32_t v_tile_address = k_tile_address + Config::kTileBytes;
-      const bool is_full_tile = tile >= full_first && tile < full_end;
+      const bool is_full_tile = whole.contains(tile);
       const int warp_first = tile * kTileN + warp_key;  // relative key of this warp's first row
       if (!is_full_tile && (warp_first < range_begin || warp_first + Config::kKeysPerWarp > range_end)) {
         // Some of this warp's keys are outside the range: their V rows to zero (P is 0
