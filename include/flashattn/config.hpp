@@ -5,8 +5,10 @@
 // compiled for the CPU and, under nvcc, for the GPU as well.
 #if defined(__CUDACC__)
 #define FLASHATTN_HOST_DEVICE __host__ __device__ __forceinline__
+#define FLASHATTN_UNROLL _Pragma("unroll")
 #else
 #define FLASHATTN_HOST_DEVICE inline
+#define FLASHATTN_UNROLL
 #endif
 
 #define FLASHATTN_VERSION_MAJOR 0

@@ -9,7 +9,7 @@
 
 namespace flashattn {
 
-enum class DType : std::uint8_t { float32, float16, bfloat16, int32, uint8 };
+enum class DType : std::uint8_t { float32, float16, bfloat16, int32, uint8, int64 };
 
 std::size_t dtype_size(DType dtype) noexcept;
 const char* dtype_name(DType dtype) noexcept;

@@ -9,7 +9,10 @@
 #include <cstdint>
 
 #include "flashattn/config.hpp"
+#include "flashattn/dropout.hpp"
 #include "flashattn/mask.hpp"
+#include "flashattn/online_softmax.hpp"
+#include "flashattn/score.hpp"
 #include "flashattn/tensor.hpp"
 
 namespace flashattn {
@@ -54,8 +57,26 @@ struct AttentionParams {
   std::int64_t window_right = -1;
   bool is_causal = false;
 
+  // ALiBi: slope of (b, h) at maybe_alibi_slopes[b * alibi_batch_stride + h] (stride 0
+  // for one slope per head); null = no bias.
+  const float* maybe_alibi_slopes = nullptr;
+  std::int64_t alibi_batch_stride = 0;
+
+  // Dropout: keep_threshold < DropoutRule::kKeepAll when on. Seed and offset are the
+  // host values below, or read from maybe_dropout_seed_offset (int64 {seed, offset} in
+  // the tensors' memory) when it is set.
+  std::uint32_t dropout_keep_threshold = DropoutRule::kKeepAll;
+  float dropout_inverse_keep = 1.0f;
+  std::uint64_t dropout_seed = 0;
+  std::uint64_t dropout_offset = 0;
+  const std::int64_t* maybe_dropout_seed_offset = nullptr;
+
   FLASHATTN_HOST_DEVICE bool is_varlen() const { return maybe_cu_seqlens_q != nullptr; }
   FLASHATTN_HOST_DEVICE bool has_softcap() const { return softcap > 0.0f; }
+  FLASHATTN_HOST_DEVICE bool has_alibi() const { return maybe_alibi_slopes != nullptr; }
+  FLASHATTN_HOST_DEVICE bool has_dropout() const { return dropout_keep_threshold < DropoutRule::kKeepAll; }
+  // Whether every head's score rule is a plain positive scale (the kernels' fast path).
+  FLASHATTN_HOST_DEVICE bool score_is_positive_scale() const { return !has_softcap() && !has_alibi(); }
   FLASHATTN_HOST_DEVICE bool is_local() const { return window_left >= 0 || (window_right >= 0 && !is_causal); }
 
   // Per-sequence geometry (varlen-aware).
@@ -73,6 +94,37 @@ struct AttentionParams {
   }
   FLASHATTN_HOST_DEVICE MaskRule mask_of(std::int64_t b) const {
     return MaskRule{seqlen_q_of(b), seqlen_k_of(b), window_left, window_right};
+  }
+  // The score rule of (sequence b, query head h) under b's mask (flashattn/score.hpp).
+  FLASHATTN_HOST_DEVICE ScoreRule score_of(std::int64_t b, std::int64_t h, const MaskRule& mask) const {
+    ScoreRule rule;
+    rule.scale_log2 = softmax_scale_log2;
+    if (has_softcap()) {
+      rule.softcap_input_scale = softmax_scale / softcap;
+      rule.softcap_log2 = softcap * static_cast<float>(online_softmax::kLog2e);
+    }
+    if (maybe_alibi_slopes != nullptr)
+      rule.alibi_slope_log2 = maybe_alibi_slopes[b * alibi_batch_stride + h] * static_cast<float>(online_softmax::kLog2e);
+    rule.diagonal = mask.seqlen_k - mask.seqlen_q;
+    return rule;
+  }
+  // The dropout rule of this call (flashattn/dropout.hpp); seed and offset read from
+  // memory when given there (device memory on the GPU: call it in the kernel).
+  FLASHATTN_HOST_DEVICE DropoutRule dropout() const {
+    DropoutRule rule;
+    rule.keep_threshold = dropout_keep_threshold;
+    rule.inverse_keep = dropout_inverse_keep;
+    rule.seed = dropout_seed;
+    rule.offset = dropout_offset;
+    if (maybe_dropout_seed_offset != nullptr) {
+      rule.seed = static_cast<std::uint64_t>(maybe_dropout_seed_offset[0]);
+      rule.offset = static_cast<std::uint64_t>(maybe_dropout_seed_offset[1]);
+    }
+    return rule;
+  }
+  // The dropout generator's head index of (sequence b, query head h).
+  FLASHATTN_HOST_DEVICE std::uint32_t dropout_head(std::int64_t b, std::int64_t h) const {
+    return static_cast<std::uint32_t>(b * heads_q + h);
   }
   // Element offsets of (sequence b, row 0, head h) in each tensor.
   FLASHATTN_HOST_DEVICE std::int64_t q_offset(std::int64_t b, std::int64_t h) const {

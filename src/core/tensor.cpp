@@ -14,6 +14,7 @@ std::size_t dtype_size(DType dtype) noexcept {
     case DType::bfloat16: return 2;
     case DType::int32: return 4;
     case DType::uint8: return 1;
+    case DType::int64: return 8;
   }
   return 0;
 }
@@ -25,6 +26,7 @@ const char* dtype_name(DType dtype) noexcept {
     case DType::bfloat16: return "bfloat16";
     case DType::int32: return "int32";
     case DType::uint8: return "uint8";
+    case DType::int64: return "int64";
   }
   return "unknown";
 }

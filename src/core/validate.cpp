@@ -28,10 +28,7 @@ void check_options(const AttentionOptions& options, std::int64_t head_dim, const
     fail("window_right", "causal attention sees no future keys: " + expected_got("-1 or 0", options.window_right));
   if (!std::isfinite(options.softcap) || options.softcap < 0.0)
     fail("softcap", "must be finite and >= 0 (0 = off), got " + std::to_string(options.softcap));
-  if (!(options.dropout_p == 0.0)) {
-    if (!(options.dropout_p >= 0.0 && options.dropout_p < 1.0)) fail("dropout_p", "must be in [0, 1), got " + std::to_string(options.dropout_p));
-    unsupported("dropout_p", "dropout is not implemented yet (only 0 is accepted), got " + std::to_string(options.dropout_p));
-  }
+  if (!(options.dropout_p >= 0.0 && options.dropout_p < 1.0)) fail("dropout_p", "must be in [0, 1), got " + std::to_string(options.dropout_p));
   const auto algorithm_index = static_cast<std::size_t>(options.algorithm);
   if (algorithm_index >= static_cast<std::size_t>(kAlgorithmCount)) fail("algorithm", "unknown algorithm value " + std::to_string(algorithm_index));
   if (!limits.supports_algorithm[algorithm_index])
@@ -86,6 +83,56 @@ void check_cu_seqlens(const TensorView& cu, const std::string& name, std::int64_
   if (batch > 0 && data[batch * stride] > total)
     fail(name, "last entry " + expected_got("<= " + std::to_string(total) + " (rows of the packed tensor)", data[batch * stride]));
 }
+
+}  // namespace
+
+// ALiBi slopes and the dropout seed/offset tensor (shared with the KV-cache validation).
+void check_variant_tensors(const AttentionOptions& options, std::int64_t batch, std::int64_t heads_q, Device device,
+                           std::vector<NamedExtent>& inputs) {
+  if (options.maybe_alibi_slopes.defined()) {
+    const TensorView& slopes = options.maybe_alibi_slopes;
+    const Extent e = check_layout(slopes, "alibi_slopes", slopes.rank);
+    check_dtype(slopes, "alibi_slopes", DType::float32, "");
+    check_device(slopes, "alibi_slopes", device);
+    const bool per_head = slopes.rank == 1 && slopes.size(0) == heads_q;
+    const bool per_batch_head = slopes.rank == 2 && slopes.size(0) == batch && slopes.size(1) == heads_q;
+    if (!per_head && !per_batch_head)
+      fail("alibi_slopes", "shape mismatch: " + expected_got("[" + std::to_string(heads_q) + "] or [" + std::to_string(batch) + ", " +
+                                                                 std::to_string(heads_q) + "] ([heads_q] or [batch, heads_q])",
+                                                             shape_string(slopes)));
+    if (slopes.stride(slopes.rank - 1) != 1 && heads_q > 1)
+      fail("alibi_slopes", "the heads dimension must be contiguous: stride " + expected_got(1, slopes.stride(slopes.rank - 1)));
+    inputs.push_back({"alibi_slopes", e});
+  }
+  if (options.maybe_dropout_seed_offset.defined()) {
+    const TensorView& t = options.maybe_dropout_seed_offset;
+    const Extent e = check_layout(t, "dropout_seed_offset", 1);
+    check_dtype(t, "dropout_seed_offset", DType::int64, " ({seed, offset})");
+    check_device(t, "dropout_seed_offset", device);
+    check_shape(t, "dropout_seed_offset", {2}, " ({seed, offset})");
+    if (t.stride(0) != 1) fail("dropout_seed_offset", "must be contiguous: stride " + expected_got(1, t.stride(0)));
+    inputs.push_back({"dropout_seed_offset", e});
+  }
+}
+
+// The ALiBi and dropout fields of the parameter struct.
+void set_variant_params(AttentionParams& p, const AttentionOptions& options) {
+  if (options.maybe_alibi_slopes.defined()) {
+    p.maybe_alibi_slopes = static_cast<const float*>(options.maybe_alibi_slopes.data);
+    p.alibi_batch_stride = options.maybe_alibi_slopes.rank == 2 ? options.maybe_alibi_slopes.stride(0) : 0;
+  }
+  if (options.dropout_p > 0.0) {
+    const DropoutRule rule = DropoutRule::with_probability(options.dropout_p, options.dropout_seed, options.dropout_offset);
+    p.dropout_keep_threshold = rule.keep_threshold;
+    p.dropout_inverse_keep = rule.inverse_keep;
+    p.dropout_seed = options.dropout_seed;
+    p.dropout_offset = options.dropout_offset;
+    if (options.maybe_dropout_seed_offset.defined())
+      p.maybe_dropout_seed_offset = static_cast<const std::int64_t*>(options.maybe_dropout_seed_offset.data);
+  }
+}
+
+namespace {
 
 Geometry check_inputs(const TensorView& q, const TensorView& k, const TensorView& v,
                       const std::optional<VarlenArgs>& varlen, const AttentionOptions& options,
@@ -143,6 +190,7 @@ Geometry check_inputs(const TensorView& q, const TensorView& k, const TensorView
     g.total_k = checked_mul(g.batch, g.seqlen_k, "k");
   }
   g.input_extents = {{"q", q_extent}, {"k", k_extent}, {"v", v_extent}};
+  check_variant_tensors(options, g.batch, g.heads_q, q.device, g.input_extents);
   if (g.is_varlen) {
     g.input_extents.push_back({"cu_seqlens_q", check_layout(varlen->cu_seqlens_q, "cu_seqlens_q", 1)});
     g.input_extents.push_back({"cu_seqlens_k", check_layout(varlen->cu_seqlens_k, "cu_seqlens_k", 1)});
@@ -214,6 +262,7 @@ AttentionParams make_params(const Geometry& g, const TensorView& q, const Tensor
   const std::int64_t span = g.seqlen_q + g.seqlen_k;
   p.window_left = options.window_left >= span ? -1 : options.window_left;
   p.window_right = options.causal ? 0 : (options.window_right >= span ? -1 : options.window_right);
+  set_variant_params(p, options);
   return p;
 }
 

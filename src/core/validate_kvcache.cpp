@@ -13,6 +13,7 @@
 #include "flashattn/error.hpp"
 #include "flashattn/online_softmax.hpp"
 #include "src/core/checks.hpp"
+#include "src/core/validate.hpp"
 
 namespace flashattn {
 namespace {
@@ -240,6 +241,7 @@ KVCacheParams validate_kvcache(const KVCacheArgs& args) {
     outputs.push_back({"workspace", check_layout(args.maybe_workspace, "workspace", args.maybe_workspace.rank)});
     check_device(args.maybe_workspace, "workspace", device);
   }
+  check_variant_tensors(args.options, batch, heads_q, device, inputs);
   if (args.num_splits < 0 || args.num_splits > kMaxKVCacheSplits)
     fail("num_splits", expected_got("0 (heuristic) or 1.." + std::to_string(kMaxKVCacheSplits), args.num_splits));
 
@@ -292,6 +294,7 @@ KVCacheParams validate_kvcache(const KVCacheArgs& args) {
   const std::int64_t span = seqlen_q + capacity + seqlen_new;
   a.window_left = args.options.window_left >= span ? -1 : args.options.window_left;
   a.window_right = args.options.causal ? 0 : (args.options.window_right >= span ? -1 : args.options.window_right);
+  set_variant_params(a, args.options);  // ALiBi (dropout was refused above)
 
   p.k_cache = args.k_cache.data;
   p.v_cache = args.v_cache.data;
