@@ -32,14 +32,17 @@ constexpr std::int64_t kBlockCols = 24;  // Bc: key rows per outer step
 void flash1_forward(const AttentionParams& params, int num_threads) {
   const std::int64_t head_dim = params.head_dim;
   const std::int64_t items = params.batch * params.heads_q;
-  const bool has_softcap = params.has_softcap();
-  const float softcap_log2 = params.softcap * static_cast<float>(online_softmax::kLog2e);
-  const float q_scale = has_softcap ? params.softmax_scale : params.softmax_scale_log2;
+  // A plain positive scale is folded into Q; any other score rule sees the raw q·k.
+  const bool is_positive_scale = params.score_is_positive_scale();
+  const float q_scale = is_positive_scale ? params.softmax_scale_log2 : 1.0f;
+  const DropoutRule dropout = params.dropout();
+  const float output_scale = dropout.enabled() ? params.dropout_inverse_keep : 1.0f;
 
 #pragma omp parallel for schedule(dynamic, 1) num_threads(thread_count(num_threads))
   for (std::int64_t item = 0; item < items; ++item) {
     const std::int64_t b = item / params.heads_q, h = item % params.heads_q, h_kv = h / params.group_size;
     const MaskRule mask = params.mask_of(b);
+    const ScoreRule score_rule = params.score_of(b, h, mask);
     const std::int64_t seqlen_q = mask.seqlen_q, seqlen_k = mask.seqlen_k;
     // "Slow memory": O (seqlen_q, head_dim), l and m (seqlen_q), initialised to 0, 0, -inf.
     std::vector<float> o(static_cast<std::size_t>(seqlen_q * head_dim), 0.0f);
@@ -75,7 +78,7 @@ void flash1_forward(const AttentionParams& params, int num_threads) {
             }
             float score = 0.0f;
             for (std::int64_t d = 0; d < head_dim; ++d) score += q_tile[static_cast<std::size_t>(r * head_dim + d)] * k_tile[static_cast<std::size_t>(c * head_dim + d)];
-            if (has_softcap) score = softcap_log2 * std::tanh(score / params.softcap);
+            if (!is_positive_scale) score = score_rule.log2_score(score, i, col_begin + c);
             p[c] = score;
             block_max = std::max(block_max, score);
           }
@@ -88,6 +91,11 @@ void flash1_forward(const AttentionParams& params, int num_threads) {
             block_sum += p[c];
           }
           block.add(block_sum);
+          // Dropout (Algorithm 2): P~ ∘ Z enters P~ V_j; l keeps the undropped sum and
+          // 1/(1 - p) is applied once, at the end.
+          if (dropout.enabled())
+            for (std::int64_t c = 0; c < cols; ++c)
+              if (!dropout.keep(params.dropout_head(b, h), i, col_begin + c)) p[c] = 0.0f;
           // P~ V_j
           std::fill(pv.begin(), pv.end(), 0.0f);
           for (std::int64_t c = 0; c < cols; ++c)
@@ -106,7 +114,7 @@ void flash1_forward(const AttentionParams& params, int num_threads) {
     }
 
     for (std::int64_t i = 0; i < seqlen_q; ++i) {
-      store_row(o.data() + i * head_dim, head_dim, 1.0f, params.out, params.dtype, params.out_offset(b, h) + i * params.out_row_stride);
+      store_row(o.data() + i * head_dim, head_dim, output_scale, params.out, params.dtype, params.out_offset(b, h) + i * params.out_row_stride);
       if (params.maybe_lse) params.maybe_lse[params.lse_offset(b, h) + i * params.lse_row_stride] = stats[static_cast<std::size_t>(i)].lse();
     }
   }

@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "flashattn/online_softmax.hpp"
+#include "src/cpu/dropout_mask.hpp"
 #include "src/cpu/flash.hpp"
 #include "src/cpu/tile_io.hpp"
 
@@ -78,12 +79,13 @@ void flash2_forward(const AttentionParams& params, int num_threads) {
   const std::int64_t items = params.batch * params.heads_q * q_items;
   if (items == 0) return;
   const TileKernels& kernels = tile_kernels();
-  const bool has_softcap = params.has_softcap();
-  // Without softcap, scale·log2(e) is folded into Q so each score is ready for exp2;
-  // softcap must see scale·q·k itself, so then log2(e) comes after the tanh.
-  const float q_scale = has_softcap ? params.softmax_scale : params.softmax_scale_log2;
-  const float softcap = params.softcap;
-  const float softcap_log2 = params.softcap * static_cast<float>(online_softmax::kLog2e);
+  // A plain positive scale (ScoreRule::is_positive_scale) is folded into Q, so each
+  // score is ready for exp2; any other rule (softcap, ALiBi) sees the raw q·k.
+  const bool is_positive_scale = params.score_is_positive_scale();
+  const float q_scale = is_positive_scale ? params.softmax_scale_log2 : 1.0f;
+  const bool has_dropout = params.has_dropout();
+  const DropoutRule dropout = params.dropout();
+  const float output_scale = has_dropout ? params.dropout_inverse_keep : 1.0f;
   const bool is_float32 = params.dtype == DType::float32;
 
 #pragma omp parallel num_threads(threads)
@@ -105,6 +107,7 @@ void flash2_forward(const AttentionParams& params, int num_threads) {
       const std::int64_t h = (item / q_items) % params.heads_q;
       const std::int64_t b = item / (q_items * params.heads_q);
       const MaskRule mask = params.mask_of(b);
+      const ScoreRule score = params.score_of(b, h, mask);
       const std::int64_t item_begin = m_item * item_m;
       if (item_begin >= mask.seqlen_q) continue;  // varlen: this sequence is shorter
       const std::int64_t item_rows = std::min(item_m, mask.seqlen_q - item_begin);
@@ -170,9 +173,11 @@ void flash2_forward(const AttentionParams& params, int num_threads) {
 
           // S^T (keys, lanes) = K Q^T
           kernels.matmul(k + key_begin * head_dim_padded, head_dim_padded, 1, q_lanes_t, tile_m, head_dim, s, tile_m, keys, lanes, false);
-          if (has_softcap)
+          // K1, the score hook: S = ScoreRule::log2_score (the positive scale is already in Q).
+          if (!is_positive_scale)
             for (std::int64_t j = 0; j < keys; ++j)
-              for (std::int64_t i = 0; i < lanes; ++i) s[j * tile_m + i] = softcap_log2 * std::tanh(s[j * tile_m + i] / softcap);
+              for (std::int64_t i = 0; i < lanes; ++i)
+                s[j * tile_m + i] = score.log2_score(s[j * tile_m + i], row_begin + lane_begin + i, col_begin + key_begin + j);
           // Only boundary tiles pay for the element mask (it also hides the zero
           // padding of a tail key block: col_end never passes seqlen_k).
           const std::int64_t lane_rows_end = std::min(lane_end, rows);
@@ -193,6 +198,12 @@ void flash2_forward(const AttentionParams& params, int num_threads) {
           }
           kernels.exp2_columns(s, tile_m, keys, lanes, row_base.data(), row_sum.data());  // P^T
           for (std::int64_t i = 0; i < lanes; ++i) lane_states[i].add(row_sum.data()[i]);
+          // K4, the probability hook (after the row sum, before P V): dropout's Z.
+          if (has_dropout)
+            for_each_dropout_decision(dropout, params.dropout_head(b, h), row_begin + lane_begin, row_begin + lane_end,
+                                      col_begin + key_begin, col_begin + key_end, [&](std::int64_t row, std::int64_t col, bool kept) {
+                                        if (!kept) s[(col - col_begin - key_begin) * tile_m + (row - row_begin - lane_begin)] = 0.0f;
+                                      });
 
           // O^T (head_dim_rows, lanes) = O^T ∘ factor + V^T P^T  (the rescale fused in)
           kernels.matmul_rescaled(v + key_begin * head_dim_padded, 1, head_dim_padded, s, tile_m, keys, o_lanes_t, tile_m, head_dim_rows,
@@ -206,7 +217,7 @@ void flash2_forward(const AttentionParams& params, int num_threads) {
         const float* o_tile_t = o_t.data() + t * head_dim_rows * tile_m;
         const auto& state = states[static_cast<std::size_t>(r)];
         for (std::int64_t d = 0; d < head_dim; ++d) row_buffer[static_cast<std::size_t>(d)] = o_tile_t[d * tile_m + i];
-        store_row(row_buffer.data(), head_dim, state.inverse_sum(), params.out, params.dtype,
+        store_row(row_buffer.data(), head_dim, state.inverse_sum() * output_scale, params.out, params.dtype,
                   params.out_offset(b, h) + (item_begin + r) * params.out_row_stride);
         if (params.maybe_lse) params.maybe_lse[params.lse_offset(b, h) + (item_begin + r) * params.lse_row_stride] = state.lse();
       }

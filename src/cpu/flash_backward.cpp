@@ -6,7 +6,8 @@
 // (keys x queries, the query axis in the vector lanes):
 //   S^T = K Q^T;  P^T = 2^(S^T·log2e - LSE·log2e)            (exact probabilities)
 //   dP^T = V dO^T;  dS^T = P^T ∘ (dP^T - D)                   D = rowsum(dO ∘ O)
-//   (softcap: dS *= 1 - tanh²(S_raw / softcap))
+//   (softcap: dS *= 1 - tanh²(S_raw / softcap), ScoreRule::gradient_factor)
+//   (dropout: dP ← Z ∘ dP / (1 - p) before dS, P ← Z ∘ P / (1 - p) for dV; DropoutRule)
 //   dV += P^T dO;  dK += dS^T Q · scale;  dQ += dS K · scale
 // Two parallel passes keep it race-free and deterministic without atomics:
 //   pass 1, items (b, kv head, run of key blocks): dK and dV of those blocks, summed over the
@@ -21,6 +22,7 @@
 #include <vector>
 
 #include "flashattn/online_softmax.hpp"
+#include "src/cpu/dropout_mask.hpp"
 #include "src/cpu/flash.hpp"
 #include "src/cpu/reference.hpp"  // dense_q_row
 #include "src/cpu/tile_io.hpp"
@@ -38,7 +40,7 @@ constexpr float kInfinity = std::numeric_limits<float>::infinity();
 // One block of query rows with everything the backward needs about it.
 struct QueryBlock {
   std::int64_t head_dim, head_dim_padded;
-  AlignedBuffer q_t;       // (head_dim, kBlockM), times scale (·log2e without softcap)
+  AlignedBuffer q_t;       // (head_dim, kBlockM), times q_scale (scale·log2e on the positive-scale path, else 1)
   AlignedBuffer q;         // (kBlockM, head_dim_padded), unscaled
   AlignedBuffer dout_t;    // (head_dim, kBlockM)
   AlignedBuffer dout;      // (kBlockM, head_dim_padded)
@@ -77,7 +79,8 @@ struct TileScratch {
   AlignedBuffer p_t;        // (kBlockN, kBlockM)
   AlignedBuffer ds_t;       // (kBlockN, kBlockM): dP^T, then dS^T
   AlignedBuffer cap_slope;  // (kBlockN, kBlockM): 1 - tanh², only with softcap
-  TileScratch() : p_t(kBlockN * kBlockM), ds_t(kBlockN * kBlockM), cap_slope(kBlockN * kBlockM) {}
+  std::vector<char> keep;   // (kBlockN, kBlockM): dropout's Z, only with dropout
+  TileScratch() : p_t(kBlockN * kBlockM), ds_t(kBlockN * kBlockM), cap_slope(kBlockN * kBlockM), keep(kBlockN * kBlockM) {}
 };
 
 // The part of a (key block x query block) tile that the mask lets through: query
@@ -105,22 +108,31 @@ TileRange tile_range(const MaskRule& mask, std::int64_t row_begin, std::int64_t 
 
 // P^T and dS^T of the range r of one tile, in place in t.p_t / t.ds_t (element (j, i)
 // at j * kBlockM + i); k/v are (kBlockN, .) row-major with strides k_stride/v_stride.
-void probabilities_and_score_gradients(const TileKernels& kernels, const BackwardParams& p, const MaskRule& mask, const QueryBlock& qb,
-                                       std::int64_t row_begin, std::int64_t rows, std::int64_t col_begin, const TileRange& r,
-                                       const float* k, std::int64_t k_stride, const float* v, std::int64_t v_stride, TileScratch& t) {
+// The score rule and dropout of one (sequence, query head).
+struct HeadVariant {
+  ScoreRule score;
+  DropoutRule dropout;
+  std::uint32_t dropout_head = 0;
+};
+
+void probabilities_and_score_gradients(const TileKernels& kernels, const BackwardParams& p, const MaskRule& mask, const HeadVariant& variant,
+                                       const QueryBlock& qb, std::int64_t row_begin, std::int64_t rows, std::int64_t col_begin,
+                                       const TileRange& r, const float* k, std::int64_t k_stride, const float* v, std::int64_t v_stride,
+                                       TileScratch& t) {
   const std::int64_t head_dim = qb.head_dim;
   const std::int64_t offset = r.key_begin * kBlockM + r.lane_begin;
   float* s = t.p_t.data() + offset;
   float* slope = t.cap_slope.data() + offset;
   // S^T (keys, lanes) = K Q^T
   kernels.matmul(k + r.key_begin * k_stride, k_stride, 1, qb.q_t.data() + r.lane_begin, kBlockM, head_dim, s, kBlockM, r.keys(), r.lanes(), false);
-  if (p.has_softcap()) {
-    const float softcap_log2 = p.softcap * static_cast<float>(online_softmax::kLog2e);
+  // K1, the score hook (a positive scale is already in Q^T, see q_scale).
+  const ScoreRule& score = variant.score;
+  if (!score.is_positive_scale()) {
     for (std::int64_t j = 0; j < r.keys(); ++j)
       for (std::int64_t i = 0; i < r.lanes(); ++i) {
-        const float slope_t = std::tanh(s[j * kBlockM + i] / p.softcap);
-        slope[j * kBlockM + i] = 1.0f - slope_t * slope_t;
-        s[j * kBlockM + i] = softcap_log2 * slope_t;
+        const float dot = s[j * kBlockM + i];
+        if (score.has_softcap()) slope[j * kBlockM + i] = score.gradient_factor(dot);
+        s[j * kBlockM + i] = score.log2_score(dot, row_begin + r.lane_begin + i, col_begin + r.key_begin + j);
       }
   }
   const std::int64_t lane_rows_end = std::min(r.lane_end, rows);
@@ -137,7 +149,28 @@ void probabilities_and_score_gradients(const TileKernels& kernels, const Backwar
   // dP^T (keys, lanes) = V dO^T;  dS^T = P^T ∘ (dP^T - D)
   float* ds = t.ds_t.data() + offset;
   kernels.matmul(v + r.key_begin * v_stride, v_stride, 1, qb.dout_t.data() + r.lane_begin, kBlockM, head_dim, ds, kBlockM, r.keys(), r.lanes(), false);
-  kernels.score_gradient(s, ds, kBlockM, r.keys(), r.lanes(), qb.delta.data() + r.lane_begin, p.has_softcap() ? slope : nullptr);
+  // K4, the probability hook: dropout's Z regenerated; dP ← Z ∘ dP / (1 - p).
+  const DropoutRule& dropout = variant.dropout;
+  char* keep = t.keep.data() + offset;
+  if (dropout.enabled()) {
+    for_each_dropout_decision(dropout, variant.dropout_head, row_begin + r.lane_begin, row_begin + r.lane_end, col_begin + r.key_begin,
+                              col_begin + r.key_end, [&](std::int64_t row, std::int64_t col, bool kept) {
+                                keep[(col - col_begin - r.key_begin) * kBlockM + (row - row_begin - r.lane_begin)] = kept;
+                              });
+    for (std::int64_t j = 0; j < r.keys(); ++j)
+      for (std::int64_t i = 0; i < r.lanes(); ++i)
+        ds[j * kBlockM + i] = keep[j * kBlockM + i] ? ds[j * kBlockM + i] * dropout.inverse_keep : 0.0f;
+  }
+  kernels.score_gradient(s, ds, kBlockM, r.keys(), r.lanes(), qb.delta.data() + r.lane_begin, score.has_softcap() ? slope : nullptr);
+  // dV's probabilities: P ∘ Z / (1 - p) (dS above used the undropped P).
+  if (dropout.enabled())
+    for (std::int64_t j = 0; j < r.keys(); ++j)
+      for (std::int64_t i = 0; i < r.lanes(); ++i)
+        s[j * kBlockM + i] = keep[j * kBlockM + i] ? s[j * kBlockM + i] * dropout.inverse_keep : 0.0f;
+}
+
+HeadVariant head_variant(const BackwardParams& p, std::int64_t b, std::int64_t h, const MaskRule& mask) {
+  return HeadVariant{p.score_of(b, h, mask), p.dropout(), p.dropout_head(b, h)};
 }
 
 // K and V of one key block, packed into float tiles (kBlockN, head_dim_padded) —
@@ -180,7 +213,8 @@ void flash_backward(const BackwardParams& params, int num_threads) {
   const std::int64_t head_dim_padded = round_up(head_dim, kTileWidthMultiple);
   const std::int64_t q_blocks = (params.seqlen_q + kBlockM - 1) / kBlockM;
   const std::int64_t k_blocks = (params.seqlen_k + kBlockN - 1) / kBlockN;
-  const float q_scale = params.has_softcap() ? params.softmax_scale : params.softmax_scale_log2;
+  // A plain positive scale is folded into Q^T; any other score rule sees the raw q·k.
+  const float q_scale = params.score_is_positive_scale() ? params.softmax_scale_log2 : 1.0f;
   const int threads = thread_count(num_threads);
   const TileKernels& kernels = tile_kernels();
 
@@ -238,12 +272,13 @@ void flash_backward(const BackwardParams& params, int num_threads) {
         for (std::int64_t row_begin = first_row; row_begin < rows_seen.end; row_begin += kBlockM) {
           const std::int64_t rows = std::min(kBlockM, mask.seqlen_q - row_begin);
           qb.load(params, b, h, row_begin, rows, q_scale, delta);
+          const HeadVariant variant = head_variant(params, b, h, mask);
           for (std::int64_t c = 0; c < blocks; ++c) {
             const std::int64_t col_begin = item_col_begin + c * kBlockN;
             const TileRange r = tile_range(mask, row_begin, rows, col_begin, std::min(kBlockN, mask.seqlen_k - col_begin));
             if (r.empty()) continue;
             const KeyBlock& kb = key_blocks[static_cast<std::size_t>(c)];
-            probabilities_and_score_gradients(kernels, params, mask, qb, row_begin, rows, col_begin, r, kb.k, kb.k_stride, kb.v, kb.v_stride, scratch);
+            probabilities_and_score_gradients(kernels, params, mask, variant, qb, row_begin, rows, col_begin, r, kb.k, kb.k_stride, kb.v, kb.v_stride, scratch);
             // dV (keys, head_dim_padded) += P^T dO;  dK += dS^T Q   (over the range's lanes)
             const std::int64_t offset = r.key_begin * kBlockM + r.lane_begin;
             float* dv_rows = dv.data() + (c * kBlockN + r.key_begin) * head_dim_padded;
@@ -288,6 +323,7 @@ void flash_backward(const BackwardParams& params, int num_threads) {
       const std::int64_t blocks = std::min(q_blocks_per_item, (mask.seqlen_q - item_row_begin + kBlockM - 1) / kBlockM);
       const std::int64_t item_row_end = std::min(mask.seqlen_q, item_row_begin + blocks * kBlockM);
       const std::int64_t h_kv = h / params.group_size;
+      const HeadVariant variant = head_variant(params, b, h, mask);
       for (std::int64_t c = 0; c < blocks; ++c) {
         const std::int64_t row_begin = item_row_begin + c * kBlockM;
         query_blocks[static_cast<std::size_t>(c)].load(params, b, h, row_begin, std::min(kBlockM, mask.seqlen_q - row_begin), q_scale, delta);
@@ -302,7 +338,7 @@ void flash_backward(const BackwardParams& params, int num_threads) {
           const std::int64_t rows = std::min(kBlockM, mask.seqlen_q - row_begin);
           const TileRange r = tile_range(mask, row_begin, rows, col_begin, std::min(kBlockN, mask.seqlen_k - col_begin));
           if (r.empty()) continue;
-          probabilities_and_score_gradients(kernels, params, mask, query_blocks[static_cast<std::size_t>(c)], row_begin, rows, col_begin, r,
+          probabilities_and_score_gradients(kernels, params, mask, variant, query_blocks[static_cast<std::size_t>(c)], row_begin, rows, col_begin, r,
                                             kb.k, kb.k_stride, kb.v, kb.v_stride, scratch);
           // dQ (lanes, head_dim_padded) += dS K: dS read through dS^T's strides.
           kernels.matmul(scratch.ds_t.data() + r.key_begin * kBlockM + r.lane_begin, 1, kBlockM, kb.k + r.key_begin * kb.k_stride, kb.k_stride,

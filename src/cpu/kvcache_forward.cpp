@@ -67,12 +67,6 @@ void append_new_keys(const KVCacheParams& p) {
     }
 }
 
-// Score of one (query, key) pair in log2 units, as every backend computes it.
-float log2_score(const AttentionParams& a, float dot) {
-  if (a.has_softcap()) return a.softcap * std::tanh(dot * a.softmax_scale / a.softcap) * static_cast<float>(online_softmax::kLog2e);
-  return dot * a.softmax_scale_log2;
-}
-
 // One work item: sequence b, kv head h_kv, its group's query rows packed as
 // row r = i * group_size + g (query head h_kv * group_size + g, query position i).
 void attend_work_item(const KVCacheParams& p, std::int64_t b, std::int64_t h_kv) {
@@ -82,6 +76,8 @@ void attend_work_item(const KVCacheParams& p, std::int64_t b, std::int64_t h_kv)
   const MaskRule mask = p.mask_of(b);
   const std::int64_t seqlen_k = mask.seqlen_k;
   const std::int64_t first_position = p.leftpad(b);  // key column j is cache position first_position + j
+  std::vector<ScoreRule> score_rules(static_cast<std::size_t>(group));  // of query head h_kv * group + g
+  for (std::int64_t g = 0; g < group; ++g) score_rules[static_cast<std::size_t>(g)] = a.score_of(b, h_kv * group + g, mask);
 
   std::vector<float> q(static_cast<std::size_t>(rows) * d_size);  // (rows, head_dim), rotated and rounded like the input
   for (std::int64_t r = 0; r < rows; ++r) {
@@ -133,7 +129,7 @@ void attend_work_item(const KVCacheParams& p, std::int64_t b, std::int64_t h_kv)
             const float* kc = &k_tile[static_cast<std::size_t>(c) * d_size];
             float dot = 0.0f;
             for (std::int64_t d = 0; d < d_count; ++d) dot += qr[d] * kc[d];
-            s = log2_score(a, dot);
+            s = score_rules[static_cast<std::size_t>(r % group)].log2_score(dot, i, tile + c);
           }
           scores[static_cast<std::size_t>(c)] = s;
           block_max = std::max(block_max, s);

@@ -9,7 +9,9 @@
 #include <cmath>
 #include <limits>
 
+#include "flashattn/dropout.hpp"
 #include "flashattn/mask.hpp"
+#include "flashattn/score.hpp"
 #include "src/core/numeric.hpp"
 
 namespace flashattn::cpu {
@@ -36,22 +38,30 @@ std::vector<double> load_rows(const void* base, DType dtype, std::int64_t offset
   return tile;
 }
 
-// The three steps for one (sequence, head): fills s_raw (scale*QK^T before
-// softcap), p (probabilities), out and lse, each (rows_q, .) dense.
+// The three steps for one (sequence b, query head h): fills s_raw (scale*QK^T before
+// softcap), p (probabilities, before dropout), keep (dropout's mask Z, when on), out
+// and lse, each (rows_q, .) dense. With ALiBi and dropout:
+//   S = cap(scale · Q K^T) − slope · |i + seqlen_k − seqlen_q − j|     (flashattn/score.hpp)
+//   O = (P ∘ Z) V / (1 − p)                                           (flashattn/dropout.hpp)
 template <class Acc>
 struct HeadForward {
   std::int64_t rows_q = 0, rows_k = 0, head_dim = 0;
   std::vector<double> s_raw;  // (rows_q, rows_k): scale * q.k (before softcap); masked entries unused
   std::vector<double> p;      // (rows_q, rows_k)
+  std::vector<char> keep;     // (rows_q, rows_k): dropout's Z (empty without dropout)
   std::vector<double> out;    // (rows_q, head_dim)
   std::vector<double> lse;    // (rows_q)
 };
 
 template <class Acc>
-HeadForward<Acc> head_forward(const AttentionParams& params, const MaskRule& mask, const std::vector<double>& q,
-                              const std::vector<double>& k, const std::vector<double>& v, std::int64_t rows_q,
-                              std::int64_t row_first, const Rounding& round) {
+HeadForward<Acc> head_forward(const AttentionParams& params, std::int64_t b, std::int64_t h, const MaskRule& mask,
+                              const std::vector<double>& q, const std::vector<double>& k, const std::vector<double>& v,
+                              std::int64_t rows_q, std::int64_t row_first, const Rounding& round) {
   HeadForward<Acc> f;
+  const double alibi_slope = params.has_alibi() ? params.maybe_alibi_slopes[b * params.alibi_batch_stride + h] : 0.0;
+  const DropoutRule dropout = params.dropout();
+  const std::uint32_t dropout_head = params.dropout_head(b, h);
+  const Acc inverse_keep = static_cast<Acc>(dropout.inverse_keep);
   const std::int64_t rows_k = mask.seqlen_k, head_dim = params.head_dim;
   f.rows_q = rows_q, f.rows_k = rows_k, f.head_dim = head_dim;
   f.s_raw.assign(static_cast<std::size_t>(rows_q * rows_k), 0.0);
@@ -78,6 +88,8 @@ HeadForward<Acc> head_forward(const AttentionParams& params, const MaskRule& mas
         const Acc cap = static_cast<Acc>(params.softcap);
         score = round(static_cast<double>(cap * std::tanh(static_cast<Acc>(score) / cap)));
       }
+      if (params.has_alibi())
+        score = round(static_cast<double>(static_cast<Acc>(score) + static_cast<Acc>(ScoreRule::alibi_bias(alibi_slope, i + mask.seqlen_k - mask.seqlen_q - j))));
       s[static_cast<std::size_t>(j)] = score;
       row_max = std::max(row_max, score);
     }
@@ -90,11 +102,18 @@ HeadForward<Acc> head_forward(const AttentionParams& params, const MaskRule& mas
     for (std::int64_t j = 0; j < rows_k; ++j)
       f.p[static_cast<std::size_t>(r * rows_k + j)] =
           round(static_cast<double>(std::exp(static_cast<Acc>(s[static_cast<std::size_t>(j)]) - static_cast<Acc>(row_max)) / sum));
-    // O = P V.
+    if (dropout.enabled()) {
+      if (f.keep.empty()) f.keep.assign(static_cast<std::size_t>(rows_q * rows_k), 1);
+      for (std::int64_t j = 0; j < rows_k; ++j) f.keep[static_cast<std::size_t>(r * rows_k + j)] = dropout.keep(dropout_head, i, j);
+    }
+    // O = P V (dropout: (P ∘ Z) V / (1 − p)).
     for (std::int64_t d = 0; d < head_dim; ++d) {
       Acc acc = 0;
-      for (std::int64_t j = 0; j < rows_k; ++j)
+      for (std::int64_t j = 0; j < rows_k; ++j) {
+        if (!f.keep.empty() && !f.keep[static_cast<std::size_t>(r * rows_k + j)]) continue;
         acc += static_cast<Acc>(f.p[static_cast<std::size_t>(r * rows_k + j)]) * static_cast<Acc>(v[static_cast<std::size_t>(j * head_dim + d)]);
+      }
+      if (dropout.enabled()) acc *= inverse_keep;
       f.out[static_cast<std::size_t>(r * head_dim + d)] = round(static_cast<double>(acc));
     }
   }
@@ -114,7 +133,7 @@ ReferenceResult forward_impl(const AttentionParams& params, const Rounding& roun
       const auto q = load_rows(params.q, params.dtype, params.q_offset(b, h), params.q_row_stride, mask.seqlen_q, params.head_dim);
       const auto k = load_rows(params.k, params.dtype, params.k_offset(b, h_kv), params.k_row_stride, mask.seqlen_k, params.head_dim);
       const auto v = load_rows(params.v, params.dtype, params.v_offset(b, h_kv), params.v_row_stride, mask.seqlen_k, params.head_dim);
-      const auto f = head_forward<Acc>(params, mask, q, k, v, mask.seqlen_q, 0, round);
+      const auto f = head_forward<Acc>(params, b, h, mask, q, k, v, mask.seqlen_q, 0, round);
       for (std::int64_t i = 0; i < mask.seqlen_q; ++i) {
         const std::int64_t row = dense_q_row(params, b, i);
         result.lse[static_cast<std::size_t>(row * params.heads_q + h)] = f.lse[static_cast<std::size_t>(i)];
@@ -148,7 +167,9 @@ ReferenceGradients backward_impl(const BackwardParams& params, const Rounding& r
       for (std::int64_t h = h_kv * params.group_size; h < (h_kv + 1) * params.group_size; ++h) {
         const auto q = load_rows(params.q, params.dtype, params.q_offset(b, h), params.q_row_stride, rows_q, head_dim);
         const auto dout = load_rows(params.dout, params.dtype, params.dout_offset(b, h), params.dout_row_stride, rows_q, head_dim);
-        const auto f = head_forward<Acc>(params, mask, q, k, v, rows_q, 0, round);
+        const auto f = head_forward<Acc>(params, b, h, mask, q, k, v, rows_q, 0, round);
+        const bool has_dropout = !f.keep.empty();
+        const Acc inverse_keep = static_cast<Acc>(params.dropout_inverse_keep);
         std::vector<double> ds(static_cast<std::size_t>(rows_q * rows_k), 0.0);
         for (std::int64_t i = 0; i < rows_q; ++i) {
           // D_i = rowsum(dO ∘ O)
@@ -164,6 +185,8 @@ ReferenceGradients backward_impl(const BackwardParams& params, const Rounding& r
             for (std::int64_t d = 0; d < head_dim; ++d)
               dp += static_cast<Acc>(dout[static_cast<std::size_t>(i * head_dim + d)]) * static_cast<Acc>(v[static_cast<std::size_t>(j * head_dim + d)]);
             dp = static_cast<Acc>(round(static_cast<double>(dp)));
+            // Dropout: dS = P ∘ (Z ∘ dP / (1 − p) − D).
+            if (has_dropout) dp = f.keep[static_cast<std::size_t>(i * rows_k + j)] ? dp * inverse_keep : Acc(0);
             Acc value = static_cast<Acc>(p) * (dp - delta);
             if (params.has_softcap()) {
               // d/dx [c tanh(x / c)] = 1 - tanh²(x / c)
@@ -189,10 +212,11 @@ ReferenceGradients backward_impl(const BackwardParams& params, const Rounding& r
             Acc acc_k = 0, acc_v = 0;
             for (std::int64_t i = 0; i < rows_q; ++i) {
               acc_k += static_cast<Acc>(ds[static_cast<std::size_t>(i * rows_k + j)]) * static_cast<Acc>(q[static_cast<std::size_t>(i * head_dim + d)]);
+              if (has_dropout && !f.keep[static_cast<std::size_t>(i * rows_k + j)]) continue;
               acc_v += static_cast<Acc>(f.p[static_cast<std::size_t>(i * rows_k + j)]) * static_cast<Acc>(dout[static_cast<std::size_t>(i * head_dim + d)]);
             }
             dk[static_cast<std::size_t>(j * head_dim + d)] += acc_k * scale;
-            dv[static_cast<std::size_t>(j * head_dim + d)] += acc_v;
+            dv[static_cast<std::size_t>(j * head_dim + d)] += has_dropout ? acc_v * inverse_keep : acc_v;
           }
       }
       for (std::int64_t j = 0; j < rows_k; ++j) {
@@ -222,7 +246,7 @@ double reference_forward_row(const AttentionParams& params, std::int64_t b, std:
   const auto q = load_rows(params.q, params.dtype, params.q_offset(b, h) + i * params.q_row_stride, params.q_row_stride, 1, params.head_dim);
   const auto k = load_rows(params.k, params.dtype, params.k_offset(b, h_kv), params.k_row_stride, mask.seqlen_k, params.head_dim);
   const auto v = load_rows(params.v, params.dtype, params.v_offset(b, h_kv), params.v_row_stride, mask.seqlen_k, params.head_dim);
-  const auto f = head_forward<double>(params, mask, q, k, v, 1, i, Rounding{});
+  const auto f = head_forward<double>(params, b, h, mask, q, k, v, 1, i, Rounding{});
   for (std::int64_t d = 0; d < params.head_dim; ++d) out_row[d] = f.out[static_cast<std::size_t>(d)];
   return f.lse[0];
 }

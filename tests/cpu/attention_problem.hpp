@@ -32,6 +32,12 @@ struct ProblemShape {
   std::int64_t window_left = -1;
   std::int64_t window_right = -1;
   double softcap = 0.0;
+  // ALiBi: 0 = off, 1 = slopes [heads_q], 2 = slopes [batch, heads_q].
+  int alibi = 0;
+  // Dropout probability (0 = off) and the generator's seed/offset.
+  double dropout_p = 0.0;
+  std::uint64_t dropout_seed = 0x5eed;
+  std::uint64_t dropout_offset = 0;
   // Varlen when non-empty (batch = size): per-sequence lengths, packed along one axis.
   std::vector<std::int32_t> varlen_q;
   std::vector<std::int32_t> varlen_k;
@@ -43,6 +49,8 @@ struct ProblemShape {
     if (causal) s += " causal";
     if (window_left >= 0 || window_right >= 0) s += " window(" + std::to_string(window_left) + "," + std::to_string(window_right) + ")";
     if (softcap > 0) s += " softcap" + std::to_string(softcap);
+    if (alibi) s += alibi == 1 ? " alibi[h]" : " alibi[b,h]";
+    if (dropout_p > 0) s += " dropout" + std::to_string(dropout_p);
     if (!varlen_q.empty()) s += " varlen";
     return s;
   }
@@ -64,6 +72,10 @@ inline ProblemShape window(ProblemShape s, std::int64_t left, std::int64_t right
   return s.window_left = left, s.window_right = right, s;
 }
 inline ProblemShape softcap(ProblemShape s, double cap) { return s.softcap = cap, s; }
+inline ProblemShape alibi(ProblemShape s, int per = 1) { return s.alibi = per, s; }
+inline ProblemShape dropout(ProblemShape s, double p, std::uint64_t seed = 0x5eed, std::uint64_t offset = 0) {
+  return s.dropout_p = p, s.dropout_seed = seed, s.dropout_offset = offset, s;
+}
 // Varlen: per-sequence lengths; batch and the max lengths follow from them.
 inline ProblemShape varlen(ProblemShape s, std::vector<std::int32_t> q, std::vector<std::int32_t> k) {
   s.batch = static_cast<std::int64_t>(q.size());
@@ -102,6 +114,13 @@ class AttentionProblem {
     dout.fill_random(seed * 7 + 4);
     out.fill_canary();
     lse.fill_canary();
+    if (s.alibi) {
+      // Slopes like the ALiBi paper's geometric sequence (2^(-8 h / heads)), varied per batch.
+      alibi_slopes = s.alibi == 1 ? HostTensor(DType::float32, {s.heads_q}) : HostTensor(DType::float32, {s.batch, s.heads_q});
+      for (std::int64_t i = 0; i < alibi_slopes.numel(); ++i)
+        alibi_slopes.set(i, static_cast<float>(std::exp2(-8.0 * static_cast<double>(i % s.heads_q + 1) / static_cast<double>(s.heads_q)) *
+                                               (1.0 + 0.25 * static_cast<double>(i / s.heads_q))));
+    }
   }
 
   bool is_varlen() const { return !shape_.varlen_q.empty(); }
@@ -113,6 +132,10 @@ class AttentionProblem {
     o.window_left = shape_.window_left;
     o.window_right = shape_.window_right;
     o.softcap = shape_.softcap;
+    if (shape_.alibi) o.maybe_alibi_slopes = alibi_slopes_view ? *alibi_slopes_view : alibi_slopes.view();
+    o.dropout_p = shape_.dropout_p;
+    o.dropout_seed = shape_.dropout_seed;
+    o.dropout_offset = shape_.dropout_offset;
     o.algorithm = algorithm;
     return o;
   }
@@ -168,6 +191,8 @@ class AttentionProblem {
 
   HostTensor q, k, v, out, lse, dout, dq, dk, dv;
   HostTensor cu_seqlens_q, cu_seqlens_k;
+  HostTensor alibi_slopes;
+  std::optional<TensorView> alibi_slopes_view;  // replaces alibi_slopes (e.g. a device copy)
   // Optional strided views replacing q/k/v (non-contiguous layouts).
   std::optional<TensorView> q_view, k_view, v_view;
 
