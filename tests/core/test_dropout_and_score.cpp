@@ -1,0 +1,127 @@
+// tests/core/test_dropout_and_score.cpp — the hardware-free policies of the variant
+// layer: Philox against Random123's published known-answer vectors, DropoutRule's
+// element sets and keep rate, ScoreRule's formula and gradient factor.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <set>
+#include <utility>
+
+#include "flashattn/dropout.hpp"
+#include "flashattn/score.hpp"
+
+namespace flashattn {
+namespace {
+
+struct KnownAnswer {
+  std::uint32_t counter[4];
+  std::uint32_t key[2];
+  std::uint32_t expected[4];
+};
+
+// Random123's kat_vectors (philox4x32 7 and 10 rounds).
+TEST(Philox, SevenRoundsMatchesPublishedVectors) {
+  const KnownAnswer vectors[] = {
+      {{0, 0, 0, 0}, {0, 0}, {0x5f6fb709, 0x0d893f64, 0x4f121f81, 0x4f730a48}},
+      {{0xffffffff, 0xffffffff, 0xffffffff, 0xffffffff}, {0xffffffff, 0xffffffff}, {0x5207ddc2, 0x45165e59, 0x4d8ee751, 0x8c52f662}},
+      {{0x243f6a88, 0x85a308d3, 0x13198a2e, 0x03707344}, {0xa4093822, 0x299f31d0}, {0x4dfccaba, 0x190a87f0, 0xc47362ba, 0xb6b5242a}},
+  };
+  for (const auto& v : vectors) {
+    const philox::Bits128 got = philox::philox4x32<7>({{v.counter[0], v.counter[1], v.counter[2], v.counter[3]}}, v.key[0], v.key[1]);
+    for (int i = 0; i < 4; ++i) EXPECT_EQ(got.word[i], v.expected[i]) << "word " << i;
+  }
+}
+
+TEST(Philox, TenRoundsMatchesPublishedVectors) {
+  const KnownAnswer vectors[] = {
+      {{0, 0, 0, 0}, {0, 0}, {0x6627e8d5, 0xe169c58d, 0xbc57ac4c, 0x9b00dbd8}},
+      {{0xffffffff, 0xffffffff, 0xffffffff, 0xffffffff}, {0xffffffff, 0xffffffff}, {0x408f276d, 0x41c83b0e, 0xa20bc7c6, 0x6d5451fd}},
+      {{0x243f6a88, 0x85a308d3, 0x13198a2e, 0x03707344}, {0xa4093822, 0x299f31d0}, {0xd16cfe09, 0x94fdcceb, 0x5001e420, 0x24126ea1}},
+  };
+  for (const auto& v : vectors) {
+    const philox::Bits128 got = philox::philox4x32<10>({{v.counter[0], v.counter[1], v.counter[2], v.counter[3]}}, v.key[0], v.key[1]);
+    for (int i = 0; i < 4; ++i) EXPECT_EQ(got.word[i], v.expected[i]) << "word " << i;
+  }
+}
+
+// Every element of a 16x16 block belongs to exactly one draw, at a distinct number.
+TEST(DropoutRule, ElementSetsPartitionEachBlock) {
+  std::set<std::pair<std::int64_t, std::int64_t>> sets;  // (row_base, col_base) seen
+  std::set<std::tuple<std::int64_t, std::int64_t, int>> numbers;
+  for (std::int64_t row = 32; row < 48; ++row)
+    for (std::int64_t col = 64; col < 80; ++col) {
+      const std::int64_t row_base = DropoutRule::row_base_of(row), col_base = DropoutRule::col_base_of(col);
+      EXPECT_EQ(row_base & 8, 0);
+      EXPECT_EQ(col_base & 9, 0);
+      const int index = DropoutRule::index_of(row, col);
+      ASSERT_GE(index, 0);
+      ASSERT_LT(index, 8);
+      // The number's position decodes back to the element.
+      EXPECT_EQ(row_base + 8 * (index >> 2), row);
+      EXPECT_EQ(col_base + 8 * ((index >> 1) & 1) + (index & 1), col);
+      sets.insert({row_base, col_base});
+      numbers.insert({row_base, col_base, index});
+    }
+  EXPECT_EQ(sets.size(), 32u);      // 256 elements / 8 per draw
+  EXPECT_EQ(numbers.size(), 256u);  // no element shares a number
+}
+
+TEST(DropoutRule, ThresholdAndScale) {
+  const DropoutRule off = DropoutRule::with_probability(0.0, 1, 2);
+  EXPECT_FALSE(off.enabled());
+  const DropoutRule rule = DropoutRule::with_probability(0.1, 1, 2);
+  EXPECT_TRUE(rule.enabled());
+  EXPECT_EQ(rule.keep_threshold, 58982u);  // round(0.9 * 65536)
+  EXPECT_FLOAT_EQ(rule.inverse_keep, static_cast<float>(1.0 / 0.9));
+}
+
+// The kept fraction over 2^20 elements lies within 6 standard deviations of 1 - p,
+// for each p; different offsets and heads give different masks.
+TEST(DropoutRule, KeepRateIsBinomial) {
+  for (double p : {0.1, 0.5, 0.9}) {
+    const DropoutRule rule = DropoutRule::with_probability(p, 0x1234567890abcdefULL, 77);
+    std::int64_t kept = 0, total = 0;
+    for (std::int64_t row = 0; row < 1024; ++row)
+      for (std::int64_t col = 0; col < 1024; ++col, ++total) kept += rule.keep(3, row, col);
+    const double expected = (1.0 - p) * static_cast<double>(total);
+    const double sigma = std::sqrt(static_cast<double>(total) * p * (1.0 - p));
+    EXPECT_NEAR(static_cast<double>(kept), expected, 6.0 * sigma) << "p = " << p;
+  }
+  const DropoutRule a = DropoutRule::with_probability(0.5, 9, 0), b = DropoutRule::with_probability(0.5, 9, 1);
+  int same_offset = 0, same_head = 0;
+  for (std::int64_t col = 0; col < 4096; ++col) {
+    same_offset += a.keep(0, 5, col) == b.keep(0, 5, col);
+    same_head += a.keep(0, 5, col) == a.keep(1, 5, col);
+  }
+  EXPECT_NEAR(same_offset, 2048, 6 * 32);  // independent masks agree half the time
+  EXPECT_NEAR(same_head, 2048, 6 * 32);
+}
+
+TEST(ScoreRule, PlainScaleSoftcapAndAlibi) {
+  ScoreRule plain;
+  plain.scale_log2 = 0.5f;
+  EXPECT_TRUE(plain.is_positive_scale());
+  EXPECT_FLOAT_EQ(plain.log2_score(3.0f, 10, 2), 1.5f);
+  EXPECT_FLOAT_EQ(plain.gradient_factor(3.0f), 1.0f);
+
+  ScoreRule rule;
+  const float scale = 0.25f, cap = 2.0f, slope = 0.125f, log2e = 1.44269504f;
+  rule.scale_log2 = scale * log2e;
+  rule.softcap_input_scale = scale / cap;
+  rule.softcap_log2 = cap * log2e;
+  rule.alibi_slope_log2 = slope * log2e;
+  rule.diagonal = 5;  // seqlen_k - seqlen_q
+  EXPECT_FALSE(rule.is_positive_scale());
+  const float dot = 3.0f;
+  // s = cap * tanh(scale * dot / cap) - slope * |row + 5 - col|, in log2 units.
+  for (std::int64_t col : {0, 7, 15, 30}) {
+    const double expected = (cap * std::tanh(scale * dot / cap) - slope * std::fabs(4.0 + 5.0 - static_cast<double>(col))) * log2e;
+    EXPECT_NEAR(rule.log2_score(dot, 4, col), expected, 1e-5) << col;
+  }
+  const double t = std::tanh(scale * dot / cap);
+  EXPECT_NEAR(rule.gradient_factor(dot), 1.0 - t * t, 1e-6);
+}
+
+}  // namespace
+}  // namespace flashattn
