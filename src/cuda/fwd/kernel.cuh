@@ -200,8 +200,8 @@ __global__ void __launch_bounds__(kWarpsArg * 32, kMinBlocksArg)
   // Scores stay raw q.k until the exponent: 2^(s * exp_scale - m) is one FFMA + one
   // MUFU per element (the scale is > 0, so the max commutes with it). Softcap and
   // ALiBi do not commute with the max: there the score rule maps the scores to log2
-  // units first. Both features are runtime-uniform branches, so the default path
-  // keeps its instructions and registers.
+  // units first. Both features are runtime-uniform branches: no extra instantiations
+  // (the backward needs a plain one; here ptxas shows no systematic cost, TUNING.md).
   const bool is_positive_scale = params.score_is_positive_scale();
   const float exp_scale = is_positive_scale ? params.softmax_scale_log2 : 1.0f;
   const bool has_dropout = params.has_dropout();
