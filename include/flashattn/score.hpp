@@ -40,9 +40,11 @@ struct ScoreRule {
   // The score of (dot, row, column), log2 units. `distance` = row + diagonal − column,
   // which kernels keep as a 32-bit integer per element (one add from a per-row base).
   FLASHATTN_HOST_DEVICE float log2_score_at(float dot, std::int64_t distance) const {
-    float score = log2_score_unbiased(dot);
-    if (has_bias()) score -= alibi_slope_log2 * fabsf(static_cast<float>(distance));
-    return score;
+    return with_bias(log2_score_unbiased(dot), distance);
+  }
+  // The ALiBi bias added to an unbiased log2 score.
+  FLASHATTN_HOST_DEVICE float with_bias(float unbiased_log2, std::int64_t distance) const {
+    return has_bias() ? unbiased_log2 - alibi_slope_log2 * fabsf(static_cast<float>(distance)) : unbiased_log2;
   }
   FLASHATTN_HOST_DEVICE float log2_score(float dot, std::int64_t row, std::int64_t col) const {
     return log2_score_at(dot, row + diagonal - col);
@@ -56,6 +58,17 @@ struct ScoreRule {
     if (!has_softcap()) return 1.0f;
     const float t = tanhf(dot * softcap_input_scale);
     return 1.0f - t * t;
+  }
+  // log2_score_at and gradient_factor together with one tanh (the backward pass needs
+  // both per element; the compiler does not merge the two tanhf calls).
+  struct ScoreAndGradient {
+    float log2_score;
+    float gradient_factor;
+  };
+  FLASHATTN_HOST_DEVICE ScoreAndGradient log2_score_and_gradient_at(float dot, std::int64_t distance) const {
+    if (!has_softcap()) return {with_bias(dot * scale_log2, distance), 1.0f};
+    const float t = tanhf(dot * softcap_input_scale);
+    return {with_bias(t * softcap_log2, distance), 1.0f - t * t};
   }
 
   // The ALiBi bias in natural-log units, for the float64 reference.

@@ -17,3 +17,6 @@ target_link_libraries(test_cuda_backward_hopper PRIVATE CUDA::cudart_static)
 # GPU under a capped limit; FA2-class kernels only.
 flashattn_add_test(test_cuda_backward_small_smem test_backward_small_smem.cpp)
 target_link_libraries(test_cuda_backward_small_smem PRIVATE CUDA::cudart_static)
+# The sm80 backward kernels with ALiBi and dropout (the Hopper backward switched off).
+flashattn_add_test(test_cuda_backward_variants test_backward_variants.cpp)
+target_link_libraries(test_cuda_backward_variants PRIVATE CUDA::cudart_static)

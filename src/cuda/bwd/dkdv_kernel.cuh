@@ -1,10 +1,14 @@
 // src/cuda/bwd/dkdv_kernel.cuh — the main backward kernel (FA2 structure, mma.sync).
 //
-// For one (sequence, head) with P = exp(S - LSE), S = scale * Q K^T (softcap:
-// S = c * tanh(scale * Q K^T / c)):
-//   D  = rowsum(dO ∘ O)                  (preprocess, pre_post.cu)
-//   dV = P^T dO        dP = dO V^T       dS = P ∘ (dP - D)   (softcap: ∘ (1 - tanh²))
+// For one (sequence, head) with P = exp(S - LSE), S = ScoreRule(scale * Q K^T)
+// (flashattn/score.hpp: softcap S = c * tanh(scale * Q K^T / c), ALiBi bias) and the
+// dropout keep mask Z (flashattn/dropout.hpp; Z = 1 without dropout, 1/(1-p) = 1):
+//   D  = rowsum(dO ∘ O)                  (preprocess, pre_post.cu; O already dropped)
+//   dV = (P ∘ Z)^T dO / (1-p)            dP = dO V^T
+//   dS = P ∘ (Z ∘ dP / (1-p) - D)        (softcap: ∘ (1 - tanh²), ScoreRule::gradient_factor)
 //   dK = scale * dS^T Q                  dQ = scale * dS K
+// S and dP are held as S (rows = queries, columns = keys) in m16n8 C fragments, so the
+// score and dropout hooks see the same layout as the forward's (common/fragment.cuh).
 //
 // One CTA per (key block, kv head, sequence). K and V of the block stay in shared
 // memory, dK and dV in registers; the CTA walks every (query head of the GQA group,
@@ -25,6 +29,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "flashattn/mask.hpp"
 #include "flashattn/online_softmax.hpp"
@@ -34,6 +39,7 @@
 #include "src/cuda/bwd/fragment_address.hpp"
 #include "src/cuda/bwd/tile_config.hpp"
 #include "src/cuda/bwd/workspace.hpp"
+#include "src/cuda/common/fragment.cuh"
 #include "src/cuda/common/numeric.cuh"
 #include "src/cuda/common/swizzle.cuh"
 #include "src/cuda/ptx/bulk_reduce.cuh"
@@ -135,8 +141,8 @@ __device__ __forceinline__ void load_fragment_trans(std::uint32_t (&r)[2][2], st
   ptx::ldmatrix_x4_trans(r[0][0], r[0][1], r[1][0], r[1][1], address);
 }
 
-// P = exp2(S * scale_log2 - LSE) in place, before the element mask (without softcap:
-// the exponentials then overlap the dP product). Rows past the sequence have
+// P = exp2(S * scale_log2 - LSE) in place, before the element mask, on the plain path
+// (the exponentials then overlap the dP product). Rows past the sequence have
 // LSE = +inf: P = 0.
 template <class T>
 __device__ __forceinline__ void exponentiate(float (&s)[T::kSdpMTiles][T::kSdpNTiles][4], const BackwardParams& params,
@@ -155,60 +161,99 @@ __device__ __forceinline__ void exponentiate(float (&s)[T::kSdpMTiles][T::kSdpNT
     }
 }
 
-// From a warp's S (softcap: raw Q K^T; else P from exponentiate) and dP = dO V^T
-// fragments: P with the element mask, dS = P ∘ (dP - D) (softcap: ∘ (1 - tanh²)),
-// both written to shared memory as Element (P only if kWritesP: the dQ kernel needs dS alone).
-template <class T, bool kHasSoftcap, bool kWritesP = true>
+// From a warp's S (kIsPlain: P from exponentiate; else raw Q K^T, mapped here by the
+// score rule of (sequence b, query head h_q)) and dP = dO V^T fragments: P with the
+// element mask and dropout, dS = P ∘ (Z ∘ dP / (1-p) - D) ∘ gradient factor, both written
+// to shared memory as Element (P only if kWritesP: the dQ kernel needs dS alone). The
+// written P is P ∘ Z, unscaled: dV takes the 1/(1-p) at its store.
+template <class T, bool kIsPlain, bool kWritesP = true>
 __device__ __forceinline__ void write_p_and_ds(const float (&s)[T::kSdpMTiles][T::kSdpNTiles][4],
                                                const float (&dp)[T::kSdpMTiles][T::kSdpNTiles][4],
-                                               const BackwardParams& params, const MaskRule& mask, bool needs_mask,
-                                               std::int64_t m0, std::int64_t n0, const float* lse_tile,
-                                               const float* dsum_tile, int warp_m0, int warp_n0, int lane,
-                                               typename T::Element* p_tile, typename T::Element* ds_tile) {
+                                               const BackwardParams& params, std::int64_t b, std::int64_t h_q,
+                                               const MaskRule& mask, bool needs_mask, std::int64_t m0, std::int64_t n0,
+                                               const float* lse_tile, const float* dsum_tile, int warp_m0, int warp_n0,
+                                               int lane, typename T::Element* p_tile, typename T::Element* ds_tile) {
   using Element = typename T::Element;
   using ScoreTile = typename T::ScoreTile;
   const int group = lane / 4, quad_lane = lane % 4;
-  const float softcap_input_scale = kHasSoftcap ? params.softmax_scale / params.softcap : 0.0f;
-  const float softcap_scale_log2 = params.softcap * static_cast<float>(online_softmax::kLog2e);
+  // Built per tile (the ALiBi slope and the dropout seed may be loads): nothing of
+  // them stays live across the kernel's loop.
+  ScoreRule score_rule;
+  if constexpr (!kIsPlain) score_rule = params.score_of(b, h_q, mask);
+  // One body, compiled with and without dropout (a uniform branch).
+  auto write_rows = [&](auto has_dropout) {
+    constexpr bool kHasDropout = decltype(has_dropout)::value;
+    [[maybe_unused]] DropoutRule dropout;
+    [[maybe_unused]] std::uint32_t batch_head = 0;
+    if constexpr (kHasDropout) dropout = params.dropout(), batch_head = params.dropout_head(b, h_q);
 #pragma unroll
-  for (int mi = 0; mi < T::kSdpMTiles; ++mi)
+    for (int mi = 0; mi < T::kSdpMTiles; ++mi) {
+      // Keep bits of this lane's elements of the (16, kSdpWarpCols) block at sequence
+      // row m0 + warp_m0 + 16 mi (+ group, half 0), bit 4j + 2 half + e.
+      [[maybe_unused]] std::uint32_t keep = 0;
+      if constexpr (kHasDropout)
+        keep = fragment::dropout_keep_bits<T::kSdpNTiles>(dropout, batch_head, m0 + warp_m0 + mi * 16 + group,
+                                                          n0 + warp_n0);
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int row = warp_m0 + mi * 16 + group + 8 * half;
-      const float lse_log2 = lse_tile[row];
-      const float dsum = dsum_tile[row];
-      int begin = 0, end = T::kBlockN;
-      if (needs_mask) {
-        // Allowed columns of this row relative to n0 (col_end <= seqlen_k covers the key tail).
-        begin = static_cast<int>(MaskRule::clamp(mask.col_begin(m0 + row) - n0, 0, T::kBlockN));
-        end = static_cast<int>(MaskRule::clamp(mask.col_end(m0 + row) - n0, 0, T::kBlockN));
-      }
-#pragma unroll
-      for (int j = 0; j < T::kSdpNTiles; ++j) {
-        const int col = warp_n0 + 8 * j + 2 * quad_lane;
-        float p[2], ds[2];
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          if constexpr (kHasSoftcap) {
-            const float capped = tanhf(s[mi][j][2 * half + e] * softcap_input_scale);
-            p[e] = ptx::exp2_approx_ftz(capped * softcap_scale_log2 - lse_log2);
-            if (col + e < begin || col + e >= end) p[e] = 0.0f;
-            ds[e] = p[e] * (dp[mi][j][2 * half + e] - dsum) * (1.0f - capped * capped);
-          } else {
-            p[e] = s[mi][j][2 * half + e];
-            if (col + e < begin || col + e >= end) p[e] = 0.0f;
-            ds[e] = p[e] * (dp[mi][j][2 * half + e] - dsum);
-          }
+      for (int half = 0; half < 2; ++half) {
+        const int row = warp_m0 + mi * 16 + group + 8 * half;
+        const float dsum = dsum_tile[row];
+        int begin = 0, end = T::kBlockN;
+        if (needs_mask) {
+          // Allowed columns of this row relative to n0 (col_end <= seqlen_k covers the key tail).
+          begin = static_cast<int>(MaskRule::clamp(mask.col_begin(m0 + row) - n0, 0, T::kBlockN));
+          end = static_cast<int>(MaskRule::clamp(mask.col_end(m0 + row) - n0, 0, T::kBlockN));
         }
-        const int offset = ScoreTile::offset(row, col);
-        if constexpr (kWritesP) *reinterpret_cast<std::uint32_t*>(p_tile + offset) = pack_pair<Element>(p[0], p[1]);
-        *reinterpret_cast<std::uint32_t*>(ds_tile + offset) = pack_pair<Element>(ds[0], ds[1]);
+        // The score rule's row inputs: the LSE and the ALiBi distance of (row, column n0),
+        // 32-bit from here on (one subtract per element).
+        [[maybe_unused]] float lse_log2 = 0.0f;
+        [[maybe_unused]] int distance0 = 0;
+        if constexpr (!kIsPlain) lse_log2 = lse_tile[row], distance0 = static_cast<int>(score_rule.distance(m0 + row, n0));
+#pragma unroll
+        for (int j = 0; j < T::kSdpNTiles; ++j) {
+          const int col = warp_n0 + 8 * j + 2 * quad_lane;
+          float p[2], ds[2];
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            [[maybe_unused]] float gradient_factor = 1.0f;
+            if constexpr (kIsPlain) {
+              p[e] = s[mi][j][2 * half + e];
+            } else {
+              const ScoreRule::ScoreAndGradient score =
+                  score_rule.log2_score_and_gradient_at(s[mi][j][2 * half + e], distance0 - (col + e));
+              p[e] = ptx::exp2_approx_ftz(score.log2_score - lse_log2);
+              gradient_factor = score.gradient_factor;
+            }
+            if (col + e < begin || col + e >= end) p[e] = 0.0f;
+            float dp_kept = dp[mi][j][2 * half + e];
+            if constexpr (kHasDropout) {
+              const bool is_kept = (keep >> (4 * j + 2 * half + e)) & 1u;
+              dp_kept = is_kept ? dp_kept * dropout.inverse_keep : 0.0f;
+              ds[e] = p[e] * (dp_kept - dsum);
+              if (!is_kept) p[e] = 0.0f;  // P ∘ Z for dV
+            } else {
+              ds[e] = p[e] * (dp_kept - dsum);
+            }
+            if constexpr (!kIsPlain) ds[e] *= gradient_factor;
+          }
+          const int offset = ScoreTile::offset(row, col);
+          if constexpr (kWritesP) *reinterpret_cast<std::uint32_t*>(p_tile + offset) = pack_pair<Element>(p[0], p[1]);
+          *reinterpret_cast<std::uint32_t*>(ds_tile + offset) = pack_pair<Element>(ds[0], ds[1]);
+        }
       }
     }
+  };
+  if constexpr (kIsPlain) {
+    write_rows(std::false_type{});
+  } else if (params.has_dropout()) {
+    write_rows(std::true_type{});
+  } else {
+    write_rows(std::false_type{});
+  }
 }
 
 // One CTA's work (dkdv_kernel below).
-template <class T, bool kHasSoftcap>
+template <class T, bool kIsPlain>
 __device__ __forceinline__ void dkdv_block(const BackwardParams& params, const Workspace& workspace, int num_n_blocks,
                                            bool is_aligned) {
   using Element = typename T::Element;
@@ -352,15 +397,15 @@ __device__ __forceinline__ void dkdv_block(const BackwardParams& params, const W
         [&](int kk, int nj, auto& r) { load_fragment(r, k_as_b.at(16 * nj, 2 * kk)); });
     const float* lse_tile = lse_smem + stage * kBlockM;
     const float* dsum_tile = dsum_smem + stage * kBlockM;
-    if constexpr (!kHasSoftcap) exponentiate<T>(s, params, lse_tile, sdp_m0, lane);
+    if constexpr (kIsPlain) exponentiate<T>(s, params, lse_tile, sdp_m0, lane);
     warp_gemm<kHeadSteps, T::kSdpMTiles, T::kSdpNTiles, kIsBf16, T::kPrefetch>(
         dp, [&](int kk, int mi, auto& r) { load_fragment(r, q_as_a.at(16 * mi, 2 * kk) + stage_bytes + kDoMinusQ); },
         [&](int kk, int nj, auto& r) { load_fragment(r, k_as_b.at(16 * nj, 2 * kk) + kVMinusK); });
 
     const std::int64_t q_rows_end = m0 + kBlockM < seqlen_q ? m0 + kBlockM : seqlen_q;
     const bool needs_mask = n0 + kBlockN > seqlen_k || !mask.tile_fully_allowed(m0, q_rows_end, n0, n0 + kBlockN);
-    write_p_and_ds<T, kHasSoftcap>(s, dp, params, mask, needs_mask, m0, n0, lse_tile, dsum_tile, sdp_m0, sdp_n0, lane,
-                                   p_smem, ds_smem);
+    write_p_and_ds<T, kIsPlain>(s, dp, params, b, step_head(step), mask, needs_mask, m0, n0, lse_tile, dsum_tile,
+                                     sdp_m0, sdp_n0, lane, p_smem, ds_smem);
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     // The TMA has read the previous step's staging tile before anyone rewrites it.
     if (kUsesStaging && has_dq && warp == 0) ptx::bulk_wait_group_read<0>();
@@ -434,6 +479,8 @@ __device__ __forceinline__ void dkdv_block(const BackwardParams& params, const W
 #endif
   }
 
+  // P was written as P ∘ Z: dV = (P ∘ Z)^T dO / (1 - p).
+  const float dv_scale = !kIsPlain && params.has_dropout() ? params.dropout_inverse_keep : 1.0f;
 #pragma unroll
   for (int mi = 0; mi < T::kKvMTiles; ++mi) {
     store_fragment_tile<Element, T::kKvNTiles>(
@@ -441,16 +488,19 @@ __device__ __forceinline__ void dkdv_block(const BackwardParams& params, const W
         static_cast<Element*>(params.dk) + params.dk_offset(b, h_kv) + n0 * params.dk_row_stride,
         params.dk_row_stride, kv_n0 + 16 * mi, kv_d0, kv_rows, head_dim, is_aligned, lane);
     store_fragment_tile<Element, T::kKvNTiles>(
-        dv[mi], 1.0f, static_cast<Element*>(params.dv) + params.dv_offset(b, h_kv) + n0 * params.dv_row_stride,
+        dv[mi], dv_scale, static_cast<Element*>(params.dv) + params.dv_offset(b, h_kv) + n0 * params.dv_row_stride,
         params.dv_row_stride, kv_n0 + 16 * mi, kv_d0, kv_rows, head_dim, is_aligned, lane);
   }
 }
 
-// kHasSoftcap: a template parameter so that without softcap the exponentials and the
-// dP product share one basic block (the compiler interleaves them).
+// kIsPlain (no softcap, no ALiBi, no dropout: is_plain_backward): a template parameter
+// so that on this default path the exponentials and the dP product share one basic
+// block (the compiler interleaves them) and no feature code competes for its
+// registers (the kernels sit at 255). The other instantiation runs every variant:
+// the score rule per element, dropout as a uniform runtime branch.
 // Staged dQ (config dq_atomics = false) needs the sm_90 bulk reductions: for older
 // targets its body is not compiled and traps; select.hpp never picks it there.
-template <class T, bool kHasSoftcap>
+template <class T, bool kIsPlain>
 __global__ void __launch_bounds__(T::kThreads, 1)
     dkdv_kernel(const __grid_constant__ BackwardParams params, const Workspace workspace, int num_n_blocks,
                 bool is_aligned) {
@@ -460,7 +510,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   constexpr bool kIsCompiled = true;
 #endif
   if constexpr (kIsCompiled) {
-    dkdv_block<T, kHasSoftcap>(params, workspace, num_n_blocks, is_aligned);
+    dkdv_block<T, kIsPlain>(params, workspace, num_n_blocks, is_aligned);
   } else {
     __trap();
   }

@@ -9,7 +9,8 @@
 // fragment prefetch. Q, dO, LSE and D stay in shared memory for the whole CTA; K and V
 // of the next step stream in through cp.async during this one. One step:
 //   S = Q K^T, dP = dO V^T     registers, warp grid over (block_m, block_n)
-//   dS -> shared memory         (the element mask only on boundary tiles)
+//   dS -> shared memory         (the element mask only on boundary tiles; score rule and
+//                                dropout as in dkdv_kernel's write_p_and_ds)
 //   dQ += dS K                  warp grid over (block_m, head_dim), ldmatrix.trans for K
 #pragma once
 
@@ -28,8 +29,8 @@
 
 namespace flashattn::cuda::bwd {
 
-// kHasSoftcap: a template parameter, as in dkdv_kernel.
-template <class T, bool kHasSoftcap>
+// kIsPlain: a template parameter, as in dkdv_kernel.
+template <class T, bool kIsPlain>
 __global__ void __launch_bounds__(T::kThreads, 1)
     dq_kernel(const __grid_constant__ BackwardParams params, const Workspace workspace, int num_m_blocks,
               bool is_aligned) {
@@ -133,13 +134,13 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     warp_gemm<kHeadSteps, T::kSdpMTiles, T::kSdpNTiles, kIsBf16, T::kPrefetch>(
         s, [&](int kk, int mi, auto& r) { load_fragment(r, q_as_a.at(16 * mi, 2 * kk)); },
         [&](int kk, int nj, auto& r) { load_fragment(r, k_as_b.at(16 * nj, 2 * kk) + stage_bytes); });
-    if constexpr (!kHasSoftcap) exponentiate<T>(s, params, lse_smem, sdp_m0, lane);
+    if constexpr (kIsPlain) exponentiate<T>(s, params, lse_smem, sdp_m0, lane);
     warp_gemm<kHeadSteps, T::kSdpMTiles, T::kSdpNTiles, kIsBf16, T::kPrefetch>(
         dp, [&](int kk, int mi, auto& r) { load_fragment(r, q_as_a.at(16 * mi, 2 * kk) + kDoMinusQ); },
         [&](int kk, int nj, auto& r) { load_fragment(r, k_as_b.at(16 * nj, 2 * kk) + stage_bytes + kVMinusK); });
     const bool needs_mask = n0 + kBlockN > seqlen_k || !mask.tile_fully_allowed(m0, m0 + q_rows, n0, n0 + kBlockN);
-    write_p_and_ds<T, kHasSoftcap, false>(s, dp, params, mask, needs_mask, m0, n0, lse_smem, dsum_smem, sdp_m0, sdp_n0,
-                                          lane, nullptr, ds_smem);
+    write_p_and_ds<T, kIsPlain, false>(s, dp, params, b, h_q, mask, needs_mask, m0, n0, lse_smem, dsum_smem,
+                                            sdp_m0, sdp_n0, lane, nullptr, ds_smem);
     __syncthreads();
 
     // dQ += dS K: (kDqWarpRows, kDqWarpCols) per warp, depth kBlockN

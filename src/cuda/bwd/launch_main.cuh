@@ -37,12 +37,18 @@ void allow_shared_memory(Kernel kernel, std::size_t bytes) {
   FLASHATTN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
 }
 
+// The plain path (no softcap, no ALiBi, no dropout) has its own instantiation of each
+// kernel; every other variant runs the general one (dkdv_kernel.cuh).
+inline bool is_plain_backward(const BackwardParams& params) {
+  return params.score_is_positive_scale() && !params.has_dropout();
+}
+
 template <class T>
 void launch_dkdv(const BackwardParams& params, const Workspace& workspace, bool is_aligned, cudaStream_t stream) {
   const std::int64_t num_n_blocks = (params.seqlen_k + T::kBlockN - 1) / T::kBlockN;
   const unsigned int dkdv_grid = flat_grid(num_n_blocks, params.heads_kv, params.batch);
   if (dkdv_grid == 0) return;
-  const auto kernel = params.has_softcap() ? dkdv_kernel<T, true> : dkdv_kernel<T, false>;
+  const auto kernel = is_plain_backward(params) ? dkdv_kernel<T, true> : dkdv_kernel<T, false>;
   allow_shared_memory(kernel, T::kSmemBytes);
   kernel<<<dkdv_grid, T::kThreads, T::kSmemBytes, stream>>>(params, workspace, static_cast<int>(num_n_blocks),
                                                             is_aligned);
@@ -54,7 +60,7 @@ void launch_dq(const BackwardParams& params, const Workspace& workspace, bool is
   const std::int64_t num_m_blocks = (params.seqlen_q + D::kBlockM - 1) / D::kBlockM;
   const unsigned int dq_grid = flat_grid(num_m_blocks, params.heads_q, params.batch);
   if (dq_grid == 0) return;
-  const auto kernel = params.has_softcap() ? dq_kernel<D, true> : dq_kernel<D, false>;
+  const auto kernel = is_plain_backward(params) ? dq_kernel<D, true> : dq_kernel<D, false>;
   allow_shared_memory(kernel, D::kDqSmemBytes);
   kernel<<<dq_grid, D::kThreads, D::kDqSmemBytes, stream>>>(params, workspace, static_cast<int>(num_m_blocks),
                                                             is_aligned);

@@ -19,6 +19,14 @@ namespace flashattn::cuda::fragment {
 
 __device__ __forceinline__ int quad_lane() { return static_cast<int>(threadIdx.x % 4); }
 
+// The sm80 kernels keep a row block of accumulators as kNTiles mma C fragments,
+// float[kNTiles][4] (what mma_m16n8k16 takes); these are the same registers as the
+// flat float[4 * kNTiles] fragment the hooks below take.
+template <int kNTiles>
+__device__ __forceinline__ float (&flat(float (&tiles)[kNTiles][4]))[4 * kNTiles] {
+  return *reinterpret_cast<float(*)[4 * kNTiles]>(&tiles);
+}
+
 // Calls f(value&, half, column in block) for each element the lane holds.
 template <int kNTiles, class F>
 __device__ __forceinline__ void for_each(float (&acc)[4 * kNTiles], F&& f) {

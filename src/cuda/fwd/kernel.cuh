@@ -6,12 +6,13 @@
 //   for each key block j (reverse order, see below), K_j/V_j streamed through a
 //   kStages-deep cp.async ring in shared memory:
 //     S   = Q K_j^T                       tensor cores, fp32 accumulators
-//     (softcap: S = softcap * tanh(S * scale / softcap))
+//     (softcap/ALiBi: S = ScoreRule::log2_score(S, row, col), flashattn/score.hpp)
 //     S   = -inf where MaskRule forbids   only on boundary blocks (tile_fully_allowed)
 //     m   = max(m, rowmax S * c);  O *= 2^(m_old - m);  l = l * 2^(m_old - m) + rowsum P
 //     P   = 2^(S * c - m), c = scale * log2(e)   one FFMA + one ex2 per score
+//     (dropout: P = P ∘ Z, after l took the undropped sum; flashattn/dropout.hpp)
 //     O  += P V_j                          P never leaves registers
-//   O /= l, LSE = (m + log2 l) ln 2       one normalisation at the end
+//   O /= l (dropout: O /= (1 - p) too), LSE = (m + log2 l) ln 2   one normalisation at the end
 // The running (m, l) per row is online_softmax::State (the shared rule, -inf safe).
 //
 // Work split: warp w owns query rows [w * 16 * kMTiles, (w + 1) * 16 * kMTiles) of
@@ -44,6 +45,7 @@
 #include "flashattn/online_softmax.hpp"
 #include "src/core/params.hpp"
 #include "src/cuda/common/check.cuh"
+#include "src/cuda/common/fragment.cuh"
 #include "src/cuda/common/numeric.cuh"
 #include "src/cuda/common/swizzle.cuh"
 #include "src/cuda/fwd/tile_config.hpp"
@@ -196,12 +198,13 @@ __global__ void __launch_bounds__(kWarpsArg * 32, kMinBlocksArg)
   static_assert((16 / QTile::kRowsPerStep) % QTile::kSwizzleWidth == 0, "row_swizzle must repeat every 16 rows");
 
   // Scores stay raw q.k until the exponent: 2^(s * exp_scale - m) is one FFMA + one
-  // MUFU per element (the scale is > 0, so the max commutes with it). Softcap needs
-  // the scaled score inside tanh, so there the scores are mapped to log2 units first.
-  const bool has_softcap = params.has_softcap();
-  const float softcap_input_scale = has_softcap ? params.softmax_scale / params.softcap : 0.0f;
-  const float softcap_scale_log2 = params.softcap * static_cast<float>(online_softmax::kLog2e);
-  const float exp_scale = has_softcap ? 1.0f : params.softmax_scale_log2;
+  // MUFU per element (the scale is > 0, so the max commutes with it). Softcap and
+  // ALiBi do not commute with the max: there the score rule maps the scores to log2
+  // units first. Both features are runtime-uniform branches: no extra instantiations
+  // (the backward needs a plain one; here ptxas shows no systematic cost, TUNING.md).
+  const bool is_positive_scale = params.score_is_positive_scale();
+  const float exp_scale = is_positive_scale ? params.softmax_scale_log2 : 1.0f;
+  const bool has_dropout = params.has_dropout();
 
   float o[kMTiles][kDTiles][4] = {};                // (16 * kMTiles, kHeadDim) per warp, fp32
   online_softmax::State<float> row_state[kMTiles][2];  // rows group and group + 8 of each m16 tile;
@@ -244,13 +247,13 @@ __global__ void __launch_bounds__(kWarpsArg * 32, kMinBlocksArg)
       }
     }
 
-    if (has_softcap) {
+    if (!is_positive_scale) {
+      // Built per block, not per CTA: nothing of it stays live across the loop (the
+      // ALiBi slope is one cached load).
+      const ScoreRule score_rule = params.score_of(batch, head, mask);
 #pragma unroll
       for (int mi = 0; mi < kMTiles; ++mi)
-#pragma unroll
-        for (int ni = 0; ni < kNTiles; ++ni)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) s[mi][ni][e] = tanhf(s[mi][ni][e] * softcap_input_scale) * softcap_scale_log2;
+        fragment::apply_score_rule<kNTiles>(fragment::flat(s[mi]), score_rule, m0 + warp_row0 + mi * 16 + group, n0);
     }
 
     // Element mask only where the block crosses a mask edge or the end of the keys.
@@ -307,6 +310,16 @@ __global__ void __launch_bounds__(kWarpsArg * 32, kMinBlocksArg)
         }
       }
 
+    // Dropout on P: after l took the sum of the undropped P (the softmax normaliser),
+    // before P is packed for P V; 1/(1 - p) is folded into the final normalisation.
+    if (has_dropout) {
+      const DropoutRule dropout = params.dropout();  // per block, as the score rule
+      const std::uint32_t batch_head = params.dropout_head(batch, head);
+#pragma unroll
+      for (int mi = 0; mi < kMTiles; ++mi)
+        fragment::apply_dropout<kNTiles>(fragment::flat(s[mi]), dropout, batch_head, m0 + warp_row0 + mi * 16 + group, n0);
+    }
+
     // O += P V: the C fragments of P (two n8 tiles) are the A fragment of a k16 step;
     // packed to 16 bits right away, which also halves P's registers.
     std::uint32_t p[kMTiles][kBlockN / 16][4];  // (16 * kMTiles, kBlockN) per warp, A fragments
@@ -339,6 +352,7 @@ __global__ void __launch_bounds__(kWarpsArg * 32, kMinBlocksArg)
   ptx::cp_async_wait_group<0>();
   __syncthreads();  // every warp is done with shared memory: the Q tile becomes the O staging tile
   float* maybe_lse = params.maybe_lse;
+  const float dropout_scale = has_dropout ? params.dropout_inverse_keep : 1.0f;  // 1 / (1 - p)
 #pragma unroll
   for (int mi = 0; mi < kMTiles; ++mi)
 #pragma unroll
@@ -346,12 +360,12 @@ __global__ void __launch_bounds__(kWarpsArg * 32, kMinBlocksArg)
       online_softmax::State<float> state = row_state[mi][half];
       state.l += __shfl_xor_sync(0xffffffffu, state.l, 1);
       state.l += __shfl_xor_sync(0xffffffffu, state.l, 2);
-      const float inverse_sum = state.inverse_sum();
+      const float output_scale = state.inverse_sum() * dropout_scale;  // O only: the LSE is that of P
       const int tile_row = warp_row0 + mi * 16 + group + 8 * half;
 #pragma unroll
       for (int dt = 0; dt < kDTiles; ++dt) {
         const std::uint32_t packed =
-            pack_pair<T>(o[mi][dt][2 * half] * inverse_sum, o[mi][dt][2 * half + 1] * inverse_sum);
+            pack_pair<T>(o[mi][dt][2 * half] * output_scale, o[mi][dt][2 * half + 1] * output_scale);
         *reinterpret_cast<std::uint32_t*>(shared_q + QTile::offset(tile_row, dt * 8 + 2 * quad_lane)) = packed;
       }
       if (maybe_lse != nullptr && quad_lane == 0 && m0 + tile_row < seqlen_q)
