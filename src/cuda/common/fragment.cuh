@@ -105,29 +105,39 @@ __device__ __forceinline__ std::uint32_t dropout_keep_bits(const DropoutRule& ru
 // Calls f(index, log2 score, gradient factor) for each element of a fragment of raw
 // q·k (ScoreRule::log2_score_at and ::gradient_factor), for a backward pass that
 // needs both from one dot product: the score for P, the factor for dS. f may overwrite
-// dot[index] (the dot product is read first). Both rule calls see the same dot, so the
-// compiler computes softcap's tanh once for the two. kTransposed: the layout above
-// (row0 = key_row0, col0 = query_col0), else the plain one (row0 = query row of half 0,
-// col0 = the first key). The ALiBi distance (query + diagonal − key) is one 32-bit add
-// per element from a per-lane base.
+// dot[index] (the dot product is read first). kTransposed: the layout above (row0 =
+// key_row0, col0 = query_col0), else the plain one (row0 = query row of half 0, col0 =
+// the first key). The ALiBi distance (query + diagonal − key) is one 32-bit add per
+// element from a per-lane base.
 template <int kNTiles, bool kTransposed, class F>
 __device__ __forceinline__ void for_each_score(const float (&dot)[4 * kNTiles], const ScoreRule& rule,
                                                std::int64_t row0, std::int64_t col0, F&& f) {
   const int quad = quad_lane();
   // Distance of (half 0, column 0 of the block): plain, row0 is the query; transposed, col0 is.
   const int base = static_cast<int>(kTransposed ? col0 + rule.diagonal - row0 : row0 + rule.diagonal - col0);
+  auto visit = [&] {
 #pragma unroll
-  for (int j = 0; j < kNTiles; ++j)
+    for (int j = 0; j < kNTiles; ++j)
 #pragma unroll
-    for (int half = 0; half < 2; ++half)
+      for (int half = 0; half < 2; ++half)
 #pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int index = 4 * j + 2 * half + e;
-        const int offset = 8 * half - (8 * j + 2 * quad + e);  // (row − row0) − (column − col0)
-        const int distance = kTransposed ? base - offset : base + offset;
-        const float value = dot[index];
-        f(index, rule.log2_score_at(value, distance), rule.gradient_factor(value));
-      }
+        for (int e = 0; e < 2; ++e) {
+          const int index = 4 * j + 2 * half + e;
+          const int offset = 8 * half - (8 * j + 2 * quad + e);  // (row − row0) − (column − col0)
+          const int distance = kTransposed ? base - offset : base + offset;
+          const float value = dot[index];
+          f(index, rule.log2_score_at(value, distance), rule.gradient_factor(value));
+        }
+  };
+  // One copy per softcap state: inside each the compiler knows has_softcap(), so the
+  // score and the factor share one tanh (with the branch inside the element loop it
+  // computed tanh twice: PTX, 64 vs 32 rcp per 32 elements), and without softcap the
+  // factor folds to 1.
+  if (rule.has_softcap()) {
+    visit();
+  } else {
+    visit();
+  }
 }
 
 // dropout_keep_bits for the transposed layout: bit 4·j + 2·half + e = the decision of
