@@ -115,29 +115,27 @@ __device__ __forceinline__ void for_each_score(const float (&dot)[4 * kNTiles], 
   const int quad = quad_lane();
   // Distance of (half 0, column 0 of the block): plain, row0 is the query; transposed, col0 is.
   const int base = static_cast<int>(kTransposed ? col0 + rule.diagonal - row0 : row0 + rule.diagonal - col0);
-  auto visit = [&] {
 #pragma unroll
-    for (int j = 0; j < kNTiles; ++j)
+  for (int j = 0; j < kNTiles; ++j)
 #pragma unroll
-      for (int half = 0; half < 2; ++half)
+    for (int half = 0; half < 2; ++half)
 #pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int index = 4 * j + 2 * half + e;
-          const int offset = 8 * half - (8 * j + 2 * quad + e);  // (row − row0) − (column − col0)
-          const int distance = kTransposed ? base - offset : base + offset;
-          const float value = dot[index];
-          f(index, rule.log2_score_at(value, distance), rule.gradient_factor(value));
+      for (int e = 0; e < 2; ++e) {
+        const int index = 4 * j + 2 * half + e;
+        const int offset = 8 * half - (8 * j + 2 * quad + e);  // (row − row0) − (column − col0)
+        const int distance = kTransposed ? base - offset : base + offset;
+        const float value = dot[index];
+        // Both rule calls under one softcap test: the compiler then shares their tanh
+        // (with the tests apart it computed tanh twice: PTX, 64 vs 32 rcp per 32 elements).
+        float score, factor = 1.0f;
+        if (rule.has_softcap()) {
+          score = rule.log2_score_at(value, distance);
+          factor = rule.gradient_factor(value);
+        } else {
+          score = rule.log2_score_at(value, distance);
         }
-  };
-  // One copy per softcap state: inside each the compiler knows has_softcap(), so the
-  // score and the factor share one tanh (with the branch inside the element loop it
-  // computed tanh twice: PTX, 64 vs 32 rcp per 32 elements), and without softcap the
-  // factor folds to 1.
-  if (rule.has_softcap()) {
-    visit();
-  } else {
-    visit();
-  }
+        f(index, score, factor);
+      }
 }
 
 // dropout_keep_bits for the transposed layout: bit 4·j + 2·half + e = the decision of
