@@ -66,10 +66,13 @@ struct Case {
   float q_scale = 1.0f;
   std::int64_t dout_head_padding = 0;  // > 0: dout's heads strided apart (non-contiguous; 3 = unaligned)
   std::uint64_t seed = 1;
-  // ALiBi slopes: none, one per query head ([heads_q]) or one per (sequence, head) ([batch, heads_q]).
+  // ALiBi slopes: none, one per query head ([heads_q]) or one per (batch, head) ([batch, heads_q]).
   enum class Alibi { none, per_head, per_batch_head } alibi = Alibi::none;
+  // Dropout (flashattn/dropout.hpp); the seed and offset as host values or, with
+  // seed_offset_in_memory, in an int64 {seed, offset} tensor on the device.
   double dropout_p = 0.0;
   std::uint64_t dropout_seed = 0, dropout_offset = 0;
+  bool seed_offset_in_memory = false;
 
   std::string name() const {
     std::string s = std::string(dtype_name(dtype)) + " b" + std::to_string(batch) + " sq" + std::to_string(seqlen_q) +
@@ -83,10 +86,11 @@ struct Case {
     if (!varlen_q.empty()) s += " varlen";
     if (q_scale != 1.0f) s += " q*" + std::to_string(q_scale);
     if (dout_head_padding) s += " dout_pad" + std::to_string(dout_head_padding);
-    if (alibi != Alibi::none) s += alibi == Alibi::per_head ? " alibi[h]" : " alibi[b,h]";
+    if (alibi == Alibi::per_head) s += " alibi(head)";
+    if (alibi == Alibi::per_batch_head) s += " alibi(batch,head)";
     if (dropout_p > 0)
-      s += " dropout" + std::to_string(dropout_p) + " seed" + std::to_string(dropout_seed) + " offset" +
-           std::to_string(dropout_offset);
+      s += " dropout" + std::to_string(dropout_p) + "(seed " + std::to_string(dropout_seed) + ", offset " +
+           std::to_string(dropout_offset) + (seed_offset_in_memory ? ", in memory)" : ")");
     return s;
   }
 };
@@ -102,7 +106,8 @@ struct Problem {
   bool is_varlen = false;
   std::int64_t total_q = 0, total_k = 0, max_q = 0, max_k = 0;
   HostTensor q, k, v, out, dout, lse, cu_q, cu_k;
-  HostTensor alibi_slopes;  // float32 [heads_q] or [batch, heads_q] when c.alibi is set
+  HostTensor alibi_slopes;  // float32 [heads_q] or [batch, heads_q]; empty without ALiBi
+  HostTensor seed_offset;   // int64 {seed, offset}
   std::vector<std::int64_t> q_shape, k_shape, lse_shape;
 
   explicit Problem(const Case& test_case) : c(test_case) {
@@ -143,24 +148,27 @@ struct Problem {
     dout.fill_random(c.seed * 4 + 3);
     out = HostTensor(c.dtype, q_shape);
     lse = HostTensor(DType::float32, lse_shape);
+    // ALiBi's geometric slopes 2^(-8 (h + 1) / heads), varied per batch item (0.75 + b / 4)
+    // so that a kernel reading the wrong item's slope fails.
     if (c.alibi != Case::Alibi::none) {
-      // Geometric slopes 2^(-8 (h + 1) / heads) as ALiBi's paper, varied per sequence when [batch, heads].
-      const std::int64_t rows = c.alibi == Case::Alibi::per_head ? 1 : c.batch;
-      alibi_slopes = c.alibi == Case::Alibi::per_head ? HostTensor(DType::float32, {c.heads_q})
-                                                      : HostTensor(DType::float32, {c.batch, c.heads_q});
-      for (std::int64_t b = 0; b < rows; ++b)
+      const std::int64_t batches = c.alibi == Case::Alibi::per_batch_head ? (is_varlen ? std::int64_t(c.varlen_q.size()) : c.batch) : 1;
+      alibi_slopes = c.alibi == Case::Alibi::per_batch_head ? HostTensor(DType::float32, {batches, c.heads_q})
+                                                            : HostTensor(DType::float32, {c.heads_q});
+      for (std::int64_t b = 0; b < batches; ++b)
         for (std::int64_t h = 0; h < c.heads_q; ++h)
           alibi_slopes.set(b * c.heads_q + h, static_cast<float>(std::exp2(-8.0 * static_cast<double>(h + 1) /
                                                                            static_cast<double>(c.heads_q)) *
-                                                                 (1.0 + 0.25 * static_cast<double>(b))));
+                                                                 (c.alibi == Case::Alibi::per_batch_head ? 0.75 + 0.25 * b : 1.0)));
     }
+    seed_offset = HostTensor(DType::int64, {2});
+    set_dropout_seed_offset(c.dropout_seed, c.dropout_offset);
 
     // O and LSE from the float64 forward, O rounded to the dtype.
     ForwardArgs forward_args;
     forward_args.q = q.view(), forward_args.k = k.view(), forward_args.v = v.view(), forward_args.out = out.view();
     forward_args.maybe_lse = lse.view();
     forward_args.maybe_varlen = varlen(cu_q.view(), cu_k.view());
-    forward_args.options = options(alibi_view(alibi_slopes.data(), Device::cpu()));
+    forward_args.options = options();
     const AttentionParams params = validate_forward(forward_args);
     const cpu::ReferenceResult reference = cpu::reference_forward(params);
     for (std::int64_t i = 0; i < out.numel(); ++i) out.set(i, static_cast<float>(reference.out[static_cast<std::size_t>(i)]));
@@ -174,24 +182,31 @@ struct Problem {
       }
   }
 
-  // `slopes`: the ALiBi slopes on the device of the call (alibi_view), undefined without ALiBi.
-  AttentionOptions options(TensorView slopes = {}) const {
+  // The seed and offset of later runs (the host values and the tensor), keeping O and
+  // the LSE of the forward pass computed at construction.
+  void set_dropout_seed_offset(std::uint64_t seed, std::uint64_t offset) {
+    c.dropout_seed = seed, c.dropout_offset = offset;
+    static_cast<std::int64_t*>(seed_offset.data())[0] = static_cast<std::int64_t>(seed);
+    static_cast<std::int64_t*>(seed_offset.data())[1] = static_cast<std::int64_t>(offset);
+  }
+  // The options with the slopes and seed/offset tensors at `alibi_data`/`seed_offset_data`
+  // (the host tensors' copies on `device`); options() for the host tensors.
+  AttentionOptions options_on(const void* alibi_data, const void* seed_offset_data, Device device) const {
     AttentionOptions o;
     o.causal = c.causal;
     o.window_left = c.window_left;
     o.window_right = c.window_right;
     o.softcap = c.softcap;
     o.deterministic = c.deterministic;
-    o.maybe_alibi_slopes = slopes;
+    if (c.alibi != Case::Alibi::none)
+      o.maybe_alibi_slopes = on(alibi_slopes, const_cast<void*>(alibi_data), device);
     o.dropout_p = c.dropout_p;
     o.dropout_seed = c.dropout_seed;
     o.dropout_offset = c.dropout_offset;
+    if (c.seed_offset_in_memory) o.maybe_dropout_seed_offset = on(seed_offset, const_cast<void*>(seed_offset_data), device);
     return o;
   }
-  TensorView alibi_view(void* data, Device device) const {
-    if (c.alibi == Case::Alibi::none) return {};
-    return on(alibi_slopes, data, device);
-  }
+  AttentionOptions options() const { return options_on(alibi_slopes.data(), seed_offset.data(), Device::cpu()); }
   std::optional<VarlenArgs> varlen(TensorView cu_seqlens_q, TensorView cu_seqlens_k) const {
     if (!is_varlen) return std::nullopt;
     return VarlenArgs{cu_seqlens_q, cu_seqlens_k, max_q, max_k};
@@ -228,7 +243,7 @@ ReferencePair reference_gradients(Problem& p) {
   args.lse = p.lse.view();
   args.dq = dq.view(), args.dk = dk.view(), args.dv = dv.view();
   args.maybe_varlen = p.varlen(p.cu_q.view(), p.cu_k.view());
-  args.options = p.options(p.alibi_view(p.alibi_slopes.data(), Device::cpu()));
+  args.options = p.options();
   const BackwardParams params = validate_backward(args);
   return {cpu::reference_backward(params), cpu::naive_backward_in_precision(params, p.c.dtype)};
 }
@@ -240,7 +255,8 @@ std::vector<Gradients> run_cuda(Problem& p, int repeats) {
       v(p.v.data(), p.v.numel() * dtype_size(p.c.dtype)), out(p.out.data(), p.out.numel() * dtype_size(p.c.dtype)),
       dout(p.dout.data(), p.dout.numel() * dtype_size(p.c.dtype)), lse(p.lse.data(), p.lse.numel() * sizeof(float)),
       cu_q(p.cu_q.data(), p.cu_q.numel() * sizeof(std::int32_t)), cu_k(p.cu_k.data(), p.cu_k.numel() * sizeof(std::int32_t)),
-      alibi_slopes(p.alibi_slopes.data(), p.alibi_slopes.numel() * sizeof(float));
+      alibi_slopes(p.alibi_slopes.data(), p.alibi_slopes.numel() * sizeof(float)),
+      seed_offset(p.seed_offset.data(), p.seed_offset.numel() * sizeof(std::int64_t));
   std::vector<Gradients> results;
   for (int r = 0; r < repeats; ++r) {
     Gradients g{HostTensor(p.c.dtype, p.q_shape), HostTensor(p.c.dtype, p.k_shape), HostTensor(p.c.dtype, p.k_shape)};
@@ -255,7 +271,7 @@ std::vector<Gradients> run_cuda(Problem& p, int repeats) {
     args.dq = Problem::on(g.dq, dq.data(), gpu), args.dk = Problem::on(g.dk, dk.data(), gpu);
     args.dv = Problem::on(g.dv, dv.data(), gpu);
     args.maybe_varlen = p.varlen(Problem::on(p.cu_q, cu_q.data(), gpu), Problem::on(p.cu_k, cu_k.data(), gpu));
-    args.options = p.options(p.alibi_view(alibi_slopes.data(), gpu));
+    args.options = p.options_on(alibi_slopes.data(), seed_offset.data(), gpu);
     const std::size_t workspace_bytes = backward_workspace_bytes(args);
     DeviceCopy workspace(workspace_bytes);
     workspace.poison();  // the kernels must not rely on a zeroed workspace

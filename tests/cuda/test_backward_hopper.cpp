@@ -6,7 +6,12 @@
 // stability, and deterministic mode (dQ reductions ordered by key block: bitwise
 // repeatable, equal to the default mode up to summation order). On a GPU without the
 // kernel (or a build without it) the same cases run on the FA2-class kernel; the
-// dispatch test says which. Skips without a GPU.
+// dispatch test says which. ALiBi (slopes per head and per (batch, head)) and dropout
+// (p = 0.1, 0.5) on both kernels: against the oracle computed with the same slopes and
+// the same seed/offset (a run with another seed is checked to be far outside the
+// tolerance, so passing proves the regenerated mask equals the forward's bit for bit),
+// repeatable bitwise, the seed/offset read from memory equal to the host values.
+// Skips without a GPU.
 #include "tests/cuda/backward_case.hpp"
 
 #include <memory>
@@ -276,6 +281,142 @@ TEST_F(CudaBackwardHopper, DeterministicModeManyWaves) {
       c.deterministic = true, c.batch = 30, c.heads_q = 4, c.heads_kv = 4;
       check_deterministic(c, 5, false);
     }
+}
+
+// ---- ALiBi and dropout -------------------------------------------------------------
+
+Case variant_case(DType dtype, std::int64_t seqlen_q, std::int64_t seqlen_k, std::int64_t head_dim, Case::Alibi alibi,
+                  double dropout_p) {
+  Case c = hopper_case(dtype, seqlen_q, seqlen_k, false, head_dim);
+  c.alibi = alibi, c.dropout_p = dropout_p;
+  c.dropout_seed = 0x1234'5678'9abc'def0ULL + static_cast<std::uint64_t>(seqlen_q);
+  c.dropout_offset = 0x2'0000'0040ULL;  // high word set: both halves reach the generator
+  return c;
+}
+
+// How far `ours` is from the oracle, in units of the tolerance of expect_close (> 1: fails).
+double error_over_tolerance(const HostTensor& ours, const std::vector<double>& exact, const std::vector<double>& lowprec) {
+  double error = 0, lowprec_error = 0, magnitude = 0;
+  for (std::int64_t i = 0; i < ours.numel(); ++i) {
+    const double ref = exact[static_cast<std::size_t>(i)];
+    error = std::max(error, std::abs(ours.get(i) - ref));
+    lowprec_error = std::max(lowprec_error, std::abs(lowprec[static_cast<std::size_t>(i)] - ref));
+    magnitude = std::max(magnitude, std::abs(ref));
+  }
+  return error / (3 * lowprec_error + 1e-4 * std::max(1.0, magnitude));
+}
+
+// The case against the oracle; with dropout also: the same inputs under another seed
+// are far outside the tolerance (so the mask agreement is what the check measures).
+void check_variant_case(const Case& c) {
+  SCOPED_TRACE(c.name());
+  check_case(c);
+  if (c.dropout_p == 0.0) return;
+  Problem p(c);
+  const ReferencePair ref = reference_gradients(p);
+  Problem other_seed = p;
+  other_seed.set_dropout_seed_offset(c.dropout_seed ^ 1, c.dropout_offset);
+  const std::vector<Gradients> runs = run_cuda(other_seed, 1);
+  EXPECT_GT(error_over_tolerance(runs[0].dv, ref.exact.dv, ref.lowprec.dv), 3.0)
+      << "dv under another dropout seed is within the tolerance of this seed's oracle: the test cannot see the mask";
+}
+
+TEST_F(CudaBackwardHopper, AlibiMatchesTheOracle) {
+  using Alibi = Case::Alibi;
+  for (std::int64_t d : kHeadDims)
+    for (Alibi alibi : {Alibi::per_head, Alibi::per_batch_head})
+      for (bool causal : {false, true})
+        for (auto [sq, sk] : {std::pair<std::int64_t, std::int64_t>{113, 203}, {203, 113}}) {
+          Case c = variant_case(d == 128 ? DType::bfloat16 : DType::float16, sq, sk, d, alibi, 0.0);
+          c.causal = causal, c.heads_q = 4, c.heads_kv = 4;
+          check_variant_case(c);
+        }
+  for (std::int64_t d : kHeadDims) {
+    // GQA (slopes per query head), a window, softcap (the bias after the cap).
+    Case c = variant_case(DType::bfloat16, 150, 230, d, Alibi::per_batch_head, 0.0);
+    c.heads_q = 6, c.heads_kv = 2;
+    check_variant_case(c);
+    c.window_left = 40, c.window_right = 10;
+    check_variant_case(c);
+    c.window_left = c.window_right = -1, c.softcap = 5.0, c.q_scale = 3.0f, c.causal = true;
+    check_variant_case(c);
+  }
+  for (std::int64_t d : kHeadDims) {
+    Case c = variant_case(DType::float16, 0, 0, d, Alibi::per_batch_head, 0.0);
+    c.varlen_q = {0, 1, 70, 129, 5, 0, 200};
+    c.varlen_k = {3, 1, 200, 64, 0, 0, 190};
+    c.batch = 7, c.heads_q = 4, c.heads_kv = 2, c.causal = d == 64;
+    check_variant_case(c);
+  }
+}
+
+TEST_F(CudaBackwardHopper, DropoutMatchesTheOracle) {
+  for (std::int64_t d : kHeadDims)
+    for (double p : {0.1, 0.5})
+      for (bool causal : {false, true})
+        for (auto [sq, sk] : {std::pair<std::int64_t, std::int64_t>{113, 203}, {203, 113}}) {
+          Case c = variant_case(d == 128 ? DType::bfloat16 : DType::float16, sq, sk, d, Case::Alibi::none, p);
+          c.causal = causal;
+          check_variant_case(c);
+        }
+  for (std::int64_t d : kHeadDims) {
+    // GQA, window, softcap, ALiBi with dropout, the seed/offset from device memory.
+    Case c = variant_case(DType::bfloat16, 150, 230, d, Case::Alibi::none, 0.1);
+    c.heads_q = 6, c.heads_kv = 2;
+    check_variant_case(c);
+    c.window_left = 40, c.window_right = 10;
+    check_variant_case(c);
+    c.window_left = c.window_right = -1, c.softcap = 5.0, c.q_scale = 3.0f, c.causal = true;
+    check_variant_case(c);
+    c.softcap = 0.0, c.q_scale = 1.0f, c.alibi = Case::Alibi::per_head, c.dropout_p = 0.5;
+    check_variant_case(c);
+    c.seed_offset_in_memory = true;
+    check_variant_case(c);
+  }
+  for (std::int64_t d : kHeadDims) {
+    Case c = variant_case(DType::float16, 0, 0, d, Case::Alibi::none, 0.5);
+    c.varlen_q = {0, 1, 70, 129, 5, 0, 200};
+    c.varlen_k = {3, 1, 200, 64, 0, 0, 190};
+    c.batch = 7, c.heads_q = 4, c.heads_kv = 2, c.causal = d != 128;
+    check_variant_case(c);
+  }
+}
+
+// Same seed and offset: bitwise-identical gradients (dQ too in deterministic mode), and
+// the seed/offset read from device memory give the same bits as the host values.
+TEST_F(CudaBackwardHopper, DropoutIsBitwiseRepeatable) {
+  for (std::int64_t d : kHeadDims)
+    for (bool deterministic : {false, true}) {
+      Case c = variant_case(DType::bfloat16, 300, 257, d, Case::Alibi::none, 0.1);
+      c.causal = true, c.batch = 2, c.heads_q = 8, c.heads_kv = 2, c.deterministic = deterministic;
+      SCOPED_TRACE(c.name());
+      Problem p(c);
+      const std::vector<Gradients> runs = run_cuda(p, 3);
+      Problem in_memory = p;
+      in_memory.c.seed_offset_in_memory = true;
+      const std::vector<Gradients> from_memory = run_cuda(in_memory, 1);
+      for (const Gradients* g : {&runs[1], &runs[2], &from_memory[0]}) {
+        const char* which = g == &from_memory[0] ? "seed/offset from memory" : "a repeated run";
+        EXPECT_TRUE(g->dk.bitwise_equal(runs[0].dk)) << "dk differs in " << which;
+        EXPECT_TRUE(g->dv.bitwise_equal(runs[0].dv)) << "dv differs in " << which;
+        if (deterministic) EXPECT_TRUE(g->dq.bitwise_equal(runs[0].dq)) << "dq differs in " << which;
+      }
+      Problem other_offset = p;
+      other_offset.set_dropout_seed_offset(c.dropout_seed, c.dropout_offset + 1);
+      EXPECT_FALSE(run_cuda(other_offset, 1)[0].dv.bitwise_equal(runs[0].dv)) << "dv does not depend on the offset";
+    }
+}
+
+// Deterministic mode with ALiBi and dropout: bitwise repeatable, within the oracle's
+// tolerance, equal to the default mode up to dQ's summation order.
+TEST_F(CudaBackwardHopper, DeterministicModeWithAlibiAndDropout) {
+  for (std::int64_t d : kDeterministicHeadDims) {
+    Case c = variant_case(DType::bfloat16, 300, 257, d, Case::Alibi::per_batch_head, 0.1);
+    c.deterministic = true, c.causal = true, c.batch = 2, c.heads_q = 8, c.heads_kv = 2;
+    check_deterministic(c, 5, true);
+    c.causal = false, c.window_left = 70, c.window_right = 20, c.alibi = Case::Alibi::none, c.dropout_p = 0.5;
+    check_deterministic(c, 5, true);
+  }
 }
 
 }  // namespace

@@ -7,7 +7,8 @@ Usage: python3 hopper_bwd_anchors.py timing.csv > joined.csv
 
 Timing as bench/gpu/bench_attention.py: torch.autograd.grad of one SDPA output with
 a random dO, triton.testing.do_bench median (warmup 25 ms, rep 100 ms). Inputs are
-random normal (never zeros). FLOPs = 2.5 x forward, halved for causal.
+random normal (never zeros). FLOPs = 2.5 x forward, halved for causal. A dropout_p
+column (the timing tool's --dropout) runs SDPA with that dropout.
 """
 import csv
 import sys
@@ -20,13 +21,13 @@ from triton.testing import do_bench
 BACKENDS = {"fa2": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}
 
 
-def anchor_ms(backend, batch, heads, seqlen, head_dim, dtype, causal):
+def anchor_ms(backend, batch, heads, seqlen, head_dim, dtype, causal, dropout_p):
     generator = torch.Generator(device="cuda").manual_seed(0)
     shape = (batch, heads, seqlen, head_dim)
     q, k, v = (torch.randn(shape, device="cuda", dtype=dtype, generator=generator).requires_grad_() for _ in range(3))
     dout = torch.randn(shape, device="cuda", dtype=dtype, generator=generator)
     with sdpa_kernel(backend):
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=causal, dropout_p=dropout_p)
     torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
     torch.cuda.synchronize()
     return do_bench(lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True), warmup=25, rep=100,
@@ -42,7 +43,7 @@ def main():
     for row in rows:
         dtype = torch.bfloat16 if row["dtype"] == "bfloat16" else torch.float16
         args = (int(row["batch"]), int(row["heads"]), int(row["seqlen"]), int(row["head_dim"]), dtype,
-                row["causal"] == "1")
+                row["causal"] == "1", float(row.get("dropout_p", 0) or 0))
         for name, backend in BACKENDS.items():
             try:
                 row[f"{name}_ms"] = f"{anchor_ms(backend, *args):.4f}"

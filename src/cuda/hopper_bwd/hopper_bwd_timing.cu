@@ -14,6 +14,10 @@
 // flashattn_hopper_bwd_timing [repeats] [--quick]      the sweeps, Hopper vs FA2-class kernel
 // flashattn_hopper_bwd_timing [repeats] --variants     tile configs other than the table's
 // flashattn_hopper_bwd_timing [repeats] --head-dim D   the sweeps of head dim D only (64, 128, 256)
+// Anywhere after [repeats]: --dropout P (dropout probability P on every shape) and
+// --alibi (ALiBi, one slope per head); sm90_plain_ms is then the same shape without
+// them (same call, so their cost is sm90_ms / sm90_plain_ms), and the anchors run
+// SDPA with the same dropout (SDPA has no ALiBi that keeps its fused kernels).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -70,6 +74,12 @@ struct Shape {
   bool causal;
 };
 
+// The variant options of the whole run (--dropout P, --alibi).
+struct Variants {
+  double dropout_p = 0.0;
+  bool alibi = false;
+};
+
 // Device tensors and BackwardArgs of one shape (contiguous [b, n, h, d]).
 struct Problem {
   Shape shape;
@@ -77,9 +87,10 @@ struct Problem {
   void *q = nullptr, *k = nullptr, *v = nullptr, *o = nullptr, *dout = nullptr, *dq = nullptr, *dk = nullptr,
        *dv = nullptr, *workspace = nullptr;
   float* lse = nullptr;
+  float* alibi_slopes = nullptr;  // [heads], with --alibi
   flashattn::BackwardArgs args;
 
-  explicit Problem(const Shape& s) : shape(s) {
+  explicit Problem(const Shape& s, const Variants& variants = {}) : shape(s) {
     using flashattn::TensorView;
     const auto device = flashattn::Device::cuda(0);
     const std::int64_t b = s.batch, h = s.heads, n = s.seqlen, d = s.head_dim;
@@ -99,6 +110,17 @@ struct Problem {
     args.dq = view(dq), args.dk = view(dk), args.dv = view(dv);
     args.lse = TensorView::contiguous(lse, flashattn::DType::float32, {b, h, n}, device);
     args.options.causal = s.causal;
+    if (variants.alibi) {
+      std::vector<float> slopes(static_cast<std::size_t>(h));
+      for (std::int64_t head = 0; head < h; ++head)
+        slopes[static_cast<std::size_t>(head)] = std::exp2(-8.0f * static_cast<float>(head + 1) / static_cast<float>(h));
+      check(cudaMalloc(&alibi_slopes, h * sizeof(float)), "cudaMalloc alibi");
+      check(cudaMemcpy(alibi_slopes, slopes.data(), h * sizeof(float), cudaMemcpyHostToDevice), "alibi upload");
+      args.options.maybe_alibi_slopes = TensorView::contiguous(alibi_slopes, flashattn::DType::float32, {h}, device);
+    }
+    args.options.dropout_p = variants.dropout_p;
+    args.options.dropout_seed = 0x5eed;
+    args.options.dropout_offset = 7;
     const std::size_t workspace_bytes = flashattn::backward_workspace_bytes(args);
     check(cudaMalloc(&workspace, std::max<std::size_t>(workspace_bytes, 1)), "cudaMalloc workspace");
     args.maybe_workspace = TensorView::contiguous(
@@ -106,7 +128,8 @@ struct Problem {
         device);
   }
   ~Problem() {
-    for (void* p : {q, k, v, o, dout, dq, dk, dv, static_cast<void*>(lse), workspace}) cudaFree(p);
+    for (void* p : {q, k, v, o, dout, dq, dk, dv, static_cast<void*>(lse), workspace, static_cast<void*>(alibi_slopes)})
+      cudaFree(p);
   }
   Problem(const Problem&) = delete;
   Problem& operator=(const Problem&) = delete;
@@ -177,8 +200,8 @@ double median_ms(Run run, int repeats) {
 }
 
 template <class Element, int kHeadDim>
-void measure(const Shape& shape, int repeats) {
-  Problem p(shape);
+void measure(const Shape& shape, int repeats, const Variants& variants) {
+  Problem p(shape, variants);
   const flashattn::BackwardParams params = flashattn::validate_backward(p.args);
   const std::string reason = flashattn::cuda::hopper_bwd::why_unsupported(params);
   p.poison_gradients();
@@ -199,13 +222,20 @@ void measure(const Shape& shape, int repeats) {
   const double relative = has_nan ? NAN : (magnitude > 0 ? difference / magnitude : difference);
   const double sm90_ms = median_ms([&] { flashattn::backward(p.args); }, repeats);
   const double fa2_class_ms = median_ms([&] { run_fa2_class<Element, kHeadDim>(p.args); }, repeats);
+  double plain_ms = sm90_ms;
+  if (variants.dropout_p > 0 || variants.alibi) {
+    flashattn::BackwardArgs plain = p.args;
+    plain.options.dropout_p = 0.0;
+    plain.options.maybe_alibi_slopes = {};
+    plain_ms = median_ms([&] { flashattn::backward(plain); }, repeats);
+  }
   const double flops = 2.5 * p.forward_flops();
-  std::printf("%s,%s,%lld,%lld,%lld,%lld,%d,%s,%.4f,%.1f,%.4f,%.1f,%.3g\n", shape.sweep,
+  std::printf("%s,%s,%lld,%lld,%lld,%lld,%d,%g,%d,%s,%.4f,%.1f,%.4f,%.4f,%.1f,%.3g\n", shape.sweep,
               flashattn::dtype_name(shape.dtype), static_cast<long long>(shape.batch),
               static_cast<long long>(shape.heads), static_cast<long long>(shape.seqlen),
-              static_cast<long long>(shape.head_dim), shape.causal ? 1 : 0, reason.empty() ? "sm90" : "fallback",
-              sm90_ms, flops / (sm90_ms * 1e-3) / 1e12, fa2_class_ms, flops / (fa2_class_ms * 1e-3) / 1e12,
-              relative);
+              static_cast<long long>(shape.head_dim), shape.causal ? 1 : 0, variants.dropout_p, variants.alibi ? 1 : 0,
+              reason.empty() ? "sm90" : "fallback", sm90_ms, flops / (sm90_ms * 1e-3) / 1e12, plain_ms, fa2_class_ms,
+              flops / (fa2_class_ms * 1e-3) / 1e12, relative);
   std::fflush(stdout);
 }
 
@@ -273,6 +303,11 @@ int main(int argc, char** argv) {
   const bool quick = argc > 2 && std::string(argv[2]) == "--quick";
   // --head-dim D: only the shapes of head dim D (full seqlen sweep).
   const std::int64_t only_head_dim = argc > 3 && std::string(argv[2]) == "--head-dim" ? std::atoll(argv[3]) : 0;
+  Variants variants;
+  for (int i = 2; i < argc; ++i) {
+    if (std::string(argv[i]) == "--dropout" && i + 1 < argc) variants.dropout_p = std::atof(argv[i + 1]);
+    if (std::string(argv[i]) == "--alibi") variants.alibi = true;
+  }
   if (!flashattn::cuda_available()) {
     std::fprintf(stderr, "no CUDA device\n");
     return 1;
@@ -293,21 +328,21 @@ int main(int argc, char** argv) {
     for (std::int64_t n : seqlens)
       for (bool causal : {false, true})
         shapes.push_back({"fa3_bf16_16k_tokens", flashattn::DType::bfloat16, 16384 / n, 2048 / d, n, d, causal});
-  std::printf("sweep,dtype,batch,heads,seqlen,head_dim,causal,path,sm90_ms,sm90_tflops,fa2_class_ms,fa2_class_tflops,"
-              "max_rel_diff\n");
+  std::printf("sweep,dtype,batch,heads,seqlen,head_dim,causal,dropout_p,alibi,path,sm90_ms,sm90_tflops,sm90_plain_ms,"
+              "fa2_class_ms,fa2_class_tflops,max_rel_diff\n");
   for (const Shape& shape : shapes) {
     if (only_head_dim != 0 && shape.head_dim != only_head_dim) continue;
     try {
       const bool is_half = shape.dtype == flashattn::DType::float16;
       if (shape.head_dim == 64) {
-        if (is_half) measure<__half, 64>(shape, repeats);
-        else measure<__nv_bfloat16, 64>(shape, repeats);
+        if (is_half) measure<__half, 64>(shape, repeats, variants);
+        else measure<__nv_bfloat16, 64>(shape, repeats, variants);
       } else if (shape.head_dim == 256) {
-        if (is_half) measure<__half, 256>(shape, repeats);
-        else measure<__nv_bfloat16, 256>(shape, repeats);
+        if (is_half) measure<__half, 256>(shape, repeats, variants);
+        else measure<__nv_bfloat16, 256>(shape, repeats, variants);
       } else {
-        if (is_half) measure<__half, 128>(shape, repeats);
-        else measure<__nv_bfloat16, 128>(shape, repeats);
+        if (is_half) measure<__half, 128>(shape, repeats, variants);
+        else measure<__nv_bfloat16, 128>(shape, repeats, variants);
       }
     } catch (const std::exception& e) {
       std::printf("# %s n%lld: %s\n", shape.sweep, static_cast<long long>(shape.seqlen), e.what());

@@ -13,7 +13,10 @@
 //     S^T  = K_w Q^T         wgmma m64n{block_m}, both operands K-major in shared memory
 //     dP^T = V_w dO^T        wgmma m64n{block_m}
 //     P^T  = exp2(S^T scale_log2 - LSE), element mask on boundary tiles
-//     dS^T = P^T ∘ (dP^T - D)   (softcap: ∘ (1 - tanh²))
+//            (softcap, ALiBi: exp2(ScoreRule's score - LSE), fragment::for_each_score)
+//     dS^T = P^T ∘ (dP^T - D)   (softcap: ∘ (1 - tanh²), ScoreRule::gradient_factor)
+//            dropout: P^T ∘ (Z ∘ dP^T / (1 - p) - D), and P^T ∘ Z for dV; Z is the
+//            forward's mask, regenerated (fragment::dropout_keep_bits_transposed)
 //     dV_w += P^T dO         wgmma m64n{d}, P^T from registers (the S^T accumulator
 //     dK_w += dS^T Q         converted to 16 bits is the A fragment), dO/Q MN-major
 //     dS^T -> shared memory; both consumers' halves meet at a named barrier
@@ -25,7 +28,8 @@
 //   Computing S^T (keys as rows) rather than S keeps P^T and dS^T in the accumulator
 //   layout the dV/dK products take from registers (FA3's SdP_swapAB): no shared-memory
 //   round trip for P at all, and dS^T's round trip serves only the dQ product.
-//   dK (scaled by softmax_scale) and dV are stored from registers at the end.
+//   dK (scaled by softmax_scale) and dV (dropout: scaled by 1 / (1 - p)) are stored
+//   from registers at the end.
 //
 // Shared-memory tiles: 64-column panels, 128-byte swizzle (see hopper/kernel.cuh).
 // dS^T is one panel: row = key, 64 query columns.
@@ -67,10 +71,10 @@
 
 #include "flashattn/error.hpp"
 #include "flashattn/mask.hpp"
-#include "flashattn/online_softmax.hpp"
 #include "src/core/params.hpp"
 #include "src/cuda/bwd/workspace.hpp"
 #include "src/cuda/common/check.cuh"
+#include "src/cuda/common/fragment.cuh"
 #include "src/cuda/common/numeric.cuh"
 #include "src/cuda/hopper_bwd/dq_order.hpp"
 #include "src/cuda/hopper_bwd/launch.hpp"
@@ -239,9 +243,7 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
   // MN-major k16 step: 16 rows of 128 bytes.
   auto mn_step_offset = [](int kk) { return (kk * 16 * 128) >> 4; };
 
-  const bool has_softcap = attention.has_softcap();
-  const float softcap_input_scale = has_softcap ? attention.softmax_scale / attention.softcap : 0.0f;
-  const float softcap_scale_log2 = attention.softcap * static_cast<float>(online_softmax::kLog2e);
+  const bool has_dropout = attention.has_dropout();
   const float scale_log2 = attention.softmax_scale_log2;
 
   float dv[kHeadDim / 2];  // (64 keys, kHeadDim) per consumer, fp32
@@ -290,7 +292,30 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
           }
         }
     };
-    if (!has_softcap) {
+    // The score rule of this step's query head (ALiBi's slope is per head), and
+    // dropout's keep decisions of this thread's elements: Philox runs while both
+    // products are in flight. The rule's seed/offset are read here, per step, so that
+    // they hold no registers across the loop (the default path is as tight as before).
+    const ScoreRule rule = attention.score_of(batch, head_q, mask);
+    constexpr int kKeepWords = kBlockM / 64;  // 64 queries' decisions per 32-bit word
+    std::uint32_t keep[kKeepWords];
+    float inverse_keep = 1.0f;
+    if (has_dropout) {
+      const DropoutRule dropout = attention.dropout();
+      inverse_keep = dropout.inverse_keep;
+#pragma unroll
+      for (int word = 0; word < kKeepWords; ++word)
+        keep[word] = fragment::dropout_keep_bits_transposed<8>(dropout, attention.dropout_head(batch, head_q),
+                                                               n0 + key_row0, m0 + 64 * word);
+    } else {
+#pragma unroll
+      for (int word = 0; word < kKeepWords; ++word) keep[word] = ~0u;
+    }
+    auto is_kept = [&](int index) { return ((keep[index / 32] >> (index % 32)) & 1u) != 0; };
+    // Z ∘ dP / (1 - p) (Algorithm 2: dS = P ∘ (Z ∘ dP / (1 - p) - D)).
+    auto dropped_dp = [&](int index) { return is_kept(index) ? dp[index] * inverse_keep : 0.0f; };
+
+    if (rule.is_positive_scale()) {
       // P^T = exp2(S^T scale_log2 - LSE) while dP^T is still being computed.
       ptx::wgmma_wait_group<1>();
       ptx::fence_operands(s);
@@ -308,39 +333,53 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
       if (needs_mask) apply_mask(s);
       ptx::wgmma_wait_group<0>();
       ptx::fence_operands(dp);
+      // dS^T = P^T ∘ (dP^T - D), dropout: P^T ∘ (Z ∘ dP^T / (1 - p) - D) (two loops:
+      // the default one stays free of the decisions).
+      if (!has_dropout) {
 #pragma unroll
-      for (int j = 0; j < kBlockM / 8; ++j)
+        for (int j = 0; j < kBlockM / 8; ++j)
 #pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const float row_dsum = dsum[8 * j + 2 * quad_lane + e];
+          for (int e = 0; e < 2; ++e) {
+            const float row_dsum = dsum[8 * j + 2 * quad_lane + e];
 #pragma unroll
-          for (int half = 0; half < 2; ++half) {
-            const int index = 4 * j + 2 * half + e;
-            dp[index] = s[index] * (dp[index] - row_dsum);
+            for (int half = 0; half < 2; ++half) {
+              const int index = 4 * j + 2 * half + e;
+              dp[index] = s[index] * (dp[index] - row_dsum);
+            }
           }
-        }
+      } else {
+#pragma unroll
+        for (int j = 0; j < kBlockM / 8; ++j)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const float row_dsum = dsum[8 * j + 2 * quad_lane + e];
+#pragma unroll
+            for (int half = 0; half < 2; ++half) {
+              const int index = 4 * j + 2 * half + e;
+              dp[index] = s[index] * (dropped_dp(index) - row_dsum);
+            }
+          }
+      }
     } else {
-      // Softcap: P^T = exp2(c tanh(scale S^T / c) log2(e) - LSE), dS^T also needs 1 - tanh².
+      // Softcap and/or ALiBi: P^T = exp2(score - LSE); dS^T also needs the rule's
+      // gradient factor (softcap: 1 - tanh²), taken from the same dot product.
       ptx::wgmma_wait_group<0>();
       ptx::fence_operands(s);
       ptx::fence_operands(dp);
-#pragma unroll
-      for (int j = 0; j < kBlockM / 8; ++j)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const float lse_log2 = lse[8 * j + 2 * quad_lane + e];
-          const float row_dsum = dsum[8 * j + 2 * quad_lane + e];
-#pragma unroll
-          for (int half = 0; half < 2; ++half) {
-            const int index = 4 * j + 2 * half + e;
-            const float capped = tanhf(s[index] * softcap_input_scale);
-            s[index] = ptx::exp2_approx_ftz(capped * softcap_scale_log2 - lse_log2);
-            dp[index] = (dp[index] - row_dsum) * (1.0f - capped * capped);
-          }
-        }
+      fragment::for_each_score<kBlockM / 8, true>(s, rule, n0 + key_row0, m0, [&](int index, float score, float factor) {
+        const int query = 8 * (index / 4) + 2 * quad_lane + index % 2;  // of the block
+        s[index] = ptx::exp2_approx_ftz(score - lse[query]);
+        dp[index] = ((has_dropout ? dropped_dp(index) : dp[index]) - dsum[query]) * factor;
+      });
       if (needs_mask) apply_mask(s);
 #pragma unroll
       for (int i = 0; i < kBlockM / 2; ++i) dp[i] *= s[i];
+    }
+    // dV takes P ∘ Z (its 1 / (1 - p) is applied once, when dV is stored).
+    if (has_dropout) {
+#pragma unroll
+      for (int i = 0; i < kBlockM / 2; ++i)
+        if (!is_kept(i)) s[i] = 0.0f;
     }
 
     // P^T and dS^T as 16-bit A fragments: two adjacent n8 column tiles of the
@@ -430,10 +469,12 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
   // The staging tile must stay readable until the TMA has added it.
   if (is_issuer && steps > 0) ptx::bulk_wait_group<0>();
 
-  // dK = scale * dS^T Q and dV, straight from the accumulators: rows < kv_rows.
+  // dK = scale * dS^T Q and dV (/ (1 - p) under dropout; 1 otherwise), straight from
+  // the accumulators: rows < kv_rows.
   T* dk_out = static_cast<T*>(attention.dk) + attention.dk_offset(batch, head_kv) + n0 * attention.dk_row_stride;
   T* dv_out = static_cast<T*>(attention.dv) + attention.dv_offset(batch, head_kv) + n0 * attention.dv_row_stride;
   const float scale = attention.softmax_scale;
+  const float dv_scale = attention.dropout_inverse_keep;
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     const int row = key_row0 + 8 * half;
@@ -444,7 +485,7 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
       *reinterpret_cast<std::uint32_t*>(dk_out + row * attention.dk_row_stride + column) =
           pack_pair<T>(dk[4 * j + 2 * half] * scale, dk[4 * j + 2 * half + 1] * scale);
       *reinterpret_cast<std::uint32_t*>(dv_out + row * attention.dv_row_stride + column) =
-          pack_pair<T>(dv[4 * j + 2 * half], dv[4 * j + 2 * half + 1]);
+          pack_pair<T>(dv[4 * j + 2 * half] * dv_scale, dv[4 * j + 2 * half + 1] * dv_scale);
     }
   }
 #endif
