@@ -115,7 +115,7 @@ struct HeadVariant {
   std::uint32_t dropout_head = 0;
 };
 
-void probabilities_and_score_gradients(const TileKernels& kernels, const BackwardParams& p, const MaskRule& mask, const HeadVariant& variant,
+void probabilities_and_score_gradients(const TileKernels& kernels, const MaskRule& mask, const HeadVariant& variant,
                                        const QueryBlock& qb, std::int64_t row_begin, std::int64_t rows, std::int64_t col_begin,
                                        const TileRange& r, const float* k, std::int64_t k_stride, const float* v, std::int64_t v_stride,
                                        TileScratch& t) {
@@ -278,7 +278,7 @@ void flash_backward(const BackwardParams& params, int num_threads) {
             const TileRange r = tile_range(mask, row_begin, rows, col_begin, std::min(kBlockN, mask.seqlen_k - col_begin));
             if (r.empty()) continue;
             const KeyBlock& kb = key_blocks[static_cast<std::size_t>(c)];
-            probabilities_and_score_gradients(kernels, params, mask, variant, qb, row_begin, rows, col_begin, r, kb.k, kb.k_stride, kb.v, kb.v_stride, scratch);
+            probabilities_and_score_gradients(kernels, mask, variant, qb, row_begin, rows, col_begin, r, kb.k, kb.k_stride, kb.v, kb.v_stride, scratch);
             // dV (keys, head_dim_padded) += P^T dO;  dK += dS^T Q   (over the range's lanes)
             const std::int64_t offset = r.key_begin * kBlockM + r.lane_begin;
             float* dv_rows = dv.data() + (c * kBlockN + r.key_begin) * head_dim_padded;
@@ -338,7 +338,7 @@ void flash_backward(const BackwardParams& params, int num_threads) {
           const std::int64_t rows = std::min(kBlockM, mask.seqlen_q - row_begin);
           const TileRange r = tile_range(mask, row_begin, rows, col_begin, std::min(kBlockN, mask.seqlen_k - col_begin));
           if (r.empty()) continue;
-          probabilities_and_score_gradients(kernels, params, mask, variant, query_blocks[static_cast<std::size_t>(c)], row_begin, rows, col_begin, r,
+          probabilities_and_score_gradients(kernels, mask, variant, query_blocks[static_cast<std::size_t>(c)], row_begin, rows, col_begin, r,
                                             kb.k, kb.k_stride, kb.v, kb.v_stride, scratch);
           // dQ (lanes, head_dim_padded) += dS K: dS read through dS^T's strides.
           kernels.matmul(scratch.ds_t.data() + r.key_begin * kBlockM + r.lane_begin, 1, kBlockM, kb.k + r.key_begin * kb.k_stride, kb.k_stride,

@@ -132,7 +132,7 @@ class AttentionProblem {
     o.window_left = shape_.window_left;
     o.window_right = shape_.window_right;
     o.softcap = shape_.softcap;
-    if (shape_.alibi) o.maybe_alibi_slopes = alibi_slopes_view ? *alibi_slopes_view : alibi_slopes.view();
+    if (shape_.alibi) o.maybe_alibi_slopes = alibi_slopes_view ? *alibi_slopes_view : const_cast<HostTensor&>(alibi_slopes).view();
     o.dropout_p = shape_.dropout_p;
     o.dropout_seed = shape_.dropout_seed;
     o.dropout_offset = shape_.dropout_offset;
