@@ -177,7 +177,7 @@ void time_variant(const Shape& s, Buffers<T>& buffers, int warmup, int reps) {
   if (s.head_dim != kConfig.kernel_head_dim || Numeric<T>::kDType != s.dtype) return;
   const AttentionParams params = validate_forward(buffers.args(s, buffers.out, Algorithm::flash3));
   const HopperForwardParams hopper_params = make_forward_params(params, kConfig);
-  auto run = [&] { launch_forward_sm90<T, kConfig>(hopper_params, nullptr); };
+  auto run = [&] { launch_forward_sm90<T, kConfig, false>(hopper_params, nullptr); };
   const double ms = median_ms(run, warmup, reps);
   double max_difference = 0;
   unsigned long long unwritten = 0;
