@@ -1,3 +1,6 @@
 # The Hopper (flash3) forward tests; they allocate device memory themselves (CUDA runtime).
 flashattn_add_test(test_cuda_forward_hopper test_forward_hopper.cpp)
 target_link_libraries(test_cuda_forward_hopper PRIVATE CUDA::cudart_static)
+# The Hopper forward with ALiBi and dropout (needs the CPU reference's ALiBi/dropout).
+flashattn_add_test(test_cuda_forward_hopper_variants test_forward_hopper_variants.cpp)
+target_link_libraries(test_cuda_forward_hopper_variants PRIVATE CUDA::cudart_static)

@@ -5,19 +5,27 @@
 // inputs, and alternative HopperTileConfigs — the mainloop without overlap, with the
 // intra-warpgroup overlap only, more stages — each checked against the production
 // output (max |difference|) and for unwritten (NaN-poisoned) elements.
+// The variant rows time the production kernel with dropout p = 0.1 (config
+// flash3_dropout0.1) and with ALiBi slopes per head (flash3_alibi) in the same run as
+// the plain forward; their max_abs_diff_vs_production is against the plain output, so
+// nonzero by design (only `unwritten` is a check there). The TFLOP/s count the plain
+// attention FLOPs, so the ratio to the plain row is the throughput ratio.
 //
-// Usage: hopper_timing [--quick]   prints CSV: kind,dtype,batch,heads,seqlen,head_dim,causal,config,ms,tflops,
-//   max_abs_diff_vs_production,unwritten
+// Usage: hopper_timing [--quick] [--variants]   prints CSV: kind,dtype,batch,heads,seqlen,head_dim,causal,config,
+//   ms,tflops,max_abs_diff_vs_production,unwritten
+//   --variants: only flash3 plain / dropout / ALiBi, bf16 d64/d128/d256 at seqlen 1k, 4k, 16k.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "flashattn/attention.hpp"
@@ -72,18 +80,28 @@ template <class T>
 struct Buffers {
   T *q = nullptr, *k = nullptr, *v = nullptr, *out = nullptr, *production_out = nullptr;
   float* lse = nullptr;
+  float* alibi_slopes = nullptr;  // [heads]: flash_attn's geometric slopes 2^(-8 (h + 1) / heads)
   std::int64_t elements = 0;
   explicit Buffers(const Shape& s) : elements(s.batch * s.seqlen * s.heads * s.head_dim) {
     for (T** buffer : {&q, &k, &v, &out, &production_out})
       FLASHATTN_CUDA_CHECK(cudaMalloc(buffer, elements * sizeof(T)));
     FLASHATTN_CUDA_CHECK(cudaMalloc(&lse, s.batch * s.heads * s.seqlen * sizeof(float)));
+    std::vector<float> slopes(static_cast<std::size_t>(s.heads));
+    for (std::int64_t h = 0; h < s.heads; ++h)
+      slopes[static_cast<std::size_t>(h)] = std::exp2(-8.0f * static_cast<float>(h + 1) / static_cast<float>(s.heads));
+    FLASHATTN_CUDA_CHECK(cudaMalloc(&alibi_slopes, slopes.size() * sizeof(float)));
+    FLASHATTN_CUDA_CHECK(
+        cudaMemcpy(alibi_slopes, slopes.data(), slopes.size() * sizeof(float), cudaMemcpyHostToDevice));
     fill_random<<<1024, 256>>>(q, elements, 1);
     fill_random<<<1024, 256>>>(k, elements, 2);
     fill_random<<<1024, 256>>>(v, elements, 3);
     FLASHATTN_CUDA_CHECK_LAUNCH();
     FLASHATTN_CUDA_CHECK(cudaDeviceSynchronize());
   }
-  ~Buffers() { cudaFree(q), cudaFree(k), cudaFree(v), cudaFree(out), cudaFree(production_out), cudaFree(lse); }
+  ~Buffers() {
+    cudaFree(q), cudaFree(k), cudaFree(v), cudaFree(out), cudaFree(production_out), cudaFree(lse);
+    cudaFree(alibi_slopes);
+  }
   ForwardArgs args(const Shape& s, T* destination, Algorithm algorithm) const {
     const Device gpu = Device::cuda(0);
     ForwardArgs a;
@@ -172,12 +190,36 @@ void time_algorithms(const Shape& s, Buffers<T>& buffers, int warmup, int reps) 
   }
 }
 
+// The production flash3 kernel plain, with dropout p = 0.1 and with ALiBi, timed in the
+// same run on the same inputs (the issue's budgets: dropout <= 15%, ALiBi <= 5%).
+template <class T>
+void time_dropout_and_alibi(const Shape& s, Buffers<T>& buffers, int warmup, int reps) {
+  forward(buffers.args(s, buffers.production_out, Algorithm::flash3));  // the plain output
+  FLASHATTN_CUDA_CHECK(cudaDeviceSynchronize());
+  const ForwardArgs plain = buffers.args(s, buffers.out, Algorithm::flash3);
+  ForwardArgs with_dropout = plain;
+  with_dropout.options.dropout_p = 0.1;
+  with_dropout.options.dropout_seed = 42;
+  ForwardArgs with_alibi = plain;
+  with_alibi.options.maybe_alibi_slopes =
+      TensorView::contiguous(buffers.alibi_slopes, DType::float32, {s.heads}, Device::cuda(0));
+  const std::pair<const char*, const ForwardArgs*> runs[] = {
+      {"flash3", &plain}, {"flash3_dropout0.1", &with_dropout}, {"flash3_alibi", &with_alibi}};
+  for (const auto& [name, args] : runs) {
+    const double ms = median_ms([&] { forward(*args); }, warmup, reps);
+    double max_difference = 0;
+    unsigned long long unwritten = 0;
+    buffers.check([&] { forward(*args); }, max_difference, unwritten);
+    report("variant", s, name, ms, max_difference, unwritten);
+  }
+}
+
 template <class T, HopperTileConfig kConfig>
 void time_variant(const Shape& s, Buffers<T>& buffers, int warmup, int reps) {
   if (s.head_dim != kConfig.kernel_head_dim || Numeric<T>::kDType != s.dtype) return;
   const AttentionParams params = validate_forward(buffers.args(s, buffers.out, Algorithm::flash3));
   const HopperForwardParams hopper_params = make_forward_params(params, kConfig);
-  auto run = [&] { launch_forward_sm90<T, kConfig>(hopper_params, nullptr); };
+  auto run = [&] { launch_forward_sm90<T, kConfig, false>(hopper_params, nullptr); };
   const double ms = median_ms(run, warmup, reps);
   double max_difference = 0;
   unsigned long long unwritten = 0;
@@ -189,6 +231,7 @@ template <class T>
 void time_shape(const Shape& s, int warmup, int reps) {
   Buffers<T> buffers(s);
   time_algorithms<T>(s, buffers, warmup, reps);
+  time_dropout_and_alibi<T>(s, buffers, warmup, reps);
   // Performance exploration only: alternative shapes and schedules of the same kernel.
   // A variant must not repeat a production entry of tile_config.hpp: the same kernel
   // instantiated in two translation units is registered twice with the runtime, and
@@ -205,15 +248,29 @@ void time_shape(const Shape& s, int warmup, int reps) {
 int main(int argc, char** argv) {
   using namespace flashattn;
   using namespace flashattn::cuda::hopper;
-  const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
+  bool quick = false, variants_only = false;
+  for (int i = 1; i < argc; ++i) {
+    quick = quick || std::strcmp(argv[i], "--quick") == 0;
+    variants_only = variants_only || std::strcmp(argv[i], "--variants") == 0;
+  }
   const int warmup = 5, reps = quick ? 10 : 30;
+  std::printf("kind,dtype,batch,heads,seqlen,head_dim,causal,config,ms,tflops,max_abs_diff_vs_production,unwritten\n");
+  if (variants_only) {
+    for (std::int64_t d : {64, 128, 256})
+      for (std::int64_t n : {1024, 4096, 16384})
+        for (bool c : {false, true}) {
+          const Shape s{DType::bfloat16, 16384 / n, 2048 / d, n, d, c};
+          Buffers<__nv_bfloat16> buffers(s);
+          time_dropout_and_alibi<__nv_bfloat16>(s, buffers, warmup, reps);
+        }
+    return 0;
+  }
   std::vector<Shape> shapes;
   for (std::int64_t n : {1024, 4096, 16384})
     for (bool c : {false, true}) shapes.push_back({DType::float16, 4, 48, n, 64, c});
   for (std::int64_t d : {64, 128, 256})
     for (std::int64_t n : {1024, 4096, 16384})
       for (bool c : {false, true}) shapes.push_back({DType::bfloat16, 16384 / n, 2048 / d, n, d, c});
-  std::printf("kind,dtype,batch,heads,seqlen,head_dim,causal,config,ms,tflops,max_abs_diff_vs_production,unwritten\n");
   for (const Shape& s : shapes) {
     if (s.dtype == DType::float16) {
       time_shape<__half>(s, warmup, reps);

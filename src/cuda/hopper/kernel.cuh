@@ -15,6 +15,15 @@
 //           O += P V_j       wgmma m64n{kHeadDim}k16, P from registers (16-bit),
 //                            V read MN-major (the transpose-B bit)
 //         then O /= l once, LSE, O to global memory.
+//   Variants (one hook each, src/cuda/common/fragment.cuh): the ScoreRule (softcap, ALiBi)
+//   maps S to log2 units before the mask; dropout zeroes entries of P after the row sum
+//   (l sums the undropped P) and before P is packed, and 1/(1 − p) joins 1/l at the end.
+//   The dropout keep bits of block j depend only on coordinates: they are drawn while
+//   S_j = Q K_j^T runs on the tensor cores, before the wait for it (ptxas then spreads
+//   the integer work over the softmax). Dropout is a template flag (kHasDropout, its own
+//   tile entries where registers are short: tile_config.hpp): as a runtime branch its
+//   draws would cost the default kernel registers. The score rule is a runtime branch
+//   beside the fast path, as softcap was.
 //   setmaxnreg moves registers from the producer (24-32) to the consumers (240 with two
 //   consumer warpgroups, 160 with three).
 // Schedules (HopperTileConfig flags; TUNING.md has the measurements):
@@ -46,12 +55,16 @@
 #include <cstdint>
 #include <cuda/ptx>
 #include <string>
+#include <utility>
 
+#include "flashattn/dropout.hpp"
 #include "flashattn/error.hpp"
 #include "flashattn/mask.hpp"
 #include "flashattn/online_softmax.hpp"
+#include "flashattn/score.hpp"
 #include "src/core/params.hpp"
 #include "src/cuda/common/check.cuh"
+#include "src/cuda/common/fragment.cuh"
 #include "src/cuda/common/numeric.cuh"
 #include "src/cuda/hopper/launch.hpp"
 #include "src/cuda/hopper/tile_config.hpp"
@@ -73,7 +86,7 @@ __device__ __forceinline__ void wait_barrier(std::uint64_t* barrier, std::uint32
 #endif
 
 template <class T, int kHeadDimArg, int kBlockMArg, int kBlockNArg, int kStagesArg, bool kIntraOverlapArg,
-          bool kPingPongArg, bool kPersistentArg>
+          bool kPingPongArg, bool kPersistentArg, bool kHasDropout>
 __global__ void __launch_bounds__(128 * (1 + kBlockMArg / 64), 1)
     forward_kernel_sm90(const __grid_constant__ HopperForwardParams params) {
 #if FLASHATTN_HOPPER_DEVICE_CODE
@@ -244,15 +257,19 @@ __global__ void __launch_bounds__(128 * (1 + kBlockMArg / 64), 1)
   // Descriptor increments are byte offsets >> 4 in the start-address field.
   auto k_step_offset = [](int kk, int rows) { return ((kk / 4) * rows * 128 + (kk % 4) * 32) >> 4; };
 
-  // Scores stay raw q.k until the exponent: 2^(s * exp_scale - m) is one FFMA + one
-  // MUFU per element. Softcap needs the scaled score inside tanh, so there the scores
-  // are mapped to log2 units first (as in the FA2 kernel).
-  const bool has_softcap = attention.has_softcap();
-  const float softcap_input_scale = has_softcap ? attention.softmax_scale / attention.softcap : 0.0f;
-  const float softcap_scale_log2 = attention.softcap * static_cast<float>(online_softmax::kLog2e);
-  const float exp_scale = has_softcap ? 1.0f : attention.softmax_scale_log2;
+  // Fast path (no softcap, no ALiBi): scores stay raw q.k until the exponent, 2^(s *
+  // exp_scale - m) is one FFMA + one MUFU per element. Otherwise the tile's ScoreRule
+  // maps them to log2 units first (softcap needs the scaled score inside tanh, the ALiBi
+  // bias moves the row max).
+  const bool is_positive_scale = attention.score_is_positive_scale();
+  const float exp_scale = is_positive_scale ? attention.softmax_scale_log2 : 1.0f;
+  // Dropout: seed and offset may be device memory (a graph replays fresh ones), read
+  // once per CTA. Without dropout inverse_keep is 1.
+  const DropoutRule dropout = kHasDropout ? attention.dropout() : DropoutRule{};
 
   Tile tile{};         // the tile being run
+  ScoreRule score_rule{};          // the tile's (batch, head): its ALiBi slope (set only off the fast path)
+  std::uint32_t dropout_head = 0;  // the tile's (batch, head) in the dropout generator
   int block_base = 0;  // K/V blocks consumed for earlier tiles: the rings' position
   int tile_count = 0;  // tiles run so far: Q's phase
   float o[kHeadDim / 2];                      // (64, kHeadDim) per warpgroup, fp32 accumulator
@@ -261,6 +278,9 @@ __global__ void __launch_bounds__(128 * (1 + kBlockMArg / 64), 1)
   online_softmax::State<float> row_state[2];  // rows thread_row0 and thread_row0 + 8; l is this
                                               // thread's partial sum until the end
   float row_factor[2];                        // rescale of O for the block just exponentiated
+  constexpr int kNTiles = kBlockN / 8;        // n8 tiles of S per warp (the fragment.cuh hooks' unit)
+  constexpr int kKeepWords = (kNTiles + 7) / 8;
+  std::uint32_t keep[kKeepWords];             // dropout keep bits of S/P: bit i % 32 of word i / 32 is s[i]
 
   // S = Q K^T for block `index` (issued and committed, not waited for).
   auto issue_qk = [&](int index) {
@@ -285,15 +305,31 @@ __global__ void __launch_bounds__(128 * (1 + kBlockMArg / 64), 1)
     }
     ptx::wgmma_commit_group();
   };
-  // Softcap, element mask, online softmax of block `index` (S complete in registers):
+  // Dropout keep bits of block `index` (coordinates only, no S): the draws are integer
+  // work that runs while S = Q K^T is still on the tensor cores. One word per 8 n8 tiles
+  // (fragment::dropout_keep_bits covers 32 elements).
+  auto draw_keep = [&](int index) {
+    const std::int64_t n0 = (tile.n_block_end - 1 - index) * kBlockN;
+    const std::int64_t row0 = tile.m0 + thread_row0;
+    [&]<int... kWords>(std::integer_sequence<int, kWords...>) {
+      ((keep[kWords] = fragment::dropout_keep_bits<(kNTiles - 8 * kWords < 8 ? kNTiles - 8 * kWords : 8)>(
+            dropout, dropout_head, row0, n0 + 64 * kWords)),
+       ...);
+    }(std::make_integer_sequence<int, kKeepWords>{});
+  };
+  // Dropout on P (after softmax_block has added the undropped P to l): dropped entries
+  // become 0 before P is packed; 1/(1 - p) is applied with 1/l in finish_rows.
+  auto drop_p = [&]() {
+#pragma unroll
+    for (int i = 0; i < kBlockN / 2; ++i)
+      if (((keep[i / 32] >> (i % 32)) & 1u) == 0) s[i] = 0.0f;
+  };
+  // Score rule, element mask, online softmax of block `index` (S complete in registers):
   // S becomes P (fp32) and row_factor the rescale O still needs.
   auto softmax_block = [&](int index) {
     ptx::fence_operands(s);
     const std::int64_t n0 = (tile.n_block_end - 1 - index) * kBlockN;
-    if (has_softcap) {
-#pragma unroll
-      for (int i = 0; i < kBlockN / 2; ++i) s[i] = tanhf(s[i] * softcap_input_scale) * softcap_scale_log2;
-    }
+    if (!is_positive_scale) fragment::apply_score_rule<kNTiles>(s, score_rule, tile.m0 + thread_row0, n0);
     // Element mask only where the block crosses a mask edge or the end of the keys.
     const bool needs_mask =
         n0 + kBlockN > tile.seqlen_k || !tile.mask.tile_fully_allowed(tile.m0, tile.row_end, n0, n0 + kBlockN);
@@ -389,8 +425,9 @@ __global__ void __launch_bounds__(128 * (1 + kBlockMArg / 64), 1)
   };
 
   // ---- epilogue: normalise once, LSE, O ----------------------------------------------
-  // Completes each row's sum across its quad; calls store(half, tile_row, inverse_sum)
-  // and writes the row's LSE.
+  // Completes each row's sum across its quad; calls store(half, tile_row, output_scale)
+  // with output_scale = 1 / (l (1 - p)) (dropout's scale of kept entries folded in) and
+  // writes the row's LSE (of the undropped P).
   float* maybe_lse = attention.maybe_lse;
   auto finish_rows = [&](auto&& store_row) {
 #pragma unroll
@@ -399,7 +436,7 @@ __global__ void __launch_bounds__(128 * (1 + kBlockMArg / 64), 1)
       state.l += __shfl_xor_sync(0xffffffffu, state.l, 1);
       state.l += __shfl_xor_sync(0xffffffffu, state.l, 2);
       const int tile_row = thread_row0 + 8 * half;
-      store_row(half, tile_row, state.inverse_sum());
+      store_row(half, tile_row, state.inverse_sum() * dropout.inverse_keep);
       if (maybe_lse != nullptr && quad_lane == 0 && tile.m0 + tile_row < tile.seqlen_q)
         maybe_lse[attention.lse_offset(tile.batch, tile.head) + (tile.m0 + tile_row) * attention.lse_row_stride] =
             state.lse();
@@ -413,14 +450,14 @@ __global__ void __launch_bounds__(128 * (1 + kBlockMArg / 64), 1)
     const int epilogue_barrier = static_cast<int>(NamedBarrier::kConsumerEpilogueFirst) + consumer;
     ptx::named_barrier_sync(epilogue_barrier, 128);
     unsigned char* shared_q_bytes = reinterpret_cast<unsigned char*>(shared_q);
-    finish_rows([&](int half, int tile_row, float inverse_sum) {
+    finish_rows([&](int half, int tile_row, float output_scale) {
 #pragma unroll
       for (int j = 0; j < kHeadDim / 8; ++j) {
         // Column 8j + 2 quad_lane: panel j / 8, 16-byte chunk j % 8 of the row.
         const int byte_offset =
             (j / 8) * kBlockM * 128 + tile_row * 128 + (((j % 8) ^ (tile_row % 8)) * 16) + quad_lane * 4;
         *reinterpret_cast<std::uint32_t*>(shared_q_bytes + byte_offset) =
-            pack_pair<T>(o[4 * j + 2 * half] * inverse_sum, o[4 * j + 2 * half + 1] * inverse_sum);
+            pack_pair<T>(o[4 * j + 2 * half] * output_scale, o[4 * j + 2 * half + 1] * output_scale);
       }
     });
     ptx::named_barrier_sync(epilogue_barrier, 128);
@@ -444,7 +481,7 @@ __global__ void __launch_bounds__(128 * (1 + kBlockMArg / 64), 1)
   auto store_output_from_registers = [&]() {
     T* out = static_cast<T*>(attention.out) + attention.out_offset(tile.batch, tile.head) +
              tile.m0 * attention.out_row_stride;
-    finish_rows([&](int half, int tile_row, float inverse_sum) {
+    finish_rows([&](int half, int tile_row, float output_scale) {
       if (tile_row >= tile.row_end - tile.m0) return;
       T* out_row = out + tile_row * attention.out_row_stride;
 #pragma unroll
@@ -452,7 +489,7 @@ __global__ void __launch_bounds__(128 * (1 + kBlockMArg / 64), 1)
         const int column = 8 * j + 2 * quad_lane;
         if (column < attention.head_dim)
           *reinterpret_cast<std::uint32_t*>(out_row + column) =
-              pack_pair<T>(o[4 * j + 2 * half] * inverse_sum, o[4 * j + 2 * half + 1] * inverse_sum);
+              pack_pair<T>(o[4 * j + 2 * half] * output_scale, o[4 * j + 2 * half + 1] * output_scale);
       }
     });
   };
@@ -463,6 +500,8 @@ __global__ void __launch_bounds__(128 * (1 + kBlockMArg / 64), 1)
     for (int i = 0; i < kHeadDim / 2; ++i) o[i] = 0.0f;
     row_state[0] = online_softmax::State<float>{};
     row_state[1] = online_softmax::State<float>{};
+    if (!is_positive_scale) score_rule = attention.score_of(tile.batch, tile.head, tile.mask);
+    if constexpr (kHasDropout) dropout_head = attention.dropout_head(tile.batch, tile.head);
     wait_barrier(q_full, tile_count & 1);
     if constexpr (kPingPongArg) {
       gemm_rounds = num_n_blocks + 1;
@@ -477,9 +516,11 @@ __global__ void __launch_bounds__(128 * (1 + kBlockMArg / 64), 1)
         begin_turn();
         issue_qk(0);
         end_turn();
+        if constexpr (kHasDropout) draw_keep(0);
         ptx::wgmma_wait_group<0>();
         release(k_empty, 0);
         softmax_block(0);
+        if constexpr (kHasDropout) drop_p();
         rescale_o();
         convert_p();
       }
@@ -490,9 +531,11 @@ __global__ void __launch_bounds__(128 * (1 + kBlockMArg / 64), 1)
         issue_qk(index);
         issue_pv(index - 1);
         end_turn();
+        if constexpr (kHasDropout) draw_keep(index);
         ptx::wgmma_wait_group<1>();  // S_(index) done, O += P V still running
         release(k_empty, index);
         softmax_block(index);
+        if constexpr (kHasDropout) drop_p();
         ptx::wgmma_wait_group<0>();
         ptx::fence_operands(o);
         release(v_empty, index - 1);
@@ -512,9 +555,11 @@ __global__ void __launch_bounds__(128 * (1 + kBlockMArg / 64), 1)
       for (int index = 0; index < num_n_blocks; ++index) {
         wait_k(index);
         issue_qk(index);
+        if constexpr (kHasDropout) draw_keep(index);
         ptx::wgmma_wait_group<0>();
         release(k_empty, index);
         softmax_block(index);
+        if constexpr (kHasDropout) drop_p();
         rescale_o();
         convert_p();
         wait_v(index);
@@ -567,7 +612,7 @@ inline int multiprocessor_count(int device) {
 
 // Launches forward_kernel_sm90 with kConfig's tile shape for already validated params.
 // No allocation, no synchronisation; launch errors throw CudaError.
-template <class T, HopperTileConfig kConfig>
+template <class T, HopperTileConfig kConfig, bool kHasDropout>
 void launch_forward_sm90(const HopperForwardParams& params, cudaStream_t stream) {
   const AttentionParams& attention = params.attention;
   const std::int64_t num_m_blocks = (attention.seqlen_q + kConfig.block_m - 1) / kConfig.block_m;
@@ -584,7 +629,7 @@ void launch_forward_sm90(const HopperForwardParams& params, cudaStream_t stream)
       kConfig.is_persistent ? std::min<std::int64_t>(num_tiles, multiprocessor_count(device)) : num_tiles;
   constexpr int kSharedBytes = kConfig.shared_bytes();
   auto* kernel = forward_kernel_sm90<T, kConfig.kernel_head_dim, kConfig.block_m, kConfig.block_n, kConfig.stages,
-                                     kConfig.is_intra_overlap, kConfig.is_ping_pong, kConfig.is_persistent>;
+                                     kConfig.is_intra_overlap, kConfig.is_ping_pong, kConfig.is_persistent, kHasDropout>;
   // Above 48 KB of dynamic shared memory a kernel must opt in, once per device.
   static std::atomic<std::uint64_t> opted_in_devices{0};
   const std::uint64_t device_bit = device < 64 ? (std::uint64_t{1} << device) : 0;
@@ -596,20 +641,32 @@ void launch_forward_sm90(const HopperForwardParams& params, cudaStream_t stream)
   FLASHATTN_CUDA_CHECK_LAUNCH();
 }
 
-// What a generated translation unit instantiates (see src/cuda/generate_kernels.py).
-template <class T, int kHeadDim>
-void run_forward_sm90(const HopperForwardParams& params, cudaStream_t stream) {
-  constexpr HopperTileConfig kUnmasked = hopper_tile_config(kHeadDim, ProblemClass::unmasked);
-  constexpr HopperTileConfig kMasked = hopper_tile_config(kHeadDim, ProblemClass::masked);
-  constexpr HopperTileConfig kShortMasked = hopper_tile_config(kHeadDim, ProblemClass::short_masked);
+// The tile configs of one (head dim, dropout) pair, chosen by problem class.
+template <class T, int kHeadDim, bool kHasDropout>
+void launch_forward_sm90_for(ProblemClass problem_class, const HopperForwardParams& params, cudaStream_t stream) {
+  constexpr HopperTileConfig kUnmasked = hopper_tile_config(kHeadDim, ProblemClass::unmasked, kHasDropout);
+  constexpr HopperTileConfig kMasked = hopper_tile_config(kHeadDim, ProblemClass::masked, kHasDropout);
+  constexpr HopperTileConfig kShortMasked = hopper_tile_config(kHeadDim, ProblemClass::short_masked, kHasDropout);
   static_assert(kUnmasked.kernel_head_dim == kHeadDim && kMasked.kernel_head_dim == kHeadDim,
                 "no Hopper tile config for this head dim");
+  switch (problem_class) {
+    case ProblemClass::unmasked: return launch_forward_sm90<T, kUnmasked, kHasDropout>(params, stream);
+    case ProblemClass::masked: return launch_forward_sm90<T, kMasked, kHasDropout>(params, stream);
+    case ProblemClass::short_masked: return launch_forward_sm90<T, kShortMasked, kHasDropout>(params, stream);
+  }
+}
+
+// What a generated translation unit instantiates (see src/cuda/generate_kernels.py).
+// Dropout runs its own instantiation (kHasDropout): the default kernel carries none of it.
+template <class T, int kHeadDim>
+void run_forward_sm90(const HopperForwardParams& params, cudaStream_t stream) {
   const AttentionParams& attention = params.attention;
   // The same choice as make_forward_params' (the tensor maps' box rows are block_m).
-  switch (problem_class_of(attention.is_causal || attention.is_local(), attention.seqlen_q)) {
-    case ProblemClass::unmasked: return launch_forward_sm90<T, kUnmasked>(params, stream);
-    case ProblemClass::masked: return launch_forward_sm90<T, kMasked>(params, stream);
-    case ProblemClass::short_masked: return launch_forward_sm90<T, kShortMasked>(params, stream);
+  const ProblemClass problem_class = problem_class_of(attention.is_causal || attention.is_local(), attention.seqlen_q);
+  if (attention.has_dropout()) {
+    launch_forward_sm90_for<T, kHeadDim, true>(problem_class, params, stream);
+  } else {
+    launch_forward_sm90_for<T, kHeadDim, false>(problem_class, params, stream);
   }
 }
 

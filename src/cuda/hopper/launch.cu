@@ -209,7 +209,8 @@ void forward(const AttentionParams& params, cudaStream_t stream) {
   const int kernel_head_dim = kernel_head_dim_for(params.head_dim);
   const HopperForwardParams hopper_params = make_forward_params(
       params,
-      hopper_tile_config(kernel_head_dim, problem_class_of(params.is_causal || params.is_local(), params.seqlen_q)));
+      hopper_tile_config(kernel_head_dim, problem_class_of(params.is_causal || params.is_local(), params.seqlen_q),
+                         params.has_dropout()));
   if (params.dtype == DType::bfloat16) {
     run_for_head_dim<__nv_bfloat16>(kernel_head_dim, hopper_params, stream);
   } else {

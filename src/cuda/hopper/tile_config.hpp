@@ -80,18 +80,36 @@ inline constexpr HopperTileEntry kHopperTileTable[] = {
     {ProblemClass::masked,       {256, 128, 80, 2, true, false, false}},
 };
 
+// Dropout problems run a kHasDropout kernel (kernel.cuh). Where its Philox draws do not
+// fit an entry's registers, the entry below replaces it: d64 with three consumer
+// warpgroups (160 registers each) spills ~900 bytes in the persistent mainloop once the
+// round keys of a seed read from device memory take vector registers; two consumer
+// warpgroups (240 registers) do not spill.
+inline constexpr HopperTileEntry kHopperDropoutTileTable[] = {
+    //                            dim  M    N   stages overlap ping-pong persistent
+    {ProblemClass::unmasked,     {64, 128, 128, 2, true, false, true}},
+    {ProblemClass::masked,       {64, 128, 128, 2, true, false, false}},
+};
+
 constexpr ProblemClass problem_class_of(bool is_masked, long long seqlen_q) {
   if (!is_masked) return ProblemClass::unmasked;
   return seqlen_q <= kShortMaskedSeqlen ? ProblemClass::short_masked : ProblemClass::masked;
 }
 
-// The tile config that runs a problem of this class with this kernel head dim (the
-// one selection: the tensor maps in launch.cu and the launch in kernel.cuh read it).
-// short_masked falls back to masked where the table has no entry of its own.
-constexpr HopperTileConfig hopper_tile_config(int kernel_head_dim, ProblemClass problem_class) {
+// The tile config that runs a problem of this class with this kernel head dim, with or
+// without dropout (the one selection: the tensor maps in launch.cu and the launch in
+// kernel.cuh read it). short_masked falls back to masked where the table has no entry
+// of its own; dropout falls back to the entries without it.
+constexpr HopperTileConfig hopper_tile_config(int kernel_head_dim, ProblemClass problem_class,
+                                              bool has_dropout = false) {
+  if (has_dropout)
+    for (const HopperTileEntry& entry : kHopperDropoutTileTable)
+      if (entry.config.kernel_head_dim == kernel_head_dim && entry.problem_class == problem_class)
+        return entry.config;
   for (const HopperTileEntry& entry : kHopperTileTable)
     if (entry.config.kernel_head_dim == kernel_head_dim && entry.problem_class == problem_class) return entry.config;
-  if (problem_class == ProblemClass::short_masked) return hopper_tile_config(kernel_head_dim, ProblemClass::masked);
+  if (problem_class == ProblemClass::short_masked)
+    return hopper_tile_config(kernel_head_dim, ProblemClass::masked, has_dropout);
   return HopperTileConfig{0, 0, 0, 0, false, false, false};
 }
 
