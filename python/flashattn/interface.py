@@ -8,12 +8,12 @@ Layouts (flash_attn's):
 
 Causal masks and sliding windows are aligned to the bottom-right corner (flash_attn
 >= 2.1): with seqlen_q != seqlen_k, query row i sees key j iff j <= i + seqlen_k - seqlen_q.
+causal=True with a window keeps window_size[0] and uses window_size[1] = 0 (as flash_attn).
 
 Differences from flash_attn, all loud:
   * dropout_p > 0 and alibi_slopes raise NotImplementedError naming the argument.
   * return_attn_probs=True returns (out, softmax_lse, None): the attention
     probabilities are never materialised (flash_attn returns them only with dropout).
-  * causal=True with window_size[1] > 0 raises ValueError (flash_attn silently uses 0).
   * No gradient flows through softmax_lse (as in flash_attn).
 """
 

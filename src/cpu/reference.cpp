@@ -64,6 +64,7 @@ HeadForward<Acc> head_forward(const AttentionParams& params, const MaskRule& mas
     const std::int64_t i = row_first + r;  // the query row within its sequence (the mask's row)
     // S = Q K^T * scale, softcapped, masked.
     double row_max = kNegativeInfinity;
+    bool has_nan = false;  // a NaN score makes the row NaN (std::max would skip it)
     for (std::int64_t j = 0; j < rows_k; ++j) {
       if (!mask.allowed(i, j)) {
         s[static_cast<std::size_t>(j)] = kNegativeInfinity;
@@ -80,8 +81,10 @@ HeadForward<Acc> head_forward(const AttentionParams& params, const MaskRule& mas
       }
       s[static_cast<std::size_t>(j)] = score;
       row_max = std::max(row_max, score);
+      has_nan = has_nan || std::isnan(score);
     }
-    if (row_max == kNegativeInfinity) continue;  // fully masked: P = 0, O = 0, LSE = -inf
+    // Fully masked (or every visible score -inf): P = 0, O = 0, LSE = -inf.
+    if (row_max == kNegativeInfinity && !has_nan) continue;
     // P = softmax(S), LSE = m + log(sum).
     Acc sum = 0;
     for (std::int64_t j = 0; j < rows_k; ++j)
@@ -90,10 +93,11 @@ HeadForward<Acc> head_forward(const AttentionParams& params, const MaskRule& mas
     for (std::int64_t j = 0; j < rows_k; ++j)
       f.p[static_cast<std::size_t>(r * rows_k + j)] =
           round(static_cast<double>(std::exp(static_cast<Acc>(s[static_cast<std::size_t>(j)]) - static_cast<Acc>(row_max)) / sum));
-    // O = P V.
+    // O = P V over the visible keys only: a hidden key's NaN or Inf value must not
+    // reach the row through 0 * NaN (the NaN rule of README.md).
     for (std::int64_t d = 0; d < head_dim; ++d) {
       Acc acc = 0;
-      for (std::int64_t j = 0; j < rows_k; ++j)
+      for (std::int64_t j = mask.col_begin(i); j < mask.col_end(i); ++j)
         acc += static_cast<Acc>(f.p[static_cast<std::size_t>(r * rows_k + j)]) * static_cast<Acc>(v[static_cast<std::size_t>(j * head_dim + d)]);
       f.out[static_cast<std::size_t>(r * head_dim + d)] = round(static_cast<double>(acc));
     }
