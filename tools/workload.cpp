@@ -2,30 +2,53 @@
 #include "tools/workload.hpp"
 
 #include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <new>
+#include <stdexcept>
+#include <string>
 #include <vector>
 
 namespace flashattn::tools {
 
 namespace {
 std::size_t byte_size(const HostTensor& t) { return static_cast<std::size_t>(t.numel()) * dtype_size(t.dtype()); }
+
+// A host tensor, or an error that says which one and how many bytes could not be had
+// (`--head-dim 100000` or `--batch 99999999999` used to end in a bare std::bad_alloc).
+HostTensor allocate(DType dtype, std::vector<std::int64_t> shape, const char* name) {
+  long double bytes = static_cast<long double>(dtype_size(dtype));
+  std::string dims;
+  for (std::int64_t s : shape) bytes *= static_cast<long double>(s), dims += (dims.empty() ? "" : ", ") + std::to_string(s);
+  try {
+    if (bytes > static_cast<long double>(PTRDIFF_MAX)) throw std::bad_alloc();
+    return HostTensor(dtype, std::move(shape));
+  } catch (const std::bad_alloc&) {
+    char text[64];
+    std::snprintf(text, sizeof text, "%.3Lg", bytes);
+    throw std::runtime_error(std::string("cannot allocate ") + text + " bytes on the host for " + name + " [" + dims + "]");
+  } catch (const std::length_error&) {
+    throw std::runtime_error(std::string("cannot allocate ") + name + " [" + dims + "]: too large");
+  }
+}
 }  // namespace
 
 Workload::Workload(const Problem& problem, std::uint64_t seed, bool with_backward)
     : problem_(problem), with_backward_(with_backward) {
   const Problem& p = problem_;
-  q = HostTensor(p.dtype, {p.batch, p.seqlen_q, p.heads, p.head_dim});
-  k = HostTensor(p.dtype, {p.batch, p.seqlen_k, p.heads_kv, p.head_dim});
-  v = HostTensor(p.dtype, {p.batch, p.seqlen_k, p.heads_kv, p.head_dim});
-  out = HostTensor(p.dtype, {p.batch, p.seqlen_q, p.heads, p.head_dim});
-  lse = HostTensor(DType::float32, {p.batch, p.heads, p.seqlen_q});
+  q = allocate(p.dtype, {p.batch, p.seqlen_q, p.heads, p.head_dim}, "q");
+  k = allocate(p.dtype, {p.batch, p.seqlen_k, p.heads_kv, p.head_dim}, "k");
+  v = allocate(p.dtype, {p.batch, p.seqlen_k, p.heads_kv, p.head_dim}, "v");
+  out = allocate(p.dtype, {p.batch, p.seqlen_q, p.heads, p.head_dim}, "out");
+  lse = allocate(DType::float32, {p.batch, p.heads, p.seqlen_q}, "lse");
   q.fill_random(seed * 4 + 1);
   k.fill_random(seed * 4 + 2);
   v.fill_random(seed * 4 + 3);
   if (with_backward_) {
-    dout = HostTensor(p.dtype, {p.batch, p.seqlen_q, p.heads, p.head_dim});
-    dq = HostTensor(p.dtype, {p.batch, p.seqlen_q, p.heads, p.head_dim});
-    dk = HostTensor(p.dtype, {p.batch, p.seqlen_k, p.heads_kv, p.head_dim});
-    dv = HostTensor(p.dtype, {p.batch, p.seqlen_k, p.heads_kv, p.head_dim});
+    dout = allocate(p.dtype, {p.batch, p.seqlen_q, p.heads, p.head_dim}, "dout");
+    dq = allocate(p.dtype, {p.batch, p.seqlen_q, p.heads, p.head_dim}, "dq");
+    dk = allocate(p.dtype, {p.batch, p.seqlen_k, p.heads_kv, p.head_dim}, "dk");
+    dv = allocate(p.dtype, {p.batch, p.seqlen_k, p.heads_kv, p.head_dim}, "dv");
     dout.fill_random(seed * 4 + 4);
   }
   if (on_gpu()) {

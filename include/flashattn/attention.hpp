@@ -39,14 +39,18 @@ const char* algorithm_name(Algorithm algorithm) noexcept;
 
 // Options shared by the forward and the backward pass.
 struct AttentionOptions {
-  std::optional<double> softmax_scale;  // default 1/sqrt(head_dim); must be finite and > 0
+  // Default 1/sqrt(head_dim). softmax_scale and softcap are used as float32 times log2(e):
+  // each must be in [FLT_MIN, FLT_MAX / log2(e)] (softcap may also be 0 = off).
+  std::optional<double> softmax_scale;
   // Causal masking aligned to the bottom-right corner: query row i sees key
   // column j iff j <= i + seqlen_k - seqlen_q (FlashAttention >= 2.1). With
   // seqlen_q > seqlen_k the first rows see nothing: their output is 0, LSE -inf.
   bool causal = false;
   // Sliding window, bottom-right aligned like causal: row i sees columns
   // [i + seqlen_k - seqlen_q - window_left, i + seqlen_k - seqlen_q + window_right].
-  // -1 = unbounded on that side. causal is window_right = 0.
+  // -1 = unbounded on that side; a window at least as wide as the sequences is the
+  // same as -1. causal is window_right = 0: causal with a window keeps window_left and
+  // uses window_right = 0 whatever is given (flash_attn's rule).
   std::int64_t window_left = -1;
   std::int64_t window_right = -1;
   // Logit soft-capping: s -> softcap * tanh(s / softcap) applied to scale*q.k. 0 = off.
@@ -106,7 +110,7 @@ struct BackwardArgs {
 };
 
 // Where and how to run. `stream` is a cudaStream_t for CUDA tensors (nullptr = the
-// default stream); `num_threads` bounds CPU threads (0 = all hardware threads).
+// default stream); `num_threads` bounds CPU threads (0 = all hardware threads, at most 1024).
 struct ExecutionContext {
   void* stream = nullptr;
   int num_threads = 0;

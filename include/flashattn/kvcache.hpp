@@ -58,8 +58,13 @@
 // Validation: every argument is checked before anything is written (the cache is an
 // output when appending). Block-table entries, cache_batch_idx, cache_leftpad and
 // cache_seqlens are range-checked on the host when they live in host memory (CPU
-// tensors, or the uniform cache_seqlen); device-resident ones are the caller's
-// contract, as in flash_attn. ALiBi is not supported.
+// tensors, or the uniform cache_seqlen). A paged cache with device-resident
+// cache_seqlens is checked on the host too in eager mode (capacity and the block ids
+// each sequence touches: one stream-ordered device-to-host read); inside CUDA-graph
+// capture the decode kernels clamp a block id outside the page pool into it (wrong
+// values, never an access outside k_cache/v_cache) and the append skips such pages.
+// Other device-resident indices are the caller's contract, as in flash_attn. ALiBi is
+// not supported.
 #pragma once
 
 #include <cstddef>

@@ -66,7 +66,9 @@ struct State {
   // The exponent base to use for the current block's terms exp2(s - base).
   FLASHATTN_HOST_DEVICE T base() const { return safe_max(m); }
   FLASHATTN_HOST_DEVICE void add(T block_sum) { l += block_sum; }
-  FLASHATTN_HOST_DEVICE bool empty() const { return !(l > T(0)); }
+  // l is a sum of exp2 terms, so >= 0 or NaN; a NaN row (a NaN or +inf score) is not
+  // empty: its output and LSE stay NaN rather than a finite 0 with LSE -inf.
+  FLASHATTN_HOST_DEVICE bool empty() const { return l == T(0); }
   // 1/l for the single delayed normalisation; 0 for an empty row so its output is 0.
   FLASHATTN_HOST_DEVICE T inverse_sum() const { return empty() ? T(0) : T(1) / l; }
   // Natural-log LSE of the row: (m + log2 l) * ln 2; -inf for an empty row.
@@ -89,7 +91,8 @@ FLASHATTN_HOST_DEVICE State<T> merge(const State<T>& a, const State<T>& b, T* fa
 
 // Weights for merging two *normalised* partial outputs by their natural-log LSEs:
 // out = weight_a * out_a + weight_b * out_b, lse = log(e^lse_a + e^lse_b).
-// Both -inf (no key seen by either part): weights 0, lse -inf — never NaN.
+// Both -inf (no key seen by either part): weights 0, lse -inf — never NaN. A NaN LSE
+// (a row that met a NaN or +inf score) gives NaN weights and a NaN lse.
 template <class T>
 struct MergeWeights {
   T weight_a;
@@ -100,7 +103,9 @@ struct MergeWeights {
 template <class T>
 FLASHATTN_HOST_DEVICE MergeWeights<T> merge_weights(T lse_a, T lse_b) {
   const T m = lse_a > lse_b ? lse_a : lse_b;
-  if (m == negative_infinity<T>()) return {T(0), T(0), negative_infinity<T>()};
+  // Both -inf (lse_a == lse_b): an empty row. A NaN part (a NaN row) fails the
+  // equality and propagates NaN through the weights.
+  if (m == negative_infinity<T>() && lse_a == lse_b) return {T(0), T(0), negative_infinity<T>()};
   const T ea = std::exp(lse_a - m);
   const T eb = std::exp(lse_b - m);
   const T sum = ea + eb;

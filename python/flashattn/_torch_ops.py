@@ -22,7 +22,7 @@ from typing import Optional, Tuple
 import torch
 
 from flashattn import _C
-from flashattn.interface import check_rank, kvcache_native_arguments, lse_shape
+from flashattn._arguments import check_before_allocating, check_rank, kvcache_native_arguments, lse_shape
 
 def _with_capsules(native):
     """`native` called with DLPack capsules and the stream looked up in Python: for torch
@@ -62,10 +62,11 @@ def _new_workspace_for(device):
     return lambda nbytes: torch.empty(nbytes, dtype=torch.uint8, device=device)
 
 
-def _check_tensors(**tensors):
+def _check_tensors(like, **tensors):
     for name, tensor in tensors.items():
-        if tensor is not None and not isinstance(tensor, torch.Tensor):
-            raise TypeError(f"flashattn: {name}: expected a torch.Tensor like q, got {type(tensor).__name__}")
+        if not isinstance(tensor, torch.Tensor):
+            raise TypeError(f"flashattn: {name}: expected a torch.Tensor like {like}, got "
+                            f"{'None' if tensor is None else type(tensor).__name__}")
 
 
 def _empty_outputs(q, is_varlen, need_lse=True):
@@ -224,6 +225,8 @@ def attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, s
     is_varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
     if q.ndim != (3 if is_varlen else 4):
         check_rank(q, "q", 3 if is_varlen else 4)
+    if q.stride(-1) != 1:  # e.g. an expanded head_dim: refused before out is allocated
+        check_before_allocating(q)
     if _is_grad_enabled() and (q.requires_grad or getattr(k, "requires_grad", False)
                                or getattr(v, "requires_grad", False)):
         result = _flash_attention_apply(q, k, v, cu_seqlens_q, cu_seqlens_k,
@@ -240,6 +243,7 @@ def attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, s
 def _kvcache_forward(*arguments, need_lse=True):
     q = arguments[0]
     check_rank(q, "q", 4)
+    check_before_allocating(q)
     out, lse = _empty_outputs(q, False, need_lse)
     # The workspace callable is asked only on the GPU and only when the call splits.
     _kvcache_native(*kvcache_native_arguments(arguments, out, lse), _new_workspace_for(q.device),
@@ -291,5 +295,5 @@ def _merge_fake(out_a, lse_a, out_b, lse_b):
 
 
 def merge_attention_states(out_a, lse_a, out_b, lse_b):
-    _check_tensors(lse_a=lse_a, out_b=out_b, lse_b=lse_b)
+    _check_tensors("out_a", lse_a=lse_a, out_b=out_b, lse_b=lse_b)
     return _merge(out_a, lse_a, out_b, lse_b)

@@ -8,12 +8,12 @@ Layouts (flash_attn's):
 
 Causal masks and sliding windows are aligned to the bottom-right corner (flash_attn
 >= 2.1): with seqlen_q != seqlen_k, query row i sees key j iff j <= i + seqlen_k - seqlen_q.
+causal=True with a window keeps window_size[0] and uses window_size[1] = 0 (as flash_attn).
 
 Differences from flash_attn, all loud:
   * dropout_p > 0 and alibi_slopes raise NotImplementedError naming the argument.
   * return_attn_probs=True returns (out, softmax_lse, None): the attention
     probabilities are never materialised (flash_attn returns them only with dropout).
-  * causal=True with window_size[1] > 0 raises ValueError (flash_attn silently uses 0).
   * No gradient flows through softmax_lse (as in flash_attn).
 """
 
@@ -22,6 +22,19 @@ import sys
 import numpy as np
 
 from flashattn import _C
+from flashattn._arguments import (
+    allocation_error,
+    as_bool,
+    as_float,
+    as_int,
+    check_before_allocating,
+    check_not_none,
+    check_rank,
+    kvcache_native_arguments,
+    lse_shape,
+    shape_string,
+    window,
+)
 
 _torch_backend = None  # flashattn._torch_ops, imported on the first torch.Tensor
 _torch_tensor_type = None  # torch.Tensor, from then on: one isinstance on the hot path
@@ -54,43 +67,26 @@ def _check_unsupported(dropout_p, alibi_slopes, block_table=None):
         )
 
 
-def _window(window_size):
-    if type(window_size) is tuple and window_size == (-1, -1):  # the default, on the hot path
-        return -1, -1
+def _numpy_outputs(q, lse_shape_or_none):
+    """out like q and the float32 LSE, allocated only once q's layout allows an output."""
+    check_before_allocating(q)
     try:
-        left, right = window_size
-        return int(left), int(right)
-    except (TypeError, ValueError):
-        raise ValueError(
-            f"flashattn: window_size: expected a pair (left, right) of ints, -1 = unbounded, got {window_size!r}"
-        ) from None
-
-
-def _shape_string(shape):
-    return "[" + ", ".join(str(s) for s in shape) + "]"
-
-
-def check_rank(tensor, name, expected):
-    """The C++ rank check, run before the output shapes are derived from `tensor`."""
-    if tensor.ndim != expected:
-        raise ValueError(
-            f"flashattn: {name}: wrong rank: expected {expected}, got {tensor.ndim} {_shape_string(tensor.shape)}"
-        )
-
-
-def lse_shape(q, is_varlen):
-    """softmax_lse's shape: (batch, nheads, seqlen_q), varlen (nheads, total_q)."""
-    if is_varlen:
-        return (q.shape[1], q.shape[0])
-    return (q.shape[0], q.shape[2], q.shape[1])
+        out = np.empty(q.shape, dtype=q.dtype)
+    except MemoryError as e:
+        raise allocation_error("out", q.shape, q.dtype.itemsize, e) from None
+    if lse_shape_or_none is None:
+        return out, None
+    try:
+        return out, np.empty(lse_shape_or_none, dtype=np.float32)
+    except MemoryError as e:
+        raise allocation_error("lse", lse_shape_or_none, 4, e) from None
 
 
 def _numpy_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
                    window_left, window_right, softcap, need_lse):
     is_varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
     check_rank(q, "q", 3 if is_varlen else 4)
-    out = np.empty(q.shape, dtype=q.dtype)
-    lse = np.empty(lse_shape(q, is_varlen), dtype=np.float32) if need_lse else None
+    out, lse = _numpy_outputs(q, lse_shape(q, is_varlen) if need_lse else None)
     _C.forward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
                window_left, window_right, softcap, "automatic", 0, 0)
     return out, lse
@@ -103,18 +99,27 @@ def _attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, 
     if type(window_size) is tuple and window_size == (-1, -1):  # the default, inline on the hot path
         window_left = window_right = -1
     else:
-        window_left, window_right = _window(window_size)
+        window_left, window_right = window(window_size)
     if softmax_scale is not None:
-        softmax_scale = float(softmax_scale)
+        softmax_scale = as_float(softmax_scale, "softmax_scale")
+    if type(softcap) is not float:
+        softcap = as_float(softcap, "softcap")
+    if type(causal) is not bool:
+        causal = as_bool(causal, "causal")
+    if type(deterministic) is not bool:
+        deterministic = as_bool(deterministic, "deterministic")
+    if k is None or v is None:
+        check_not_none("k", k)
+        check_not_none("v", v)
     # The LSE is computed only when returned, or saved for the backward pass.
     need_lse = bool(return_attn_probs)
     if (_torch_tensor_type is not None and isinstance(q, _torch_tensor_type)) or _is_torch_tensor(q):
         out, lse = (_torch_backend or _torch_ops()).attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                                          softmax_scale, bool(causal), window_left, window_right, float(softcap),
-                                          bool(deterministic), need_lse)
+                                          softmax_scale, causal, window_left, window_right, softcap,
+                                          deterministic, need_lse)
     elif isinstance(q, np.ndarray):
         out, lse = _numpy_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
-                                  bool(causal), window_left, window_right, float(softcap), need_lse)
+                                  causal, window_left, window_right, softcap, need_lse)
     else:
         raise TypeError(f"flashattn: q: expected a torch.Tensor or a numpy.ndarray, got {type(q).__name__}")
     return (out, lse, None) if return_attn_probs else out
@@ -124,12 +129,19 @@ def _unpack(packed, name, dim, count):
     """The `count` views of `packed` along `dim` (q, k, v or k, v), never copies. For torch,
     unbind: its gradient is one stack into the packed gradient, not a zero-filled copy per slice."""
     rank = dim + 3
+    if not (_is_torch_tensor(packed) or isinstance(packed, np.ndarray)):
+        raise TypeError(f"flashattn: {name}: expected a torch.Tensor or a numpy.ndarray, got "
+                        f"{'None' if packed is None else type(packed).__name__}")
     if packed.ndim != rank or packed.shape[dim] != count:
         raise ValueError(f"flashattn: {name}: expected rank {rank} with size {count} in dimension {dim}, got shape "
-                         f"{_shape_string(packed.shape)}")
+                         f"{shape_string(packed.shape)}")
     if _is_torch_tensor(packed):
         return packed.unbind(dim)
     return tuple(np.moveaxis(packed, dim, 0))
+
+
+def _max_seqlen(value, name):
+    return value if type(value) is int and 0 <= value <= 0x7FFFFFFFFFFFFFFF else as_int(value, name)
 
 
 def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
@@ -149,7 +161,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
                            deterministic=False, return_attn_probs=False, block_table=None):
     """Attention over packed variable-length sequences: q (total_q, nheads, headdim),
     k/v (total_k, nheads_k, headdim), cu_seqlens_* int32 (batch + 1,)."""
-    return _attention(q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k), dropout_p,
+    return _attention(q, k, v, cu_seqlens_q, cu_seqlens_k, _max_seqlen(max_seqlen_q, "max_seqlen_q"), _max_seqlen(max_seqlen_k, "max_seqlen_k"), dropout_p,
                       softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic, return_attn_probs,
                       block_table)
 
@@ -175,7 +187,7 @@ def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, dropout_p=0.0,
                                      return_attn_probs=False):
     """qkv (total, 3, nheads, headdim), cu_seqlens int32 (batch + 1,)."""
     q, k, v = _unpack(qkv, "qkv", 1, 3)
-    return _attention(q, k, v, cu_seqlens, cu_seqlens, int(max_seqlen), int(max_seqlen), dropout_p, softmax_scale,
+    return _attention(q, k, v, cu_seqlens, cu_seqlens, _max_seqlen(max_seqlen, "max_seqlen"), _max_seqlen(max_seqlen, "max_seqlen"), dropout_p, softmax_scale,
                       causal, window_size, softcap, alibi_slopes, deterministic, return_attn_probs)
 
 
@@ -184,7 +196,7 @@ def flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_q, cu_seqlens_k, max_seqle
                                     alibi_slopes=None, deterministic=False, return_attn_probs=False):
     """q (total_q, nheads, headdim), kv (total_k, 2, nheads_k, headdim)."""
     k, v = _unpack(kv, "kv", 1, 2)
-    return _attention(q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k), dropout_p,
+    return _attention(q, k, v, cu_seqlens_q, cu_seqlens_k, _max_seqlen(max_seqlen_q, "max_seqlen_q"), _max_seqlen(max_seqlen_k, "max_seqlen_k"), dropout_p,
                       softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic, return_attn_probs)
 
 
@@ -202,35 +214,27 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     Returns out, or (out, softmax_lse) with return_softmax_lse=True.
     """
     _check_unsupported(0.0, alibi_slopes)
-    window_left, window_right = _window(window_size)
-    if softmax_scale is not None:
-        softmax_scale = float(softmax_scale)
+    window_left, window_right = window(window_size)
+    softmax_scale = as_float(softmax_scale, "softmax_scale", allow_none=True)
+    check_not_none("k_cache", k_cache)
+    check_not_none("v_cache", v_cache)
     uniform_cache_seqlen = None
-    if isinstance(cache_seqlens, (int, np.integer)):
-        uniform_cache_seqlen, cache_seqlens = int(cache_seqlens), None
+    if cache_seqlens is not None and getattr(cache_seqlens, "ndim", 0) == 0:  # one length for every sequence
+        uniform_cache_seqlen, cache_seqlens = as_int(cache_seqlens, "cache_seqlens"), None
     arguments = (q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, uniform_cache_seqlen,
-                 cache_batch_idx, cache_leftpad, block_table, softmax_scale, bool(causal), window_left, window_right,
-                 float(softcap), bool(rotary_interleaved), int(num_splits))
+                 cache_batch_idx, cache_leftpad, block_table, softmax_scale, as_bool(causal, "causal"), window_left,
+                 window_right, as_float(softcap, "softcap"), as_bool(rotary_interleaved, "rotary_interleaved"),
+                 as_int(num_splits, "num_splits", -(2**31), 2**31 - 1))
+    return_softmax_lse = as_bool(return_softmax_lse, "return_softmax_lse")
     if _is_torch_tensor(q):
-        out, lse = _torch_ops().with_kvcache(*arguments, need_lse=bool(return_softmax_lse))
+        out, lse = _torch_ops().with_kvcache(*arguments, need_lse=return_softmax_lse)
     elif isinstance(q, np.ndarray):
         check_rank(q, "q", 4)
-        out = np.empty(q.shape, dtype=q.dtype)
-        lse = np.empty(lse_shape(q, False), dtype=np.float32) if return_softmax_lse else None
+        out, lse = _numpy_outputs(q, lse_shape(q, False) if return_softmax_lse else None)
         _C.forward_with_kvcache(*kvcache_native_arguments(arguments, out, lse), None, 0, 0)
     else:
         raise TypeError(f"flashattn: q: expected a torch.Tensor or a numpy.ndarray, got {type(q).__name__}")
     return (out, lse) if return_softmax_lse else out
-
-
-def kvcache_native_arguments(arguments, out, lse):
-    """flash_attn_with_kvcache's arguments in the native call's order."""
-    (q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, uniform_cache_seqlen, cache_batch_idx,
-     cache_leftpad, block_table, softmax_scale, causal, window_left, window_right, softcap, rotary_interleaved,
-     num_splits) = arguments
-    return (q, k_cache, v_cache, k, v, cache_seqlens, uniform_cache_seqlen, cache_batch_idx, cache_leftpad, block_table,
-            rotary_cos, rotary_sin, rotary_interleaved, out, lse, num_splits, softmax_scale, causal, window_left,
-            window_right, softcap)
 
 
 def merge_attention_states(out_a, lse_a, out_b, lse_b):
@@ -241,8 +245,9 @@ def merge_attention_states(out_a, lse_a, out_b, lse_b):
         return _torch_ops().merge_attention_states(out_a, lse_a, out_b, lse_b)
     if isinstance(out_a, np.ndarray):
         check_rank(out_a, "out_a", 4)
-        out = np.empty(out_a.shape, dtype=out_a.dtype)
-        lse = np.empty((out_a.shape[0], out_a.shape[2], out_a.shape[1]), dtype=np.float32)
+        for name, value in (("lse_a", lse_a), ("out_b", out_b), ("lse_b", lse_b)):
+            check_not_none(name, value, "out_a")
+        out, lse = _numpy_outputs(out_a, (out_a.shape[0], out_a.shape[2], out_a.shape[1]))
         _C.merge_attention_states(out_a, lse_a, out_b, lse_b, out, lse, 0, 0)
         return out, lse
     raise TypeError(f"flashattn: out_a: expected a torch.Tensor or a numpy.ndarray, got {type(out_a).__name__}")

@@ -150,7 +150,7 @@ class ArrayArguments {
       first_name_ = name;
     } else if (first_api_ != nullptr && api != first_api_) {  // another framework (or none) than q's
       throw nb::type_error(("flashattn: " + std::string(name) + ": expected a " + qualified_type_name(first_type_) +
-                            " like " + first_name_ + ", got " + type_short_name(array)).c_str());
+                            " like " + first_name_ + ", got " + (array.is_none() ? std::string("None") : type_short_name(array))).c_str());
     }
     TensorView view;
     if (api != nullptr) {
@@ -183,12 +183,34 @@ class ArrayArguments {
     return nb::cast<std::string>(owned) + "." + nb::cast<std::string>(owned_name);
   }
 
+  // Why nanobind could not import an array, in the caller's terms: None where a tensor
+  // is required, a NumPy dtype DLPack cannot carry (object, str, datetime, structured,
+  // big-endian, ml_dtypes' bfloat16), a read-only array given as an output.
+  static std::string import_failure(nb::handle array, const char* name, bool is_output) {
+    const std::string prefix = "flashattn: " + std::string(name) + ": ";
+    if (array.is_none()) return prefix + "expected an array, got None";
+    if (!nb::hasattr(array, "dtype") || !nb::hasattr(array, "shape"))
+      return prefix + "expected an array (DLPack or buffer protocol), got " + type_short_name(array);
+    try {
+      const nb::object dtype = array.attr("dtype");
+      const std::string dtype_text = nb::cast<std::string>(nb::str(dtype));
+      if (nb::hasattr(dtype, "byteorder") && nb::cast<std::string>(dtype.attr("byteorder")) == ">")
+        return prefix + "unsupported dtype: expected float32, float16 or bfloat16 in native (little-endian) byte order, got big-endian " +
+               nb::cast<std::string>(nb::str(dtype.attr("str")));
+      if (is_output && nb::hasattr(array, "flags") && !nb::cast<bool>(array.attr("flags").attr("writeable")))
+        return prefix + "expected a writable array (it is written), got a read-only " + type_short_name(array);
+      return prefix + "unsupported dtype: expected float32, float16 or bfloat16 (int32 for indices), got " + dtype_text +
+             " (which DLPack and the buffer protocol cannot pass)";
+    } catch (const std::exception&) {
+      PyErr_Clear();
+      return prefix + "expected an array (DLPack or buffer protocol), got " + type_short_name(array);
+    }
+  }
+
   TensorView import_input(nb::handle array, const char* name) {
     if (input_count_ == inputs_.size()) throw nb::value_error("flashattn: too many array arguments");
     nb::ndarray<nb::ro>& slot = inputs_[input_count_];
-    if (!nb::try_cast(array, slot, /*convert=*/false))
-      throw nb::type_error(("flashattn: " + std::string(name) + ": expected an array (DLPack or buffer protocol), got " +
-                            type_short_name(array)).c_str());
+    if (!nb::try_cast(array, slot, /*convert=*/false)) throw nb::type_error(import_failure(array, name, false).c_str());
     ++input_count_;
     return tensor_view_from_dlpack(slot, name);
   }
@@ -196,9 +218,7 @@ class ArrayArguments {
   TensorView import_output(nb::handle array, const char* name) {
     if (output_count_ == outputs_.size()) throw nb::value_error("flashattn: too many array arguments");
     nb::ndarray<>& slot = outputs_[output_count_];
-    if (!nb::try_cast(array, slot, /*convert=*/false))
-      throw nb::type_error(("flashattn: " + std::string(name) +
-                            ": expected a writable array (DLPack or buffer protocol), got " + type_short_name(array)).c_str());
+    if (!nb::try_cast(array, slot, /*convert=*/false)) throw nb::type_error(import_failure(array, name, true).c_str());
     ++output_count_;
     return tensor_view_from_dlpack(slot, name);
   }

@@ -170,8 +170,10 @@ KVCacheArgs make_kvcache_args(ArrayArguments& arrays, nb::handle q, nb::handle k
                               bool causal, std::int64_t window_left, std::int64_t window_right, double softcap) {
   KVCacheArgs args;
   args.q = arrays.input(q, "q");
-  args.k_cache = arrays.output(k_cache, "k_cache");
-  args.v_cache = arrays.output(v_cache, "v_cache");
+  // The caches are written only when new keys are appended: read-only ones are fine otherwise.
+  const bool is_appending = !maybe_k_new.is_none() || !maybe_v_new.is_none();
+  args.k_cache = is_appending ? arrays.output(k_cache, "k_cache") : arrays.input(k_cache, "k_cache");
+  args.v_cache = is_appending ? arrays.output(v_cache, "v_cache") : arrays.input(v_cache, "v_cache");
   args.maybe_k_new = arrays.maybe_input(maybe_k_new, "k");
   args.maybe_v_new = arrays.maybe_input(maybe_v_new, "v");
   args.maybe_cache_seqlens = arrays.maybe_input(maybe_cache_seqlens, "cache_seqlens");

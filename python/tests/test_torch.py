@@ -443,8 +443,9 @@ def test_error_types_and_messages():
         flash_attn_func(q, q, q, dropout_p=0.5)
     with pytest.raises(NotImplementedError, match="alibi_slopes"):
         flash_attn_func(q, q, q, alibi_slopes=torch.zeros(2))
-    with pytest.raises(ValueError, match="window_right: causal attention sees no future keys"):
-        flash_attn_func(q, q, q, causal=True, window_size=(-1, 2))
+    # flash_attn's rule: causal with a window keeps window_left, window_right becomes 0.
+    assert torch.equal(flash_attn_func(q, q, q, causal=True, window_size=(3, 2)),
+                       flash_attn_func(q, q, q, window_size=(3, 0)))
     with pytest.raises(ValueError, match="last dimension must be contiguous"):
         flash_attn_func(q, torch.randn(1, 8, 2, 32)[..., ::2], q)
 

@@ -1,7 +1,11 @@
 // src/core/checks.cpp — the shared validation building blocks (see checks.hpp).
 #include "src/core/checks.hpp"
 
+#include <cfloat>
+#include <cmath>
+
 #include "flashattn/error.hpp"
+#include "flashattn/online_softmax.hpp"
 
 namespace flashattn::checks {
 
@@ -22,6 +26,40 @@ std::int64_t checked_add(std::int64_t a, std::int64_t b, const std::string& argu
   std::int64_t r;
   if (__builtin_add_overflow(a, b, &r)) fail(argument, "size computation overflows int64");
   return r;
+}
+
+namespace {
+
+std::string number(double x) {
+  std::ostringstream s;
+  s << x;
+  return s.str();
+}
+
+// A positive parameter the kernels read as float32 and multiply by log2(e): it must
+// stay a normal float32 (GPU kernels flush subnormals to zero) and that product finite.
+void check_float32_parameter(double value, const std::string& name, const std::string& requirement) {
+  const double largest = FLT_MAX / online_softmax::kLog2e;
+  if (!std::isfinite(value) || !(value > 0.0))
+    fail(name, "must be finite and " + requirement + ", got " + number(value));
+  if (value < FLT_MIN || value > largest)
+    fail(name, "out of range: " + expected_got("a value in [" + number(FLT_MIN) + ", " + number(largest) +
+                                                   "] (it is used as a float32 and times log2(e))",
+                                               number(value)));
+}
+
+}  // namespace
+
+void check_common_options(const AttentionOptions& options) {
+  if (options.softmax_scale) check_float32_parameter(*options.softmax_scale, "softmax_scale", "> 0");
+  if (options.softcap != 0.0) check_float32_parameter(options.softcap, "softcap", ">= 0 (0 = off)");
+  if (options.window_left < -1) fail("window_left", "must be >= -1 (-1 = unbounded), got " + std::to_string(options.window_left));
+  if (options.window_right < -1) fail("window_right", "must be >= -1 (-1 = unbounded), got " + std::to_string(options.window_right));
+}
+
+void check_num_threads(int num_threads) {
+  if (num_threads < 0 || num_threads > kMaxThreads)
+    fail("num_threads", expected_got("0 (all hardware threads) to " + std::to_string(kMaxThreads), num_threads));
 }
 
 Extent check_layout(const TensorView& t, const std::string& name, int expected_rank) {

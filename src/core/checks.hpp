@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "flashattn/attention.hpp"
 #include "flashattn/tensor.hpp"
 
 namespace flashattn::checks {
@@ -39,6 +40,16 @@ struct NamedExtent {
   std::string name;
   Extent extent;
 };
+
+// The options every entry point shares (softmax_scale, window, softcap), judged in the
+// domain the kernels use: a float parameter after its conversion to float32 (a scale
+// of 1e-50 would become 0, 1e39 inf), scale * log2(e) and softcap * log2(e) finite.
+// Causal with a window keeps window_left and sets window_right to 0 (flash_attn).
+void check_common_options(const AttentionOptions& options);
+
+// ExecutionContext::num_threads: 0 (all hardware threads) to kMaxThreads.
+inline constexpr int kMaxThreads = 1024;
+void check_num_threads(int num_threads);
 
 // Rank, non-negative sizes and strides, unit stride on the last dimension (for
 // non-empty tensors), element count and byte extent that fit int64.

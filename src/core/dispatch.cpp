@@ -3,12 +3,14 @@
 #include "flashattn/attention.hpp"
 #include "flashattn/error.hpp"
 #include "src/core/backend.hpp"
+#include "src/core/checks.hpp"
 #include "src/core/validate.hpp"
 
 namespace flashattn {
 
 void forward(const ForwardArgs& args, const ExecutionContext& context) {
   const AttentionParams params = validate_forward(args);
+  checks::check_num_threads(context.num_threads);
   if (params.device.type == DeviceType::cpu) {
     cpu::forward(params, args.options.algorithm, context.num_threads);
   } else {
@@ -18,6 +20,7 @@ void forward(const ForwardArgs& args, const ExecutionContext& context) {
 
 void backward(const BackwardArgs& args, const ExecutionContext& context) {
   const BackwardParams params = validate_backward(args);
+  checks::check_num_threads(context.num_threads);
   if (params.device.type == DeviceType::cpu) {
     cpu::backward(params, args.options.algorithm, context.num_threads);
     return;
@@ -50,6 +53,7 @@ void merge_attention_states(const TensorView& out_a, const TensorView& lse_a, co
                             const TensorView& lse_b, const TensorView& out, const TensorView& lse,
                             const ExecutionContext& context) {
   const MergeParams params = validate_merge(out_a, lse_a, out_b, lse_b, out, lse);
+  checks::check_num_threads(context.num_threads);
   if (out_a.device.type == DeviceType::cpu) {
     cpu::merge_attention_states(params);
   } else {

@@ -4,6 +4,7 @@
 
 #include "flashattn/error.hpp"
 #include "flashattn/kvcache.hpp"
+#include "src/core/checks.hpp"
 #include "src/core/kvcache_backend.hpp"
 #include "src/core/validate_kvcache.hpp"
 
@@ -20,6 +21,7 @@ std::size_t workspace_bytes_of(const KVCacheParams& p) {
 
 void forward_with_kvcache(const KVCacheArgs& args, const ExecutionContext& context) {
   const KVCacheParams params = validate_kvcache(args);
+  checks::check_num_threads(context.num_threads);
   if (params.attention.device.type == DeviceType::cpu) {
     cpu::forward_with_kvcache(params, context.num_threads);
     return;

@@ -81,10 +81,24 @@ struct KVCacheParams {
   FLASHATTN_HOST_DEVICE std::int64_t v_cache_offset(std::int64_t b, std::int64_t position, std::int64_t h) const {
     return row_base(b, position, attention.v_batch_stride, attention.v_row_stride) + h * attention.v_head_stride;
   }
+  // The block that entry `page` of a sequence's table row names, clamped into the page
+  // pool: a device-resident table is not checked on the host (CUDA graphs), so a hostile
+  // entry (page 7 of a 4-page cache) gives wrong values but never an access outside
+  // k_cache/v_cache. Writes skip such pages instead (page_is_valid).
+  FLASHATTN_HOST_DEVICE std::int64_t page_block(const std::int32_t* table_row, std::int64_t page) const {
+    const std::int64_t block = page < block_table_stride ? table_row[page] : 0;
+    return block < 0 ? 0 : (block >= num_blocks ? (num_blocks > 0 ? num_blocks - 1 : 0) : block);
+  }
+  FLASHATTN_HOST_DEVICE bool page_is_valid(std::int64_t b, std::int64_t position) const {
+    if (position < 0 || position >= capacity) return false;
+    if (!maybe_block_table) return true;
+    const std::int64_t block = maybe_block_table[b * block_table_stride + position / page_size];
+    return block >= 0 && block < num_blocks;
+  }
   FLASHATTN_HOST_DEVICE std::int64_t row_base(std::int64_t b, std::int64_t position, std::int64_t batch_stride,
                                               std::int64_t row_stride) const {
     if (maybe_block_table) {
-      const std::int64_t block = maybe_block_table[b * block_table_stride + position / page_size];
+      const std::int64_t block = page_block(maybe_block_table + b * block_table_stride, position / page_size);
       return block * batch_stride + (position % page_size) * row_stride;
     }
     const std::int64_t cache_b = maybe_cache_batch_idx ? maybe_cache_batch_idx[b] : b;

@@ -18,16 +18,7 @@ using namespace checks;
 
 void check_options(const AttentionOptions& options, std::int64_t head_dim, const BackendLimits& limits,
                    Device device) {
-  if (options.softmax_scale) {
-    const double s = *options.softmax_scale;
-    if (!std::isfinite(s) || s <= 0.0) fail("softmax_scale", "must be finite and > 0, got " + std::to_string(s));
-  }
-  if (options.window_left < -1) fail("window_left", "must be >= -1 (-1 = unbounded), got " + std::to_string(options.window_left));
-  if (options.window_right < -1) fail("window_right", "must be >= -1 (-1 = unbounded), got " + std::to_string(options.window_right));
-  if (options.causal && options.window_right > 0)
-    fail("window_right", "causal attention sees no future keys: " + expected_got("-1 or 0", options.window_right));
-  if (!std::isfinite(options.softcap) || options.softcap < 0.0)
-    fail("softcap", "must be finite and >= 0 (0 = off), got " + std::to_string(options.softcap));
+  check_common_options(options);
   if (!(options.dropout_p >= 0.0 && options.dropout_p < 1.0)) fail("dropout_p", "must be in [0, 1), got " + std::to_string(options.dropout_p));
   const auto algorithm_index = static_cast<std::size_t>(options.algorithm);
   if (algorithm_index >= static_cast<std::size_t>(kAlgorithmCount)) fail("algorithm", "unknown algorithm value " + std::to_string(algorithm_index));
@@ -169,6 +160,12 @@ Geometry check_inputs(const TensorView& q, const TensorView& k, const TensorView
     g.total_k = k.size(0);
     if (varlen->max_seqlen_q < 0) fail("max_seqlen_q", "must be >= 0, got " + std::to_string(varlen->max_seqlen_q));
     if (varlen->max_seqlen_k < 0) fail("max_seqlen_k", "must be >= 0, got " + std::to_string(varlen->max_seqlen_k));
+    // A maximum no sequence can reach would only size work that is never done (and
+    // with 2^62 overflow the work counts): bound it by the rows that exist.
+    if (varlen->max_seqlen_q > g.total_q)
+      fail("max_seqlen_q", expected_got("<= " + std::to_string(g.total_q) + " (rows of q)", varlen->max_seqlen_q));
+    if (varlen->max_seqlen_k > g.total_k)
+      fail("max_seqlen_k", expected_got("<= " + std::to_string(g.total_k) + " (rows of k)", varlen->max_seqlen_k));
     if (!varlen->cu_seqlens_q.defined() || varlen->cu_seqlens_q.rank != 1)
       fail("cu_seqlens_q", "expected an int32 tensor of shape [batch + 1], got rank " + std::to_string(varlen->cu_seqlens_q.rank));
     g.batch = varlen->cu_seqlens_q.size(0) - 1;
@@ -189,6 +186,9 @@ Geometry check_inputs(const TensorView& q, const TensorView& k, const TensorView
     g.total_q = checked_mul(g.batch, g.seqlen_q, "q");
     g.total_k = checked_mul(g.batch, g.seqlen_k, "k");
   }
+  // The work counts the backends size their loops by (rows of every (sequence, head)).
+  checked_mul(checked_mul(g.batch, g.heads_q, "q"), g.seqlen_q, g.is_varlen ? "max_seqlen_q" : "q");
+  checked_mul(checked_mul(g.batch, g.heads_kv, "k"), g.seqlen_k, g.is_varlen ? "max_seqlen_k" : "k");
   g.input_extents = {{"q", q_extent}, {"k", k_extent}, {"v", v_extent}};
   check_variant_tensors(options, g.batch, g.heads_q, q.device, g.input_extents);
   if (g.is_varlen) {

@@ -34,16 +34,7 @@ std::int64_t host_entry(const TensorView& t, std::int64_t b) {
 }
 
 void check_options(const AttentionOptions& options) {
-  if (options.softmax_scale) {
-    const double s = *options.softmax_scale;
-    if (!std::isfinite(s) || s <= 0.0) fail("softmax_scale", "must be finite and > 0, got " + std::to_string(s));
-  }
-  if (options.window_left < -1) fail("window_left", "must be >= -1 (-1 = unbounded), got " + std::to_string(options.window_left));
-  if (options.window_right < -1) fail("window_right", "must be >= -1 (-1 = unbounded), got " + std::to_string(options.window_right));
-  if (options.causal && options.window_right > 0)
-    fail("window_right", "causal attention sees no future keys: " + expected_got("-1 or 0", options.window_right));
-  if (!std::isfinite(options.softcap) || options.softcap < 0.0)
-    fail("softcap", "must be finite and >= 0 (0 = off), got " + std::to_string(options.softcap));
+  check_common_options(options);
   if (!(options.dropout_p == 0.0)) unsupported("dropout_p", "forward_with_kvcache has no dropout (only 0 is accepted)");
   if (options.algorithm != Algorithm::automatic)
     unsupported("algorithm", std::string("forward_with_kvcache has one algorithm (automatic), got ") + algorithm_name(options.algorithm));
@@ -155,8 +146,9 @@ KVCacheParams validate_kvcache(const KVCacheArgs& args) {
   const std::string capacity_text = std::to_string(capacity) + (is_paged ? " (max_blocks_per_seq * page_size)" : " (seqlen_cache)");
   auto check_length = [&](std::int64_t b, std::int64_t length) {
     if (length < 0) fail("cache_seqlens", "entry " + std::to_string(b) + " must be >= 0, got " + std::to_string(length));
+    // Paged: the table's width is what runs out, so the message names block_table.
     if (length + seqlen_new > capacity)
-      fail("cache_seqlens", "entry " + std::to_string(b) + ": " + std::to_string(length) + " cached + " + std::to_string(seqlen_new) +
+      fail(is_paged ? "block_table" : "cache_seqlens", "entry " + std::to_string(b) + ": " + std::to_string(length) + " cached + " + std::to_string(seqlen_new) +
                                 " new keys exceed the cache capacity " + capacity_text);
   };
   if (args.maybe_cache_seqlens.defined()) {

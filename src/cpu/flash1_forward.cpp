@@ -114,8 +114,13 @@ void flash1_forward(const AttentionParams& params, int num_threads) {
     }
 
     for (std::int64_t i = 0; i < seqlen_q; ++i) {
-      store_row(o.data() + i * head_dim, head_dim, output_scale, params.out, params.dtype, params.out_offset(b, h) + i * params.out_row_stride);
-      if (params.maybe_lse) params.maybe_lse[params.lse_offset(b, h) + i * params.lse_row_stride] = stats[static_cast<std::size_t>(i)].lse();
+      float* o_row = o.data() + i * head_dim;
+      float lse = stats[static_cast<std::size_t>(i)].lse();
+      float scale = output_scale;
+      if (!row_is_finite(o_row, head_dim, scale, lse))  // overflow or NaN: see exact_row
+        lse = exact_row(params, b, h, i, o_row), scale = 1.0f;
+      store_row(o_row, head_dim, scale, params.out, params.dtype, params.out_offset(b, h) + i * params.out_row_stride);
+      if (params.maybe_lse) params.maybe_lse[params.lse_offset(b, h) + i * params.lse_row_stride] = lse;
     }
   }
 }

@@ -12,6 +12,7 @@
 //       m_new = max(m, rowmax S);  P^T = 2^(S^T - m_new);  l += rowsum P
 //       O_t^T = O_t^T · 2^(m - m_new) + V_j^T P^T                 (head_dim, tile_m)
 //   O = transpose(O^T) / l   (one division per row, at the end);  LSE = (m + log2 l)·ln 2
+//   a row that came out NaN or Inf is redone by the float64 oracle (flash.hpp, exact_row)
 // The scores are kept transposed (keys x queries) so that both matmuls, the row max,
 // the exp2 and the rescale all run with the queries in the vector lanes: no
 // horizontal reductions and no transpose of K or V. The vector work is the
@@ -217,9 +218,12 @@ void flash2_forward(const AttentionParams& params, int num_threads) {
         const float* o_tile_t = o_t.data() + t * head_dim_rows * tile_m;
         const auto& state = states[static_cast<std::size_t>(r)];
         for (std::int64_t d = 0; d < head_dim; ++d) row_buffer[static_cast<std::size_t>(d)] = o_tile_t[d * tile_m + i];
-        store_row(row_buffer.data(), head_dim, state.inverse_sum() * output_scale, params.out, params.dtype,
+        float scale = state.inverse_sum() * output_scale, lse = state.lse();
+        if (!row_is_finite(row_buffer.data(), head_dim, scale, lse))  // overflow or NaN: see exact_row
+          lse = exact_row(params, b, h, item_begin + r, row_buffer.data()), scale = 1.0f;
+        store_row(row_buffer.data(), head_dim, scale, params.out, params.dtype,
                   params.out_offset(b, h) + (item_begin + r) * params.out_row_stride);
-        if (params.maybe_lse) params.maybe_lse[params.lse_offset(b, h) + (item_begin + r) * params.lse_row_stride] = state.lse();
+        if (params.maybe_lse) params.maybe_lse[params.lse_offset(b, h) + (item_begin + r) * params.lse_row_stride] = lse;
       }
     }
   }

@@ -69,7 +69,11 @@ void append_new_keys(const KVCacheParams& p) {
 
 // One work item: sequence b, kv head h_kv, its group's query rows packed as
 // row r = i * group_size + g (query head h_kv * group_size + g, query position i).
-void attend_work_item(const KVCacheParams& p, std::int64_t b, std::int64_t h_kv) {
+// Acc accumulates P V: float first; the unnormalised sums reach seqlen_k * max|v| and
+// can overflow where the answer is finite, so an item whose float result is not finite
+// is redone with double (returns false without writing, when must_be_finite).
+template <class Acc>
+bool attend_work_item(const KVCacheParams& p, std::int64_t b, std::int64_t h_kv, bool must_be_finite) {
   const AttentionParams& a = p.attention;
   const std::int64_t d_count = a.head_dim, group = a.group_size, rows = a.seqlen_q * group;
   const auto d_size = static_cast<std::size_t>(d_count);
@@ -92,8 +96,8 @@ void attend_work_item(const KVCacheParams& p, std::int64_t b, std::int64_t h_kv)
   }
 
   std::vector<float> k_tile(static_cast<std::size_t>(kBlockN) * d_size), v_tile(k_tile.size());  // (kBlockN, head_dim)
-  std::vector<float> acc(static_cast<std::size_t>(rows) * d_size);                             // (rows, head_dim), unnormalised
-  std::vector<float> merged(acc.size(), 0.0f);                                                 // (rows, head_dim), normalised
+  std::vector<Acc> acc(static_cast<std::size_t>(rows) * d_size);                               // (rows, head_dim), unnormalised
+  std::vector<Acc> merged(acc.size(), Acc(0));                                                 // (rows, head_dim), normalised
   std::vector<float> merged_lse(static_cast<std::size_t>(rows), online_softmax::negative_infinity<float>());
   std::vector<online_softmax::State<float>> state(static_cast<std::size_t>(rows));
   std::vector<float> scores(static_cast<std::size_t>(kBlockN));
@@ -103,7 +107,7 @@ void attend_work_item(const KVCacheParams& p, std::int64_t b, std::int64_t h_kv)
   for (int split = 0; split < p.num_splits; ++split) {
     const std::int64_t split_begin = std::min(seqlen_k, split * blocks_per_split * kBlockN);
     const std::int64_t split_end = std::min(seqlen_k, (split + 1) * blocks_per_split * kBlockN);
-    std::fill(acc.begin(), acc.end(), 0.0f);
+    std::fill(acc.begin(), acc.end(), Acc(0));
     std::fill(state.begin(), state.end(), online_softmax::State<float>{});
     // Columns any packed row may see (rows of one position i share a mask).
     const MaskRule::ColumnRange seen = mask.columns_of_rows(0, a.seqlen_q);
@@ -137,16 +141,16 @@ void attend_work_item(const KVCacheParams& p, std::int64_t b, std::int64_t h_kv)
         // Online softmax: rescale the accumulator to the new max, add P V.
         auto& st = state[static_cast<std::size_t>(r)];
         const float factor = st.raise_max(block_max);
-        float* o = &acc[static_cast<std::size_t>(r) * d_size];
+        Acc* o = &acc[static_cast<std::size_t>(r) * d_size];
         for (std::int64_t d = 0; d < d_count; ++d) o[d] *= factor;
         const float base = st.base();
         float sum = 0.0f;
         for (std::int64_t c = 0; c < n; ++c) {
           const float prob = online_softmax::exp2_of(scores[static_cast<std::size_t>(c)] - base);
-          if (prob == 0.0f) continue;
+          if (prob == 0.0f) continue;  // masked (a hidden key's NaN value never meets 0 * NaN)
           sum += prob;
           const float* vc = &v_tile[static_cast<std::size_t>(c) * d_size];
-          for (std::int64_t d = 0; d < d_count; ++d) o[d] += prob * vc[d];
+          for (std::int64_t d = 0; d < d_count; ++d) o[d] += static_cast<Acc>(prob) * vc[d];
         }
         st.add(sum);
       }
@@ -155,23 +159,29 @@ void attend_work_item(const KVCacheParams& p, std::int64_t b, std::int64_t h_kv)
     for (std::int64_t r = 0; r < rows; ++r) {
       const auto& st = state[static_cast<std::size_t>(r)];
       const float inverse = st.inverse_sum();
-      float* o = &acc[static_cast<std::size_t>(r) * d_size];
-      float* m = &merged[static_cast<std::size_t>(r) * d_size];
+      Acc* o = &acc[static_cast<std::size_t>(r) * d_size];
+      Acc* m = &merged[static_cast<std::size_t>(r) * d_size];
       float& lse = merged_lse[static_cast<std::size_t>(r)];
       const auto w = online_softmax::merge_weights(lse, st.lse());
+      // A zero weight skips its part (an empty part's output is 0 anyway); a NaN weight
+      // (a NaN row) must propagate, so the test is == 0, not > 0.
       for (std::int64_t d = 0; d < d_count; ++d)
-        m[d] = (w.weight_a > 0.0f ? w.weight_a * m[d] : 0.0f) + (w.weight_b > 0.0f ? w.weight_b * o[d] * inverse : 0.0f);
+        m[d] = (w.weight_a == 0.0f ? Acc(0) : w.weight_a * m[d]) + (w.weight_b == 0.0f ? Acc(0) : w.weight_b * o[d] * inverse);
       lse = w.lse;
     }
   }
 
+  if (must_be_finite)
+    for (std::size_t e = 0; e < merged.size(); ++e)
+      if (!std::isfinite(static_cast<float>(merged[e]))) return false;
   for (std::int64_t r = 0; r < rows; ++r) {
     const std::int64_t i = r / group, h = h_kv * group + r % group;
     const std::int64_t base = a.out_offset(b, h) + i * a.out_row_stride;
-    const float* m = &merged[static_cast<std::size_t>(r) * d_size];
-    for (std::int64_t d = 0; d < d_count; ++d) numeric::store_from_float(a.out, a.dtype, base + d, m[d]);
+    const Acc* m = &merged[static_cast<std::size_t>(r) * d_size];
+    for (std::int64_t d = 0; d < d_count; ++d) numeric::store_from_float(a.out, a.dtype, base + d, static_cast<float>(m[d]));
     if (a.maybe_lse) a.maybe_lse[a.lse_offset(b, h) + i * a.lse_row_stride] = merged_lse[static_cast<std::size_t>(r)];
   }
+  return true;
 }
 
 }  // namespace
@@ -183,7 +193,10 @@ void forward_with_kvcache(const KVCacheParams& params, int num_threads) {
   const AttentionParams& a = params.attention;
   const std::int64_t items = a.batch * a.heads_kv;
 #pragma omp parallel for schedule(dynamic, 1) num_threads(thread_count(num_threads))
-  for (std::int64_t item = 0; item < items; ++item) attend_work_item(params, item / a.heads_kv, item % a.heads_kv);
+  for (std::int64_t item = 0; item < items; ++item) {
+    const std::int64_t b = item / a.heads_kv, h_kv = item % a.heads_kv;
+    if (!attend_work_item<float>(params, b, h_kv, true)) attend_work_item<double>(params, b, h_kv, false);
+  }
 }
 
 }  // namespace flashattn::cpu

@@ -74,6 +74,7 @@ HeadForward<Acc> head_forward(const AttentionParams& params, std::int64_t b, std
     const std::int64_t i = row_first + r;  // the query row within its sequence (the mask's row)
     // S = Q K^T * scale, softcapped, masked.
     double row_max = kNegativeInfinity;
+    bool has_nan = false;  // a NaN score makes the row NaN (std::max would skip it)
     for (std::int64_t j = 0; j < rows_k; ++j) {
       if (!mask.allowed(i, j)) {
         s[static_cast<std::size_t>(j)] = kNegativeInfinity;
@@ -92,8 +93,10 @@ HeadForward<Acc> head_forward(const AttentionParams& params, std::int64_t b, std
         score = round(static_cast<double>(static_cast<Acc>(score) + static_cast<Acc>(ScoreRule::alibi_bias(alibi_slope, i + mask.seqlen_k - mask.seqlen_q - j))));
       s[static_cast<std::size_t>(j)] = score;
       row_max = std::max(row_max, score);
+      has_nan = has_nan || std::isnan(score);
     }
-    if (row_max == kNegativeInfinity) continue;  // fully masked: P = 0, O = 0, LSE = -inf
+    // Fully masked (or every visible score -inf): P = 0, O = 0, LSE = -inf.
+    if (row_max == kNegativeInfinity && !has_nan) continue;
     // P = softmax(S), LSE = m + log(sum).
     Acc sum = 0;
     for (std::int64_t j = 0; j < rows_k; ++j)
@@ -106,12 +109,14 @@ HeadForward<Acc> head_forward(const AttentionParams& params, std::int64_t b, std
       if (f.keep.empty()) f.keep.assign(static_cast<std::size_t>(rows_q * rows_k), 1);
       for (std::int64_t j = 0; j < rows_k; ++j) f.keep[static_cast<std::size_t>(r * rows_k + j)] = dropout.keep(dropout_head, i, j);
     }
-    // O = P V (dropout: (P ∘ Z) V / (1 − p)).
+    // O = P V over the visible keys only: a hidden key's NaN or Inf value must not
+    // reach the row through 0 * NaN (the NaN rule of README.md). Dropout: (P ∘ Z) V / (1 − p),
+    // a dropped visible key multiplied by 0 (so its NaN value still propagates, as on the GPU).
     for (std::int64_t d = 0; d < head_dim; ++d) {
       Acc acc = 0;
-      for (std::int64_t j = 0; j < rows_k; ++j) {
-        if (!f.keep.empty() && !f.keep[static_cast<std::size_t>(r * rows_k + j)]) continue;
-        acc += static_cast<Acc>(f.p[static_cast<std::size_t>(r * rows_k + j)]) * static_cast<Acc>(v[static_cast<std::size_t>(j * head_dim + d)]);
+      for (std::int64_t j = mask.col_begin(i); j < mask.col_end(i); ++j) {
+        const bool kept = f.keep.empty() || f.keep[static_cast<std::size_t>(r * rows_k + j)];
+        acc += static_cast<Acc>(kept ? f.p[static_cast<std::size_t>(r * rows_k + j)] : 0.0) * static_cast<Acc>(v[static_cast<std::size_t>(j * head_dim + d)]);
       }
       if (dropout.enabled()) acc *= inverse_keep;
       f.out[static_cast<std::size_t>(r * head_dim + d)] = round(static_cast<double>(acc));

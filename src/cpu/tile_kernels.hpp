@@ -69,7 +69,8 @@ inline Vec vmax(Vec a, Vec b) { return a > b ? a : b; }
 // bits. Rounding by the 1.5·2^23 trick: t = x + 1.5·2^23 holds round(x) in its low
 // mantissa bits, so n needs no float<->int conversion, and (bits of t) << 23 is
 // exactly n << 23. x < -126 (the mask's -inf included) gives exactly 0, so masked
-// scores vanish; callers pass x <= 0 up to rounding, so there is no overflow.
+// scores vanish; callers pass x <= 0 up to rounding, so there is no overflow. NaN
+// stays NaN (the clamp alone would turn it into 2^-126 and silently drop the key).
 inline Vec exp2(Vec x) {
   const Vec kRoundingMagic = broadcast(12582912.0f);  // 1.5 * 2^23
   const Vec clamped = vmax(x, broadcast(-126.0f));
@@ -89,7 +90,8 @@ inline Vec exp2(Vec x) {
   p_bits += t_bits << 23;
   Vec result;
   __builtin_memcpy(&result, &p_bits, sizeof result);
-  return x < -126.0f ? Vec{} : result;
+  const Vec finite = x < -126.0f ? Vec{} : result;
+  return x == x ? finite : x;
 }
 
 // A (kRows, kVecs*kLanes) block of C held in registers for the whole depth loop: per

@@ -187,15 +187,42 @@ TEST_F(Forward, NonFiniteOrNonPositiveScale) {
     expect_rejected("softmax_scale", "finite");
   }
 }
+// Judged as the kernels see them: float32, times log2(e). 1e-50 becomes 0 (softcap
+// "off"), 1e-40 a subnormal the GPU flushes to 0, 1e39 inf.
+TEST_F(Forward, ScaleOrSoftcapOutsideTheFloat32Range) {
+  for (double value : {1e-50, 1e-40, 1e39, 3e38}) {
+    SCOPED_TRACE(value);
+    args.options.softmax_scale = value;
+    expect_rejected("softmax_scale", "out of range");
+    args.options.softmax_scale.reset();
+    args.options.softcap = value;
+    expect_rejected("softcap", "out of range");
+    args.options.softcap = 0.0;
+  }
+  args.options.softmax_scale = 1e-30;  // small but a normal float32: accepted
+  args.options.softcap = 1e30;
+  EXPECT_EQ(flashattn::why_unsupported(args), "");
+}
+TEST_F(Forward, NumThreadsOutOfRange) {
+  for (int threads : {-1, 100000}) {
+    SCOPED_TRACE(threads);
+    ::expect_rejected([&] { flashattn::forward(args, flashattn::ExecutionContext{nullptr, threads}); }, "num_threads", "1024",
+                      {&out, &lse});
+  }
+}
 TEST_F(Forward, InvalidWindow) {
   args.options.window_left = -2;
   expect_rejected("window_left", "-1");
   args.options.window_left = 4;
   args.options.window_right = -7;
   expect_rejected("window_right", "-1");
+}
+// flash_attn's rule: causal with a window keeps window_left and uses window_right = 0.
+TEST_F(Forward, CausalWithAWindowIsAccepted) {
+  args.options.window_left = 4;
   args.options.window_right = 3;
   args.options.causal = true;
-  expect_rejected("window_right", "causal");
+  EXPECT_EQ(flashattn::why_unsupported(args), "");
 }
 TEST_F(Forward, NegativeOrNonFiniteSoftcap) {
   for (double softcap : {-1.0, std::numeric_limits<double>::quiet_NaN(), std::numeric_limits<double>::infinity()}) {
@@ -276,6 +303,19 @@ TEST_F(Varlen, CuSeqlensDecreasing) {
 TEST_F(Varlen, SequenceLongerThanMaxSeqlen) {
   args.maybe_varlen->max_seqlen_q = 19;
   expect_rejected("max_seqlen_q", "> max_seqlen_q");
+}
+// 2^62 and 2^63 - 1 used to size the work (and overflow it); no sequence can be longer
+// than the rows that exist.
+TEST_F(Varlen, MaxSeqlenBeyondTheRowsThatExist) {
+  for (std::int64_t huge : {std::int64_t{31}, std::int64_t{1} << 62, std::numeric_limits<std::int64_t>::max()}) {
+    SCOPED_TRACE(huge);
+    args.maybe_varlen->max_seqlen_q = huge;
+    expect_rejected("max_seqlen_q", "rows of q");
+    args.maybe_varlen->max_seqlen_q = 20;
+    args.maybe_varlen->max_seqlen_k = huge + (huge == 31 ? 10 : 0);
+    expect_rejected("max_seqlen_k", "rows of k");
+    args.maybe_varlen->max_seqlen_k = 25;
+  }
 }
 TEST_F(Varlen, NegativeMaxSeqlen) {
   args.maybe_varlen->max_seqlen_k = -1;

@@ -154,7 +154,8 @@ TEST(KVCacheCpuProperties, FullCapacityAcceptedOnePastRejected) {
     forward_with_kvcache(past.args());
     FAIL() << "one past capacity accepted";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("cache_seqlens"), std::string::npos) << e.what();
+    // A paged cache's capacity is the block table's width, so the message names block_table.
+    EXPECT_NE(std::string(e.what()).find("flashattn: block_table:"), std::string::npos) << e.what();
   }
   EXPECT_TRUE(past.k_cache.bitwise_equal(past.k_cache_initial));
   EXPECT_TRUE(past.v_cache.bitwise_equal(past.v_cache_initial));
@@ -191,7 +192,7 @@ TEST(KVCacheCpuValidation, RejectsBadArgumentsWithoutWriting) {
       {"cache_seqlens dtype", "cache_seqlens", [](DecodeProblem&, KVCacheArgs& a) { a.maybe_cache_seqlens.dtype = DType::float32; }},
       {"cache_seqlens negative", "cache_seqlens", [](DecodeProblem& p, KVCacheArgs&) { static_cast<std::int32_t*>(p.cache_seqlens.data())[1] = -2; }},
       {"both seqlen forms", "cache_seqlens", [](DecodeProblem&, KVCacheArgs& a) { a.maybe_uniform_cache_seqlen = 3; }},
-      {"uniform seqlen past capacity", "cache_seqlens",
+      {"uniform seqlen past capacity", "block_table",
        [](DecodeProblem&, KVCacheArgs& a) { a.maybe_cache_seqlens = {}, a.maybe_uniform_cache_seqlen = 64; }},
       {"cache_batch_idx with paged cache", "cache_batch_idx", [](DecodeProblem& p, KVCacheArgs& a) { a.maybe_cache_batch_idx = p.cache_seqlens.view(); }},
       {"leftpad past the end", "cache_leftpad",

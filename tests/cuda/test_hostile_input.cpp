@@ -11,6 +11,8 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "flashattn/flashattn.hpp"
@@ -42,7 +44,7 @@ struct Mirrored {
     return v;
   }
   void upload() { device.upload(host.data()); }
-  HostTensor download() {
+  HostTensor download() const {
     HostTensor copy = host;
     device.download(copy.data());
     return copy;
@@ -61,7 +63,7 @@ struct CudaHostile : ::testing::Test {
   }
 };
 
-// q [1, 512, 2, 64], k/v [1, 512, 1, 64] bf16; returns (out, lse) on the host.
+// q [1, 512, 2, 64], k/v [1, 512, 1, 64] bf16 (GQA 2:1).
 struct ForwardProblem {
   static constexpr std::int64_t kRows = 512, kDim = 64;
   Mirrored q{random_tensor(DType::bfloat16, {1, kRows, 2, kDim}, 1)};
@@ -107,12 +109,12 @@ TEST_F(CudaHostile, HiddenNanValueInASkippedTileNeverLeaks) {
 TEST_F(CudaHostile, ParametersAreJudgedAsFloat32) {
   ForwardProblem p;
   const HostTensor before = p.out.download();
-  for (double softcap : {1e-50, 1e39}) {
+  for (double value : {1e-50, 1e39}) {
     flashattn::ForwardArgs a = p.args();
-    a.options.softcap = softcap;
+    a.options.softcap = value;
     EXPECT_THROW(flashattn::forward(a), flashattn::Error);
     a.options.softcap = 0.0;
-    a.options.softmax_scale = softcap;
+    a.options.softmax_scale = value;
     EXPECT_THROW(flashattn::forward(a), flashattn::Error);
   }
   EXPECT_TRUE(p.out.download().bitwise_equal(before));
@@ -122,9 +124,9 @@ TEST_F(CudaHostile, ParametersAreJudgedAsFloat32) {
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
 }
 
-// A paged cache of 4 pages whose device block_table names page 7: the host checks it in
-// eager mode (an Error naming block_table) or the device guard clamps/skips it; either
-// way nothing outside k_cache/v_cache is read or written and the cache is not corrupted.
+// A paged cache of 4 pages whose device block_table names page 7: the host may check it
+// (an Error naming block_table) or the device guard clamps reads and skips the append;
+// either way nothing outside k_cache/v_cache is touched and the cache is not corrupted.
 TEST_F(CudaHostile, BlockTableEntryPastThePagePool) {
   Mirrored q{random_tensor(DType::bfloat16, {1, 1, 2, 64}, 4)};
   Mirrored k_cache{random_tensor(DType::bfloat16, {4, 16, 1, 64}, 5)};

@@ -28,6 +28,9 @@ __global__ void append_kernel(const __grid_constant__ KVCacheParams params) {
   const AttentionParams& a = params.attention;
   const std::int64_t j = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
   const std::int64_t position = params.cache_seqlen(b) + j;
+  // Device-resident cache_seqlens/block_table are not checked on the host inside a CUDA
+  // graph: a position past the capacity or on a page outside the pool is never written.
+  if (!params.page_is_valid(b, position)) return;
   const T* k_new = static_cast<const T*>(params.maybe_k_new) + b * params.k_new_batch_stride + j * params.k_new_row_stride +
                    h * params.k_new_head_stride;
   const T* v_new = static_cast<const T*>(params.maybe_v_new) + b * params.v_new_batch_stride + j * params.v_new_row_stride +

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <string>
+#include <vector>
 
 #include "flashattn/error.hpp"
 #include "src/core/kvcache_backend.hpp"
@@ -137,6 +138,48 @@ SplitProblem kvcache_split_problem(const KVCacheParams& params) {
   return p;
 }
 
+namespace {
+
+// Eager calls with a paged cache and device-resident cache_seqlens: the capacity and
+// the block ids each sequence touches are checked on the host (two small stream-ordered
+// device-to-host reads) before anything is written, with the CPU path's messages. Inside
+// CUDA-graph capture nothing can be read back: the device guard (KVCacheParams::
+// page_block / page_is_valid) keeps every access inside the cache instead.
+void check_paged_cache_on_host(const KVCacheParams& params, cudaStream_t stream) {
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(stream, &capture) != cudaSuccess || capture != cudaStreamCaptureStatusNone) {
+    (void)cudaGetLastError();
+    return;
+  }
+  const std::int64_t batch = params.attention.batch, width = params.block_table_stride;
+  if (batch == 0) return;
+  const std::int64_t pages = params.capacity / params.page_size;  // table entries per sequence
+  std::vector<std::int32_t> lengths(static_cast<std::size_t>(batch)), table(static_cast<std::size_t>((batch - 1) * width + pages));
+  FLASHATTN_CUDA_CHECK(cudaMemcpyAsync(lengths.data(), params.maybe_cache_seqlens, lengths.size() * sizeof(std::int32_t),
+                                       cudaMemcpyDeviceToHost, stream));
+  FLASHATTN_CUDA_CHECK(cudaMemcpyAsync(table.data(), params.maybe_block_table, table.size() * sizeof(std::int32_t),
+                                       cudaMemcpyDeviceToHost, stream));
+  FLASHATTN_CUDA_CHECK(cudaStreamSynchronize(stream));
+  for (std::int64_t b = 0; b < batch; ++b) {
+    const std::int64_t length = lengths[static_cast<std::size_t>(b)];
+    if (length < 0) throw Error("flashattn: cache_seqlens: entry " + std::to_string(b) + " must be >= 0, got " + std::to_string(length));
+    if (length + params.seqlen_new > params.capacity)
+      throw Error("flashattn: block_table: entry " + std::to_string(b) + ": " + std::to_string(length) + " cached + " +
+                  std::to_string(params.seqlen_new) + " new keys exceed the cache capacity " + std::to_string(params.capacity) +
+                  " (max_blocks_per_seq * page_size)");
+    if (params.maybe_cache_leftpad) continue;  // pages before the left padding may hold anything
+    const std::int64_t end = length + params.seqlen_new;
+    for (std::int64_t page = 0; page < pages && page * params.page_size < end; ++page) {
+      const std::int64_t block = table[static_cast<std::size_t>(b * width + page)];
+      if (block < 0 || block >= params.num_blocks)
+        throw Error("flashattn: block_table: entry [" + std::to_string(b) + ", " + std::to_string(page) + "] expected a block id in [0, " +
+                    std::to_string(params.num_blocks) + ") (num_blocks of k_cache), got " + std::to_string(block));
+    }
+  }
+}
+
+}  // namespace
+
 void forward_with_kvcache(const KVCacheParams& params, void* stream) {
   const AttentionParams& a = params.attention;
   const int kernel_head_dim = kernel_head_dim_for(a.head_dim);
@@ -151,6 +194,7 @@ void forward_with_kvcache(const KVCacheParams& params, void* stream) {
     throw NotSupported("flashattn: workspace: must be 16-byte aligned");
   const DeviceGuard device_guard(a.device.index);
   const auto cuda_stream = static_cast<cudaStream_t>(stream);
+  if (params.is_paged() && params.maybe_cache_seqlens != nullptr) check_paged_cache_on_host(params, cuda_stream);
   if (params.has_append()) decode::run_append(params, cuda_stream);  // the new keys are part of the cache read next
   if (a.batch == 0 || a.seqlen_q == 0) return;
   const decode::DecodeKernelChoice kernel = decode_kernel_for(params);

@@ -252,7 +252,7 @@ __global__ void __launch_bounds__(Config::kThreads, Config::kMinBlocksPerSm)
         in_page += kRowsPerPass;
         if (in_page >= page_size) in_page -= page_size, ++page;
       }
-      block_of[pass] = copy_row + pass * kRowsPerPass < tile_rows_left ? page_table[page] : 0;
+      block_of[pass] = copy_row + pass * kRowsPerPass < tile_rows_left ? params.page_block(page_table, page) : 0;
       row_of[pass] = in_page;
     }
   };
@@ -296,7 +296,7 @@ __global__ void __launch_bounds__(Config::kThreads, Config::kMinBlocksPerSm)
           in_page += kRowsPerPass;
           if (in_page >= page_size) in_page -= page_size, ++page;
         }
-        const std::int64_t block = row < tile_rows_left ? page_table[page] : 0;
+        const std::int64_t block = row < tile_rows_left ? params.page_block(page_table, page) : 0;
         k_offset = block * a.k_batch_stride + in_page * a.k_row_stride;
         v_offset = block * a.v_batch_stride + in_page * a.v_row_stride;
       } else {
