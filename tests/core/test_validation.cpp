@@ -231,9 +231,42 @@ TEST_F(Forward, NegativeOrNonFiniteSoftcap) {
     expect_rejected("softcap", ">= 0");
   }
 }
-TEST_F(Forward, DropoutIsNotSupported) {
+TEST_F(Forward, DropoutIsAccepted) {
   args.options.dropout_p = 0.1;
-  expect_rejected("dropout_p", "not implemented", Expect::not_supported);
+  EXPECT_EQ(flashattn::why_unsupported(args), "");
+}
+TEST_F(Forward, DropoutNegative) {
+  args.options.dropout_p = -0.1;
+  expect_rejected("dropout_p", "[0, 1)");
+}
+TEST_F(Forward, DropoutSeedOffsetWrongDtypeOrShape) {
+  HostTensor seed_offset(DType::int32, {2});
+  args.options.dropout_p = 0.1;
+  args.options.maybe_dropout_seed_offset = seed_offset.view();
+  expect_rejected("dropout_seed_offset", "dtype");
+  HostTensor three(DType::int64, {3});
+  args.options.maybe_dropout_seed_offset = three.view();
+  expect_rejected("dropout_seed_offset", "shape");
+}
+TEST_F(Forward, AlibiSlopesShapeDtypeDevice) {
+  HostTensor per_head(DType::float32, {4}), per_batch_head(DType::float32, {2, 4});
+  args.options.maybe_alibi_slopes = per_head.view();
+  EXPECT_EQ(flashattn::why_unsupported(args), "");
+  args.options.maybe_alibi_slopes = per_batch_head.view();
+  EXPECT_EQ(flashattn::why_unsupported(args), "");
+  HostTensor wrong_heads(DType::float32, {3});
+  args.options.maybe_alibi_slopes = wrong_heads.view();
+  expect_rejected("alibi_slopes", "shape");
+  HostTensor wrong_dtype(DType::float16, {4});
+  args.options.maybe_alibi_slopes = wrong_dtype.view();
+  expect_rejected("alibi_slopes", "dtype");
+  args.options.maybe_alibi_slopes = per_head.view();
+  args.options.maybe_alibi_slopes.device = Device::cuda(0);
+  expect_rejected("alibi_slopes", "device");
+}
+TEST_F(Forward, AlibiSlopesOverlappingOutputAreRejected) {
+  args.options.maybe_alibi_slopes = TensorView::contiguous(out.data(), DType::float32, {4});
+  expect_rejected("out", "overlap");
 }
 TEST_F(Forward, DropoutOutOfRange) {
   args.options.dropout_p = 1.5;
@@ -411,10 +444,9 @@ TEST_F(Backward, LseWrongShape) {
   args.lse = TensorView::contiguous(lse.data(), DType::float32, {1, 9, 4});
   expect_rejected("lse", "shape");
 }
-TEST_F(Backward, DropoutIsNotSupported) {
-  args.options.dropout_p = 0.2;
-  ::expect_rejected([&] { flashattn::backward(args); }, "dropout_p", "not implemented", {&dq, &dk, &dv},
-                    Expect::not_supported);
+TEST_F(Backward, DropoutOutOfRange) {
+  args.options.dropout_p = 1.0;
+  ::expect_rejected([&] { flashattn::backward(args); }, "dropout_p", "[0, 1)", {&dq, &dk, &dv});
 }
 TEST_F(Backward, WorkspaceOnAnotherDevice) {
   HostTensor workspace(DType::uint8, {64});
