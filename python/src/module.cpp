@@ -14,6 +14,7 @@
 
 #include "flashattn/attention.hpp"
 #include "flashattn/config.hpp"
+#include "flashattn/dropout.hpp"
 #include "flashattn/error.hpp"
 #include "flashattn/kvcache.hpp"
 #include "python/src/array_arguments.hpp"
@@ -59,6 +60,22 @@ std::optional<VarlenArgs> make_varlen(ArrayArguments& arrays, nb::handle cu_seql
                     max_seqlen_k};
 }
 
+// ALiBi slopes and dropout (keyword arguments of the native calls, defaulting to off):
+// float32 slopes [heads_q] or [batch, heads_q]; dropout's seed and offset as host
+// integers, or an int64 {seed, offset} array on the inputs' device read at run time.
+void set_variants(AttentionOptions& options, ArrayArguments& arrays, nb::handle maybe_alibi_slopes, double dropout_p,
+                  std::uint64_t dropout_seed, std::uint64_t dropout_offset, nb::handle maybe_dropout_seed_offset) {
+  options.maybe_alibi_slopes = arrays.maybe_input(maybe_alibi_slopes, "alibi_slopes");
+  options.dropout_p = dropout_p;
+  options.dropout_seed = dropout_seed;
+  options.dropout_offset = dropout_offset;
+  options.maybe_dropout_seed_offset = arrays.maybe_input(maybe_dropout_seed_offset, "dropout_seed_offset");
+}
+#define FLASHATTN_VARIANT_PARAMETERS                                                                        \
+  nb::handle maybe_alibi_slopes, double dropout_p, std::uint64_t dropout_seed, std::uint64_t dropout_offset, \
+      nb::handle maybe_dropout_seed_offset
+#define FLASHATTN_VARIANT_ARGUMENTS maybe_alibi_slopes, dropout_p, dropout_seed, dropout_offset, maybe_dropout_seed_offset
+
 // stream None: the arrays' framework's current stream on their device (DLPack C exchange
 // API), so the torch layer need not look it up in Python on every call.
 ExecutionContext make_context(const ArrayArguments& arrays, int num_threads, std::optional<std::uintptr_t> stream) {
@@ -69,7 +86,7 @@ void forward_binding(nb::handle q, nb::handle k, nb::handle v, nb::handle out, n
                      nb::handle maybe_cu_seqlens_q, nb::handle maybe_cu_seqlens_k, std::int64_t max_seqlen_q,
                      std::int64_t max_seqlen_k, std::optional<double> softmax_scale, bool causal, std::int64_t window_left,
                      std::int64_t window_right, double softcap, const char* algorithm, int num_threads,
-                     std::optional<std::uintptr_t> stream) {
+                     std::optional<std::uintptr_t> stream, FLASHATTN_VARIANT_PARAMETERS) {
   ArrayArguments arrays;
   ForwardArgs args;
   args.q = arrays.input(q, "q");
@@ -79,6 +96,7 @@ void forward_binding(nb::handle q, nb::handle k, nb::handle v, nb::handle out, n
   args.maybe_lse = arrays.maybe_output(maybe_lse, "lse");
   args.maybe_varlen = make_varlen(arrays, maybe_cu_seqlens_q, maybe_cu_seqlens_k, max_seqlen_q, max_seqlen_k);
   args.options = make_options(softmax_scale, causal, window_left, window_right, softcap, false, algorithm);
+  set_variants(args.options, arrays, FLASHATTN_VARIANT_ARGUMENTS);
   const ExecutionContext context = make_context(arrays, num_threads, stream);
   nb::gil_scoped_release release;
   flashattn::forward(args, context);
@@ -113,11 +131,13 @@ void backward_binding(nb::handle q, nb::handle k, nb::handle v, nb::handle out, 
                       nb::handle maybe_cu_seqlens_q, nb::handle maybe_cu_seqlens_k, std::int64_t max_seqlen_q,
                       std::int64_t max_seqlen_k, std::optional<double> softmax_scale, bool causal,
                       std::int64_t window_left, std::int64_t window_right, double softcap, bool deterministic,
-                      const char* algorithm, int num_threads, std::optional<std::uintptr_t> stream) {
+                      const char* algorithm, int num_threads, std::optional<std::uintptr_t> stream,
+                      FLASHATTN_VARIANT_PARAMETERS) {
   ArrayArguments arrays;
   BackwardArgs args = make_backward_args(arrays, q, k, v, out, dout, lse, dq, dk, dv, maybe_cu_seqlens_q,
                                          maybe_cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
                                          window_left, window_right, softcap, deterministic, algorithm);
+  set_variants(args.options, arrays, FLASHATTN_VARIANT_ARGUMENTS);
   nb::object allocated_workspace;  // alive until the call returns
   if (!maybe_workspace.is_none() && PyCallable_Check(maybe_workspace.ptr())) {
     const std::size_t bytes = args.q.device.type == DeviceType::cpu ? 0 : flashattn::backward_workspace_bytes(args);
@@ -139,11 +159,12 @@ std::size_t backward_workspace_bytes_binding(nb::handle q, nb::handle k, nb::han
                                              std::int64_t max_seqlen_q, std::int64_t max_seqlen_k,
                                              std::optional<double> softmax_scale, bool causal, std::int64_t window_left,
                                              std::int64_t window_right, double softcap, bool deterministic,
-                                             const char* algorithm) {
+                                             const char* algorithm, FLASHATTN_VARIANT_PARAMETERS) {
   ArrayArguments arrays;
-  const BackwardArgs args = make_backward_args(arrays, q, k, v, out, dout, lse, dq, dk, dv, maybe_cu_seqlens_q,
-                                               maybe_cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
-                                               window_left, window_right, softcap, deterministic, algorithm);
+  BackwardArgs args = make_backward_args(arrays, q, k, v, out, dout, lse, dq, dk, dv, maybe_cu_seqlens_q,
+                                         maybe_cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
+                                         window_left, window_right, softcap, deterministic, algorithm);
+  set_variants(args.options, arrays, FLASHATTN_VARIANT_ARGUMENTS);
   return flashattn::backward_workspace_bytes(args);
 }
 
@@ -208,9 +229,10 @@ KVCacheArgs make_kvcache_args(ArrayArguments& arrays, nb::handle q, nb::handle k
 // workspace as in backward: an array, None, or a callable(nbytes) asked only when the
 // call needs scratch.
 void forward_with_kvcache_binding(FLASHATTN_KVCACHE_PARAMETERS, nb::handle maybe_workspace, int num_threads,
-                                  std::optional<std::uintptr_t> stream) {
+                                  std::optional<std::uintptr_t> stream, nb::handle maybe_alibi_slopes) {
   ArrayArguments arrays;
   KVCacheArgs args = make_kvcache_args(arrays, FLASHATTN_KVCACHE_ARGUMENTS);
+  args.options.maybe_alibi_slopes = arrays.maybe_input(maybe_alibi_slopes, "alibi_slopes");
   nb::object allocated_workspace;  // alive until the call returns
   if (!maybe_workspace.is_none() && PyCallable_Check(maybe_workspace.ptr())) {
     const std::size_t bytes = args.q.device.type == DeviceType::cpu ? 0 : flashattn::kvcache_workspace_bytes(args);
@@ -226,9 +248,32 @@ void forward_with_kvcache_binding(FLASHATTN_KVCACHE_PARAMETERS, nb::handle maybe
   flashattn::forward_with_kvcache(args, context);
 }
 
-std::size_t kvcache_workspace_bytes_binding(FLASHATTN_KVCACHE_PARAMETERS) {
+std::size_t kvcache_workspace_bytes_binding(FLASHATTN_KVCACHE_PARAMETERS, nb::handle maybe_alibi_slopes) {
   ArrayArguments arrays;
-  return flashattn::kvcache_workspace_bytes(make_kvcache_args(arrays, FLASHATTN_KVCACHE_ARGUMENTS));
+  KVCacheArgs args = make_kvcache_args(arrays, FLASHATTN_KVCACHE_ARGUMENTS);
+  args.options.maybe_alibi_slopes = arrays.maybe_input(maybe_alibi_slopes, "alibi_slopes");
+  return flashattn::kvcache_workspace_bytes(args);
+}
+
+// Dropout's keep mask Z of a dense problem, as every backend draws it: out is a
+// writable uint8 host array [batch, heads, seqlen_q, seqlen_k]; out[b, h, i, j] = 1 when
+// (b, h, i, j) is kept (flashattn/dropout.hpp). For tests and return_attn_probs.
+void dropout_keep_mask_binding(nb::handle out, double dropout_p, std::uint64_t seed, std::uint64_t offset) {
+  if (!(dropout_p >= 0.0 && dropout_p < 1.0))
+    throw nb::value_error(("flashattn: dropout_p: must be in [0, 1), got " + std::to_string(dropout_p)).c_str());
+  ArrayArguments arrays;
+  const TensorView view = arrays.output(out, "out");
+  if (view.rank != 4 || view.dtype != DType::uint8 || view.device.type != DeviceType::cpu)
+    throw nb::value_error("flashattn: out: expected a uint8 host array [batch, heads, seqlen_q, seqlen_k]");
+  const DropoutRule rule = DropoutRule::with_probability(dropout_p, seed, offset);
+  auto* data = static_cast<std::uint8_t*>(view.data);
+  nb::gil_scoped_release release;
+  for (std::int64_t b = 0; b < view.size(0); ++b)
+    for (std::int64_t h = 0; h < view.size(1); ++h)
+      for (std::int64_t i = 0; i < view.size(2); ++i)
+        for (std::int64_t j = 0; j < view.size(3); ++j)
+          data[b * view.stride(0) + h * view.stride(1) + i * view.stride(2) + j * view.stride(3)] =
+              rule.keep(static_cast<std::uint32_t>(b * view.size(1) + h), i, j) ? 1 : 0;
 }
 
 // flashattn::Error -> ValueError (TypeError when the problem is a dtype), NotSupported
@@ -254,31 +299,38 @@ NB_MODULE(_C, m) {
                           std::to_string(FLASHATTN_VERSION_PATCH);
   nb::register_exception_translator(translate_errors);
 
+  // ALiBi and dropout: keyword arguments, off by default.
+#define FLASHATTN_VARIANT_NAMES                                                                      \
+  "alibi_slopes"_a = nb::none(), "dropout_p"_a = 0.0, "dropout_seed"_a = std::uint64_t{0},           \
+      "dropout_offset"_a = std::uint64_t{0}, "dropout_seed_offset"_a = nb::none()
   m.def("forward", &forward_binding, "q"_a, "k"_a, "v"_a, "out"_a, "lse"_a.none(), "cu_seqlens_q"_a.none(),
         "cu_seqlens_k"_a.none(), "max_seqlen_q"_a, "max_seqlen_k"_a, "softmax_scale"_a.none(), "causal"_a,
         "window_left"_a, "window_right"_a, "softcap"_a, "algorithm"_a, "num_threads"_a, "stream"_a.none(),
-        "Attention forward into preallocated out (and lse, float32, when given).");
+        FLASHATTN_VARIANT_NAMES, "Attention forward into preallocated out (and lse, float32, when given).");
   m.def("backward", &backward_binding, "q"_a, "k"_a, "v"_a, "out"_a, "dout"_a, "lse"_a, "dq"_a, "dk"_a, "dv"_a,
         "workspace"_a.none(), "cu_seqlens_q"_a.none(), "cu_seqlens_k"_a.none(), "max_seqlen_q"_a, "max_seqlen_k"_a,
         "softmax_scale"_a.none(), "causal"_a, "window_left"_a, "window_right"_a, "softcap"_a, "deterministic"_a,
-        "algorithm"_a, "num_threads"_a, "stream"_a.none(),
+        "algorithm"_a, "num_threads"_a, "stream"_a.none(), FLASHATTN_VARIANT_NAMES,
         "Attention backward into preallocated dq, dk, dv; workspace: uint8 of backward_workspace_bytes bytes, or a "
         "callable(nbytes) returning one, asked only when scratch is needed.");
   m.def("backward_workspace_bytes", &backward_workspace_bytes_binding, "q"_a, "k"_a, "v"_a, "out"_a, "dout"_a, "lse"_a,
         "dq"_a, "dk"_a, "dv"_a, "cu_seqlens_q"_a.none(), "cu_seqlens_k"_a.none(), "max_seqlen_q"_a, "max_seqlen_k"_a,
         "softmax_scale"_a.none(), "causal"_a, "window_left"_a, "window_right"_a, "softcap"_a, "deterministic"_a,
-        "algorithm"_a, "Scratch bytes backward() needs for these arguments (0 on the CPU).");
+        "algorithm"_a, FLASHATTN_VARIANT_NAMES, "Scratch bytes backward() needs for these arguments (0 on the CPU).");
 #define FLASHATTN_KVCACHE_NAMES                                                                                     \
   "q"_a, "k_cache"_a, "v_cache"_a, "k"_a.none(), "v"_a.none(), "cache_seqlens"_a.none(), "uniform_cache_seqlen"_a.none(), \
       "cache_batch_idx"_a.none(), "cache_leftpad"_a.none(), "block_table"_a.none(), "rotary_cos"_a.none(),             \
       "rotary_sin"_a.none(), "rotary_interleaved"_a, "out"_a, "lse"_a.none(), "num_splits"_a, "softmax_scale"_a.none(), \
       "causal"_a, "window_left"_a, "window_right"_a, "softcap"_a
   m.def("forward_with_kvcache", &forward_with_kvcache_binding, FLASHATTN_KVCACHE_NAMES, "workspace"_a.none(),
-        "num_threads"_a, "stream"_a.none(),
+        "num_threads"_a, "stream"_a.none(), "alibi_slopes"_a = nb::none(),
         "Attention of q over a KV cache (flash_attn_with_kvcache), appending k/v to the cache in place when given.");
-  m.def("kvcache_workspace_bytes", &kvcache_workspace_bytes_binding, FLASHATTN_KVCACHE_NAMES,
+  m.def("kvcache_workspace_bytes", &kvcache_workspace_bytes_binding, FLASHATTN_KVCACHE_NAMES, "alibi_slopes"_a = nb::none(),
         "Scratch bytes forward_with_kvcache needs for these arguments (0 on the CPU or without a split).");
   m.def("merge_attention_states", &merge_binding, "out_a"_a, "lse_a"_a, "out_b"_a, "lse_b"_a, "out"_a, "lse"_a,
         "num_threads"_a, "stream"_a.none(), "Combine two partial attentions of the same queries by their LSEs.");
+  m.def("dropout_keep_mask", &dropout_keep_mask_binding, "out"_a, "dropout_p"_a, "seed"_a, "offset"_a,
+        "Dropout's keep mask (uint8 [batch, heads, seqlen_q, seqlen_k], 1 = kept) for (dropout_p, seed, offset), "
+        "bit for bit the mask every backend and kernel draws.");
   m.def("cuda_available", &flashattn::cuda_available, "Whether this build has the CUDA backend and a GPU is present.");
 }
