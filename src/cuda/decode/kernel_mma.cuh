@@ -41,12 +41,12 @@
 #include "flashattn/online_softmax.hpp"
 #include "src/core/kvcache_params.hpp"
 #include "src/cuda/common/numeric.cuh"
+#include "src/cuda/common/sfu_math.cuh"
 #include "src/cuda/common/swizzle.cuh"
 #include "src/cuda/decode/launch_kernel.cuh"
 #include "src/cuda/decode/rotary.cuh"
 #include "src/cuda/ptx/cp_async.cuh"
 #include "src/cuda/ptx/ldmatrix.cuh"
-#include "src/cuda/ptx/math.cuh"
 #include "src/cuda/ptx/mma_sync.cuh"
 
 namespace flashattn::cuda::decode {
@@ -120,15 +120,19 @@ __device__ __forceinline__ WholeTiles whole_tiles(const MaskRule& mask, std::int
   return tiles;
 }
 
+// The online-softmax state of the decode kernels' tile loops and epilogues: State's
+// rules with the SFU's exp2, log2 and 1/x (common/sfu_math.cuh).
+using DecodeState = online_softmax::State<float, SfuMath>;
+
 // One 64-key tile's online-softmax step of a warp, for its (16 rows, 16 keys) score
 // fragments s (log2 units, masked = -inf; row group_row in s[.][0..1], row group_row + 8 in
-// s[.][2..3], the row's 16 keys over the 4 lanes of a quad): State::raise_max with the
-// SFU's exp2 (ptx/math.cuh; an empty row's factor is ex2(-inf) = 0, an unchanged max's
-// exactly 1), the accumulator o rescaled only when some row's max moved (a warp vote:
-// skipping a multiply by exactly 1 changes no bit), the tile's terms added to l, and P
-// packed as the A fragment of O += P V (the S fragments of the two n8 tiles, mma_sync.cuh).
+// s[.][2..3], the row's 16 keys over the 4 lanes of a quad): State::raise_max (an empty
+// row's factor is ex2(-inf) = 0, an unchanged max's exactly 1), the accumulator o rescaled
+// only when some row's max moved (a warp vote: skipping a multiply by exactly 1 changes no
+// bit), the tile's terms added to l, and P packed as the A fragment of O += P V (the S
+// fragments of the two n8 tiles, mma_sync.cuh).
 template <class T, int kDTiles>
-__device__ __forceinline__ void softmax_tile(const float (&s)[2][4], online_softmax::State<float> (&state)[2], float (&o)[kDTiles][4],
+__device__ __forceinline__ void softmax_tile(const float (&s)[2][4], DecodeState (&state)[2], float (&o)[kDTiles][4],
                                              std::uint32_t (&p_fragment)[4]) {
   float factor[2];
 #pragma unroll
@@ -136,10 +140,7 @@ __device__ __forceinline__ void softmax_tile(const float (&s)[2][4], online_soft
     float block_max = fmaxf(fmaxf(s[0][2 * half], s[0][2 * half + 1]), fmaxf(s[1][2 * half], s[1][2 * half + 1]));
     block_max = fmaxf(block_max, __shfl_xor_sync(0xffffffffu, block_max, 1));
     block_max = fmaxf(block_max, __shfl_xor_sync(0xffffffffu, block_max, 2));
-    const float m_new = block_max > state[half].m ? block_max : state[half].m;
-    factor[half] = ptx::exp2_approx_ftz(state[half].m - online_softmax::safe_max(m_new));
-    state[half].l *= factor[half];
-    state[half].m = m_new;
+    factor[half] = state[half].raise_max(block_max);
   }
   if (__any_sync(0xffffffffu, factor[0] != 1.0f || factor[1] != 1.0f)) {
 #pragma unroll
@@ -150,12 +151,11 @@ __device__ __forceinline__ void softmax_tile(const float (&s)[2][4], online_soft
   }
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
-    const float base = state[half].base();
     float p[2][2];
 #pragma unroll
     for (int t = 0; t < 2; ++t)
 #pragma unroll
-      for (int e = 0; e < 2; ++e) p[t][e] = ptx::exp2_approx_ftz(s[t][2 * half + e] - base);
+      for (int e = 0; e < 2; ++e) p[t][e] = state[half].term(s[t][2 * half + e]);
     state[half].add(p[0][0] + p[0][1] + p[1][0] + p[1][1]);
     p_fragment[half] = pack_pair<T>(p[0][0], p[0][1]);
     p_fragment[2 + half] = pack_pair<T>(p[1][0], p[1][1]);
@@ -377,8 +377,8 @@ __global__ void __launch_bounds__(Config::kThreads, Config::kMinBlocksPerSm)
     row_position[half] = is_row[half] ? packed / group : 0;
   }
 
-  online_softmax::State<float> state[2];  // rows group_row, group_row + 8 (l: this lane's columns only)
-  float o[Config::kDTiles][4];             // (16 rows, kHeadDim) accumulator fragments, unnormalised
+  DecodeState state[2];         // rows group_row, group_row + 8 (l: this lane's columns only)
+  float o[Config::kDTiles][4];  // (16 rows, kHeadDim) accumulator fragments, unnormalised
 #pragma unroll
   for (int n = 0; n < Config::kDTiles; ++n)
 #pragma unroll

@@ -44,6 +44,7 @@
 #include "flashattn/online_softmax.hpp"
 #include "src/core/kvcache_params.hpp"
 #include "src/cuda/common/numeric.cuh"
+#include "src/cuda/common/sfu_math.cuh"
 #include "src/cuda/decode/kernel_mma.cuh"
 #include "src/cuda/decode/launch_kernel.cuh"
 #include "src/cuda/decode/rotary.cuh"
@@ -51,7 +52,6 @@
 #include "src/cuda/decode/tma_config.hpp"
 #include "src/cuda/ptx/cp_async.cuh"
 #include "src/cuda/ptx/ldmatrix.cuh"
-#include "src/cuda/ptx/math.cuh"
 #include "src/cuda/ptx/mma_sync.cuh"
 
 namespace flashattn::cuda::decode {
@@ -65,33 +65,6 @@ struct DecodeTensorMaps {
   int box_rows;
   int prefetch_tiles;
 };
-
-// The epilogue's statistics with the SFU (ptx/math.cuh), as in the tile loop: the same
-// rules as online_softmax::merge and merge_weights, for the serial tail of a step, where
-// the accurate exp2/exp/log/division routines cost ~100 instructions per output quad.
-__device__ __forceinline__ online_softmax::State<float> merge_sfu(const online_softmax::State<float>& a,
-                                                                 const online_softmax::State<float>& b, float* factor_a,
-                                                                 float* factor_b) {
-  online_softmax::State<float> out;
-  out.m = a.m > b.m ? a.m : b.m;
-  const float base = online_softmax::safe_max(out.m);
-  *factor_a = ptx::exp2_approx_ftz(a.m - base);  // ex2(-inf) = 0: an empty side adds nothing
-  *factor_b = ptx::exp2_approx_ftz(b.m - base);
-  out.l = a.l * *factor_a + b.l * *factor_b;
-  return out;
-}
-
-// log(sum_s e^lse_s) over kMaxClusterSplits natural-log LSEs; -inf when all are.
-__device__ __forceinline__ float lse_of_splits_sfu(const float (&lse)[kMaxClusterSplits]) {
-  float m = lse[0];
-#pragma unroll
-  for (int s = 1; s < kMaxClusterSplits; ++s) m = lse[s] > m ? lse[s] : m;
-  if (m == online_softmax::negative_infinity<float>()) return m;
-  float sum = 0.0f;
-#pragma unroll
-  for (int s = 0; s < kMaxClusterSplits; ++s) sum += ptx::exp2_approx_ftz((lse[s] - m) * static_cast<float>(online_softmax::kLog2e));
-  return m + __log2f(sum) * static_cast<float>(online_softmax::kLn2);
-}
 
 template <class T, class Config>
 __global__ void __launch_bounds__(Config::kThreads, Config::kMinBlocksPerSm)
@@ -237,8 +210,8 @@ __global__ void __launch_bounds__(Config::kThreads, Config::kMinBlocksPerSm)
   const std::int64_t key_begin = range.begin, key_end = range.end;
   const int num_tiles = range.num_tiles;
 
-  online_softmax::State<float> state[2];  // consumer rows group_row, group_row + 8 (l: this lane's columns only)
-  float o[Config::kDTiles][4];             // (16 rows, kHeadDim) accumulator fragments, unnormalised
+  DecodeState state[2];         // consumer rows group_row, group_row + 8 (l: this lane's columns only)
+  float o[Config::kDTiles][4];  // (16 rows, kHeadDim) accumulator fragments, unnormalised
 #pragma unroll
   for (int n = 0; n < Config::kDTiles; ++n)
 #pragma unroll
@@ -487,24 +460,24 @@ __global__ void __launch_bounds__(Config::kThreads, Config::kMinBlocksPerSm)
       const int r = element / kQuads, d = 4 * (element % kQuads);
       if (d >= a.head_dim) continue;
       // The row's state over the warps (each thread of the row folds the same values in
-      // the same order: the same bits), and each warp's scale factor[w] / l.
-      online_softmax::State<float> total;
+      // the same order: the same bits), and each warp's scale factor[w] / l. With the
+      // SFU as in the tile loop: the accurate exp2/exp/log/division routines would cost
+      // ~100 instructions per output quad in the serial tail of a step.
+      DecodeState total;
       float scale[kConsumerWarps];
 #pragma unroll
       for (int w = 0; w < kConsumerWarps; ++w) {
-        online_softmax::State<float> part;
+        DecodeState part;
         part.m = merge_m[w * kRows + r];
         part.l = merge_l[w * kRows + r];
         float factor_total, factor_part;
-        total = merge_sfu(total, part, &factor_total, &factor_part);
+        total = online_softmax::merge(total, part, &factor_total, &factor_part);
 #pragma unroll
         for (int v = 0; v < w; ++v) scale[v] *= factor_total;
         scale[w] = factor_part;
       }
-      // 1/l and the LSE with the SFU as well (an empty row: 0 and -inf, as State's).
-      const float inverse_sum = total.empty() ? 0.0f : __frcp_rn(total.l);
-      const float lse = total.empty() ? online_softmax::negative_infinity<float>()
-                                      : (total.m + __log2f(total.l)) * static_cast<float>(online_softmax::kLn2);
+      const float inverse_sum = total.inverse_sum();
+      const float lse = total.lse();
       float4 value = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 #pragma unroll
       for (int w = 0; w < kConsumerWarps; ++w) {
@@ -543,13 +516,13 @@ __global__ void __launch_bounds__(Config::kThreads, Config::kMinBlocksPerSm)
 #pragma unroll
       for (int s = 0; s < kMaxClusterSplits; ++s)
         split_lse[s] = s < num_splits ? *cluster.map_shared_rank(merge_lse + r, s) : online_softmax::negative_infinity<float>();
-      const float lse = lse_of_splits_sfu(split_lse);
+      const float lse = online_softmax::lse_of<SfuMath>(split_lse);
       const float lse_log2 = lse * static_cast<float>(online_softmax::kLog2e);
       float4 value = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 #pragma unroll
       for (int s = 0; s < kMaxClusterSplits; ++s) {
         if (s >= num_splits) break;
-        const float weight = ptx::exp2_approx_ftz(split_lse[s] * static_cast<float>(online_softmax::kLog2e) - online_softmax::safe_max(lse_log2));
+        const float weight = online_softmax::rescale_factor<SfuMath>(split_lse[s] * static_cast<float>(online_softmax::kLog2e), lse_log2);
         const float4 x = *reinterpret_cast<const float4*>(cluster.map_shared_rank(cluster_o + r * kHeadDim + d, s));
         value.x += weight * x.x, value.y += weight * x.y, value.z += weight * x.z, value.w += weight * x.w;
       }
