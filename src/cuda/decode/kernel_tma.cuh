@@ -42,6 +42,7 @@
 
 #include "flashattn/mask.hpp"
 #include "flashattn/online_softmax.hpp"
+#include "flashattn/score.hpp"
 #include "src/core/kvcache_params.hpp"
 #include "src/cuda/common/numeric.cuh"
 #include "src/cuda/common/sfu_math.cuh"
@@ -293,13 +294,16 @@ __global__ void __launch_bounds__(Config::kThreads, Config::kMinBlocksPerSm)
     }
     tma::named_barrier_sync(1, kConsumerThreads);  // q is in shared memory
 
+    // This lane's rows group_row and group_row + 8, and their query heads' score rules.
     std::int64_t row_position[2];
     bool is_row[2];
+    ScoreRule rule[2];
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const int packed = static_cast<int>(row_begin) + group_row + 8 * half;
       is_row[half] = packed < row_end;
       row_position[half] = is_row[half] ? packed / group32 : 0;
+      rule[half] = a.score_of(b, static_cast<int>(h_kv) * group32 + packed % group32, mask);
     }
 
     const int matrix = lane / 8, matrix_row = lane % 8;  // ldmatrix lane roles
@@ -336,8 +340,7 @@ __global__ void __launch_bounds__(Config::kThreads, Config::kMinBlocksPerSm)
     // tiles every row of this CTA sees whole (no element mask, no V rows to clear).
     const int range_begin = static_cast<int>(key_begin - range.tile_begin), range_end = static_cast<int>(key_end - range.tile_begin);
     const WholeTiles whole = whole_tiles<kTileN>(mask, position_begin, position_end, key_begin, key_end, range.tile_begin);
-    const bool has_softcap = a.has_softcap();
-    const float score_scale = a.softmax_scale_log2;
+    const WholeTiles scaled = a.score_is_positive_scale() ? whole : WholeTiles{};  // score_tile's fast path (kernel_mma.cuh)
     for (int tile = 0; tile < num_tiles; ++tile) {
       const int stage = tile % kStages;
       tma::mbarrier_wait(full_barriers + 8 * stage, (tile / kStages) & 1);
@@ -377,27 +380,10 @@ __global__ void __launch_bounds__(Config::kThreads, Config::kMinBlocksPerSm)
         }
       }
 
-      // Whole tiles (all but the range's ends) skip the element mask: a warp-uniform
-      // branch, so the common path is straight-line. Rows past row_end need no mask
-      // either: their q is zero and their output is never written.
-      if (is_full_tile && !has_softcap) {
-#pragma unroll
-        for (int t = 0; t < 2; ++t)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) s[t][e] *= score_scale;
-      } else {
-        const std::int64_t warp_first_key = range.tile_begin + warp_first;
-#pragma unroll
-        for (int t = 0; t < 2; ++t)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int half = e / 2;
-            const std::int64_t key = warp_first_key + 8 * t + 2 * quad_lane + (e % 2);
-            const bool is_allowed =
-                is_full_tile || (is_row[half] && key >= key_begin && key < key_end && mask.allowed(row_position[half], key));
-            s[t][e] = is_allowed ? mma_log2_score(a, s[t][e]) : online_softmax::negative_infinity<float>();
-          }
-      }
+      // Whole tiles (all but the range's ends) skip the element mask (keys before
+      // key_begin: the tile grid starts below the range).
+      score_tile(s, rule, is_row, row_position, mask, scaled.contains(tile), is_full_tile, range.tile_begin + warp_first + 2 * quad_lane, key_begin,
+                 key_end);  // kernel_mma.cuh
 
       std::uint32_t p_fragment[4];
       softmax_tile<T>(s, state, o, p_fragment);  // kernel_mma.cuh
