@@ -84,48 +84,56 @@ struct MmaDecodeConfig {
   static_assert(kKSteps % 1 == 0 && kDTiles % 2 == 0, "ldmatrix x4 covers pairs of tiles");
 };
 
+// A lane's two rows of every S fragment (half 0: group_row, half 1: group_row + 8 of the
+// CTA's 16 packed (position, query head) rows), as score_tile reads them: the score rule
+// of the row's query head (a GQA group's heads have their own ALiBi slopes), and as
+// 32-bit offsets from the CTA's first tile key `origin`, the keys the row may see,
+// [key_begin, key_end) — its mask columns within the CTA's keys, none for a padding
+// row — and its ALiBi distance to key offset 0. Built once per CTA: the loop keeps six
+// integers per lane, not the rows' int64 positions and mask bounds.
+struct LaneRows {
+  ScoreRule rule[2];
+  int key_begin[2], key_end[2], distance0[2];
+};
+__device__ __forceinline__ LaneRows lane_rows(const AttentionParams& a, const MaskRule& mask, std::int64_t b, const std::int64_t (&head)[2],
+                                              const std::int64_t (&position)[2], const bool (&is_row)[2], std::int64_t key_begin,
+                                              std::int64_t key_end, std::int64_t origin) {
+  LaneRows rows;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    rows.rule[half] = a.score_of(b, head[half], mask);
+    const std::int64_t begin = mask.col_begin(position[half]) > key_begin ? mask.col_begin(position[half]) : key_begin;
+    const std::int64_t end = mask.col_end(position[half]) < key_end ? mask.col_end(position[half]) : key_end;
+    rows.key_begin[half] = static_cast<int>(begin - origin);  // one CTA's keys: < 2^31 apart (validate_kvcache)
+    rows.key_end[half] = is_row[half] ? static_cast<int>(end - origin) : rows.key_begin[half];
+    rows.distance0[half] = static_cast<int>(rows.rule[half].distance(position[half], origin));
+  }
+  return rows;
+}
+
 // One tile's score step of a warp, for its (16 rows, 16 keys) S fragments (the layout of
-// softmax_tile): raw q·k -> log2 scores by the rows' ScoreRules (flashattn/score.hpp), and
-// -inf where masked. The lane's two rows (half 0: group_row, half 1: group_row + 8) are
-// packed (position, query head) rows: each has its own mask row (`position`) and its own
-// rule (`rule`: a GQA group's query heads have their own ALiBi slopes); is_row is false
-// for padding rows. lane_key is the key of the lane's element (t = 0, e = 0), keys count
-// from the sequence's first key (the mask's columns); the CTA's keys are [key_begin,
-// key_end). Whole tiles (is_full_tile: every row sees every key) skip the element mask,
-// and when the call's rule is a plain positive scale (is_fast_tile: no softcap, no ALiBi)
-// take the fast path, one multiply per score: warp-uniform branches, so the common path
-// is straight-line. Rows past row_end need no mask there: their q is zero and their
-// output is never written.
-__device__ __forceinline__ void score_tile(float (&s)[2][4], const ScoreRule (&rule)[2], const bool (&is_row)[2],
-                                           const std::int64_t (&position)[2], const MaskRule& mask, bool is_fast_tile,
-                                           bool is_full_tile, std::int64_t lane_key, std::int64_t key_begin, std::int64_t key_end) {
+// softmax_tile): raw q·k -> log2 scores by the rows' ScoreRules (flashattn/score.hpp), -inf
+// where masked. lane_key is the key offset (from the origin of LaneRows) of the lane's
+// element (t = 0, e = 0); element (t, e) is 8t + e % 2 keys further. Whole tiles
+// (is_full_tile: every row sees every key) skip the element mask, and when the call's rule
+// is a plain positive scale (is_fast_tile: no softcap, no ALiBi) take the fast path, one
+// multiply per score: warp-uniform branches, so the common path is straight-line. Rows
+// past row_end need no mask there: their q is zero and their output is never written.
+__device__ __forceinline__ void score_tile(float (&s)[2][4], const LaneRows& rows, bool is_fast_tile, bool is_full_tile, int lane_key) {
   if (is_fast_tile) {
 #pragma unroll
     for (int t = 0; t < 2; ++t)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) s[t][e] *= rule[e / 2].scale_log2;
+      for (int e = 0; e < 4; ++e) s[t][e] *= rows.rule[e / 2].scale_log2;
     return;
-  }
-  // Per row, as 32-bit offsets from lane_key (element (t, e) is key offset 8t + e % 2):
-  // the keys it may see, [allowed_begin, allowed_end) — the mask's columns of the row
-  // within the CTA's keys, all 16 in a whole tile, none in a padding row — and the ALiBi
-  // distance of offset 0 (row + diagonal - key).
-  int allowed_begin[2], allowed_end[2], distance0[2];
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const std::int64_t begin = mask.col_begin(position[half]) > key_begin ? mask.col_begin(position[half]) : key_begin;
-    const std::int64_t end = mask.col_end(position[half]) < key_end ? mask.col_end(position[half]) : key_end;
-    allowed_begin[half] = is_full_tile ? 0 : static_cast<int>(begin - lane_key);
-    allowed_end[half] = is_full_tile ? 16 : (is_row[half] ? static_cast<int>(end - lane_key) : allowed_begin[half]);
-    distance0[half] = static_cast<int>(rule[half].distance(position[half], lane_key));
   }
 #pragma unroll
   for (int t = 0; t < 2; ++t)
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      const int half = e / 2, key_offset = 8 * t + e % 2;
-      const bool is_allowed = key_offset >= allowed_begin[half] && key_offset < allowed_end[half];
-      s[t][e] = is_allowed ? rule[half].log2_score_at(s[t][e], distance0[half] - key_offset) : online_softmax::negative_infinity<float>();
+      const int half = e / 2, key = lane_key + 8 * t + e % 2;
+      const bool is_allowed = is_full_tile || (key >= rows.key_begin[half] && key < rows.key_end[half]);
+      s[t][e] = is_allowed ? rows.rule[half].log2_score_at(s[t][e], rows.distance0[half] - key) : online_softmax::negative_infinity<float>();
     }
 }
 
@@ -407,18 +415,6 @@ __global__ void __launch_bounds__(Config::kThreads, Config::kMinBlocksPerSm)
     }
   }
 
-  // This thread's two rows of every fragment: group_row and group_row + 8, and their
-  // query heads' score rules (ALiBi slopes read here, once).
-  std::int64_t row_position[2];
-  bool is_row[2];
-  ScoreRule rule[2];
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const std::int64_t packed = row_begin + group_row + 8 * half;
-    is_row[half] = packed < row_end;
-    row_position[half] = is_row[half] ? packed / group : 0;
-    rule[half] = a.score_of(b, h_kv * group + packed % group, mask);
-  }
 
   DecodeState state[2];         // rows group_row, group_row + 8 (l: this lane's columns only)
   float o[Config::kDTiles][4];  // (16 rows, kHeadDim) accumulator fragments, unnormalised
@@ -447,10 +443,22 @@ __global__ void __launch_bounds__(Config::kThreads, Config::kMinBlocksPerSm)
       v_offsets[j] = static_cast<std::uint32_t>((v_row * kHeadDim + ((2 * j) ^ v_xor) * 8) * 2);
     }
   }
+  // This thread's two rows of every fragment: group_row and group_row + 8 (key offsets from key_begin).
+  LaneRows rows;
+  {
+    std::int64_t head[2], position[2];
+    bool is_row[2];
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const std::int64_t packed = row_begin + group_row + 8 * half;
+      is_row[half] = packed < row_end;
+      position[half] = is_row[half] ? packed / group : 0;
+      head[half] = h_kv * group + packed % group;
+    }
+    rows = lane_rows(a, mask, b, head, position, is_row, key_begin, key_end, key_begin);
+  }
   const WholeTiles whole = whole_tiles<kTileN>(mask, position_begin, position_end, key_begin, key_end, key_begin);
-  // The whole tiles that take score_tile's fast path: all of them when the call's rule
-  // is a plain positive scale, none otherwise (a range: no flag tested per tile).
-  const WholeTiles scaled = a.score_is_positive_scale() ? whole : WholeTiles{};
+  const bool is_scale = a.score_is_positive_scale();  // no softcap, no ALiBi: score_tile's fast path
   const std::uint32_t kv_tiles_address = ptx::shared_address(kv_tiles);
   for (int tile = 0; tile < num_tiles; ++tile) {
     ptx::cp_async_wait_group<kStages - 2>();  // this thread's copies of `tile` landed
@@ -478,8 +486,8 @@ __global__ void __launch_bounds__(Config::kThreads, Config::kMinBlocksPerSm)
     }
 
     // Scores in log2 units; whole tiles skip the element mask.
-    const std::int64_t tile_key = key_begin + static_cast<std::int64_t>(tile) * kTileN;
-    score_tile(s, rule, is_row, row_position, mask, scaled.contains(tile), whole.contains(tile), tile_key + warp_key + 2 * quad_lane, key_begin, key_end);
+    const bool is_full_tile = whole.contains(tile);
+    score_tile(s, rows, is_full_tile && is_scale, is_full_tile, tile * kTileN + warp_key + 2 * quad_lane);
 
     // Online softmax per row, then P.
     std::uint32_t p_fragment[4];

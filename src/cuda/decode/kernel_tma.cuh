@@ -294,16 +294,19 @@ __global__ void __launch_bounds__(Config::kThreads, Config::kMinBlocksPerSm)
     }
     tma::named_barrier_sync(1, kConsumerThreads);  // q is in shared memory
 
-    // This lane's rows group_row and group_row + 8, and their query heads' score rules.
-    std::int64_t row_position[2];
-    bool is_row[2];
-    ScoreRule rule[2];
+    // This lane's rows group_row and group_row + 8 (key offsets from the tile grid's first key).
+    LaneRows rows;
+    {
+      std::int64_t head[2], position[2];
+      bool is_row[2];
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int packed = static_cast<int>(row_begin) + group_row + 8 * half;
-      is_row[half] = packed < row_end;
-      row_position[half] = is_row[half] ? packed / group32 : 0;
-      rule[half] = a.score_of(b, static_cast<int>(h_kv) * group32 + packed % group32, mask);
+      for (int half = 0; half < 2; ++half) {
+        const int packed = static_cast<int>(row_begin) + group_row + 8 * half;
+        is_row[half] = packed < row_end;
+        position[half] = is_row[half] ? packed / group32 : 0;
+        head[half] = static_cast<int>(h_kv) * group32 + packed % group32;
+      }
+      rows = lane_rows(a, mask, b, head, position, is_row, key_begin, key_end, range.tile_begin);
     }
 
     const int matrix = lane / 8, matrix_row = lane % 8;  // ldmatrix lane roles
@@ -340,7 +343,7 @@ __global__ void __launch_bounds__(Config::kThreads, Config::kMinBlocksPerSm)
     // tiles every row of this CTA sees whole (no element mask, no V rows to clear).
     const int range_begin = static_cast<int>(key_begin - range.tile_begin), range_end = static_cast<int>(key_end - range.tile_begin);
     const WholeTiles whole = whole_tiles<kTileN>(mask, position_begin, position_end, key_begin, key_end, range.tile_begin);
-    const WholeTiles scaled = a.score_is_positive_scale() ? whole : WholeTiles{};  // score_tile's fast path (kernel_mma.cuh)
+    const bool is_scale = a.score_is_positive_scale();  // no softcap, no ALiBi: score_tile's fast path
     for (int tile = 0; tile < num_tiles; ++tile) {
       const int stage = tile % kStages;
       tma::mbarrier_wait(full_barriers + 8 * stage, (tile / kStages) & 1);
@@ -382,8 +385,7 @@ __global__ void __launch_bounds__(Config::kThreads, Config::kMinBlocksPerSm)
 
       // Whole tiles (all but the range's ends) skip the element mask (keys before
       // key_begin: the tile grid starts below the range).
-      score_tile(s, rule, is_row, row_position, mask, scaled.contains(tile), is_full_tile, range.tile_begin + warp_first + 2 * quad_lane, key_begin,
-                 key_end);  // kernel_mma.cuh
+      score_tile(s, rows, is_full_tile && is_scale, is_full_tile, warp_first + 2 * quad_lane);  // kernel_mma.cuh
 
       std::uint32_t p_fragment[4];
       softmax_tile<T>(s, state, o, p_fragment);  // kernel_mma.cuh
