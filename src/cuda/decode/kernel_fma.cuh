@@ -104,7 +104,6 @@ __global__ void __launch_bounds__(Config::kThreads, 2) decode_kernel(const __gri
   // q rows of this CTA, rotated like flash_attn and rounded to T: (kRows, this lane's 8 features).
   float q[kRows][kChunk];
   std::int64_t row_position[kRows];  // query position i of each packed row (mask row)
-  ScoreRule rule[kRows];             // of each packed row's query head (its own ALiBi slope)
 #pragma unroll
   for (int r = 0; r < kRows; ++r) {
     const std::int64_t packed = row_begin + r;
@@ -112,7 +111,6 @@ __global__ void __launch_bounds__(Config::kThreads, 2) decode_kernel(const __gri
     const std::int64_t i = is_row ? packed / group : 0;
     row_position[r] = i;
     const std::int64_t h = h_kv * group + (is_row ? packed % group : 0);
-    rule[r] = a.score_of(b, h, mask);
     const T* q_row = static_cast<const T*>(a.q) + a.q_offset(b, h) + i * a.q_row_stride;
 #pragma unroll
     for (int e = 0; e < kChunk; ++e) {
@@ -169,6 +167,14 @@ __global__ void __launch_bounds__(Config::kThreads, 2) decode_kernel(const __gri
     const int stage = tile % kStages;
     const std::int64_t tile_key = key_begin + static_cast<std::int64_t>(tile) * kTileN + key_group * kKeysPerStep;
 
+    // The score rule of each packed row's query head (its own ALiBi slope), per tile: at
+    // kRows = 8 the kernel has no registers to keep them across the loop.
+    ScoreRule rule[kRows];
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      const int packed = static_cast<int>(row_begin) + r, group32 = static_cast<int>(group);  // packed rows < 2^31 (validate_kvcache)
+      rule[r] = a.score_of(b, static_cast<int>(h_kv) * group32 + packed % group32, mask);
+    }
     // S = q K^T for this group's kKeysPerStep keys (log2 units, masked -inf): (kRows, kKeysPerStep).
     float s[kRows][kKeysPerStep];
 #pragma unroll

@@ -383,8 +383,9 @@ __global__ void __launch_bounds__(Config::kThreads, Config::kMinBlocksPerSm)
         }
       }
 
-      // Whole tiles (all but the range's ends) skip the element mask (keys before
-      // key_begin: the tile grid starts below the range).
+      // Scores in log2 units. Whole tiles (all but the range's ends) skip the element mask;
+      // elsewhere it also masks the keys before key_begin (the tile grid starts below the
+      // range) and past key_end.
       score_tile(s, rows, is_full_tile && is_scale, is_full_tile, warp_first + 2 * quad_lane);  // kernel_mma.cuh
 
       std::uint32_t p_fragment[4];
