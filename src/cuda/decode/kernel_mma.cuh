@@ -4,7 +4,7 @@
 // Why tensor cores for a memory-bound kernel: at 3 TB/s an H100 SM must consume
 // ~13 bytes of K/V per clock. With fp32 FMAs, S = q K^T and O += P V cost 2 FMAs per
 // 16-bit element per query row, plus conversions, shuffles and the softmax: the FMA
-// kernel (kernel.cuh) measured 1.06 TB/s at batch 8 / KV 64k on the H100
+// kernel (kernel_fma.cuh) measured 1.06 TB/s at batch 8 / KV 64k on the H100
 // (2026-11-22), issue-bound. One mma does 2048 FMAs, so even with the 16-row tile
 // mostly padding (a GQA group of 4 uses 4 of 16 rows) the math vanishes under the
 // loads and the kernel is left with what it should be: moving bytes.
@@ -25,6 +25,9 @@
 // memory, where the cluster merges the splits itself (distributed shared memory).
 // The kernel is launched with PDL (launch_kernel.cuh): it waits for the previous
 // kernel before its first read.
+// Scores: each packed row's ScoreRule (flashattn/score.hpp; its query head's ALiBi slope,
+// the diagonal of its sequence's length) in score_tile; the online softmax is
+// online_softmax::State with the SFU's exp2 (DecodeState), both shared with kernel_tma.cuh.
 //
 // Measured on the H100 (bench/results/gpu_decode.md, 2026-11-22): 1.64 / 2.43 / 2.90 /
 // 3.05 TB/s at batch 8, 32/8 heads, d128, KV 1k / 4k / 16k / 64k (device copy 3.01).
@@ -81,7 +84,7 @@ struct MmaDecodeConfig {
   static constexpr int kMergeBytes = (kWarps * kRows * (3 + kHeadDim) + kRows + kRows * kHeadDim) * 4;
   static constexpr int kSharedBytes = kPipelineBytes > kMergeBytes ? kPipelineBytes : kMergeBytes;
   static_assert((kTileN * kChunks) % kThreads == 0, "whole chunks per thread");
-  static_assert(kKSteps % 1 == 0 && kDTiles % 2 == 0, "ldmatrix x4 covers pairs of tiles");
+  static_assert(kDTiles % 2 == 0, "ldmatrix x4 covers pairs of tiles");
 };
 
 // A lane's two rows of every S fragment (half 0: group_row, half 1: group_row + 8 of the
