@@ -41,15 +41,37 @@ FLASHATTN_HOST_DEVICE T exp2_of(T x) {
   return std::exp2(x);
 }
 
+// The arithmetic the rules below are computed with: a policy of three functions.
+// ExactMath (the default) is the C++ library's, for the host, the reference and every
+// caller that wants the accurate routines; a kernel passes the special-function unit's
+// (cuda::SfuMath in src/cuda/common/sfu_math.cuh: ex2.approx.ftz, lg2.approx, rcp.rn),
+// so its fast path and the host rules are one definition with two exponentials.
+struct ExactMath {
+  template <class T>
+  FLASHATTN_HOST_DEVICE static T exp2(T x) {
+    return exp2_of(x);
+  }
+  template <class T>
+  FLASHATTN_HOST_DEVICE static T log2(T x) {
+    return std::log2(x);
+  }
+  template <class T>
+  FLASHATTN_HOST_DEVICE static T reciprocal(T x) {
+    return T(1) / x;
+  }
+};
+
 // Factor for rescaling a running sum/accumulator when the max moves m_old -> m_new
 // (m_new >= m_old). From an empty row (m_old = -inf) it is 0: nothing to rescale.
-template <class T>
+// Also the weight 2^(x - m) of a partial whose log2-LSE is x in a total of log2-LSE m.
+template <class Math = ExactMath, class T>
 FLASHATTN_HOST_DEVICE T rescale_factor(T m_old, T m_new) {
-  return exp2_of(m_old - safe_max(m_new));
+  return Math::exp2(m_old - safe_max(m_new));
 }
 
 // Running statistics of one row, log2 domain: m = max score, l = sum of exp2(s - m).
-template <class T>
+// Math: how exp2 (and, at the end, log2 and 1/l) are computed — see ExactMath.
+template <class T, class Math = ExactMath>
 struct State {
   T m = negative_infinity<T>();
   T l = T(0);
@@ -58,35 +80,53 @@ struct State {
   // caller must scale its unnormalised accumulator (and which was applied to l).
   FLASHATTN_HOST_DEVICE T raise_max(T block_max) {
     const T m_new = block_max > m ? block_max : m;
-    const T factor = rescale_factor(m, m_new);
+    const T factor = rescale_factor<Math>(m, m_new);
     l *= factor;
     m = m_new;
     return factor;
   }
   // The exponent base to use for the current block's terms exp2(s - base).
   FLASHATTN_HOST_DEVICE T base() const { return safe_max(m); }
+  // The block's term exp2(s - base()) of a score s (log2 units): the unnormalised P.
+  FLASHATTN_HOST_DEVICE T term(T s) const { return Math::exp2(s - base()); }
   FLASHATTN_HOST_DEVICE void add(T block_sum) { l += block_sum; }
   // l is a sum of exp2 terms, so >= 0 or NaN; a NaN row (a NaN or +inf score) is not
   // empty: its output and LSE stay NaN rather than a finite 0 with LSE -inf.
   FLASHATTN_HOST_DEVICE bool empty() const { return l == T(0); }
-  // 1/l for the single delayed normalisation; 0 for an empty row so its output is 0.
-  FLASHATTN_HOST_DEVICE T inverse_sum() const { return empty() ? T(0) : T(1) / l; }
+  // output_scale / l for the single delayed normalisation (output_scale: a factor the
+  // output carries, e.g. dropout's 1/(1 - p) or an FP8 V descale; 1 by default); 0 for
+  // an empty row so its output is 0.
+  FLASHATTN_HOST_DEVICE T inverse_sum(T output_scale = T(1)) const {
+    return empty() ? T(0) : output_scale * Math::reciprocal(l);
+  }
   // Natural-log LSE of the row: (m + log2 l) * ln 2; -inf for an empty row.
   FLASHATTN_HOST_DEVICE T lse() const {
-    return empty() ? negative_infinity<T>() : (m + std::log2(l)) * T(kLn2);
+    return empty() ? negative_infinity<T>() : (m + Math::log2(l)) * T(kLn2);
   }
 };
 
 // Merge two unnormalised states (e.g. two key blocks of one row). The caller scales
 // its accumulators by *factor_a and *factor_b and adds them.
-template <class T>
-FLASHATTN_HOST_DEVICE State<T> merge(const State<T>& a, const State<T>& b, T* factor_a, T* factor_b) {
-  State<T> out;
+template <class T, class Math>
+FLASHATTN_HOST_DEVICE State<T, Math> merge(const State<T, Math>& a, const State<T, Math>& b, T* factor_a, T* factor_b) {
+  State<T, Math> out;
   out.m = a.m > b.m ? a.m : b.m;
-  *factor_a = rescale_factor(a.m, out.m);
-  *factor_b = rescale_factor(b.m, out.m);
+  *factor_a = rescale_factor<Math>(a.m, out.m);
+  *factor_b = rescale_factor<Math>(b.m, out.m);
   out.l = a.l * *factor_a + b.l * *factor_b;
   return out;
+}
+
+// log(sum_s e^lse_s) of N natural-log LSEs (the N-way form of merge_weights' lse, for
+// merging N normalised partials at once); -inf when all are -inf, never NaN.
+template <class Math = ExactMath, class T, int N>
+FLASHATTN_HOST_DEVICE T lse_of(const T (&lse)[N]) {
+  T m = lse[0];
+  for (int s = 1; s < N; ++s) m = lse[s] > m ? lse[s] : m;
+  if (m == negative_infinity<T>()) return m;
+  T sum = T(0);
+  for (int s = 0; s < N; ++s) sum += Math::exp2((lse[s] - m) * T(kLog2e));
+  return m + Math::log2(sum) * T(kLn2);
 }
 
 // Weights for merging two *normalised* partial outputs by their natural-log LSEs:

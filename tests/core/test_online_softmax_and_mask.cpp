@@ -1,4 +1,4 @@
-// tests/test_core.cpp — online-softmax state, merge and mask rule (hardware-free layer).
+// tests/core/test_online_softmax_and_mask.cpp — online-softmax state, merge and mask rule (hardware-free layer).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -50,6 +50,46 @@ TEST(OnlineSoftmax, MergeIsAssociativeAndOrderIndependent) {
   EXPECT_NEAR(left, direct, 1e-12);
   EXPECT_NEAR(right, direct, 1e-12);
   EXPECT_NEAR(swapped, direct, 1e-12);
+}
+
+// A Math policy that counts its calls and rounds exp2 to float: State, merge and
+// rescale_factor take every exponential (and log2, 1/l) from the policy they are given,
+// as the kernels' State<float, SfuMath> does with the SFU.
+struct CountingMath {
+  static inline int exp2_calls = 0, log2_calls = 0, reciprocal_calls = 0;
+  static double exp2(double x) { return ++exp2_calls, static_cast<float>(std::exp2(x)); }
+  static double log2(double x) { return ++log2_calls, std::log2(x); }
+  static double reciprocal(double x) { return ++reciprocal_calls, 1.0 / x; }
+};
+
+TEST(OnlineSoftmax, StateUsesItsMathPolicyAndScalesTheOutput) {
+  os::State<double, CountingMath> state;
+  EXPECT_EQ(state.raise_max(3.0), 0.0);  // from an empty row: exp2(-inf) through the policy
+  state.add(state.term(3.0) + state.term(1.0));
+  const double factor = state.raise_max(4.0);
+  EXPECT_EQ(factor, static_cast<float>(std::exp2(-1.0)));
+  EXPECT_EQ(CountingMath::exp2_calls, 4);
+  const double l = (1.0 + static_cast<float>(std::exp2(-2.0))) * factor;
+  EXPECT_DOUBLE_EQ(state.l, l);
+  EXPECT_DOUBLE_EQ(state.inverse_sum(), 1.0 / l);
+  EXPECT_DOUBLE_EQ(state.inverse_sum(0.25), 0.25 / l);  // an output scale (e.g. an FP8 V descale)
+  EXPECT_DOUBLE_EQ(state.lse(), (4.0 + std::log2(l)) * os::kLn2);
+  EXPECT_EQ(CountingMath::reciprocal_calls, 2);
+  EXPECT_EQ(CountingMath::log2_calls, 1);
+  double factor_a = 0, factor_b = 0;
+  const os::State<double, CountingMath> merged = os::merge(state, os::State<double, CountingMath>{}, &factor_a, &factor_b);
+  EXPECT_EQ(CountingMath::exp2_calls, 6);
+  EXPECT_EQ(factor_b, 0.0);  // the empty side adds nothing
+  EXPECT_DOUBLE_EQ(merged.l, state.l);
+}
+
+TEST(OnlineSoftmax, LseOfManyEqualsPairwiseMerges) {
+  const double lse[4] = {0.3, -1.7, os::negative_infinity<double>(), 2.2};
+  double pairwise = os::negative_infinity<double>();
+  for (double x : lse) pairwise = os::merge_weights(pairwise, x).lse;
+  EXPECT_NEAR(os::lse_of(lse), pairwise, 1e-12);
+  const double empty[2] = {os::negative_infinity<double>(), os::negative_infinity<double>()};
+  EXPECT_EQ(os::lse_of(empty), os::negative_infinity<double>());  // never NaN
 }
 
 TEST(MaskRule, CausalIsBottomRightAligned) {

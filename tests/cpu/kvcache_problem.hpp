@@ -43,6 +43,11 @@ struct DecodeShape {
   bool causal = false;
   std::int64_t window_left = -1, window_right = -1;
   double softcap = 0.0;
+  // ALiBi slopes (AttentionOptions::maybe_alibi_slopes): none, one per query head
+  // ([heads_q]; query head 1 gets slope 0, so one GQA group mixes biased and unbiased
+  // rows), or one per (sequence, query head) ([batch, heads_q]).
+  enum class Alibi { none, per_head, per_batch_head };
+  Alibi alibi = Alibi::none;
   int num_splits = 1;
 
   std::string describe() const {
@@ -56,6 +61,7 @@ struct DecodeShape {
     if (softcap > 0) s += " softcap";
     if (!leftpad.empty()) s += " leftpad";
     if (permute_batch) s += " batch_idx";
+    if (alibi != Alibi::none) s += alibi == Alibi::per_head ? " alibi(head)" : " alibi(batch,head)";
     s += " splits" + std::to_string(num_splits);
     return s;
   }
@@ -133,6 +139,16 @@ class DecodeProblem {
           rotary_sin.set(pos * (s.rotary_dim / 2) + t, static_cast<float>(std::sin(angle)));
         }
     }
+    if (s.alibi != DecodeShape::Alibi::none) {
+      // Distinct slopes in [0.005, 0.3]: a bias of a few units over tens to hundreds of
+      // keys, so both the scores and the distances shape the output. Own generator: the
+      // other tensors stay those of the same problem without ALiBi.
+      const bool per_batch = s.alibi == DecodeShape::Alibi::per_batch_head;
+      alibi_slopes = per_batch ? HostTensor(DType::float32, {s.batch, s.heads_q}) : HostTensor(DType::float32, {s.heads_q});
+      std::mt19937_64 alibi_rng(seed * 11 + 5);
+      std::uniform_real_distribution<float> slope(0.005f, 0.3f);
+      for (std::int64_t i = 0; i < alibi_slopes.numel(); ++i) alibi_slopes.set(i, !per_batch && i == 1 ? 0.0f : slope(alibi_rng));
+    }
     out = HostTensor(s.dtype, q.shape());
     lse = HostTensor(DType::float32, {s.batch, s.heads_q, s.seqlen_q});
     out.fill_canary();
@@ -182,6 +198,7 @@ class DecodeProblem {
     a.options.window_left = s.window_left;
     a.options.window_right = s.window_right;
     a.options.softcap = s.softcap;
+    if (s.alibi != DecodeShape::Alibi::none) a.options.maybe_alibi_slopes = alibi_slopes.view();
     return a;
   }
 
@@ -213,7 +230,7 @@ class DecodeProblem {
   // The same attention as plain varlen attention over dense buffers built here:
   // q (rotated like flash_attn), and per sequence the keys [leftpad, L + new).
   struct Dense {
-    HostTensor q, k, v, out, lse, cu_q, cu_k;
+    HostTensor q, k, v, out, lse, cu_q, cu_k, alibi_slopes;
     ForwardArgs args;
   };
   Dense dense() const {
@@ -283,6 +300,10 @@ class DecodeProblem {
     d.args.options.window_left = s.window_left;
     d.args.options.window_right = s.window_right;
     d.args.options.softcap = s.softcap;
+    if (s.alibi != DecodeShape::Alibi::none) {
+      d.alibi_slopes = alibi_slopes;  // the same slopes, same layout
+      d.args.options.maybe_alibi_slopes = d.alibi_slopes.view();
+    }
     return d;
   }
 
@@ -294,7 +315,7 @@ class DecodeProblem {
   }
 
   HostTensor q, k_cache, v_cache, k_new, v_new, cache_seqlens, cache_batch_idx, cache_leftpad, block_table, rotary_cos,
-      rotary_sin, out, lse;
+      rotary_sin, alibi_slopes, out, lse;
   HostTensor k_cache_initial, v_cache_initial;
   std::int64_t pages_per_seq = 0;
 
@@ -339,8 +360,29 @@ inline void expect_matches_reference(const DecodeProblem& p, const std::string& 
   std::vector<double> out, lse;
   gather(p, out, lse);
   const double floor = floor_of(params.dtype);
-  EXPECT_LE(max_abs_diff(out, ref.out), 2.0 * max_abs_diff(low.out, ref.out) + floor) << label << " (out)";
-  EXPECT_LE(max_abs_diff(lse, ref.lse), 2.0 * max_abs_diff(low.lse, ref.lse) + floor) << label << " (lse)";
+  const double out_tolerance = 2.0 * max_abs_diff(low.out, ref.out) + floor, lse_tolerance = 2.0 * max_abs_diff(low.lse, ref.lse) + floor;
+  // On failure, the first rows past the tolerance by (sequence, position, query head,
+  // its kv head, its ALiBi slope), so a wrong head or mask row shows as such.
+  const auto& s = p.shape();
+  std::string rows;
+  int listed = 0;
+  for (std::int64_t row = 0; row < s.batch * s.seqlen_q && listed < 8; ++row)
+    for (std::int64_t h = 0; h < s.heads_q && listed < 8; ++h) {
+      const std::size_t first = static_cast<std::size_t>((row * s.heads_q + h) * s.head_dim), r = static_cast<std::size_t>(row * s.heads_q + h);
+      const std::vector<double> row_out(out.begin() + first, out.begin() + first + s.head_dim),
+          row_ref(ref.out.begin() + first, ref.out.begin() + first + s.head_dim);
+      const double out_error = max_abs_diff(row_out, row_ref), lse_error = max_abs_diff({lse[r]}, {ref.lse[r]});
+      if (out_error <= out_tolerance && lse_error <= lse_tolerance) continue;
+      const std::int64_t b = row / s.seqlen_q;
+      std::string slope = "none";
+      if (p.alibi_slopes.numel() > 0) slope = std::to_string(p.alibi_slopes.get(p.alibi_slopes.shape().size() == 2 ? b * s.heads_q + h : h));
+      rows += "\n  sequence " + std::to_string(b) + " position " + std::to_string(row % s.seqlen_q) + " head " + std::to_string(h) +
+              " (kv head " + std::to_string(h / (s.heads_q / s.heads_kv)) + ", slope " + slope + "): out error " + std::to_string(out_error) +
+              ", lse " + std::to_string(lse[r]) + " vs " + std::to_string(ref.lse[r]);
+      ++listed;
+    }
+  EXPECT_LE(max_abs_diff(out, ref.out), out_tolerance) << label << " (out)" << rows;
+  EXPECT_LE(max_abs_diff(lse, ref.lse), lse_tolerance) << label << " (lse)" << rows;
 }
 
 // The append wrote exactly the expected slots: new rows (rotated) at L_b + j, every

@@ -30,7 +30,7 @@ class DeviceDecode {
  public:
   explicit DeviceDecode(DecodeProblem& p) : p_(p) {
     for (HostTensor* t : {&p.q, &p.k_cache, &p.v_cache, &p.k_new, &p.v_new, &p.cache_seqlens, &p.cache_batch_idx, &p.cache_leftpad,
-                          &p.block_table, &p.rotary_cos, &p.rotary_sin, &p.out, &p.lse}) {
+                          &p.block_table, &p.rotary_cos, &p.rotary_sin, &p.alibi_slopes, &p.out, &p.lse}) {
       if (t->numel() == 0 && t->shape().empty()) continue;  // never allocated
       DeviceBuffer buffer(host_bytes(*t));
       buffer.upload(t->data());
@@ -42,7 +42,8 @@ class DeviceDecode {
   KVCacheArgs args(const KVCacheArgs& host) {
     KVCacheArgs a = host;
     for (TensorView* t : {&a.q, &a.k_cache, &a.v_cache, &a.maybe_k_new, &a.maybe_v_new, &a.maybe_cache_seqlens, &a.maybe_cache_batch_idx,
-                          &a.maybe_cache_leftpad, &a.maybe_block_table, &a.maybe_rotary_cos, &a.maybe_rotary_sin, &a.out, &a.maybe_lse}) {
+                          &a.maybe_cache_leftpad, &a.maybe_block_table, &a.maybe_rotary_cos, &a.maybe_rotary_sin,
+                          &a.options.maybe_alibi_slopes, &a.out, &a.maybe_lse}) {
       if (!t->defined()) continue;
       auto it = mirrors_.find(t->data);
       if (it == mirrors_.end()) throw std::runtime_error("tensor without a device mirror");
@@ -297,6 +298,95 @@ TEST(KVCacheCudaKernels, UnknownKernelNameIsRejected) {
   p.snapshot();
   DeviceDecode device(p);
   EXPECT_THROW(forward_with_kvcache(device.args(p.args())), Error);
+}
+
+// ALiBi (flashattn/score.hpp: s = scale q.k - slope |i + seqlen_k - seqlen_q - j|, the
+// distance from the row's position i within the query block to the key's position j
+// within the sequence's keys, seqlen_k = cache_seqlens[b] (+ new keys) - leftpad[b]) on
+// both split-KV kernels, against the float64 reference of the gathered cache. Each shape
+// with slopes per query head (head 1: slope 0, so a GQA group packs biased and unbiased
+// rows into one CTA) and per (sequence, query head): a slope given to the wrong row of a
+// packed GQA group, a diagonal taken from the capacity instead of the sequence's length,
+// or a distance counted from the split's or tile's first key shows as the rows listed in
+// the failure. Contiguous and paged (pages of 16, 48, 256: boxes below, inside and above
+// the tile), GQA 4, MQA 16, MHA, seqlen_q 1 and > 1 (causal or not, with new keys),
+// windows, softcap, left padding, head dims 64/96/128/256, 1 to 7 splits and the heuristic.
+std::vector<DecodeShape> alibi_shapes() {
+  std::vector<DecodeShape> v;
+  for (DecodeShape::Alibi alibi : {DecodeShape::Alibi::per_head, DecodeShape::Alibi::per_batch_head}) {
+    const DType dtype = alibi == DecodeShape::Alibi::per_head ? DType::float16 : DType::bfloat16;
+    for (std::int64_t page : {0, 16, 48, 256}) {
+      DecodeShape s;
+      s.alibi = alibi, s.dtype = dtype, s.head_dim = 128, s.page_size = page, s.capacity = 300, s.heads_q = 8, s.heads_kv = 2;
+      s.num_splits = 0;
+      v.push_back(s);  // plain decode, GQA 4, heuristic splits
+      s.seqlen_q = 3, s.seqlen_new = 3, s.causal = true, s.rotary_dim = 64, s.num_splits = 3;
+      v.push_back(s);  // speculative decode: 12 packed rows, append + rotary
+      s.causal = false, s.rotary_dim = 0, s.num_splits = 1;
+      v.push_back(s);  // several queries, not causal: every key is biased, before and after the diagonal
+    }
+    for (std::int64_t head_dim : {64, 96, 256}) {
+      DecodeShape s;
+      s.alibi = alibi, s.dtype = dtype, s.head_dim = head_dim, s.page_size = head_dim == 64 ? 16 : 0, s.capacity = 400, s.heads_q = 6,
+      s.heads_kv = 2, s.seqlen_q = 2, s.seqlen_new = 2, s.causal = true, s.num_splits = 2;
+      v.push_back(s);  // GQA 3 (6 packed rows), two splits merged in a cluster
+    }
+    DecodeShape mqa;  // 16 query heads on one kv head (one CTA per query position), window + softcap, many splits
+    mqa.alibi = alibi, mqa.heads_q = 16, mqa.heads_kv = 1, mqa.seqlen_q = 2, mqa.capacity = 1025, mqa.window_left = 100, mqa.window_right = 0,
+    mqa.softcap = 30.0, mqa.num_splits = 7, mqa.head_dim = 128, mqa.page_size = 32, mqa.dtype = DType::bfloat16;
+    v.push_back(mqa);
+    DecodeShape mha;  // one query head per kv head, 5 queries
+    mha.alibi = alibi, mha.heads_q = 4, mha.heads_kv = 4, mha.seqlen_q = 5, mha.seqlen_new = 5, mha.causal = true, mha.head_dim = 64,
+    mha.capacity = 700, mha.num_splits = 4, mha.dtype = dtype;
+    v.push_back(mha);
+    DecodeShape prefill;  // chunked prefill: 40 queries x GQA 2 = 5 query blocks of 16 rows, 40 new keys
+    prefill.alibi = alibi, prefill.seqlen_q = 40, prefill.seqlen_new = 40, prefill.cache_seqlens = {0, 60, 200}, prefill.batch = 3,
+    prefill.capacity = 256, prefill.causal = true, prefill.head_dim = 128, prefill.num_splits = 2, prefill.page_size = 16;
+    v.push_back(prefill);
+    DecodeShape leftpad;  // the keys start at leftpad[b]: the distance counts from there
+    leftpad.alibi = alibi, leftpad.batch = 3, leftpad.cache_seqlens = {40, 7, 290}, leftpad.leftpad = {5, 7, 33}, leftpad.seqlen_new = 2,
+    leftpad.seqlen_q = 4, leftpad.causal = true, leftpad.head_dim = 64, leftpad.capacity = 300, leftpad.num_splits = 2;
+    v.push_back(leftpad);
+    leftpad.page_size = 48, leftpad.num_splits = 3;
+    v.push_back(leftpad);
+    DecodeShape batch_idx;  // cache_batch_idx (the cp.async kernel either way)
+    batch_idx.alibi = alibi, batch_idx.permute_batch = true, batch_idx.batch = 3, batch_idx.seqlen_new = 1, batch_idx.head_dim = 128,
+    batch_idx.capacity = 200;
+    v.push_back(batch_idx);
+  }
+  return v;
+}
+
+class KVCacheCudaAlibi : public ::testing::TestWithParam<std::tuple<std::string, DecodeShape>> {};
+
+TEST_P(KVCacheCudaAlibi, MatchesReference) {
+  SKIP_WITHOUT_GPU();
+  const auto& [kernel, shape] = GetParam();
+  const ForcedDecodeKernel forced(kernel);
+  DecodeProblem p(shape, 7);
+  run_and_check(p, kernel + " " + shape.describe());
+}
+INSTANTIATE_TEST_SUITE_P(BothKernels, KVCacheCudaAlibi,
+                         ::testing::Combine(::testing::Values(std::string("cp_async"), std::string("tma")), ::testing::ValuesIn(alibi_shapes())));
+
+TEST(KVCacheCudaAlibiSplits, EverySplitCountOnBothKernels) {
+  SKIP_WITHOUT_GPU();
+  // Splits 1-64: each split's range starts at its own key, the distance must not. Paged
+  // and contiguous alternate, as do seqlen_q 1 and 2 (causal, with new keys) and the
+  // two slope layouts; two sequences of very different lengths.
+  for (const std::string kernel : {"cp_async", "tma"}) {
+    const ForcedDecodeKernel forced(kernel);
+    for (int splits = 1; splits <= 64; ++splits) {
+      DecodeShape s;
+      s.dtype = DType::bfloat16, s.head_dim = 128, s.heads_q = 8, s.heads_kv = 2, s.capacity = 2000, s.cache_seqlens = {1997, 700};
+      s.page_size = splits % 2 == 0 ? 16 : 0, s.num_splits = splits;
+      s.seqlen_q = splits % 4 < 2 ? 1 : 2, s.seqlen_new = s.seqlen_q, s.causal = true;
+      s.alibi = splits % 3 == 0 ? DecodeShape::Alibi::per_head : DecodeShape::Alibi::per_batch_head;
+      DecodeProblem p(s, 8);
+      run_and_check(p, kernel + " " + s.describe());
+      if (::testing::Test::HasFailure()) return;  // one failing split count says enough
+    }
+  }
 }
 
 // The TMA kernel's tile geometry, host arithmetic only (runs without a GPU).

@@ -32,6 +32,7 @@
 
 #include "flashattn/mask.hpp"
 #include "flashattn/online_softmax.hpp"
+#include "flashattn/score.hpp"
 #include "src/core/kvcache_params.hpp"
 #include "src/cuda/common/numeric.cuh"
 #include "src/cuda/decode/launch_kernel.cuh"
@@ -61,12 +62,6 @@ struct DecodeConfig {
   static constexpr int kSharedBytes = kPipelineBytes > kMergeBytes ? kPipelineBytes : kMergeBytes;
   static_assert(kLanesPerKey <= 32 && 32 % kLanesPerKey == 0, "a key group must sit inside one warp");
 };
-
-// Score of (q, k) in log2 units: scale * q.k (or softcap * tanh(scale * q.k / softcap)) * log2(e).
-__device__ __forceinline__ float log2_score(const AttentionParams& a, float dot) {
-  if (a.has_softcap()) return a.softcap * tanhf(dot * a.softmax_scale / a.softcap) * static_cast<float>(online_softmax::kLog2e);
-  return dot * a.softmax_scale_log2;
-}
 
 template <class T, class Config>
 __global__ void __launch_bounds__(Config::kThreads, 2) decode_kernel(const __grid_constant__ KVCacheParams params) {
@@ -172,6 +167,14 @@ __global__ void __launch_bounds__(Config::kThreads, 2) decode_kernel(const __gri
     const int stage = tile % kStages;
     const std::int64_t tile_key = key_begin + static_cast<std::int64_t>(tile) * kTileN + key_group * kKeysPerStep;
 
+    // The score rule of each packed row's query head (its own ALiBi slope), per tile: at
+    // kRows = 8 the kernel has no registers to keep them across the loop.
+    ScoreRule rule[kRows];
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      const int packed = static_cast<int>(row_begin) + r, group32 = static_cast<int>(group);  // packed rows < 2^31 (validate_kvcache)
+      rule[r] = a.score_of(b, static_cast<int>(h_kv) * group32 + packed % group32, mask);
+    }
     // S = q K^T for this group's kKeysPerStep keys (log2 units, masked -inf): (kRows, kKeysPerStep).
     float s[kRows][kKeysPerStep];
 #pragma unroll
@@ -191,7 +194,7 @@ __global__ void __launch_bounds__(Config::kThreads, 2) decode_kernel(const __gri
         for (int offset = kLanesPerKey / 2; offset > 0; offset /= 2) dot += __shfl_xor_sync(0xffffffffu, dot, offset);
         const std::int64_t key = tile_key + step;
         const bool is_allowed = key < key_end && mask.allowed(row_position[r], key);
-        s[r][step] = is_allowed ? log2_score(a, dot) : online_softmax::negative_infinity<float>();
+        s[r][step] = is_allowed ? rule[r].log2_score(dot, row_position[r], key) : online_softmax::negative_infinity<float>();
       }
     }
     // Online softmax over the step's keys, then O += P V.
@@ -204,9 +207,8 @@ __global__ void __launch_bounds__(Config::kThreads, 2) decode_kernel(const __gri
       const float factor = state[r].raise_max(block_max);
 #pragma unroll
       for (int e = 0; e < kChunk; ++e) o[r][e] *= factor;
-      const float base = state[r].base();
 #pragma unroll
-      for (int step = 0; step < kKeysPerStep; ++step) s[r][step] = online_softmax::exp2_of(s[r][step] - base);  // P
+      for (int step = 0; step < kKeysPerStep; ++step) s[r][step] = state[r].term(s[r][step]);  // P
       p_sum[r] = 0.0f;
     }
 #pragma unroll

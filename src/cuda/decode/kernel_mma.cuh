@@ -4,7 +4,7 @@
 // Why tensor cores for a memory-bound kernel: at 3 TB/s an H100 SM must consume
 // ~13 bytes of K/V per clock. With fp32 FMAs, S = q K^T and O += P V cost 2 FMAs per
 // 16-bit element per query row, plus conversions, shuffles and the softmax: the FMA
-// kernel (kernel.cuh) measured 1.06 TB/s at batch 8 / KV 64k on the H100
+// kernel (kernel_fma.cuh) measured 1.06 TB/s at batch 8 / KV 64k on the H100
 // (2026-11-22), issue-bound. One mma does 2048 FMAs, so even with the 16-row tile
 // mostly padding (a GQA group of 4 uses 4 of 16 rows) the math vanishes under the
 // loads and the kernel is left with what it should be: moving bytes.
@@ -25,6 +25,9 @@
 // memory, where the cluster merges the splits itself (distributed shared memory).
 // The kernel is launched with PDL (launch_kernel.cuh): it waits for the previous
 // kernel before its first read.
+// Scores: each packed row's ScoreRule (flashattn/score.hpp; its query head's ALiBi slope,
+// the diagonal of its sequence's length) in score_tile; the online softmax is
+// online_softmax::State with the SFU's exp2 (DecodeState), both shared with kernel_tma.cuh.
 //
 // Measured on the H100 (bench/results/gpu_decode.md, 2026-11-22): 1.64 / 2.43 / 2.90 /
 // 3.05 TB/s at batch 8, 32/8 heads, d128, KV 1k / 4k / 16k / 64k (device copy 3.01).
@@ -39,14 +42,15 @@
 
 #include "flashattn/mask.hpp"
 #include "flashattn/online_softmax.hpp"
+#include "flashattn/score.hpp"
 #include "src/core/kvcache_params.hpp"
 #include "src/cuda/common/numeric.cuh"
+#include "src/cuda/common/sfu_math.cuh"
 #include "src/cuda/common/swizzle.cuh"
 #include "src/cuda/decode/launch_kernel.cuh"
 #include "src/cuda/decode/rotary.cuh"
 #include "src/cuda/ptx/cp_async.cuh"
 #include "src/cuda/ptx/ldmatrix.cuh"
-#include "src/cuda/ptx/math.cuh"
 #include "src/cuda/ptx/mma_sync.cuh"
 
 namespace flashattn::cuda::decode {
@@ -80,13 +84,60 @@ struct MmaDecodeConfig {
   static constexpr int kMergeBytes = (kWarps * kRows * (3 + kHeadDim) + kRows + kRows * kHeadDim) * 4;
   static constexpr int kSharedBytes = kPipelineBytes > kMergeBytes ? kPipelineBytes : kMergeBytes;
   static_assert((kTileN * kChunks) % kThreads == 0, "whole chunks per thread");
-  static_assert(kKSteps % 1 == 0 && kDTiles % 2 == 0, "ldmatrix x4 covers pairs of tiles");
+  static_assert(kDTiles % 2 == 0, "ldmatrix x4 covers pairs of tiles");
 };
 
-// Score of (q, k) in log2 units: scale * q.k (or softcap * tanh(scale * q.k / softcap)) * log2(e).
-__device__ __forceinline__ float mma_log2_score(const AttentionParams& a, float dot) {
-  if (a.has_softcap()) return a.softcap * tanhf(dot * a.softmax_scale / a.softcap) * static_cast<float>(online_softmax::kLog2e);
-  return dot * a.softmax_scale_log2;
+// A lane's two rows of every S fragment (half 0: group_row, half 1: group_row + 8 of the
+// CTA's 16 packed (position, query head) rows), as score_tile reads them: the score rule
+// of the row's query head (a GQA group's heads have their own ALiBi slopes), and as
+// 32-bit offsets from the CTA's first tile key `origin`, the keys the row may see,
+// [key_begin, key_end) — its mask columns within the CTA's keys, none for a padding
+// row — and its ALiBi distance to key offset 0. Built once per CTA: the loop keeps six
+// integers per lane, not the rows' int64 positions and mask bounds.
+struct LaneRows {
+  ScoreRule rule[2];
+  int key_begin[2], key_end[2], distance0[2];
+};
+__device__ __forceinline__ LaneRows lane_rows(const AttentionParams& a, const MaskRule& mask, std::int64_t b, const std::int64_t (&head)[2],
+                                              const std::int64_t (&position)[2], const bool (&is_row)[2], std::int64_t key_begin,
+                                              std::int64_t key_end, std::int64_t origin) {
+  LaneRows rows;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    rows.rule[half] = a.score_of(b, head[half], mask);
+    const std::int64_t begin = mask.col_begin(position[half]) > key_begin ? mask.col_begin(position[half]) : key_begin;
+    const std::int64_t end = mask.col_end(position[half]) < key_end ? mask.col_end(position[half]) : key_end;
+    rows.key_begin[half] = static_cast<int>(begin - origin);  // one CTA's keys: < 2^31 apart (validate_kvcache)
+    rows.key_end[half] = is_row[half] ? static_cast<int>(end - origin) : rows.key_begin[half];
+    rows.distance0[half] = static_cast<int>(rows.rule[half].distance(position[half], origin));
+  }
+  return rows;
+}
+
+// One tile's score step of a warp, for its (16 rows, 16 keys) S fragments (the layout of
+// softmax_tile): raw q·k -> log2 scores by the rows' ScoreRules (flashattn/score.hpp), -inf
+// where masked. lane_key is the key offset (from the origin of LaneRows) of the lane's
+// element (t = 0, e = 0); element (t, e) is 8t + e % 2 keys further. Whole tiles
+// (is_full_tile: every row sees every key) skip the element mask, and when the call's rule
+// is a plain positive scale (is_fast_tile: no softcap, no ALiBi) take the fast path, one
+// multiply per score: warp-uniform branches, so the common path is straight-line. Rows
+// past row_end need no mask there: their q is zero and their output is never written.
+__device__ __forceinline__ void score_tile(float (&s)[2][4], const LaneRows& rows, bool is_fast_tile, bool is_full_tile, int lane_key) {
+  if (is_fast_tile) {
+#pragma unroll
+    for (int t = 0; t < 2; ++t)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[t][e] *= rows.rule[e / 2].scale_log2;
+    return;
+  }
+#pragma unroll
+  for (int t = 0; t < 2; ++t)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int half = e / 2, key = lane_key + 8 * t + e % 2;
+      const bool is_allowed = is_full_tile || (key >= rows.key_begin[half] && key < rows.key_end[half]);
+      s[t][e] = is_allowed ? rows.rule[half].log2_score_at(s[t][e], rows.distance0[half] - key) : online_softmax::negative_infinity<float>();
+    }
 }
 
 // Features d..d+3 of output row (b, h, i), and its LSE with the first quad.
@@ -120,15 +171,19 @@ __device__ __forceinline__ WholeTiles whole_tiles(const MaskRule& mask, std::int
   return tiles;
 }
 
+// The online-softmax state of the decode kernels' tile loops and epilogues: State's
+// rules with the SFU's exp2, log2 and 1/x (common/sfu_math.cuh).
+using DecodeState = online_softmax::State<float, SfuMath>;
+
 // One 64-key tile's online-softmax step of a warp, for its (16 rows, 16 keys) score
 // fragments s (log2 units, masked = -inf; row group_row in s[.][0..1], row group_row + 8 in
-// s[.][2..3], the row's 16 keys over the 4 lanes of a quad): State::raise_max with the
-// SFU's exp2 (ptx/math.cuh; an empty row's factor is ex2(-inf) = 0, an unchanged max's
-// exactly 1), the accumulator o rescaled only when some row's max moved (a warp vote:
-// skipping a multiply by exactly 1 changes no bit), the tile's terms added to l, and P
-// packed as the A fragment of O += P V (the S fragments of the two n8 tiles, mma_sync.cuh).
+// s[.][2..3], the row's 16 keys over the 4 lanes of a quad): State::raise_max (an empty
+// row's factor is ex2(-inf) = 0, an unchanged max's exactly 1), the accumulator o rescaled
+// only when some row's max moved (a warp vote: skipping a multiply by exactly 1 changes no
+// bit), the tile's terms added to l, and P packed as the A fragment of O += P V (the S
+// fragments of the two n8 tiles, mma_sync.cuh).
 template <class T, int kDTiles>
-__device__ __forceinline__ void softmax_tile(const float (&s)[2][4], online_softmax::State<float> (&state)[2], float (&o)[kDTiles][4],
+__device__ __forceinline__ void softmax_tile(const float (&s)[2][4], DecodeState (&state)[2], float (&o)[kDTiles][4],
                                              std::uint32_t (&p_fragment)[4]) {
   float factor[2];
 #pragma unroll
@@ -136,10 +191,7 @@ __device__ __forceinline__ void softmax_tile(const float (&s)[2][4], online_soft
     float block_max = fmaxf(fmaxf(s[0][2 * half], s[0][2 * half + 1]), fmaxf(s[1][2 * half], s[1][2 * half + 1]));
     block_max = fmaxf(block_max, __shfl_xor_sync(0xffffffffu, block_max, 1));
     block_max = fmaxf(block_max, __shfl_xor_sync(0xffffffffu, block_max, 2));
-    const float m_new = block_max > state[half].m ? block_max : state[half].m;
-    factor[half] = ptx::exp2_approx_ftz(state[half].m - online_softmax::safe_max(m_new));
-    state[half].l *= factor[half];
-    state[half].m = m_new;
+    factor[half] = state[half].raise_max(block_max);
   }
   if (__any_sync(0xffffffffu, factor[0] != 1.0f || factor[1] != 1.0f)) {
 #pragma unroll
@@ -150,12 +202,11 @@ __device__ __forceinline__ void softmax_tile(const float (&s)[2][4], online_soft
   }
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
-    const float base = state[half].base();
     float p[2][2];
 #pragma unroll
     for (int t = 0; t < 2; ++t)
 #pragma unroll
-      for (int e = 0; e < 2; ++e) p[t][e] = ptx::exp2_approx_ftz(s[t][2 * half + e] - base);
+      for (int e = 0; e < 2; ++e) p[t][e] = state[half].term(s[t][2 * half + e]);
     state[half].add(p[0][0] + p[0][1] + p[1][0] + p[1][1]);
     p_fragment[half] = pack_pair<T>(p[0][0], p[0][1]);
     p_fragment[2 + half] = pack_pair<T>(p[1][0], p[1][1]);
@@ -367,18 +418,9 @@ __global__ void __launch_bounds__(Config::kThreads, Config::kMinBlocksPerSm)
     }
   }
 
-  // This thread's two rows of every fragment: group_row and group_row + 8.
-  std::int64_t row_position[2];
-  bool is_row[2];
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const std::int64_t packed = row_begin + group_row + 8 * half;
-    is_row[half] = packed < row_end;
-    row_position[half] = is_row[half] ? packed / group : 0;
-  }
 
-  online_softmax::State<float> state[2];  // rows group_row, group_row + 8 (l: this lane's columns only)
-  float o[Config::kDTiles][4];             // (16 rows, kHeadDim) accumulator fragments, unnormalised
+  DecodeState state[2];         // rows group_row, group_row + 8 (l: this lane's columns only)
+  float o[Config::kDTiles][4];  // (16 rows, kHeadDim) accumulator fragments, unnormalised
 #pragma unroll
   for (int n = 0; n < Config::kDTiles; ++n)
 #pragma unroll
@@ -404,9 +446,22 @@ __global__ void __launch_bounds__(Config::kThreads, Config::kMinBlocksPerSm)
       v_offsets[j] = static_cast<std::uint32_t>((v_row * kHeadDim + ((2 * j) ^ v_xor) * 8) * 2);
     }
   }
+  // This thread's two rows of every fragment: group_row and group_row + 8 (key offsets from key_begin).
+  LaneRows rows;
+  {
+    std::int64_t head[2], position[2];
+    bool is_row[2];
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const std::int64_t packed = row_begin + group_row + 8 * half;
+      is_row[half] = packed < row_end;
+      position[half] = is_row[half] ? packed / group : 0;
+      head[half] = h_kv * group + packed % group;
+    }
+    rows = lane_rows(a, mask, b, head, position, is_row, key_begin, key_end, key_begin);
+  }
   const WholeTiles whole = whole_tiles<kTileN>(mask, position_begin, position_end, key_begin, key_end, key_begin);
-  const bool has_softcap = a.has_softcap();
-  const float score_scale = a.softmax_scale_log2;
+  const bool is_scale = a.score_is_positive_scale();  // no softcap, no ALiBi: score_tile's fast path
   const std::uint32_t kv_tiles_address = ptx::shared_address(kv_tiles);
   for (int tile = 0; tile < num_tiles; ++tile) {
     ptx::cp_async_wait_group<kStages - 2>();  // this thread's copies of `tile` landed
@@ -433,27 +488,9 @@ __global__ void __launch_bounds__(Config::kThreads, Config::kMinBlocksPerSm)
       ptx::mma_m16n8k16<Numeric::kIsBf16>(s[1], q_fragment, b1);
     }
 
-    // Scores in log2 units. Whole tiles skip the element mask (a warp-uniform branch; rows
-    // past row_end have zero q and are never written); elsewhere keys past the range,
-    // masked pairs and padding rows -> -inf.
+    // Scores in log2 units; whole tiles skip the element mask.
     const bool is_full_tile = whole.contains(tile);
-    if (is_full_tile && !has_softcap) {
-#pragma unroll
-      for (int t = 0; t < 2; ++t)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) s[t][e] *= score_scale;
-    } else {
-      const std::int64_t tile_key = key_begin + static_cast<std::int64_t>(tile) * kTileN;
-#pragma unroll
-      for (int t = 0; t < 2; ++t)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int half = e / 2;
-          const std::int64_t key = tile_key + warp_key + 8 * t + 2 * quad_lane + (e % 2);
-          const bool is_allowed = is_full_tile || (is_row[half] && key < key_end && mask.allowed(row_position[half], key));
-          s[t][e] = is_allowed ? mma_log2_score(a, s[t][e]) : online_softmax::negative_infinity<float>();
-        }
-    }
+    score_tile(s, rows, is_full_tile && is_scale, is_full_tile, tile * kTileN + warp_key + 2 * quad_lane);
 
     // Online softmax per row, then P.
     std::uint32_t p_fragment[4];

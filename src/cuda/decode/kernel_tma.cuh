@@ -42,8 +42,10 @@
 
 #include "flashattn/mask.hpp"
 #include "flashattn/online_softmax.hpp"
+#include "flashattn/score.hpp"
 #include "src/core/kvcache_params.hpp"
 #include "src/cuda/common/numeric.cuh"
+#include "src/cuda/common/sfu_math.cuh"
 #include "src/cuda/decode/kernel_mma.cuh"
 #include "src/cuda/decode/launch_kernel.cuh"
 #include "src/cuda/decode/rotary.cuh"
@@ -51,7 +53,6 @@
 #include "src/cuda/decode/tma_config.hpp"
 #include "src/cuda/ptx/cp_async.cuh"
 #include "src/cuda/ptx/ldmatrix.cuh"
-#include "src/cuda/ptx/math.cuh"
 #include "src/cuda/ptx/mma_sync.cuh"
 
 namespace flashattn::cuda::decode {
@@ -65,33 +66,6 @@ struct DecodeTensorMaps {
   int box_rows;
   int prefetch_tiles;
 };
-
-// The epilogue's statistics with the SFU (ptx/math.cuh), as in the tile loop: the same
-// rules as online_softmax::merge and merge_weights, for the serial tail of a step, where
-// the accurate exp2/exp/log/division routines cost ~100 instructions per output quad.
-__device__ __forceinline__ online_softmax::State<float> merge_sfu(const online_softmax::State<float>& a,
-                                                                 const online_softmax::State<float>& b, float* factor_a,
-                                                                 float* factor_b) {
-  online_softmax::State<float> out;
-  out.m = a.m > b.m ? a.m : b.m;
-  const float base = online_softmax::safe_max(out.m);
-  *factor_a = ptx::exp2_approx_ftz(a.m - base);  // ex2(-inf) = 0: an empty side adds nothing
-  *factor_b = ptx::exp2_approx_ftz(b.m - base);
-  out.l = a.l * *factor_a + b.l * *factor_b;
-  return out;
-}
-
-// log(sum_s e^lse_s) over kMaxClusterSplits natural-log LSEs; -inf when all are.
-__device__ __forceinline__ float lse_of_splits_sfu(const float (&lse)[kMaxClusterSplits]) {
-  float m = lse[0];
-#pragma unroll
-  for (int s = 1; s < kMaxClusterSplits; ++s) m = lse[s] > m ? lse[s] : m;
-  if (m == online_softmax::negative_infinity<float>()) return m;
-  float sum = 0.0f;
-#pragma unroll
-  for (int s = 0; s < kMaxClusterSplits; ++s) sum += ptx::exp2_approx_ftz((lse[s] - m) * static_cast<float>(online_softmax::kLog2e));
-  return m + __log2f(sum) * static_cast<float>(online_softmax::kLn2);
-}
 
 template <class T, class Config>
 __global__ void __launch_bounds__(Config::kThreads, Config::kMinBlocksPerSm)
@@ -237,8 +211,8 @@ __global__ void __launch_bounds__(Config::kThreads, Config::kMinBlocksPerSm)
   const std::int64_t key_begin = range.begin, key_end = range.end;
   const int num_tiles = range.num_tiles;
 
-  online_softmax::State<float> state[2];  // consumer rows group_row, group_row + 8 (l: this lane's columns only)
-  float o[Config::kDTiles][4];             // (16 rows, kHeadDim) accumulator fragments, unnormalised
+  DecodeState state[2];         // consumer rows group_row, group_row + 8 (l: this lane's columns only)
+  float o[Config::kDTiles][4];  // (16 rows, kHeadDim) accumulator fragments, unnormalised
 #pragma unroll
   for (int n = 0; n < Config::kDTiles; ++n)
 #pragma unroll
@@ -320,13 +294,19 @@ __global__ void __launch_bounds__(Config::kThreads, Config::kMinBlocksPerSm)
     }
     tma::named_barrier_sync(1, kConsumerThreads);  // q is in shared memory
 
-    std::int64_t row_position[2];
-    bool is_row[2];
+    // This lane's rows group_row and group_row + 8 (key offsets from the tile grid's first key).
+    LaneRows rows;
+    {
+      std::int64_t head[2], position[2];
+      bool is_row[2];
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int packed = static_cast<int>(row_begin) + group_row + 8 * half;
-      is_row[half] = packed < row_end;
-      row_position[half] = is_row[half] ? packed / group32 : 0;
+      for (int half = 0; half < 2; ++half) {
+        const int packed = static_cast<int>(row_begin) + group_row + 8 * half;
+        is_row[half] = packed < row_end;
+        position[half] = is_row[half] ? packed / group32 : 0;
+        head[half] = static_cast<int>(h_kv) * group32 + packed % group32;
+      }
+      rows = lane_rows(a, mask, b, head, position, is_row, key_begin, key_end, range.tile_begin);
     }
 
     const int matrix = lane / 8, matrix_row = lane % 8;  // ldmatrix lane roles
@@ -363,8 +343,7 @@ __global__ void __launch_bounds__(Config::kThreads, Config::kMinBlocksPerSm)
     // tiles every row of this CTA sees whole (no element mask, no V rows to clear).
     const int range_begin = static_cast<int>(key_begin - range.tile_begin), range_end = static_cast<int>(key_end - range.tile_begin);
     const WholeTiles whole = whole_tiles<kTileN>(mask, position_begin, position_end, key_begin, key_end, range.tile_begin);
-    const bool has_softcap = a.has_softcap();
-    const float score_scale = a.softmax_scale_log2;
+    const bool is_scale = a.score_is_positive_scale();  // no softcap, no ALiBi: score_tile's fast path
     for (int tile = 0; tile < num_tiles; ++tile) {
       const int stage = tile % kStages;
       tma::mbarrier_wait(full_barriers + 8 * stage, (tile / kStages) & 1);
@@ -404,27 +383,10 @@ __global__ void __launch_bounds__(Config::kThreads, Config::kMinBlocksPerSm)
         }
       }
 
-      // Whole tiles (all but the range's ends) skip the element mask: a warp-uniform
-      // branch, so the common path is straight-line. Rows past row_end need no mask
-      // either: their q is zero and their output is never written.
-      if (is_full_tile && !has_softcap) {
-#pragma unroll
-        for (int t = 0; t < 2; ++t)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) s[t][e] *= score_scale;
-      } else {
-        const std::int64_t warp_first_key = range.tile_begin + warp_first;
-#pragma unroll
-        for (int t = 0; t < 2; ++t)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int half = e / 2;
-            const std::int64_t key = warp_first_key + 8 * t + 2 * quad_lane + (e % 2);
-            const bool is_allowed =
-                is_full_tile || (is_row[half] && key >= key_begin && key < key_end && mask.allowed(row_position[half], key));
-            s[t][e] = is_allowed ? mma_log2_score(a, s[t][e]) : online_softmax::negative_infinity<float>();
-          }
-      }
+      // Scores in log2 units. Whole tiles (all but the range's ends) skip the element mask;
+      // elsewhere it also masks the keys before key_begin (the tile grid starts below the
+      // range) and past key_end.
+      score_tile(s, rows, is_full_tile && is_scale, is_full_tile, warp_first + 2 * quad_lane);  // kernel_mma.cuh
 
       std::uint32_t p_fragment[4];
       softmax_tile<T>(s, state, o, p_fragment);  // kernel_mma.cuh
@@ -487,24 +449,24 @@ __global__ void __launch_bounds__(Config::kThreads, Config::kMinBlocksPerSm)
       const int r = element / kQuads, d = 4 * (element % kQuads);
       if (d >= a.head_dim) continue;
       // The row's state over the warps (each thread of the row folds the same values in
-      // the same order: the same bits), and each warp's scale factor[w] / l.
-      online_softmax::State<float> total;
+      // the same order: the same bits), and each warp's scale factor[w] / l. With the
+      // SFU as in the tile loop: the accurate exp2/exp/log/division routines would cost
+      // ~100 instructions per output quad in the serial tail of a step.
+      DecodeState total;
       float scale[kConsumerWarps];
 #pragma unroll
       for (int w = 0; w < kConsumerWarps; ++w) {
-        online_softmax::State<float> part;
+        DecodeState part;
         part.m = merge_m[w * kRows + r];
         part.l = merge_l[w * kRows + r];
         float factor_total, factor_part;
-        total = merge_sfu(total, part, &factor_total, &factor_part);
+        total = online_softmax::merge(total, part, &factor_total, &factor_part);
 #pragma unroll
         for (int v = 0; v < w; ++v) scale[v] *= factor_total;
         scale[w] = factor_part;
       }
-      // 1/l and the LSE with the SFU as well (an empty row: 0 and -inf, as State's).
-      const float inverse_sum = total.empty() ? 0.0f : __frcp_rn(total.l);
-      const float lse = total.empty() ? online_softmax::negative_infinity<float>()
-                                      : (total.m + __log2f(total.l)) * static_cast<float>(online_softmax::kLn2);
+      const float inverse_sum = total.inverse_sum();
+      const float lse = total.lse();
       float4 value = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 #pragma unroll
       for (int w = 0; w < kConsumerWarps; ++w) {
@@ -543,13 +505,13 @@ __global__ void __launch_bounds__(Config::kThreads, Config::kMinBlocksPerSm)
 #pragma unroll
       for (int s = 0; s < kMaxClusterSplits; ++s)
         split_lse[s] = s < num_splits ? *cluster.map_shared_rank(merge_lse + r, s) : online_softmax::negative_infinity<float>();
-      const float lse = lse_of_splits_sfu(split_lse);
+      const float lse = online_softmax::lse_of<SfuMath>(split_lse);
       const float lse_log2 = lse * static_cast<float>(online_softmax::kLog2e);
       float4 value = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 #pragma unroll
       for (int s = 0; s < kMaxClusterSplits; ++s) {
         if (s >= num_splits) break;
-        const float weight = ptx::exp2_approx_ftz(split_lse[s] * static_cast<float>(online_softmax::kLog2e) - online_softmax::safe_max(lse_log2));
+        const float weight = online_softmax::rescale_factor<SfuMath>(split_lse[s] * static_cast<float>(online_softmax::kLog2e), lse_log2);
         const float4 x = *reinterpret_cast<const float4*>(cluster.map_shared_rank(cluster_o + r * kHeadDim + d, s));
         value.x += weight * x.x, value.y += weight * x.y, value.z += weight * x.z, value.w += weight * x.w;
       }
