@@ -13,6 +13,7 @@ forward pass on the CPU. PyTorch is imported only when a torch.Tensor comes in.
 import sys
 
 from flashattn._C import __version__, cuda_available
+from flashattn._dropout import manual_seed
 from flashattn.interface import (
     flash_attn_func,
     flash_attn_kvpacked_func,
@@ -39,5 +40,6 @@ __all__ = [
     "flash_attn_varlen_kvpacked_func",
     "flash_attn_varlen_qkvpacked_func",
     "flash_attn_with_kvcache",
+    "manual_seed",
     "merge_attention_states",
 ]

@@ -30,14 +30,15 @@ def _with_capsules(native):
     would go through Tensor.__dlpack__, a Python method (several us per tensor)."""
     from torch.utils.dlpack import to_dlpack
 
-    def call(*arguments):
+    def call(*arguments, **keywords):
         *arrays, num_threads, stream = arguments
         if stream is None:
             stream = 0
             first = arrays[0]
             if first.is_cuda:
                 stream = torch.cuda.current_stream(first.get_device()).cuda_stream
-        native(*[to_dlpack(x) if isinstance(x, torch.Tensor) else x for x in arrays], num_threads, stream)
+        capsule = lambda x: to_dlpack(x) if isinstance(x, torch.Tensor) else x  # noqa: E731
+        native(*[capsule(x) for x in arrays], num_threads, stream, **{name: capsule(x) for name, x in keywords.items()})
 
     return call
 
@@ -78,13 +79,28 @@ def _empty_outputs(q, is_varlen, need_lse=True):
     return out, lse
 
 
+def _variant_keywords(alibi_slopes, dropout_p, seed_offset):
+    """The native calls' ALiBi/dropout keywords (none when both are off: the fast path)."""
+    if alibi_slopes is None and not dropout_p:
+        return {}
+    return {"alibi_slopes": alibi_slopes, "dropout_p": dropout_p, "dropout_seed_offset": seed_offset}
+
+
+def draw_seed_offset(device):
+    """Dropout's (seed, offset) from torch's generator of `device`, as an int64 tensor on
+    that device read by the kernel at run time: torch.manual_seed replays it, and a
+    captured CUDA graph draws new ones on each replay (as PyTorch's own dropout)."""
+    return torch.randint(0, 2**62, (2,), dtype=torch.int64, device=device)
+
+
 def _forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left,
-             window_right, softcap, need_lse=True):
+             window_right, softcap, need_lse=True, alibi_slopes=None, dropout_p=0.0, seed_offset=None):
     is_varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
     check_rank(q, "q", 3 if is_varlen else 4)
     out, lse = _empty_outputs(q, is_varlen, need_lse)
     _forward_native(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
-                    window_left, window_right, softcap, "automatic", torch.get_num_threads(), _CURRENT_STREAM)
+                    window_left, window_right, softcap, "automatic", torch.get_num_threads(), _CURRENT_STREAM,
+                    **_variant_keywords(alibi_slopes, dropout_p, seed_offset))
     return out, lse
 
 
@@ -94,14 +110,15 @@ def _empty_gradients(q, k, v):
 
 
 def _backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
-              window_left, window_right, softcap, deterministic):
+              window_left, window_right, softcap, deterministic, alibi_slopes=None, dropout_p=0.0, seed_offset=None):
     if dout.stride(-1) != 1:  # autograd may hand us an expanded gradient
         dout = dout.contiguous()
     dq, dk, dv = _empty_gradients(q, k, v)
     # The workspace callable is asked only on the GPU and only when the pass needs scratch.
     _backward_native(q, k, v, out, dout, lse, dq, dk, dv, _new_workspace_for(q.device), cu_seqlens_q, cu_seqlens_k,
                      max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left, window_right, softcap,
-                     deterministic, "automatic", torch.get_num_threads(), _CURRENT_STREAM)
+                     deterministic, "automatic", torch.get_num_threads(), _CURRENT_STREAM,
+                     **_variant_keywords(alibi_slopes, dropout_p, seed_offset))
     return dq, dk, dv
 
 
@@ -111,20 +128,23 @@ def _backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
 class _FlashAttention(torch.autograd.Function):
     """Eager autograd without the custom op's per-call Python machinery. The options
     travel as one tuple: (max_seqlen_q, max_seqlen_k, softmax_scale, causal,
-    window_left, window_right, softcap, deterministic, need_lse). Returns out, or
-    (out, lse) with need_lse; the LSE is computed and saved for the backward either way."""
+    window_left, window_right, softcap, deterministic, need_lse, dropout_p). Returns out,
+    or (out, lse) with need_lse; the LSE is computed and saved for the backward either
+    way, and so are the ALiBi slopes and dropout's seed/offset tensor (the backward
+    regenerates the same mask)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, cu_seqlens_q, cu_seqlens_k, options):
-        max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left, window_right, softcap, _, need_lse = options
+    def forward(ctx, q, k, v, cu_seqlens_q, cu_seqlens_k, options, alibi_slopes=None, seed_offset=None):
+        (max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left, window_right, softcap, _, need_lse,
+         dropout_p) = options
         # _forward inlined (the rank was checked by the caller): every call level costs here.
         out = torch.empty_like(q)
         lse = torch.empty(lse_shape(q, cu_seqlens_q is not None or cu_seqlens_k is not None), dtype=torch.float32,
                           device=q.device)
         _forward_native(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
                         causal, window_left, window_right, softcap, "automatic", torch.get_num_threads(),
-                        _CURRENT_STREAM)
-        ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k)
+                        _CURRENT_STREAM, **_variant_keywords(alibi_slopes, dropout_p, seed_offset))
+        ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes, seed_offset)
         ctx.options = options
         return (out, lse) if need_lse else out
 
@@ -132,9 +152,10 @@ class _FlashAttention(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, dout, *unused_dlse):
         # No gradient flows through the LSE output (as in flash_attn).
-        q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k = ctx.saved_tensors
-        dq, dk, dv = _backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, *ctx.options[:8])
-        return dq, dk, dv, None, None, None
+        q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes, seed_offset = ctx.saved_tensors
+        dq, dk, dv = _backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, *ctx.options[:8], alibi_slopes,
+                               ctx.options[9], seed_offset)
+        return dq, dk, dv, None, None, None, None, None
 
 
 # Function.apply's Python wrapper exists for functorch transforms (vmap/grad over this
@@ -159,16 +180,17 @@ else:
 @torch.library.custom_op("flashattn::_fwd", mutates_args=())
 def _fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: Optional[torch.Tensor],
          cu_seqlens_k: Optional[torch.Tensor], max_seqlen_q: int, max_seqlen_k: int, softmax_scale: Optional[float],
-         causal: bool, window_left: int, window_right: int, softcap: float,
-         deterministic: bool) -> Tuple[torch.Tensor, torch.Tensor]:
+         causal: bool, window_left: int, window_right: int, softcap: float, deterministic: bool,
+         alibi_slopes: Optional[torch.Tensor] = None, dropout_p: float = 0.0,
+         seed_offset: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
     # deterministic is a backward option; the forward op carries it so the gradient sees it.
     return _forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
-                    window_left, window_right, softcap)
+                    window_left, window_right, softcap, True, alibi_slopes, dropout_p, seed_offset)
 
 
 @_fwd.register_fake
 def _fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left,
-              window_right, softcap, deterministic):
+              window_right, softcap, deterministic, alibi_slopes=None, dropout_p=0.0, seed_offset=None):
     is_varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
     check_rank(q, "q", 3 if is_varlen else 4)
     return _empty_outputs(q, is_varlen)
@@ -178,29 +200,34 @@ def _fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, s
 def _bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
          lse: torch.Tensor, cu_seqlens_q: Optional[torch.Tensor], cu_seqlens_k: Optional[torch.Tensor],
          max_seqlen_q: int, max_seqlen_k: int, softmax_scale: Optional[float], causal: bool, window_left: int,
-         window_right: int, softcap: float, deterministic: bool) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+         window_right: int, softcap: float, deterministic: bool, alibi_slopes: Optional[torch.Tensor] = None,
+         dropout_p: float = 0.0,
+         seed_offset: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return _backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
-                     causal, window_left, window_right, softcap, deterministic)
+                     causal, window_left, window_right, softcap, deterministic, alibi_slopes, dropout_p, seed_offset)
 
 
 @_bwd.register_fake
 def _bwd_fake(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
-              window_left, window_right, softcap, deterministic):
+              window_left, window_right, softcap, deterministic, alibi_slopes=None, dropout_p=0.0, seed_offset=None):
     return _empty_gradients(q, k, v)
 
 
 def _setup_context(ctx, inputs, output):
     q, k, v, cu_seqlens_q, cu_seqlens_k = inputs[:5]
+    alibi_slopes, dropout_p, seed_offset = (list(inputs[13:]) + [None, 0.0, None][len(inputs) - 13:])[:3]
     out, lse = output
-    ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k)
-    ctx.options = inputs[5:]  # max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left, window_right, softcap, deterministic
+    ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes, seed_offset)
+    ctx.options = inputs[5:13]  # max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left, window_right, softcap, deterministic
+    ctx.dropout_p = dropout_p
 
 
 def _op_backward(ctx, dout, dlse):
     # No gradient flows through the LSE output (as in flash_attn).
-    q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k = ctx.saved_tensors
-    dq, dk, dv = _bwd(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, *ctx.options)
-    return (dq, dk, dv) + (None,) * 10
+    q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes, seed_offset = ctx.saved_tensors
+    dq, dk, dv = _bwd(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, *ctx.options, alibi_slopes, ctx.dropout_p,
+                      seed_offset)
+    return (dq, dk, dv) + (None,) * 13
 
 
 _fwd.register_autograd(_op_backward, setup_context=_setup_context)
@@ -216,9 +243,13 @@ _get_num_threads = torch.get_num_threads
 
 
 def attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left,
-              window_right, softcap, deterministic, need_lse):
+              window_right, softcap, deterministic, need_lse, **variants):
     """(out, lse) for torch tensors; lse is None unless need_lse (or while compiling).
-    Every array argument is checked to be a torch.Tensor by the native call."""
+    Every array argument is checked to be a torch.Tensor by the native call. With
+    ALiBi or dropout (keywords alibi_slopes, dropout_p): (out, lse, seed_offset)."""
+    if variants:
+        return _attention_with_variants(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
+                                        causal, window_left, window_right, softcap, deterministic, need_lse, **variants)
     if _is_compiling():
         return _fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
                     window_left, window_right, softcap, deterministic)
@@ -231,7 +262,7 @@ def attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, s
                                or getattr(v, "requires_grad", False)):
         result = _flash_attention_apply(q, k, v, cu_seqlens_q, cu_seqlens_k,
                                         (max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left, window_right,
-                                         softcap, deterministic, need_lse))
+                                         softcap, deterministic, need_lse, 0.0))
         return result if need_lse else (result, None)
     out = torch.empty_like(q)
     lse = torch.empty(lse_shape(q, is_varlen), dtype=torch.float32, device=q.device) if need_lse else None
@@ -240,14 +271,45 @@ def attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, s
     return out, lse
 
 
-def _kvcache_forward(*arguments, need_lse=True):
+def _attention_with_variants(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
+                             window_left, window_right, softcap, deterministic, need_lse, alibi_slopes=None,
+                             dropout_p=0.0):
+    """attention() with ALiBi and/or dropout: (out, lse, seed_offset)."""
+    if alibi_slopes is not None and not isinstance(alibi_slopes, torch.Tensor):
+        raise TypeError(f"flashattn: alibi_slopes: expected a torch.Tensor like q, got {type(alibi_slopes).__name__}")
+    seed_offset = draw_seed_offset(q.device) if dropout_p > 0.0 else None
+    if _is_compiling():
+        out, lse = _fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
+                        window_left, window_right, softcap, deterministic, alibi_slopes, dropout_p, seed_offset)
+        return out, lse, seed_offset
+    is_varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
+    check_rank(q, "q", 3 if is_varlen else 4)
+    if q.stride(-1) != 1:
+        check_before_allocating(q)
+    if _is_grad_enabled() and (q.requires_grad or getattr(k, "requires_grad", False)
+                               or getattr(v, "requires_grad", False)):
+        out, lse = _flash_attention_apply(q, k, v, cu_seqlens_q, cu_seqlens_k,
+                                          (max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left,
+                                           window_right, softcap, deterministic, True, dropout_p),
+                                          alibi_slopes, seed_offset)
+        return out, (lse if need_lse else None), seed_offset
+    out, lse = _forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
+                        window_left, window_right, softcap, need_lse, alibi_slopes, dropout_p, seed_offset)
+    return out, lse, seed_offset
+
+
+def _kvcache_forward(*arguments, need_lse=True, alibi_slopes=None):
     q = arguments[0]
     check_rank(q, "q", 4)
     check_before_allocating(q)
     out, lse = _empty_outputs(q, False, need_lse)
     # The workspace callable is asked only on the GPU and only when the call splits.
-    _kvcache_native(*kvcache_native_arguments(arguments, out, lse), _new_workspace_for(q.device),
-                    torch.get_num_threads(), _CURRENT_STREAM)
+    if alibi_slopes is None:
+        _kvcache_native(*kvcache_native_arguments(arguments, out, lse), _new_workspace_for(q.device),
+                        torch.get_num_threads(), _CURRENT_STREAM)
+    else:
+        _kvcache_native(*kvcache_native_arguments(arguments, out, lse), _new_workspace_for(q.device),
+                        torch.get_num_threads(), _CURRENT_STREAM, alibi_slopes=alibi_slopes)
     return out, lse
 
 
@@ -257,25 +319,25 @@ def _kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, k: O
              cache_seqlens: Optional[torch.Tensor], uniform_cache_seqlen: Optional[int],
              cache_batch_idx: Optional[torch.Tensor], cache_leftpad: Optional[torch.Tensor],
              block_table: Optional[torch.Tensor], softmax_scale: Optional[float], causal: bool, window_left: int,
-             window_right: int, softcap: float, rotary_interleaved: bool,
-             num_splits: int) -> Tuple[torch.Tensor, torch.Tensor]:
+             window_right: int, softcap: float, rotary_interleaved: bool, num_splits: int,
+             alibi_slopes: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
     return _kvcache_forward(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, uniform_cache_seqlen,
                             cache_batch_idx, cache_leftpad, block_table, softmax_scale, causal, window_left,
-                            window_right, softcap, rotary_interleaved, num_splits)
+                            window_right, softcap, rotary_interleaved, num_splits, alibi_slopes=alibi_slopes)
 
 
 @_kvcache.register_fake
-def _kvcache_fake(q, *rest):
+def _kvcache_fake(q, *rest, **keywords):
     check_rank(q, "q", 4)
     return _empty_outputs(q, False)
 
 
-def with_kvcache(q, k_cache, v_cache, *rest, need_lse):
+def with_kvcache(q, k_cache, v_cache, *rest, need_lse, alibi_slopes=None):
     """(out, lse) for flash_attn_with_kvcache; the custom op only while compiling.
     Without it, lse is None unless need_lse."""
     if _is_compiling():
-        return _kvcache(q, k_cache, v_cache, *rest)
-    return _kvcache_forward(q, k_cache, v_cache, *rest, need_lse=need_lse)
+        return _kvcache(q, k_cache, v_cache, *rest, alibi_slopes=alibi_slopes)
+    return _kvcache_forward(q, k_cache, v_cache, *rest, need_lse=need_lse, alibi_slopes=alibi_slopes)
 
 
 @torch.library.custom_op("flashattn::_merge", mutates_args=())

@@ -10,18 +10,27 @@ Causal masks and sliding windows are aligned to the bottom-right corner (flash_a
 >= 2.1): with seqlen_q != seqlen_k, query row i sees key j iff j <= i + seqlen_k - seqlen_q.
 causal=True with a window keeps window_size[0] and uses window_size[1] = 0 (as flash_attn).
 
-Differences from flash_attn, all loud:
-  * dropout_p > 0 and alibi_slopes raise NotImplementedError naming the argument.
-  * return_attn_probs=True returns (out, softmax_lse, None): the attention
-    probabilities are never materialised (flash_attn returns them only with dropout).
+Dropout (dropout_p > 0) drops each probability with probability dropout_p and scales
+the kept ones by 1/(1 - dropout_p); the mask depends only on (seed, offset, batch,
+head, row, column), so the CPU and every GPU kernel draw the same one. torch tensors
+take the seed and offset from torch's generator (torch.manual_seed replays a run; CUDA
+graphs draw a fresh mask on each replay); NumPy inputs from flashattn.manual_seed.
+alibi_slopes: float32 (nheads,) or (batch, nheads), bias -slope * |i + seqlen_k - seqlen_q - j|.
+return_attn_probs=True returns (out, softmax_lse, S_dmask) as flash_attn does: with
+dropout, S_dmask (batch, nheads, seqlen_q and seqlen_k rounded up to 128) holds the
+probabilities with the dropped entries negated (computed separately, for tests; slow);
+without dropout it is None.
+
+Differences from flash_attn:
   * No gradient flows through softmax_lse (as in flash_attn).
+  * softcap may be combined with dropout (flash_attn refuses it).
 """
 
 import sys
 
 import numpy as np
 
-from flashattn import _C
+from flashattn import _C, _dropout
 from flashattn._arguments import (
     allocation_error,
     as_bool,
@@ -54,13 +63,7 @@ def _is_torch_tensor(x):
     return torch is not None and isinstance(x, torch.Tensor)
 
 
-def _check_unsupported(dropout_p, alibi_slopes, block_table=None):
-    if dropout_p != 0.0:
-        raise NotImplementedError(
-            f"flashattn: dropout_p: dropout is not implemented yet (only 0.0 is accepted), got {dropout_p}"
-        )
-    if alibi_slopes is not None:
-        raise NotImplementedError("flashattn: alibi_slopes: ALiBi is not implemented yet (only None is accepted)")
+def _check_unsupported(block_table=None):
     if block_table is not None:
         raise NotImplementedError(
             "flashattn: block_table: paged KV caches are not implemented yet (only None is accepted)"
@@ -83,19 +86,26 @@ def _numpy_outputs(q, lse_shape_or_none):
 
 
 def _numpy_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
-                   window_left, window_right, softcap, need_lse):
+                   window_left, window_right, softcap, need_lse, alibi_slopes=None, dropout_p=0.0, seed_offset=None):
     is_varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
     check_rank(q, "q", 3 if is_varlen else 4)
     out, lse = _numpy_outputs(q, lse_shape(q, is_varlen) if need_lse else None)
-    _C.forward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
-               window_left, window_right, softcap, "automatic", 0, 0)
+    if dropout_p == 0.0 and alibi_slopes is None:
+        _C.forward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
+                   window_left, window_right, softcap, "automatic", 0, 0)
+    else:
+        _C.forward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
+                   window_left, window_right, softcap, "automatic", 0, 0, alibi_slopes=alibi_slopes,
+                   dropout_p=dropout_p, dropout_seed=seed_offset[0], dropout_offset=seed_offset[1])
     return out, lse
 
 
 def _attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale, causal,
                window_size, softcap, alibi_slopes, deterministic, return_attn_probs, block_table=None):
-    if dropout_p != 0.0 or alibi_slopes is not None or block_table is not None:
-        _check_unsupported(dropout_p, alibi_slopes, block_table)
+    if block_table is not None:
+        _check_unsupported(block_table)
+    if type(dropout_p) is not float or dropout_p != 0.0:
+        dropout_p = _dropout.check_dropout_p(dropout_p)
     if type(window_size) is tuple and window_size == (-1, -1):  # the default, inline on the hot path
         window_left = window_right = -1
     else:
@@ -113,16 +123,52 @@ def _attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, 
         check_not_none("v", v)
     # The LSE is computed only when returned, or saved for the backward pass.
     need_lse = bool(return_attn_probs)
-    if (_torch_tensor_type is not None and isinstance(q, _torch_tensor_type)) or _is_torch_tensor(q):
-        out, lse = (_torch_backend or _torch_ops()).attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                                          softmax_scale, causal, window_left, window_right, softcap,
-                                          deterministic, need_lse)
+    is_torch = (_torch_tensor_type is not None and isinstance(q, _torch_tensor_type)) or _is_torch_tensor(q)
+    if is_torch:
+        torch_ops = _torch_backend or _torch_ops()
+        if dropout_p == 0.0 and alibi_slopes is None:
+            out, lse = torch_ops.attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                           softmax_scale, causal, window_left, window_right, softcap, deterministic,
+                                           need_lse)
+        else:
+            out, lse, seed_offset = torch_ops.attention(
+                q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left,
+                window_right, softcap, deterministic, need_lse, alibi_slopes=alibi_slopes, dropout_p=dropout_p)
     elif isinstance(q, np.ndarray):
+        seed_offset = _dropout.next_seed_offset() if dropout_p > 0.0 else (0, 0)
         out, lse = _numpy_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
-                                  causal, window_left, window_right, softcap, need_lse)
+                                  causal, window_left, window_right, softcap, need_lse, alibi_slopes, dropout_p,
+                                  seed_offset)
     else:
         raise TypeError(f"flashattn: q: expected a torch.Tensor or a numpy.ndarray, got {type(q).__name__}")
-    return (out, lse, None) if return_attn_probs else out
+    if not return_attn_probs:
+        return out
+    if dropout_p == 0.0:
+        return out, lse, None
+    return out, lse, _attention_probabilities(q, k, cu_seqlens_q, cu_seqlens_k, softmax_scale, causal, window_left,
+                                              window_right, softcap, alibi_slopes, dropout_p, seed_offset, is_torch)
+
+
+def _attention_probabilities(q, k, cu_seqlens_q, cu_seqlens_k, softmax_scale, causal, window_left, window_right, softcap,
+                             alibi_slopes, dropout_p, seed_offset, is_torch):
+    """S_dmask for return_attn_probs (testing only: computed apart from the kernels, in float64)."""
+    def host(x):
+        if x is None or not is_torch:
+            return x
+        return x.detach().float().cpu().numpy()
+
+    if is_torch:
+        seed, offset = (int(x) for x in seed_offset.cpu().tolist())
+    else:
+        seed, offset = seed_offset
+    probabilities = _dropout.attention_probabilities(host(q), host(k), softmax_scale, causal, window_left, window_right,
+                                                     softcap, host(alibi_slopes), dropout_p, seed, offset,
+                                                     host(cu_seqlens_q), host(cu_seqlens_k))
+    if is_torch:
+        import torch
+
+        return torch.from_numpy(probabilities).to(device=q.device, dtype=q.dtype)
+    return probabilities.astype(q.dtype)
 
 
 def _unpack(packed, name, dim, count):
@@ -213,7 +259,6 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     attended to. cache_seqlens: int32 (batch,) tensor or one int. No autograd.
     Returns out, or (out, softmax_lse) with return_softmax_lse=True.
     """
-    _check_unsupported(0.0, alibi_slopes)
     window_left, window_right = window(window_size)
     softmax_scale = as_float(softmax_scale, "softmax_scale", allow_none=True)
     check_not_none("k_cache", k_cache)
@@ -227,11 +272,11 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                  as_int(num_splits, "num_splits", -(2**31), 2**31 - 1))
     return_softmax_lse = as_bool(return_softmax_lse, "return_softmax_lse")
     if _is_torch_tensor(q):
-        out, lse = _torch_ops().with_kvcache(*arguments, need_lse=return_softmax_lse)
+        out, lse = _torch_ops().with_kvcache(*arguments, need_lse=return_softmax_lse, alibi_slopes=alibi_slopes)
     elif isinstance(q, np.ndarray):
         check_rank(q, "q", 4)
         out, lse = _numpy_outputs(q, lse_shape(q, False) if return_softmax_lse else None)
-        _C.forward_with_kvcache(*kvcache_native_arguments(arguments, out, lse), None, 0, 0)
+        _C.forward_with_kvcache(*kvcache_native_arguments(arguments, out, lse), None, 0, 0, alibi_slopes=alibi_slopes)
     else:
         raise TypeError(f"flashattn: q: expected a torch.Tensor or a numpy.ndarray, got {type(q).__name__}")
     return (out, lse) if return_softmax_lse else out

@@ -28,9 +28,13 @@ def allowed_mask(seqlen_q, seqlen_k, causal=False, window=(-1, -1)):
     return mask
 
 
-def attention(q, k, v, causal=False, window=(-1, -1), softcap=0.0, softmax_scale=None, dtype=np.float64):
+def attention(q, k, v, causal=False, window=(-1, -1), softcap=0.0, softmax_scale=None, dtype=np.float64,
+              alibi_slopes=None, keep=None, dropout_p=0.0):
     """(out, lse) computed entirely in `dtype` (float64 = the oracle; the input dtype =
-    the low-precision reference of the tolerance rule). out is returned in `dtype`."""
+    the low-precision reference of the tolerance rule). out is returned in `dtype`.
+    alibi_slopes (heads_q,) or (batch, heads_q): S -= slope * |i + seqlen_k - seqlen_q - j|
+    after the softcap. keep (batch, heads_q, seqlen_q, seqlen_k), 1 = kept: dropout's
+    mask; O = (P * keep) V / (1 - dropout_p), the LSE unaffected."""
     q, k, v = (np.asarray(x).astype(dtype) for x in (q, k, v))
     batch, seqlen_q, heads_q, head_dim = q.shape
     seqlen_k, heads_kv = k.shape[1], k.shape[2]
@@ -41,6 +45,12 @@ def attention(q, k, v, causal=False, window=(-1, -1), softcap=0.0, softmax_scale
     s = np.einsum("bqhd,bkhd->bhqk", q, k) * scale  # (batch, heads_q, seqlen_q, seqlen_k)
     if softcap > 0:
         s = dtype(softcap) * np.tanh(s / dtype(softcap))
+    if alibi_slopes is not None:
+        slopes = np.asarray(alibi_slopes, dtype=np.float64)
+        slopes = (slopes[None, :] if slopes.ndim == 1 else slopes)[:, :, None, None]  # (batch|1, heads_q, 1, 1)
+        rows = np.arange(seqlen_q)[:, None]
+        cols = np.arange(seqlen_k)[None, :]
+        s = s - (slopes * np.abs(rows + seqlen_k - seqlen_q - cols)).astype(dtype)
     mask = allowed_mask(seqlen_q, seqlen_k, causal, window)
     s = np.where(mask, s, dtype(-np.inf))
     with np.errstate(invalid="ignore"):
@@ -49,6 +59,8 @@ def attention(q, k, v, causal=False, window=(-1, -1), softcap=0.0, softmax_scale
     p = np.exp(s - m_safe)
     l = p.sum(axis=-1, keepdims=True)
     p = p / np.where(l > 0, l, dtype(1))
+    if keep is not None:
+        p = np.where(keep != 0, p, dtype(0)) * dtype(1.0 / (1.0 - dropout_p))
     out = np.einsum("bhqk,bkhd->bqhd", p, v)
     with np.errstate(divide="ignore"):
         lse = np.where(l > 0, np.log(np.where(l > 0, l, 1)) + m_safe, -np.inf)[..., 0]

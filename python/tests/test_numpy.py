@@ -262,8 +262,10 @@ def bad(**overrides):
         ({}, {"softcap": -1.0}, ValueError, "softcap: must be finite and >= 0"),
         ({}, {"window_size": (-2, 0)}, ValueError, "window_left: must be >= -1"),
         ({}, {"window_size": 4}, ValueError, "window_size: expected a pair (left, right)"),
-        ({}, {"dropout_p": 0.1}, NotImplementedError, "dropout_p: dropout is not implemented yet"),
-        ({}, {"alibi_slopes": np.zeros(2, np.float32)}, NotImplementedError, "alibi_slopes: ALiBi is not implemented yet"),
+        ({}, {"dropout_p": 1.0}, ValueError, "dropout_p: must be in [0, 1)"),
+        ({}, {"dropout_p": "0.1"}, TypeError, "dropout_p: expected a real number"),
+        ({}, {"alibi_slopes": np.zeros(3, np.float32)}, ValueError, "alibi_slopes: shape mismatch"),
+        ({}, {"alibi_slopes": np.zeros(4, np.float64)}, TypeError, "alibi_slopes: unsupported dtype"),
     ],
 )
 def test_bad_input_messages(overrides, kwargs, error, message):
@@ -289,7 +291,7 @@ def varlen_args():
 @pytest.mark.parametrize(
     "cu_q, cu_k, max_q, error, message",
     [
-        (np.array([0, 4, 10], np.int64), None, 6, TypeError, "cu_seqlens_q: unsupported dtype"),
+        (np.array([0, 4, 10], np.int64), None, 6, TypeError, "cu_seqlens_q: dtype mismatch: expected int32, got int64"),
         (np.array([1, 4, 10], np.int32), None, 6, ValueError, "cu_seqlens_q: must start at 0, got 1"),
         (np.array([0, 6, 4], np.int32), None, 6, ValueError, "cu_seqlens_q: must be non-decreasing"),
         (None, None, 5, ValueError, "max_seqlen_q: sequence 1 has length 6 > max_seqlen_q = 5"),
@@ -451,8 +453,8 @@ def test_kvcache_rotary_embedding_of_new_keys_and_queries(interleaved):
 def test_kvcache_bad_input_messages():
     k_cache, v_cache = random_cache(1, 16, 2, 16)
     q, k_new, v_new = random_qkv(1, 1, 1, 2, 2, 16, np.float32)
-    with pytest.raises(NotImplementedError, match="alibi_slopes"):
-        flash_attn_with_kvcache(q, k_cache, v_cache, alibi_slopes=np.zeros(2, np.float32))
+    with pytest.raises(ValueError, match="alibi_slopes: shape mismatch"):
+        flash_attn_with_kvcache(q, k_cache, v_cache, alibi_slopes=np.zeros(3, np.float32))
     with pytest.raises(TypeError, match="k_cache: dtype mismatch"):
         flash_attn_with_kvcache(q, k_cache.astype(np.float16), v_cache)
     with pytest.raises(ValueError, match="q: wrong rank: expected 4"):

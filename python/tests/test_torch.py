@@ -439,10 +439,10 @@ def test_error_types_and_messages():
         flash_attn_func(q, q.numpy(), q)
     with pytest.raises(ValueError, match="q: wrong rank: expected 4, got 3"):
         flash_attn_func(q[0], q[0], q[0])
-    with pytest.raises(NotImplementedError, match="dropout_p"):
-        flash_attn_func(q, q, q, dropout_p=0.5)
-    with pytest.raises(NotImplementedError, match="alibi_slopes"):
-        flash_attn_func(q, q, q, alibi_slopes=torch.zeros(2))
+    with pytest.raises(ValueError, match="dropout_p: must be in"):
+        flash_attn_func(q, q, q, dropout_p=1.5)
+    with pytest.raises(ValueError, match="alibi_slopes: shape mismatch"):
+        flash_attn_func(q, q, q, alibi_slopes=torch.zeros(3))
     # flash_attn's rule: causal with a window keeps window_left, window_right becomes 0.
     assert torch.equal(flash_attn_func(q, q, q, causal=True, window_size=(3, 2)),
                        flash_attn_func(q, q, q, window_size=(3, 0)))
