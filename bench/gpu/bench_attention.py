@@ -16,6 +16,12 @@ raises is recorded as unavailable, not a crash.
   python bench/gpu/bench_attention.py                 # forward, every sweep
   python bench/gpu/bench_attention.py --backward      # forward and backward
   python bench/gpu/bench_attention.py --passes bwd --sweeps seed004 --quick
+  python bench/gpu/bench_attention.py --dropout 0.1 --impls fa2,cudnn,ours,ours_plain
+  python bench/gpu/bench_attention.py --alibi --impls ours,ours_plain
+With --dropout P every implementation (anchors too) drops with probability P; the masks
+differ between implementations, so results are not compared, only timed ("ok
+(unchecked: dropout)"); ours_plain is ours without dropout/ALiBi in the same run, for
+the cost. FLOPs are counted as without dropout/ALiBi.
 Writes <out-dir>/gpu_forward.csv, gpu_backward.csv and a PNG plot per pass.
 """
 
@@ -62,7 +68,7 @@ DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 TOLERANCE = {("fwd", "fp16"): 5e-3, ("fwd", "bf16"): 3e-2, ("bwd", "fp16"): 1e-2, ("bwd", "bf16"): 4e-2}
 FORWARD_IMPLS = ("fa2", "cudnn", "ours")
 BACKWARD_IMPLS = ("fa2", "cudnn", "ours", "ours_det")
-CSV_COLUMNS = ("sweep", "dtype", "batch", "heads", "seqlen", "head_dim", "causal", "pass", "impl", "time_ms",
+CSV_COLUMNS = ("sweep", "variant", "dtype", "batch", "heads", "seqlen", "head_dim", "causal", "pass", "impl", "time_ms",
                "tflops", "ratio_vs_fa2", "ratio_vs_cudnn", "max_rel_err", "status", "device", "date")
 
 
@@ -80,9 +86,13 @@ def load_ours():
 class Problem:
     """One benchmark point: the same random inputs in both layouts."""
 
-    def __init__(self, batch, heads, seqlen, head_dim, dtype, causal):
+    def __init__(self, batch, heads, seqlen, head_dim, dtype, causal, dropout_p=0.0, alibi=False):
         self.batch, self.heads, self.seqlen, self.head_dim = batch, heads, seqlen, head_dim
         self.dtype, self.causal = dtype, causal
+        self.dropout_p = dropout_p
+        # ALiBi's geometric slopes 2^(-8 h / heads).
+        self.alibi_slopes = (torch.exp2(-8.0 * torch.arange(1, heads + 1, device="cuda") / heads).float()
+                             if alibi else None)
         shape = (batch, heads, seqlen, head_dim)
         self.q, self.k, self.v = (torch.randn(shape, device="cuda", dtype=dtype) for _ in range(3))
         self.dout = torch.randn(shape, device="cuda", dtype=dtype)
@@ -121,11 +131,14 @@ class Implementation:
 
     def forward(self, problem, q, k, v):
         if self.backend is not None:
-            return F.scaled_dot_product_attention(q, k, v, is_causal=problem.causal)
+            return F.scaled_dot_product_attention(q, k, v, is_causal=problem.causal, dropout_p=problem.dropout_p)
         if self.name in FORCED_ALGORITHM_IMPLS:
             return forward_with_algorithm(self.ours, q, k, v, problem.causal, FORCED_ALGORITHM_IMPLS[self.name])
         deterministic = self.name == "ours_det"
-        return self.ours.flash_attn_func(q, k, v, causal=problem.causal, deterministic=deterministic)
+        if self.name == "ours_plain":
+            return self.ours.flash_attn_func(q, k, v, causal=problem.causal)
+        return self.ours.flash_attn_func(q, k, v, causal=problem.causal, deterministic=deterministic,
+                                         dropout_p=problem.dropout_p, alibi_slopes=problem.alibi_slopes)
 
     def to_sdpa_layout(self, x):
         return x if self.backend is not None else x.transpose(1, 2)
@@ -167,6 +180,8 @@ def bench(fn):
 
 def check_against(anchor, value, pass_name, problem):
     """(max_rel_err, status) of value against the anchor; status None when it may be timed."""
+    if problem.dropout_p > 0 or problem.alibi_slopes is not None:
+        return math.nan, None  # masks/biases differ between implementations: timed, not compared
     if anchor is None:
         return math.nan, "unchecked (no anchor available; not timed)"
     values = value if isinstance(value, tuple) else (value,)
@@ -317,6 +332,8 @@ def main():
     parser.add_argument("--quick", action="store_true", help=f"seqlens {QUICK_SEQLENS} only")
     parser.add_argument("--out-dir", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "results"))
     parser.add_argument("--prefix", default="gpu_", help="file name prefix of the CSV/PNG outputs")
+    parser.add_argument("--dropout", type=float, default=0.0, help="dropout probability of every implementation")
+    parser.add_argument("--alibi", action="store_true", help="ours with ALiBi slopes (anchors without)")
     args = parser.parse_args()
 
     passes = [p for p in args.passes.split(",") if p]
@@ -356,7 +373,8 @@ def main():
                 for causal in causal_values:
                     torch.manual_seed(seqlen * 1000 + head_dim + causal)
                     try:
-                        problem = Problem(batch, heads, seqlen, head_dim, DTYPES[dtype_label], causal)
+                        problem = Problem(batch, heads, seqlen, head_dim, DTYPES[dtype_label], causal, args.dropout,
+                                          args.alibi)
                         measured = measure_point(pass_name, impls, problem, ours_module, ours_reason)
                     except Exception as error:
                         traceback.print_exc()
@@ -367,7 +385,9 @@ def main():
                         problem = None
                         torch.cuda.empty_cache()
                     for row in measured:
-                        row.update(sweep=sweep, dtype=dtype_label, batch=batch, heads=heads, seqlen=seqlen,
+                        variant = "+".join(v for v, on in ((f"dropout{args.dropout:g}", args.dropout > 0),
+                                                           ("alibi", args.alibi)) if on) or "none"
+                        row.update(sweep=sweep, variant=variant, dtype=dtype_label, batch=batch, heads=heads, seqlen=seqlen,
                                    head_dim=head_dim, causal=causal, device=device, date=date)
                         row["pass"] = pass_name
                         rows.append(row)

@@ -5,9 +5,14 @@
 // compiled for the CPU and, under nvcc, for the GPU as well.
 #if defined(__CUDACC__)
 #define FLASHATTN_HOST_DEVICE __host__ __device__ __forceinline__
-#define FLASHATTN_UNROLL _Pragma("unroll")
 #else
 #define FLASHATTN_HOST_DEVICE inline
+#endif
+// Loop unrolling in host/device code: the device pass unrolls; the host compiler
+// would warn about the CUDA pragma.
+#if defined(__CUDA_ARCH__)
+#define FLASHATTN_UNROLL _Pragma("unroll")
+#else
 #define FLASHATTN_UNROLL
 #endif
 
