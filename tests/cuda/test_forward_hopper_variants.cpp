@@ -66,12 +66,12 @@ struct VariantCase {
 };
 void PrintTo(const VariantCase& c, std::ostream* os) { *os << c.describe(); }
 
-VariantCase alibi(ProblemShape shape, Slopes slopes = Slopes::per_head) {
+VariantCase with_alibi(ProblemShape shape, Slopes slopes = Slopes::per_head) {
   VariantCase c;
   c.shape = std::move(shape), c.slopes = slopes;
   return c;
 }
-VariantCase dropout(ProblemShape shape, double p) {
+VariantCase with_dropout(ProblemShape shape, double p) {
   VariantCase c;
   c.shape = std::move(shape), c.dropout_p = p;
   return c;
@@ -197,37 +197,37 @@ std::vector<VariantCase> variant_cases() {
     // ALiBi: every kernel head dim (block_n 128 and 80), padded dims, tails (113, 203),
     // seqlen_q != seqlen_k both ways (the bias is aligned bottom-right).
     for (std::int64_t d : {64, 128, 256, 96}) {
-      cases.push_back(alibi(make(t, 2, 113, 203, 2, 2, d), kPerBatchHead));
-      cases.push_back(alibi(causal(make(t, 1, 203, 113, 2, 1, d)), kPerHead));
+      cases.push_back(with_alibi(make(t, 2, 113, 203, 2, 2, d), kPerBatchHead));
+      cases.push_back(with_alibi(causal(make(t, 1, 203, 113, 2, 1, d)), kPerHead));
     }
-    cases.push_back(alibi(make(t, 2, 300, 17, 4, 2, 128), kPerHead));
-    cases.push_back(alibi(softcap(causal(make(t, 1, 270, 250, 2, 2, 128)), 2.0), kPerBatchHead));
-    cases.push_back(alibi(window(make(t, 1, 400, 350, 2, 2, 64), 20, 20), kPerHead));
-    cases.push_back(alibi(make(t, 2, 97, 113, 8, 2, 64), kPerBatchHead));           // GQA 4:1
-    cases.push_back(alibi(causal(make(t, 1, 1500, 1500, 2, 2, 64)), kPerHead));      // d64 block_m 192
-    cases.push_back(alibi(varlen(make(t, 0, 0, 0, 2, 1, 64), {5, 0, 1, 130, 0, 17}, {9, 3, 0, 64, 0, 129}),
+    cases.push_back(with_alibi(make(t, 2, 300, 17, 4, 2, 128), kPerHead));
+    cases.push_back(with_alibi(softcap(causal(make(t, 1, 270, 250, 2, 2, 128)), 2.0), kPerBatchHead));
+    cases.push_back(with_alibi(window(make(t, 1, 400, 350, 2, 2, 64), 20, 20), kPerHead));
+    cases.push_back(with_alibi(make(t, 2, 97, 113, 8, 2, 64), kPerBatchHead));           // GQA 4:1
+    cases.push_back(with_alibi(causal(make(t, 1, 1500, 1500, 2, 2, 64)), kPerHead));      // d64 block_m 192
+    cases.push_back(with_alibi(varlen(make(t, 0, 0, 0, 2, 1, 64), {5, 0, 1, 130, 0, 17}, {9, 3, 0, 64, 0, 129}),
                           kPerBatchHead));
-    cases.push_back(alibi(causal(varlen(make(t, 0, 0, 0, 2, 2, 256), {129, 1, 0, 200}, {140, 1, 7, 260})),
+    cases.push_back(with_alibi(causal(varlen(make(t, 0, 0, 0, 2, 2, 256), {129, 1, 0, 200}, {140, 1, 7, 260})),
                           kPerHead));
 
     // Dropout p = 0.1 and 0.5 (the mask must agree element for element with the
     // reference's: one differing element of 1/n moves out by ~1/(n (1 - p))).
     for (double p : {0.1, 0.5}) {
       for (std::int64_t d : {64, 128, 256}) {
-        cases.push_back(dropout(make(t, 2, 113, 203, 2, 2, d), p));
-        cases.push_back(dropout(causal(make(t, 1, 203, 113, 2, 1, d)), p));
+        cases.push_back(with_dropout(make(t, 2, 113, 203, 2, 2, d), p));
+        cases.push_back(with_dropout(causal(make(t, 1, 203, 113, 2, 1, d)), p));
       }
-      cases.push_back(dropout(make(t, 1, 300, 17, 2, 2, 128), p));
-      cases.push_back(dropout(window(make(t, 1, 257, 300, 2, 2, 64), 32, 0), p));
-      cases.push_back(dropout(softcap(make(t, 1, 150, 170, 2, 1, 256), 5.0), p));
-      cases.push_back(dropout(make(t, 2, 97, 113, 8, 2, 64), p));  // GQA: the query head keys the mask
-      cases.push_back(dropout(causal(make(t, 1, 1500, 1500, 2, 2, 64)), p));  // masked d64 past 1024
-      cases.push_back(dropout(varlen(make(t, 0, 0, 0, 2, 1, 128), {5, 0, 1, 130, 0, 17}, {9, 3, 0, 64, 0, 129}), p));
-      cases.push_back(dropout(window(varlen(make(t, 0, 0, 0, 4, 1, 256), {200, 64, 1}, {150, 300, 1}), 33, 5), p));
+      cases.push_back(with_dropout(make(t, 1, 300, 17, 2, 2, 128), p));
+      cases.push_back(with_dropout(window(make(t, 1, 257, 300, 2, 2, 64), 32, 0), p));
+      cases.push_back(with_dropout(softcap(make(t, 1, 150, 170, 2, 1, 256), 5.0), p));
+      cases.push_back(with_dropout(make(t, 2, 97, 113, 8, 2, 64), p));  // GQA: the query head keys the mask
+      cases.push_back(with_dropout(causal(make(t, 1, 1500, 1500, 2, 2, 64)), p));  // masked d64 past 1024
+      cases.push_back(with_dropout(varlen(make(t, 0, 0, 0, 2, 1, 128), {5, 0, 1, 130, 0, 17}, {9, 3, 0, 64, 0, 129}), p));
+      cases.push_back(with_dropout(window(varlen(make(t, 0, 0, 0, 4, 1, 256), {200, 64, 1}, {150, 300, 1}), 33, 5), p));
     }
     // Both at once, with softcap.
-    cases.push_back(with_alibi(dropout(softcap(causal(make(t, 1, 203, 301, 4, 2, 128)), 3.0), 0.1)));
-    cases.push_back(with_alibi(dropout(make(t, 2, 113, 129, 2, 2, 64), 0.5), kPerHead));
+    cases.push_back(with_alibi(with_dropout(softcap(causal(make(t, 1, 203, 301, 4, 2, 128)), 3.0), 0.1)));
+    cases.push_back(with_alibi(with_dropout(make(t, 2, 113, 129, 2, 2, 64), 0.5), kPerHead));
   }
   return cases;
 }
