@@ -237,9 +237,9 @@ INSTANTIATE_TEST_SUITE_P(Cases, HopperVariantVsReference, ::testing::ValuesIn(va
 // Unmasked problems run on a persistent grid: each CTA runs several tiles, so the
 // per-tile slope, dropout head and keep bits must follow the tile.
 TEST_F(HopperVariantTest, PersistentGridRunsSeveralTilesPerCta) {
-  check_against_reference(alibi(make(DType::bfloat16, 2, 200, 333, 48, 8, 128), Slopes::per_batch_head));
-  check_against_reference(dropout(make(DType::float16, 3, 400, 250, 24, 24, 64), 0.1));
-  check_against_reference(dropout(make(DType::bfloat16, 2, 300, 190, 40, 40, 256), 0.5));
+  check_against_reference(with_alibi(make(DType::bfloat16, 2, 200, 333, 48, 8, 128), Slopes::per_batch_head));
+  check_against_reference(with_dropout(make(DType::float16, 3, 400, 250, 24, 24, 64), 0.1));
+  check_against_reference(with_dropout(make(DType::bfloat16, 2, 300, 190, 40, 40, 256), 0.5));
   check_against_reference(
       with_alibi(dropout(varlen(make(DType::float16, 0, 0, 0, 64, 8, 64), {300, 0, 5, 700}, {100, 50, 0, 900}), 0.1)));
 }
@@ -252,7 +252,7 @@ TEST_F(HopperVariantTest, PersistentGridRunsSeveralTilesPerCta) {
 // DropoutRule::keep, and a mismatch names (batch, head, row, column).
 void expect_mask_read_back_exactly(const ProblemShape& shape, int expected_mismatches_cap = 10) {
   const double p = 0.5;
-  VariantCase variant = dropout(shape, p);
+  VariantCase variant = with_dropout(shape, p);
   VariantRun run(variant, 3);
   AttentionProblem& problem = run.problem;
   const AttentionParams params = run.host_params();
@@ -310,9 +310,9 @@ TEST_F(HopperVariantTest, DropoutMaskEqualsDropoutRuleElementByElement) {
 // ---- determinism and the device seed/offset ----------------------------------------
 
 TEST_F(HopperVariantTest, SameSeedAndOffsetGiveBitwiseIdenticalOutputs) {
-  for (const VariantCase& variant : {dropout(causal(make(DType::bfloat16, 2, 300, 333, 4, 2, 128)), 0.1),
-                                     with_alibi(dropout(make(DType::float16, 1, 200, 450, 2, 2, 256), 0.5)),
-                                     dropout(make(DType::bfloat16, 2, 257, 190, 6, 3, 64), 0.1)}) {
+  for (const VariantCase& variant : {with_dropout(causal(make(DType::bfloat16, 2, 300, 333, 4, 2, 128)), 0.1),
+                                     with_alibi(with_dropout(make(DType::float16, 1, 200, 450, 2, 2, 256), 0.5)),
+                                     with_dropout(make(DType::bfloat16, 2, 257, 190, 6, 3, 64), 0.1)}) {
     VariantRun run(variant, 5);
     DeviceProblem device(run.problem);
     run.run_gpu(device);
@@ -327,7 +327,7 @@ TEST_F(HopperVariantTest, SameSeedAndOffsetGiveBitwiseIdenticalOutputs) {
 }
 
 TEST_F(HopperVariantTest, SeedOffsetTensorOnDeviceEqualsHostValues) {
-  const VariantCase variant = dropout(make(DType::bfloat16, 2, 203, 301, 4, 2, 128), 0.1);
+  const VariantCase variant = with_dropout(make(DType::bfloat16, 2, 203, 301, 4, 2, 128), 0.1);
   VariantRun run(variant, 6);
   DeviceProblem device(run.problem);
   run.run_gpu(device);
