@@ -22,6 +22,7 @@ namespace nb = nanobind;
 using namespace nb::literals;
 
 namespace flashattn::python {
+void register_mask_bindings(nb::module_& m);  // mask_bindings.cpp
 namespace {
 
 // Array arguments arrive as plain handles and become TensorViews in ArrayArguments
@@ -280,5 +281,6 @@ NB_MODULE(_C, m) {
         "Scratch bytes forward_with_kvcache needs for these arguments (0 on the CPU or without a split).");
   m.def("merge_attention_states", &merge_binding, "out_a"_a, "lse_a"_a, "out_b"_a, "lse_b"_a, "out"_a, "lse"_a,
         "num_threads"_a, "stream"_a.none(), "Combine two partial attentions of the same queries by their LSEs.");
+  register_mask_bindings(m);
   m.def("cuda_available", &flashattn::cuda_available, "Whether this build has the CUDA backend and a GPU is present.");
 }
