@@ -37,6 +37,36 @@ inline constexpr int kAlgorithmCount = 5;
 
 const char* algorithm_name(Algorithm algorithm) noexcept;
 
+// A block-sparse mask (flashattn/block_mask.hpp): FlexAttention's BlockMask lists
+// (int32, batch and head dimensions of size 1 broadcast, any strides) and the
+// element rule of its partial blocks. The rule is a conjunction of the band
+// (causal/window, aligned by diagonal_offset: 0 = top-left as in PyTorch), prefix-LM
+// lengths, document ids and a bit mask of the partial blocks; with no term enabled,
+// partial blocks are fully allowed. Block sizes: powers of two in [16, 1024].
+struct BlockMaskArgs {
+  std::int64_t block_size_q = 128;
+  std::int64_t block_size_kv = 128;
+  TensorView kv_num_blocks;             // int32 [B|1, H|1, ceil(seqlen_q / block_size_q)]: partial key blocks
+  TensorView kv_indices;                // int32 [B|1, H|1, q_blocks, capacity >= 1]
+  TensorView maybe_full_kv_num_blocks;  // full key blocks (no element rule), like kv_num_blocks
+  TensorView maybe_full_kv_indices;
+  TensorView maybe_q_num_blocks;        // the transposed lists for the backward: [B|1, H|1, kv_blocks]
+  TensorView maybe_q_indices;           //   [B|1, H|1, kv_blocks, capacity]
+  TensorView maybe_full_q_num_blocks;
+  TensorView maybe_full_q_indices;
+  // The element rule of partial blocks.
+  bool has_band = false;
+  std::int64_t diagonal_offset = 0;  // row i's diagonal is column i + diagonal_offset
+  std::int64_t window_left = -1;     // -1 = unbounded
+  std::int64_t window_right = -1;    // -1 = unbounded; 0 = causal
+  TensorView maybe_prefix_lengths;   // int32 [batch]: prefix-LM, columns < length visible to every row
+  TensorView maybe_q_document_ids;   // int32 [B|1, seqlen_q]: rows see only columns of their document
+  TensorView maybe_k_document_ids;   // int32 [B|1, seqlen_k]
+  TensorView maybe_partial_bits;     // int32 [partial blocks, block_size_q, ceil(block_size_kv / 32)]
+  TensorView maybe_partial_ids;      // int32 like kv_indices: each partial entry's block in partial_bits
+  TensorView maybe_q_partial_ids;    // int32 like q_indices (for the GPU backward)
+};
+
 // Options shared by the forward and the backward pass.
 struct AttentionOptions {
   // Default 1/sqrt(head_dim). softmax_scale and softcap are used as float32 times log2(e):
@@ -71,6 +101,15 @@ struct AttentionOptions {
   std::uint64_t dropout_seed = 0;
   std::uint64_t dropout_offset = 0;
   TensorView maybe_dropout_seed_offset;
+  // A dense mask, PyTorch's attn_mask: [B|1, H|1, seqlen_q|1, seqlen_k|1] (size-1
+  // dimensions broadcast, any strides, zero included; never expanded in memory).
+  // bool (or uint8): true = take part; float (q's dtype or float32): an additive bias
+  // on the score, after the softcap and ALiBi (-inf = masked). Combined with every
+  // other mask (causal, window, block mask) as a conjunction. A row that sees no key
+  // gets output 0, LSE -inf and zero gradients. Not with varlen.
+  TensorView maybe_attn_mask;
+  // A block-sparse mask (see BlockMaskArgs); the kernels visit only its listed blocks.
+  std::optional<BlockMaskArgs> maybe_block_mask;
   // Backward only: bitwise-reproducible gradients (may be slower on the GPU). On the
   // CUDA backend the Hopper kernels (sm_90, head dim 64/128/256) add the dQ tiles of each
   // query block in a fixed key-block order (semaphores in the workspace); elsewhere a
@@ -106,6 +145,9 @@ struct BackwardArgs {
   TensorView dq, dk, dv;  // written; dk/dv have k's shape (GQA: summed over each group's query heads)
   std::optional<VarlenArgs> maybe_varlen;
   TensorView maybe_workspace;  // uint8, at least backward_workspace_bytes(args) bytes
+  // dL/d(attn_mask) for a float attn_mask: its shape and dtype (any strides), written
+  // with dS summed over the broadcast dimensions. Undefined = not computed.
+  TensorView maybe_dbias;
   AttentionOptions options;
 };
 

@@ -3,6 +3,21 @@
 // element mask) and the element mask itself. The reference, the CPU flash paths
 // and the CUDA kernels all use it, so they cannot disagree about masking.
 //
+// THE MASK CONTRACT. A kernel is written against four questions, which every mask
+// model answers (MaskRule below: an interval per row; BlockMaskView in
+// flashattn/block_mask.hpp: FlexAttention's block-sparse lists):
+//   K0  key blocks of a query block    MaskRule::key_blocks(row_begin, row_end, block_n) -> a range
+//                                      BlockMaskView::{partial,full}_key_blocks(b, h, m) -> two lists
+//   K0' query blocks of a key block    MaskRule::query_blocks(col_begin, col_end, block_m) -> a range
+//       (the backward, K/V outer)      BlockMaskView::{partial,full}_query_blocks(b, h, n) -> two lists
+//   K2  kind of a tile                 tile_kind(...) in {empty, full, partial}: empty tiles are never
+//                                      visited, full tiles skip the element mask, partial tiles apply it
+//   K2' the element mask               allowed(row, col) (MaskRule), ElementRule::allowed(b, row, col, id)
+// A kernel visits the tiles of the listed blocks only, applies allowed() inside
+// partial tiles only, and then the dense bias (if any) to every visited element.
+// Visiting fewer tiles, or applying the element mask to more, never changes a
+// result: a masked element contributes exactly 0.
+//
 // Causal and sliding-window masks are aligned to the bottom-right corner (the
 // FlashAttention >= 2.1 convention): with offset = seqlen_k - seqlen_q, row i sees
 //   col_begin(i) = i + offset - window_left        (0 when window_left  < 0)
@@ -17,6 +32,23 @@
 
 namespace flashattn {
 
+// The kind of a (query rows x key columns) tile under a mask (contract question K2).
+enum class TileKind : std::uint8_t {
+  empty,    // no element allowed: the tile is not visited
+  full,     // every element allowed: no element mask
+  partial,  // some allowed: the element mask is applied
+};
+
+// Block indices [begin, end) (contract question K0 for the interval model).
+struct BlockRange {
+  std::int64_t begin;
+  std::int64_t end;
+  FLASHATTN_HOST_DEVICE bool empty() const { return end <= begin; }
+};
+
+// The interval model of the mask contract. Its members below the contract section
+// are the ones today's kernels call; the contract section names them in the
+// contract's terms and adds nothing the kernels' generated code depends on.
 struct MaskRule {
   std::int64_t seqlen_q = 0;
   std::int64_t seqlen_k = 0;
@@ -82,6 +114,30 @@ struct MaskRule {
     std::int64_t end = seqlen_q;
     if (window_left >= 0) end = clamp(tile_col_end - 1 - offset + window_left + 1, 0, seqlen_q);
     return {begin, end > begin ? end : begin};
+  }
+
+  // --- the mask contract (see the file header) in terms of the members above ---
+  // K2: kind of the tile rows [row_begin, row_end) x cols [tile_col_begin, tile_col_end).
+  FLASHATTN_HOST_DEVICE TileKind tile_kind(std::int64_t row_begin, std::int64_t row_end, std::int64_t tile_col_begin,
+                                           std::int64_t tile_col_end) const {
+    if (row_end <= row_begin || tile_col_end <= tile_col_begin) return TileKind::empty;
+    const ColumnRange touched = columns_of_rows(row_begin, row_end);
+    if (touched.end <= tile_col_begin || touched.begin >= tile_col_end || touched.begin >= touched.end) return TileKind::empty;
+    // Rows whose interval misses the tile while others hit it: partial, not empty.
+    return tile_fully_allowed(row_begin, row_end, tile_col_begin, tile_col_end) ? TileKind::full : TileKind::partial;
+  }
+  // K0: key blocks of size block_n that rows [row_begin, row_end) touch.
+  FLASHATTN_HOST_DEVICE BlockRange key_blocks(std::int64_t row_begin, std::int64_t row_end, std::int64_t block_n) const {
+    const ColumnRange c = columns_of_rows(row_begin, row_end);
+    if (c.end <= c.begin) return {0, 0};
+    return {c.begin / block_n, (c.end + block_n - 1) / block_n};
+  }
+  // K0': query blocks of size block_m whose rows see some column of [tile_col_begin, tile_col_end).
+  FLASHATTN_HOST_DEVICE BlockRange query_blocks(std::int64_t tile_col_begin, std::int64_t tile_col_end,
+                                                std::int64_t block_m) const {
+    const RowRange r = rows_of_columns(tile_col_begin, tile_col_end);
+    if (r.end <= r.begin) return {0, 0};
+    return {r.begin / block_m, (r.end + block_m - 1) / block_m};
   }
 };
 

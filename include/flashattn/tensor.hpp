@@ -9,7 +9,8 @@
 
 namespace flashattn {
 
-enum class DType : std::uint8_t { float32, float16, bfloat16, int32, uint8, int64 };
+// boolean: one byte per element, 0 = false (attention masks).
+enum class DType : std::uint8_t { float32, float16, bfloat16, int32, uint8, int64, boolean };
 
 std::size_t dtype_size(DType dtype) noexcept;
 const char* dtype_name(DType dtype) noexcept;

@@ -25,6 +25,9 @@ from flashattn.interface import (
     merge_attention_states,
 )
 
+from flashattn.block_mask import BlockMask, block_mask_from_dense, block_mask_from_rule, create_block_mask
+from flashattn.sdpa import scaled_dot_product_attention
+
 # With torch already imported, register the torch.ops.flashattn ops now (otherwise on
 # the first torch.Tensor call, or by importing flashattn._torch_ops).
 if "torch" in sys.modules:
@@ -42,4 +45,9 @@ __all__ = [
     "flash_attn_with_kvcache",
     "manual_seed",
     "merge_attention_states",
+    "scaled_dot_product_attention",
+    "BlockMask",
+    "create_block_mask",
+    "block_mask_from_dense",
+    "block_mask_from_rule",
 ]

@@ -227,7 +227,7 @@ class ArrayArguments {
   PyTypeObject* first_type_ = nullptr;
   const DLPackExchangeApi* first_api_ = nullptr;
   const char* first_name_ = "";
-  std::array<nb::ndarray<nb::ro>, 12> inputs_{};
+  std::array<nb::ndarray<nb::ro>, 32> inputs_{};  // block masks bring up to 15 arrays
   std::array<nb::ndarray<>, 6> outputs_{};
   std::size_t input_count_ = 0;
   std::size_t output_count_ = 0;

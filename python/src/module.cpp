@@ -23,6 +23,7 @@ namespace nb = nanobind;
 using namespace nb::literals;
 
 namespace flashattn::python {
+void register_mask_bindings(nb::module_& m);  // mask_bindings.cpp
 namespace {
 
 // Array arguments arrive as plain handles and become TensorViews in ArrayArguments
@@ -332,5 +333,6 @@ NB_MODULE(_C, m) {
   m.def("dropout_keep_mask", &dropout_keep_mask_binding, "out"_a, "dropout_p"_a, "seed"_a, "offset"_a,
         "Dropout's keep mask (uint8 [batch, heads, seqlen_q, seqlen_k], 1 = kept) for (dropout_p, seed, offset), "
         "bit for bit the mask every backend and kernel draws.");
+  register_mask_bindings(m);
   m.def("cuda_available", &flashattn::cuda_available, "Whether this build has the CUDA backend and a GPU is present.");
 }

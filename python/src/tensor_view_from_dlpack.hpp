@@ -61,9 +61,10 @@ inline TensorView tensor_view_from_parts(void* data, nb::dlpack::dtype dt, int d
   else if (dt.lanes == 1 && code == Code::Int && dt.bits == 32) view.dtype = DType::int32;
   else if (dt.lanes == 1 && code == Code::UInt && dt.bits == 8) view.dtype = DType::uint8;
   else if (dt.lanes == 1 && code == Code::Int && dt.bits == 64) view.dtype = DType::int64;
+  else if (dt.lanes == 1 && code == Code::Bool && dt.bits == 8) view.dtype = DType::boolean;
   else
     throw nb::type_error(("flashattn: " + std::string(name) + ": unsupported dtype: expected float32, float16, bfloat16 "
-                          "(int32 for cu_seqlens, uint8 for the workspace, int64 for the dropout seed/offset), got " + dlpack_dtype_name(dt)).c_str());
+                          "(int32 for cu_seqlens, uint8 for the workspace, int64 for the dropout seed/offset, bool for attn_mask), got " + dlpack_dtype_name(dt)).c_str());
 
   if (device_type == kDLCPU || device_type == kDLCUDAHost) view.device = Device::cpu();
   else if (device_type == kDLCUDA) view.device = Device::cuda(device_id);

@@ -17,6 +17,9 @@ struct BackendLimits {
   bool supports_float32 = false;
   bool supports_half = false;  // float16 and bfloat16
   bool supports_algorithm[kAlgorithmCount] = {true};  // indexed by Algorithm; automatic always
+  // attn_mask, block masks and dBias (AttentionOptions::maybe_attn_mask/maybe_block_mask,
+  // BackwardArgs::maybe_dbias). Off = refused with NotSupported naming the argument.
+  bool supports_masks = false;
 };
 
 // Plain description of a merge_attention_states call, shared by CPU and CUDA.

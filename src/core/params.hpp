@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "flashattn/block_mask.hpp"
 #include "flashattn/config.hpp"
 #include "flashattn/dropout.hpp"
 #include "flashattn/mask.hpp"
@@ -71,12 +72,28 @@ struct AttentionParams {
   std::uint64_t dropout_offset = 0;
   const std::int64_t* maybe_dropout_seed_offset = nullptr;
 
+  // Dense attn_mask (AttentionOptions::maybe_attn_mask): element (b, h, row, col) at
+  // b * s[0] + h * s[1] + row * s[2] + col * s[3], strides 0 on broadcast dimensions.
+  // Boolean (attn_mask_is_bias false: nonzero byte = allowed) or an additive bias in
+  // attn_mask_dtype (natural-log units). Null = none.
+  const void* maybe_attn_mask = nullptr;
+  DType attn_mask_dtype = DType::boolean;
+  bool attn_mask_is_bias = false;
+  std::int64_t attn_mask_strides[4] = {0, 0, 0, 0};
+  // Block-sparse mask (flashattn/block_mask.hpp); block_mask.present() when given.
+  BlockMaskView block_mask;
+
   FLASHATTN_HOST_DEVICE bool is_varlen() const { return maybe_cu_seqlens_q != nullptr; }
   FLASHATTN_HOST_DEVICE bool has_softcap() const { return softcap > 0.0f; }
   FLASHATTN_HOST_DEVICE bool has_alibi() const { return maybe_alibi_slopes != nullptr; }
   FLASHATTN_HOST_DEVICE bool has_dropout() const { return dropout_keep_threshold < DropoutRule::kKeepAll; }
   // Whether every head's score rule is a plain positive scale (the kernels' fast path).
   FLASHATTN_HOST_DEVICE bool score_is_positive_scale() const { return !has_softcap() && !has_alibi(); }
+  FLASHATTN_HOST_DEVICE bool has_attn_mask() const { return maybe_attn_mask != nullptr; }
+  FLASHATTN_HOST_DEVICE bool has_block_mask() const { return block_mask.present(); }
+  FLASHATTN_HOST_DEVICE std::int64_t attn_mask_offset(std::int64_t b, std::int64_t h, std::int64_t row, std::int64_t col) const {
+    return b * attn_mask_strides[0] + h * attn_mask_strides[1] + row * attn_mask_strides[2] + col * attn_mask_strides[3];
+  }
   FLASHATTN_HOST_DEVICE bool is_local() const { return window_left >= 0 || (window_right >= 0 && !is_causal); }
 
   // Per-sequence geometry (varlen-aware).
@@ -160,6 +177,11 @@ struct BackwardParams : AttentionParams {
 
   bool deterministic = false;
   void* maybe_workspace = nullptr;
+  // dBias (BackwardArgs::maybe_dbias): attn_mask's shape [B|1, H|1, seqlen_q|1,
+  // seqlen_k|1] (dbias_shape), dtype attn_mask_dtype, its own strides. Null = none.
+  void* maybe_dbias = nullptr;
+  std::int64_t dbias_shape[4] = {0, 0, 0, 0};
+  std::int64_t dbias_strides[4] = {0, 0, 0, 0};
   std::size_t workspace_bytes = 0;
 
   FLASHATTN_HOST_DEVICE std::int64_t dout_offset(std::int64_t b, std::int64_t h) const {

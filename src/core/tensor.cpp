@@ -15,6 +15,7 @@ std::size_t dtype_size(DType dtype) noexcept {
     case DType::int32: return 4;
     case DType::uint8: return 1;
     case DType::int64: return 8;
+    case DType::boolean: return 1;
   }
   return 0;
 }
@@ -27,6 +28,7 @@ const char* dtype_name(DType dtype) noexcept {
     case DType::int32: return "int32";
     case DType::uint8: return "uint8";
     case DType::int64: return "int64";
+    case DType::boolean: return "bool";
   }
   return "unknown";
 }

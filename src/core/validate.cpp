@@ -191,6 +191,8 @@ Geometry check_inputs(const TensorView& q, const TensorView& k, const TensorView
   checked_mul(checked_mul(g.batch, g.heads_kv, "k"), g.seqlen_k, g.is_varlen ? "max_seqlen_k" : "k");
   g.input_extents = {{"q", q_extent}, {"k", k_extent}, {"v", v_extent}};
   check_variant_tensors(options, g.batch, g.heads_q, q.device, g.input_extents);
+  check_mask_options(options, MaskGeometry{g.is_varlen, g.batch, g.heads_q, g.seqlen_q, g.seqlen_k, q.device, q.dtype}, limits,
+                     g.input_extents);
   if (g.is_varlen) {
     g.input_extents.push_back({"cu_seqlens_q", check_layout(varlen->cu_seqlens_q, "cu_seqlens_q", 1)});
     g.input_extents.push_back({"cu_seqlens_k", check_layout(varlen->cu_seqlens_k, "cu_seqlens_k", 1)});
@@ -263,6 +265,7 @@ AttentionParams make_params(const Geometry& g, const TensorView& q, const Tensor
   p.window_left = options.window_left >= span ? -1 : options.window_left;
   p.window_right = options.causal ? 0 : (options.window_right >= span ? -1 : options.window_right);
   set_variant_params(p, options);
+  set_mask_params(p, options);
   return p;
 }
 
@@ -320,6 +323,10 @@ BackwardParams validate_backward(const BackwardArgs& args) {
     check_device(args.maybe_workspace, "workspace", args.q.device);
     outputs.push_back({"workspace", w});
   }
+  if (args.maybe_dbias.defined()) {
+    if (!limits.supports_masks) unsupported("dbias", std::string("masks are not supported on the ") + limits.name + " backend yet");
+    outputs.push_back({"dbias", check_dbias(args.maybe_dbias, args.options)});
+  }
   all.insert(all.end(), outputs.begin(), outputs.end());
   check_no_overlap(outputs, all);
 
@@ -341,6 +348,7 @@ BackwardParams validate_backward(const BackwardArgs& args) {
   p.dk_batch_stride = dks.batch, p.dk_row_stride = dks.row, p.dk_head_stride = dks.head;
   p.dv_batch_stride = dvs.batch, p.dv_row_stride = dvs.row, p.dv_head_stride = dvs.head;
   p.deterministic = args.options.deterministic;
+  if (args.maybe_dbias.defined()) set_dbias_params(p, args.maybe_dbias);
   if (args.maybe_workspace.defined()) {
     p.maybe_workspace = args.maybe_workspace.data;
     p.workspace_bytes = static_cast<std::size_t>(args.maybe_workspace.numel()) * dtype_size(args.maybe_workspace.dtype);

@@ -24,6 +24,20 @@ void check_variant_tensors(const AttentionOptions& options, std::int64_t batch, 
                            std::vector<checks::NamedExtent>& inputs);
 void set_variant_params(AttentionParams& p, const AttentionOptions& options);
 
+// attn_mask and the block mask of `options` (validate_mask.cpp): checked against the
+// problem (appended to `inputs` for the overlap checks), then copied into params.
+struct MaskGeometry {
+  bool is_varlen = false;
+  std::int64_t batch = 0, heads_q = 0, seqlen_q = 0, seqlen_k = 0;
+  Device device{};
+  DType dtype = DType::float32;
+};
+void check_mask_options(const AttentionOptions& options, const MaskGeometry& geometry, const BackendLimits& limits,
+                        std::vector<checks::NamedExtent>& inputs);
+void set_mask_params(AttentionParams& p, const AttentionOptions& options);
+checks::Extent check_dbias(const TensorView& dbias, const AttentionOptions& options);
+void set_dbias_params(BackwardParams& p, const TensorView& dbias);
+
 // The limits of the backend that runs tensors on `device`.
 BackendLimits limits_for(Device device);
 

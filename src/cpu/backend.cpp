@@ -14,7 +14,7 @@ namespace flashattn::cpu {
 
 BackendLimits limits() noexcept {
   // head_dim is bounded only to keep per-thread tiles small; the kernels are generic.
-  return BackendLimits{"cpu", 1024, 1, true, true, {true, true, true, true}};
+  return BackendLimits{"cpu", 1024, 1, true, true, {true, true, true, true}, true};
 }
 
 const TileKernels& tile_kernels() {

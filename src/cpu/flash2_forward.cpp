@@ -9,6 +9,9 @@
 //     lanes (queries) and keys that the mask lets through:
 //       S^T = K_j Q_t^T                                          (kBlockN, tile_m)
 //       element mask only where !MaskRule::tile_fully_allowed
+//       attn_mask / block mask (attention_mask.hpp): blocks the block mask leaves
+//       empty are never loaded; partial ones get its element rule, every visited
+//       tile the dense bias (log2 units) or boolean mask
 //       m_new = max(m, rowmax S);  P^T = 2^(S^T - m_new);  l += rowsum P
 //       O_t^T = O_t^T · 2^(m - m_new) + V_j^T P^T                 (head_dim, tile_m)
 //   O = transpose(O^T) / l   (one division per row, at the end);  LSE = (m + log2 l)·ln 2
@@ -27,6 +30,7 @@
 #include <vector>
 
 #include "flashattn/online_softmax.hpp"
+#include "src/cpu/attention_mask.hpp"
 #include "src/cpu/dropout_mask.hpp"
 #include "src/cpu/flash.hpp"
 #include "src/cpu/tile_io.hpp"
@@ -99,6 +103,7 @@ void flash2_forward(const AttentionParams& params, int num_threads) {
     AlignedBuffer row_max(tile_m), row_factor(tile_m), row_base(tile_m), row_sum(tile_m);
     std::vector<float> row_buffer(static_cast<std::size_t>(head_dim));
     std::vector<online_softmax::State<float>> states(static_cast<std::size_t>(item_m));
+    HeadMask extra;  // attn_mask / block mask of the item's (b, h)
 
 #pragma omp for schedule(dynamic, 1)
     for (std::int64_t item = 0; item < items; ++item) {
@@ -114,6 +119,7 @@ void flash2_forward(const AttentionParams& params, int num_threads) {
       const std::int64_t item_rows = std::min(item_m, mask.seqlen_q - item_begin);
       const std::int64_t tiles = (item_rows + tile_m - 1) / tile_m;
       const std::int64_t h_kv = h / params.group_size;
+      extra.reset(params, b, h);
 
       for (std::int64_t t = 0; t < tiles; ++t) {
         const std::int64_t row_begin = item_begin + t * tile_m;
@@ -128,6 +134,8 @@ void flash2_forward(const AttentionParams& params, int num_threads) {
       const std::int64_t first_col = cols.begin < cols.end ? cols.begin / kBlockN * kBlockN : cols.end;
       for (std::int64_t col_begin = first_col; col_begin < cols.end; col_begin += kBlockN) {
         const std::int64_t n = std::min(kBlockN, mask.seqlen_k - col_begin);
+        // K0 of the block mask: a key block none of the item's rows visit is not loaded.
+        if (extra.is_active() && extra.tile_kind(item_begin, item_begin + item_rows, col_begin, col_begin + n) == TileKind::empty) continue;
         const std::int64_t k_row0 = params.k_offset(b, h_kv) + col_begin * params.k_row_stride;
         const std::int64_t v_row0 = params.v_offset(b, h_kv) + col_begin * params.v_row_stride;
         if (col_begin + kBlockN < cols.end) {
@@ -166,6 +174,11 @@ void flash2_forward(const AttentionParams& params, int num_threads) {
           const std::int64_t key_begin = std::clamp(keys_seen.begin - col_begin, std::int64_t{0}, n) / kTileRowsMultiple * kTileRowsMultiple;
           const std::int64_t key_end = std::min(kBlockN, round_up(std::clamp(keys_seen.end - col_begin, std::int64_t{0}, n), kTileRowsMultiple));
           if (key_begin >= key_end) continue;
+          // K2 of the block mask (full when there is none): empty tiles are skipped.
+          const TileKind extra_kind = extra.is_active() ? extra.tile_kind(row_begin + lane_begin, row_begin + std::min(lane_end, rows),
+                                                                          col_begin + key_begin, col_begin + key_end)
+                                                        : TileKind::full;
+          if (extra_kind == TileKind::empty) continue;
           const std::int64_t lanes = lane_end - lane_begin, keys = key_end - key_begin;
           const float* q_lanes_t = q_t.data() + t * head_dim * tile_m + lane_begin;  // (head_dim, lanes), row stride tile_m
           float* o_lanes_t = o_t.data() + t * head_dim_rows * tile_m + lane_begin;   // (head_dim_rows, lanes), row stride tile_m
@@ -179,6 +192,9 @@ void flash2_forward(const AttentionParams& params, int num_threads) {
             for (std::int64_t j = 0; j < keys; ++j)
               for (std::int64_t i = 0; i < lanes; ++i)
                 s[j * tile_m + i] = score.log2_score(s[j * tile_m + i], row_begin + lane_begin + i, col_begin + key_begin + j);
+          // The block mask's element rule (partial tiles) and the dense bias/mask (every tile).
+          if (extra.has_dense() || extra_kind == TileKind::partial)
+            extra.apply(s, tile_m, row_begin + lane_begin, lanes, col_begin + key_begin, keys, extra_kind);
           // Only boundary tiles pay for the element mask (it also hides the zero
           // padding of a tail key block: col_end never passes seqlen_k).
           const std::int64_t lane_rows_end = std::min(lane_end, rows);

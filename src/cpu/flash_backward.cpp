@@ -14,6 +14,12 @@
 //           group's query heads and the query blocks MaskRule::rows_of_columns allows;
 //   pass 2, items (b, query head, run of query blocks): dQ of those blocks over the key blocks
 //           MaskRule::columns_of_rows allows.
+// attn_mask / block mask (attention_mask.hpp): tiles the block mask leaves empty are
+// skipped, partial ones get its element rule, every visited tile the dense bias. dBias
+// = dS (before the softcap factor: the bias is added after the softcap), accumulated
+// by pass 2; when dBias broadcasts over batch, heads or rows, pass 2's items become
+// the dBias elements' owners (the broadcast dimensions run serially inside an item),
+// so the sum is race-free and deterministic.
 // Pass 2 recomputes S and dP (2 of the 5 matmuls again): the price of no shared dQ
 // accumulator. Scratch is O(block) per thread.
 #include <algorithm>
@@ -22,6 +28,7 @@
 #include <vector>
 
 #include "flashattn/online_softmax.hpp"
+#include "src/cpu/attention_mask.hpp"
 #include "src/cpu/dropout_mask.hpp"
 #include "src/cpu/flash.hpp"
 #include "src/cpu/reference.hpp"  // dense_q_row
@@ -115,10 +122,20 @@ struct HeadVariant {
   std::uint32_t dropout_head = 0;
 };
 
+// The masks beyond MaskRule of one (b, h) with the kind of the current tile, and
+// where dS goes for dBias (pass 2 only).
+struct TileMask {
+  const HeadMask* extra = nullptr;
+  TileKind kind = TileKind::full;
+  double* maybe_dbias = nullptr;  // the accumulator (DbiasIndex layout)
+  const DbiasIndex* dbias_index = nullptr;
+  std::int64_t b = 0, h = 0, seqlen_k = 0;
+};
+
 void probabilities_and_score_gradients(const TileKernels& kernels, const MaskRule& mask, const HeadVariant& variant,
                                        const QueryBlock& qb, std::int64_t row_begin, std::int64_t rows, std::int64_t col_begin,
                                        const TileRange& r, const float* k, std::int64_t k_stride, const float* v, std::int64_t v_stride,
-                                       TileScratch& t) {
+                                       TileScratch& t, const TileMask& tile_mask) {
   const std::int64_t head_dim = qb.head_dim;
   const std::int64_t offset = r.key_begin * kBlockM + r.lane_begin;
   float* s = t.p_t.data() + offset;
@@ -135,6 +152,8 @@ void probabilities_and_score_gradients(const TileKernels& kernels, const MaskRul
         s[j * kBlockM + i] = score.log2_score(dot, row_begin + r.lane_begin + i, col_begin + r.key_begin + j);
       }
   }
+  if (tile_mask.extra != nullptr && (tile_mask.extra->has_dense() || tile_mask.kind == TileKind::partial))
+    tile_mask.extra->apply(s, kBlockM, row_begin + r.lane_begin, r.lanes(), col_begin + r.key_begin, r.keys(), tile_mask.kind);
   const std::int64_t lane_rows_end = std::min(r.lane_end, rows);
   if (!mask.tile_fully_allowed(row_begin + r.lane_begin, row_begin + lane_rows_end, col_begin + r.key_begin, col_begin + r.key_end)) {
     for (std::int64_t i = 0; i < lane_rows_end - r.lane_begin; ++i) {
@@ -161,12 +180,38 @@ void probabilities_and_score_gradients(const TileKernels& kernels, const MaskRul
       for (std::int64_t i = 0; i < r.lanes(); ++i)
         ds[j * kBlockM + i] = keep[j * kBlockM + i] ? ds[j * kBlockM + i] * dropout.inverse_keep : 0.0f;
   }
-  kernels.score_gradient(s, ds, kBlockM, r.keys(), r.lanes(), qb.delta.data() + r.lane_begin, score.has_softcap() ? slope : nullptr);
+  if (tile_mask.maybe_dbias == nullptr) {
+    kernels.score_gradient(s, ds, kBlockM, r.keys(), r.lanes(), qb.delta.data() + r.lane_begin, score.has_softcap() ? slope : nullptr);
+  } else {
+    // dBias = dS of the score after the softcap: taken before the softcap factor.
+    kernels.score_gradient(s, ds, kBlockM, r.keys(), r.lanes(), qb.delta.data() + r.lane_begin, nullptr);
+    const std::int64_t real_lanes = std::min(r.lane_end, rows) - r.lane_begin;
+    for (std::int64_t j = 0; j < r.keys() && col_begin + r.key_begin + j < tile_mask.seqlen_k; ++j)
+      for (std::int64_t i = 0; i < real_lanes; ++i)
+        tile_mask.maybe_dbias[tile_mask.dbias_index->at(tile_mask.b, tile_mask.h, row_begin + r.lane_begin + i, col_begin + r.key_begin + j)] +=
+            ds[j * kBlockM + i];
+    if (score.has_softcap())
+      for (std::int64_t j = 0; j < r.keys(); ++j)
+        for (std::int64_t i = 0; i < r.lanes(); ++i) ds[j * kBlockM + i] *= slope[j * kBlockM + i];
+  }
   // dV's probabilities: P ∘ Z / (1 - p) (dS above used the undropped P).
   if (dropout.enabled())
     for (std::int64_t j = 0; j < r.keys(); ++j)
       for (std::int64_t i = 0; i < r.lanes(); ++i)
         s[j * kBlockM + i] = keep[j * kBlockM + i] ? s[j * kBlockM + i] * dropout.inverse_keep : 0.0f;
+}
+
+// The TileMask of range r of a tile (kind empty: skip the tile).
+TileMask tile_mask_of(const HeadMask& extra, const TileRange& r, std::int64_t row_begin, std::int64_t rows, std::int64_t col_begin,
+                      double* maybe_dbias, const DbiasIndex* dbias_index, std::int64_t b, std::int64_t h, std::int64_t seqlen_k) {
+  TileMask m;
+  if (!extra.is_active()) return m;
+  m.extra = &extra;
+  m.kind = extra.tile_kind(row_begin + r.lane_begin, row_begin + std::min(r.lane_end, rows), col_begin + r.key_begin, col_begin + r.key_end);
+  m.maybe_dbias = maybe_dbias;
+  m.dbias_index = dbias_index;
+  m.b = b, m.h = h, m.seqlen_k = seqlen_k;
+  return m;
 }
 
 HeadVariant head_variant(const BackwardParams& p, std::int64_t b, std::int64_t h, const MaskRule& mask) {
@@ -250,6 +295,7 @@ void flash_backward(const BackwardParams& params, int num_threads) {
     TileScratch scratch;
     // Block c: (kBlockN, head_dim_padded) at c * kBlockN * head_dim_padded.
     AlignedBuffer dk(blocks_per_item * kBlockN * head_dim_padded), dv(blocks_per_item * kBlockN * head_dim_padded);
+    HeadMask extra;
 #pragma omp for schedule(dynamic, 1)
     for (std::int64_t item = 0; item < kv_items; ++item) {
       const std::int64_t key_item = item % key_items;
@@ -268,17 +314,22 @@ void flash_backward(const BackwardParams& params, int num_threads) {
       std::fill(dv.data(), dv.data() + blocks * kBlockN * head_dim_padded, 0.0f);
       const auto rows_seen = mask.rows_of_columns(item_col_begin, item_col_end);
       for (std::int64_t h = h_kv * params.group_size; h < (h_kv + 1) * params.group_size; ++h) {
+        extra.reset(params, b, h);
         const std::int64_t first_row = rows_seen.begin < rows_seen.end ? block_floor(rows_seen.begin, kBlockM) : rows_seen.end;
         for (std::int64_t row_begin = first_row; row_begin < rows_seen.end; row_begin += kBlockM) {
           const std::int64_t rows = std::min(kBlockM, mask.seqlen_q - row_begin);
+          // K0' of the block mask: a query block that visits none of the item's key blocks is not loaded.
+          if (extra.is_active() && extra.tile_kind(row_begin, row_begin + rows, item_col_begin, item_col_end) == TileKind::empty) continue;
           qb.load(params, b, h, row_begin, rows, q_scale, delta);
           const HeadVariant variant = head_variant(params, b, h, mask);
           for (std::int64_t c = 0; c < blocks; ++c) {
             const std::int64_t col_begin = item_col_begin + c * kBlockN;
             const TileRange r = tile_range(mask, row_begin, rows, col_begin, std::min(kBlockN, mask.seqlen_k - col_begin));
             if (r.empty()) continue;
+            const TileMask tile_mask = tile_mask_of(extra, r, row_begin, rows, col_begin, nullptr, nullptr, b, h, mask.seqlen_k);
+            if (tile_mask.kind == TileKind::empty) continue;
             const KeyBlock& kb = key_blocks[static_cast<std::size_t>(c)];
-            probabilities_and_score_gradients(kernels, mask, variant, qb, row_begin, rows, col_begin, r, kb.k, kb.k_stride, kb.v, kb.v_stride, scratch);
+            probabilities_and_score_gradients(kernels, mask, variant, qb, row_begin, rows, col_begin, r, kb.k, kb.k_stride, kb.v, kb.v_stride, scratch, tile_mask);
             // dV (keys, head_dim_padded) += P^T dO;  dK += dS^T Q   (over the range's lanes)
             const std::int64_t offset = r.key_begin * kBlockM + r.lane_begin;
             float* dv_rows = dv.data() + (c * kBlockN + r.key_begin) * head_dim_padded;
@@ -305,6 +356,12 @@ void flash_backward(const BackwardParams& params, int num_threads) {
   const std::int64_t q_blocks_per_item = backward_blocks_per_item(params.batch * params.heads_q, q_blocks, threads);
   const std::int64_t query_items = (q_blocks + q_blocks_per_item - 1) / q_blocks_per_item;
   const std::int64_t q_items = params.batch * params.heads_q * query_items;
+  // dBias: accumulated in double in its own (broadcast) shape, written once at the end.
+  const bool has_dbias = params.maybe_dbias != nullptr;
+  const DbiasIndex dbias_index{{params.dbias_shape[0], params.dbias_shape[1], params.dbias_shape[2], params.dbias_shape[3]}};
+  std::vector<double> dbias(has_dbias ? static_cast<std::size_t>(dbias_index.size()) : 0, 0.0);
+  const bool dbias_is_shared = has_dbias && ((dbias_index.shape[0] == 1 && params.batch > 1) || (dbias_index.shape[1] == 1 && params.heads_q > 1) ||
+                                             (dbias_index.shape[2] == 1 && query_items > 1));
 #pragma omp parallel num_threads(threads)
   {
     std::vector<QueryBlock> query_blocks;
@@ -312,18 +369,17 @@ void flash_backward(const BackwardParams& params, int num_threads) {
     KeyBlock kb(head_dim_padded);
     TileScratch scratch;
     AlignedBuffer dq(q_blocks_per_item * kBlockM * head_dim_padded);  // block c: (kBlockM, head_dim_padded) at c * kBlockM * head_dim_padded
-#pragma omp for schedule(dynamic, 1)
-    for (std::int64_t item = 0; item < q_items; ++item) {
-      const std::int64_t query_item = query_items - 1 - item % query_items;  // most keys first under a causal mask
-      const std::int64_t h = (item / query_items) % params.heads_q;
-      const std::int64_t b = item / (query_items * params.heads_q);
+    HeadMask extra;
+    // One (b, query head h, run of query blocks) item.
+    auto run_item = [&](std::int64_t b, std::int64_t h, std::int64_t query_item) {
       const MaskRule mask = params.mask_of(b);
       const std::int64_t item_row_begin = query_item * q_blocks_per_item * kBlockM;
-      if (item_row_begin >= mask.seqlen_q) continue;
+      if (item_row_begin >= mask.seqlen_q) return;
       const std::int64_t blocks = std::min(q_blocks_per_item, (mask.seqlen_q - item_row_begin + kBlockM - 1) / kBlockM);
       const std::int64_t item_row_end = std::min(mask.seqlen_q, item_row_begin + blocks * kBlockM);
       const std::int64_t h_kv = h / params.group_size;
       const HeadVariant variant = head_variant(params, b, h, mask);
+      extra.reset(params, b, h);
       for (std::int64_t c = 0; c < blocks; ++c) {
         const std::int64_t row_begin = item_row_begin + c * kBlockM;
         query_blocks[static_cast<std::size_t>(c)].load(params, b, h, row_begin, std::min(kBlockM, mask.seqlen_q - row_begin), q_scale, delta);
@@ -332,14 +388,20 @@ void flash_backward(const BackwardParams& params, int num_threads) {
       const auto cols = mask.columns_of_rows(item_row_begin, item_row_end);
       const std::int64_t first_col = cols.begin < cols.end ? block_floor(cols.begin, kBlockN) : cols.end;
       for (std::int64_t col_begin = first_col; col_begin < cols.end; col_begin += kBlockN) {
-        kb.load(params, b, h_kv, col_begin, std::min(kBlockN, mask.seqlen_k - col_begin), head_dim_padded);
+        const std::int64_t n = std::min(kBlockN, mask.seqlen_k - col_begin);
+        // K0 of the block mask: key blocks none of the item's rows visit are not loaded.
+        if (extra.is_active() && extra.tile_kind(item_row_begin, item_row_end, col_begin, col_begin + n) == TileKind::empty) continue;
+        kb.load(params, b, h_kv, col_begin, n, head_dim_padded);
         for (std::int64_t c = 0; c < blocks; ++c) {
           const std::int64_t row_begin = item_row_begin + c * kBlockM;
           const std::int64_t rows = std::min(kBlockM, mask.seqlen_q - row_begin);
-          const TileRange r = tile_range(mask, row_begin, rows, col_begin, std::min(kBlockN, mask.seqlen_k - col_begin));
+          const TileRange r = tile_range(mask, row_begin, rows, col_begin, n);
           if (r.empty()) continue;
+          const TileMask tile_mask = tile_mask_of(extra, r, row_begin, rows, col_begin, has_dbias ? dbias.data() : nullptr, &dbias_index, b, h,
+                                                  mask.seqlen_k);
+          if (tile_mask.kind == TileKind::empty) continue;
           probabilities_and_score_gradients(kernels, mask, variant, query_blocks[static_cast<std::size_t>(c)], row_begin, rows, col_begin, r,
-                                            kb.k, kb.k_stride, kb.v, kb.v_stride, scratch);
+                                            kb.k, kb.k_stride, kb.v, kb.v_stride, scratch, tile_mask);
           // dQ (lanes, head_dim_padded) += dS K: dS read through dS^T's strides.
           kernels.matmul(scratch.ds_t.data() + r.key_begin * kBlockM + r.lane_begin, 1, kBlockM, kb.k + r.key_begin * kb.k_stride, kb.k_stride,
                          r.keys(), dq.data() + (c * kBlockM + r.lane_begin) * head_dim_padded, head_dim_padded, r.lanes(), head_dim_padded, true);
@@ -348,8 +410,28 @@ void flash_backward(const BackwardParams& params, int num_threads) {
       for (std::int64_t r = 0; r < item_row_end - item_row_begin; ++r)
         store_row(dq.data() + r * head_dim_padded, head_dim, params.softmax_scale, params.dq, params.dtype,
                   params.dq_offset(b, h) + (item_row_begin + r) * params.dq_row_stride);
+    };
+    if (!dbias_is_shared) {
+#pragma omp for schedule(dynamic, 1)
+      for (std::int64_t item = 0; item < q_items; ++item) {
+        const std::int64_t query_item = query_items - 1 - item % query_items;  // most keys first under a causal mask
+        run_item(item / (query_items * params.heads_q), (item / query_items) % params.heads_q, query_item);
+      }
+    } else {
+      // Items own dBias elements: the dimensions dBias broadcasts over run inside one item.
+      const std::int64_t batch_items = dbias_index.shape[0] == 1 ? 1 : params.batch;
+      const std::int64_t head_items = dbias_index.shape[1] == 1 ? 1 : params.heads_q;
+      const std::int64_t row_items = dbias_index.shape[2] == 1 ? 1 : query_items;
+#pragma omp for schedule(dynamic, 1)
+      for (std::int64_t item = 0; item < batch_items * head_items * row_items; ++item) {
+        const std::int64_t own_row = item % row_items, own_h = (item / row_items) % head_items, own_b = item / (row_items * head_items);
+        for (std::int64_t b = (batch_items == 1 ? 0 : own_b); b < (batch_items == 1 ? params.batch : own_b + 1); ++b)
+          for (std::int64_t h = (head_items == 1 ? 0 : own_h); h < (head_items == 1 ? params.heads_q : own_h + 1); ++h)
+            for (std::int64_t qi = (row_items == 1 ? 0 : own_row); qi < (row_items == 1 ? query_items : own_row + 1); ++qi) run_item(b, h, qi);
+      }
     }
   }
+  if (has_dbias) store_dbias(params, dbias);
 }
 
 }  // namespace flashattn::cpu

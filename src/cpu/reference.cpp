@@ -13,6 +13,7 @@
 #include "flashattn/mask.hpp"
 #include "flashattn/score.hpp"
 #include "src/core/numeric.hpp"
+#include "src/cpu/attention_mask.hpp"
 
 namespace flashattn::cpu {
 namespace {
@@ -53,6 +54,13 @@ struct HeadForward {
   std::vector<double> lse;    // (rows_q)
 };
 
+// The masks beyond MaskRule of (b, h), applied to S after the score rule (attention_mask.hpp).
+HeadMask head_mask(const AttentionParams& params, std::int64_t b, std::int64_t h) {
+  HeadMask mask;
+  mask.reset(params, b, h);
+  return mask;
+}
+
 template <class Acc>
 HeadForward<Acc> head_forward(const AttentionParams& params, std::int64_t b, std::int64_t h, const MaskRule& mask,
                               const std::vector<double>& q, const std::vector<double>& k, const std::vector<double>& v,
@@ -70,13 +78,18 @@ HeadForward<Acc> head_forward(const AttentionParams& params, std::int64_t b, std
   f.lse.assign(static_cast<std::size_t>(rows_q), kNegativeInfinity);
   const double scale = params.softmax_scale;
   std::vector<double> s(static_cast<std::size_t>(rows_k));
+  // attn_mask / block mask: S += bias (natural log) or -inf where masked, after the score rule.
+  const HeadMask extra = head_mask(params, b, h);
+  std::vector<char> hidden(static_cast<std::size_t>(rows_k));
   for (std::int64_t r = 0; r < rows_q; ++r) {
     const std::int64_t i = row_first + r;  // the query row within its sequence (the mask's row)
     // S = Q K^T * scale, softcapped, masked.
     double row_max = kNegativeInfinity;
     bool has_nan = false;  // a NaN score makes the row NaN (std::max would skip it)
     for (std::int64_t j = 0; j < rows_k; ++j) {
-      if (!mask.allowed(i, j)) {
+      const double extra_offset = extra.is_active() && mask.allowed(i, j) ? extra.offset_of(i, j) : 0.0;
+      hidden[static_cast<std::size_t>(j)] = !mask.allowed(i, j) || extra_offset == kNegativeInfinity;
+      if (hidden[static_cast<std::size_t>(j)]) {
         s[static_cast<std::size_t>(j)] = kNegativeInfinity;
         continue;
       }
@@ -91,6 +104,7 @@ HeadForward<Acc> head_forward(const AttentionParams& params, std::int64_t b, std
       }
       if (params.has_alibi())
         score = round(static_cast<double>(static_cast<Acc>(score) + static_cast<Acc>(ScoreRule::alibi_bias(alibi_slope, i + mask.seqlen_k - mask.seqlen_q - j))));
+      if (extra.has_dense()) score = round(static_cast<double>(static_cast<Acc>(score) + static_cast<Acc>(extra_offset)));
       s[static_cast<std::size_t>(j)] = score;
       row_max = std::max(row_max, score);
       has_nan = has_nan || std::isnan(score);
@@ -115,6 +129,7 @@ HeadForward<Acc> head_forward(const AttentionParams& params, std::int64_t b, std
     for (std::int64_t d = 0; d < head_dim; ++d) {
       Acc acc = 0;
       for (std::int64_t j = mask.col_begin(i); j < mask.col_end(i); ++j) {
+        if (hidden[static_cast<std::size_t>(j)]) continue;
         const bool kept = f.keep.empty() || f.keep[static_cast<std::size_t>(r * rows_k + j)];
         acc += static_cast<Acc>(kept ? f.p[static_cast<std::size_t>(r * rows_k + j)] : 0.0) * static_cast<Acc>(v[static_cast<std::size_t>(j * head_dim + d)]);
       }
@@ -161,6 +176,8 @@ ReferenceGradients backward_impl(const BackwardParams& params, const Rounding& r
   g.dk.assign(static_cast<std::size_t>(params.total_k * params.heads_kv * head_dim), 0.0);
   g.dv.assign(static_cast<std::size_t>(params.total_k * params.heads_kv * head_dim), 0.0);
   const Acc scale = static_cast<Acc>(params.softmax_scale);
+  const DbiasIndex dbias_index{{params.dbias_shape[0], params.dbias_shape[1], params.dbias_shape[2], params.dbias_shape[3]}};
+  if (params.maybe_dbias) g.dbias.assign(static_cast<std::size_t>(dbias_index.size()), 0.0);
   for (std::int64_t b = 0; b < params.batch; ++b) {
     const MaskRule mask = params.mask_of(b);
     const std::int64_t rows_q = mask.seqlen_q, rows_k = mask.seqlen_k;
@@ -193,6 +210,8 @@ ReferenceGradients backward_impl(const BackwardParams& params, const Rounding& r
             // Dropout: dS = P ∘ (Z ∘ dP / (1 − p) − D).
             if (has_dropout) dp = f.keep[static_cast<std::size_t>(i * rows_k + j)] ? dp * inverse_keep : Acc(0);
             Acc value = static_cast<Acc>(p) * (dp - delta);
+            // dBias = dS w.r.t. the score after the softcap, summed over broadcast dimensions.
+            if (params.maybe_dbias) g.dbias[static_cast<std::size_t>(dbias_index.at(b, h, i, j))] += round(static_cast<double>(value));
             if (params.has_softcap()) {
               // d/dx [c tanh(x / c)] = 1 - tanh²(x / c)
               const Acc t = std::tanh(static_cast<Acc>(f.s_raw[static_cast<std::size_t>(i * rows_k + j)]) / static_cast<Acc>(params.softcap));
@@ -277,6 +296,7 @@ void reference_forward_into(const AttentionParams& params) {
 
 void reference_backward_into(const BackwardParams& params) {
   const ReferenceGradients g = reference_backward(params);
+  if (params.maybe_dbias) store_dbias(params, g.dbias);
   for (std::int64_t b = 0; b < params.batch; ++b) {
     for (std::int64_t h = 0; h < params.heads_q; ++h)
       for (std::int64_t i = 0; i < params.seqlen_q_of(b); ++i) {

@@ -1,6 +1,7 @@
 // src/cpu/reference.hpp — the oracle: standard three-step attention in float64.
 //
-//   S = Q K^T * scale          (softcap: S = softcap * tanh(S / softcap)), masked by MaskRule
+//   S = Q K^T * scale          (softcap: S = softcap * tanh(S / softcap), ALiBi), masked by MaskRule;
+//                              then + attn_mask bias, -inf where a boolean attn_mask or the block mask hides it
 //   P = softmax(S)             (row-wise; a fully masked row gives P = 0, LSE = -inf)
 //   O = P V
 //
@@ -48,6 +49,7 @@ struct ReferenceGradients {
   std::vector<double> dq;  // [total_q, heads_q, head_dim]
   std::vector<double> dk;  // [total_k, heads_kv, head_dim], summed over each GQA group
   std::vector<double> dv;  // [total_k, heads_kv, head_dim]
+  std::vector<double> dbias;  // dense in dbias's shape [B|1, H|1, Sq|1, Sk|1] (when params.maybe_dbias)
 
   double dq_at(std::int64_t row, std::int64_t h, std::int64_t d) const {
     return dq[static_cast<std::size_t>((row * heads_q + h) * head_dim + d)];
