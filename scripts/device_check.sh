@@ -70,6 +70,16 @@ for tool in memcheck racecheck; do sanitize $tool test_cuda_backward '*Sanitizer
 sanitize memcheck test_cuda_backward_hopper 'CudaBackwardHopper.GroupedQueryAttention:CudaBackwardHopper.VarlenWithEmptyAndSingleTokenSequences'
 sanitize memcheck test_cuda_kvcache 'Shapes/KVCacheCuda.MatchesReferenceAndAppendsExactly/1*:KVCacheCudaProperties.ZeroLength*'
 sanitize racecheck test_cuda_kvcache 'Shapes/KVCacheCuda.MatchesReferenceAndAppendsExactly/2:Shapes/KVCacheCuda.MatchesReferenceAndAppendsExactly/29'
+# The variant layer's new paths: ALiBi and dropout on every training kernel, ALiBi in decode,
+# and the device guard on a block_table entry past the page pool (must read nothing out of range).
+sanitize memcheck test_cuda_forward_variants 'Sm80ForwardDropout.*:AwkwardShapes/Sm80ForwardVariants.MatchesFloat64Reference/1*'
+sanitize memcheck test_cuda_backward_variants 'Sm80BackwardVariants.AlibiWithDropoutSoftcapAndWindow:Sm80BackwardVariants.VarlenWithEmptySequences'
+for tool in memcheck racecheck; do
+  sanitize $tool test_cuda_forward_hopper_variants 'HopperVariantTest.DropoutMaskEqualsDropoutRuleElementByElement:Cases/HopperVariantVsReference.MatchesFloat64Reference/2*'
+done
+sanitize memcheck test_cuda_backward_hopper 'CudaBackwardHopper.AlibiMatchesTheOracle:CudaBackwardHopper.DeterministicModeWithAlibiAndDropout'
+sanitize memcheck test_cuda_kvcache 'BothKernels/KVCacheCudaAlibi.MatchesReference/1*'
+sanitize memcheck test_cuda_hostile_input 'CudaHostile.*'
 fi
 
 export PYTHONUNBUFFERED=1 PYTHONPATH="$tree/python"
