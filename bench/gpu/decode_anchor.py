@@ -1,10 +1,12 @@
-"""Decode anchor for issue 6: PyTorch SDPA (FLASH_ATTENTION backend = FlashAttention-2,
-and CUDNN_ATTENTION) on the decode shapes of bench/gpu/decode_bench.cu.
-
-Same method as decode_bench: bf16, one query token, 32 query heads on 8 KV heads
-(enable_gqa=True, no expanded copy), head dim 128, caches rotated among 4 sets so
-the timed call does not read from L2, triton.testing.do_bench median. Bandwidth =
-bytes of K and V read / time. Writes CSV (argv[1], default decode_anchor.csv).
+"""Decode anchor: PyTorch SDPA (FLASH_ATTENTION backend = FlashAttention-2, and
+CUDNN_ATTENTION) on the decode shapes of bench/gpu/decode_bench.cu, timed exactly as
+decode_bench times ours (bench/gpu/graph_timing.hpp): bf16, one query token, 32 query
+heads on 8 KV heads (enable_gqa=True, no expanded copy), head dim 128; CALLS_PER_GRAPH
+calls captured in one CUDA graph with the caches rotated among SETS sets (so no call
+finds its K/V in L2), WARMUP replays, then the median over REPEATS timed replays of
+(graph time / calls). Bandwidth = bytes of K and V read / time. Writes CSV (argv[1],
+default decode_anchor.csv). A per-call (do_bench) time would include launch latency
+that ours, replayed from a graph, does not pay: never compare the two.
 
     python bench/gpu/decode_anchor.py bench/results/decode_anchor.csv
 """
@@ -14,9 +16,8 @@ import sys
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
-from triton.testing import do_bench
-
 HEADS_Q, HEADS_KV, HEAD_DIM, SETS = 32, 8, 128, 4
+CALLS_PER_GRAPH, WARMUP, REPEATS = 16, 3, 15  # decode_bench's kCallsPerGraph, kWarmup, kRepeats
 SHAPES = [(8, 1024), (8, 4096), (8, 16384), (8, 65536), (1, 65536), (1, 131072), (64, 1024)]
 BACKENDS = {"sdpa_flash": SDPBackend.FLASH_ATTENTION, "sdpa_cudnn": SDPBackend.CUDNN_ATTENTION}
 
@@ -28,18 +29,30 @@ def measure(batch, kv_len, backend):
          torch.randn(batch, HEADS_KV, kv_len, HEAD_DIM, device="cuda", dtype=torch.bfloat16))
         for _ in range(SETS)
     ]
-    step = [0]
-
-    def call():
-        k, v = caches[step[0] % SETS]
-        step[0] += 1
-        return F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
-
     with sdpa_kernel(backend):
-        out = call()
+        out = F.scaled_dot_product_attention(q, *caches[0], enable_gqa=True)  # also selects/compiles the kernel
         if not torch.isfinite(out).all():
             raise RuntimeError("non-finite output")
-        ms = do_bench(call, warmup=25, rep=100, return_mode="median")
+        graph = torch.cuda.CUDAGraph()
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for k, v in caches:  # warm every set once outside capture
+                F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+            with torch.cuda.graph(graph, stream=stream):
+                for i in range(CALLS_PER_GRAPH):
+                    F.scaled_dot_product_attention(q, *caches[i % SETS], enable_gqa=True)
+        torch.cuda.current_stream().wait_stream(stream)
+    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for r in range(WARMUP + REPEATS):
+        start.record()
+        graph.replay()
+        stop.record()
+        stop.synchronize()
+        if r >= WARMUP:
+            times.append(start.elapsed_time(stop) / CALLS_PER_GRAPH)
+    ms = sorted(times)[len(times) // 2]
     bytes_read = 2 * batch * kv_len * HEADS_KV * HEAD_DIM * 2
     return ms, bytes_read / (ms * 1e-3) / 1e12
 
