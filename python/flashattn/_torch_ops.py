@@ -30,14 +30,15 @@ def _with_capsules(native):
     would go through Tensor.__dlpack__, a Python method (several us per tensor)."""
     from torch.utils.dlpack import to_dlpack
 
-    def call(*arguments):
+    def call(*arguments, **keywords):
         *arrays, num_threads, stream = arguments
         if stream is None:
             stream = 0
             first = arrays[0]
             if first.is_cuda:
                 stream = torch.cuda.current_stream(first.get_device()).cuda_stream
-        native(*[to_dlpack(x) if isinstance(x, torch.Tensor) else x for x in arrays], num_threads, stream)
+        keywords = {name: to_dlpack(x) if isinstance(x, torch.Tensor) else x for name, x in keywords.items()}
+        native(*[to_dlpack(x) if isinstance(x, torch.Tensor) else x for x in arrays], num_threads, stream, **keywords)
 
     return call
 
@@ -215,10 +216,30 @@ _is_grad_enabled = torch.is_grad_enabled
 _get_num_threads = torch.get_num_threads
 
 
+def _paged_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
+                     window_left, window_right, softcap, need_lse, block_table):
+    """Forward over a paged KV cache (flash_attn_varlen_func(..., block_table=)): no
+    backward pass reads one (as in flash_attn), so gradients are refused loudly."""
+    if _is_grad_enabled() and (q.requires_grad or getattr(k, "requires_grad", False)
+                               or getattr(v, "requires_grad", False)):
+        raise NotImplementedError("flashattn: block_table: a paged KV cache is forward only (no gradient); "
+                                  "call under torch.no_grad() or detach q/k/v")
+    check_rank(q, "q", 3)
+    out = torch.empty_like(q)
+    lse = torch.empty(lse_shape(q, True), dtype=torch.float32, device=q.device) if need_lse else None
+    _forward_native(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
+                    window_left, window_right, softcap, "automatic", _get_num_threads(), _CURRENT_STREAM,
+                    block_table=block_table)
+    return out, lse
+
+
 def attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left,
-              window_right, softcap, deterministic, need_lse):
+              window_right, softcap, deterministic, need_lse, block_table=None):
     """(out, lse) for torch tensors; lse is None unless need_lse (or while compiling).
     Every array argument is checked to be a torch.Tensor by the native call."""
+    if block_table is not None:
+        return _paged_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
+                                window_left, window_right, softcap, need_lse, block_table)
     if _is_compiling():
         return _fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
                     window_left, window_right, softcap, deterministic)

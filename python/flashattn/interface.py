@@ -61,10 +61,6 @@ def _check_unsupported(dropout_p, alibi_slopes, block_table=None):
         )
     if alibi_slopes is not None:
         raise NotImplementedError("flashattn: alibi_slopes: ALiBi is not implemented yet (only None is accepted)")
-    if block_table is not None:
-        raise NotImplementedError(
-            "flashattn: block_table: paged KV caches are not implemented yet (only None is accepted)"
-        )
 
 
 def _numpy_outputs(q, lse_shape_or_none):
@@ -83,12 +79,12 @@ def _numpy_outputs(q, lse_shape_or_none):
 
 
 def _numpy_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
-                   window_left, window_right, softcap, need_lse):
+                   window_left, window_right, softcap, need_lse, block_table=None):
     is_varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
     check_rank(q, "q", 3 if is_varlen else 4)
     out, lse = _numpy_outputs(q, lse_shape(q, is_varlen) if need_lse else None)
     _C.forward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
-               window_left, window_right, softcap, "automatic", 0, 0)
+               window_left, window_right, softcap, "automatic", 0, 0, block_table=block_table)
     return out, lse
 
 
@@ -116,10 +112,10 @@ def _attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, 
     if (_torch_tensor_type is not None and isinstance(q, _torch_tensor_type)) or _is_torch_tensor(q):
         out, lse = (_torch_backend or _torch_ops()).attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                           softmax_scale, causal, window_left, window_right, softcap,
-                                          deterministic, need_lse)
+                                          deterministic, need_lse, block_table=block_table)
     elif isinstance(q, np.ndarray):
         out, lse = _numpy_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
-                                  causal, window_left, window_right, softcap, need_lse)
+                                  causal, window_left, window_right, softcap, need_lse, block_table=block_table)
     else:
         raise TypeError(f"flashattn: q: expected a torch.Tensor or a numpy.ndarray, got {type(q).__name__}")
     return (out, lse, None) if return_attn_probs else out
