@@ -4,6 +4,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 
@@ -143,7 +144,9 @@ void launch_merge(const MergeParams& params, cudaStream_t stream) {
   FLASHATTN_CUDA_CHECK_LAUNCH();
 }
 
-std::size_t round_up_256(std::size_t bytes) { return (bytes + 255) / 256 * 256; }
+// Scratch sections of 256-byte multiples, never empty: an empty problem still hands the
+// kernels (and TMA descriptors, which refuse null addresses) a valid pointer.
+std::size_t section_bytes(std::size_t bytes) { return (std::max<std::size_t>(bytes, 1) + 255) / 256 * 256; }
 
 // A problem the kernels have no layout for (staging.hpp): head_dim not a multiple of 8
 // (q/k/v/out staged zero-padded to padded_head_dim) and/or paged K/V (gathered into
@@ -160,8 +163,8 @@ void forward_staged(const AttentionParams& params, Algorithm algorithm, cudaStre
   const std::int64_t q_rows = is_varlen ? params.total_q : params.seqlen_q;
   const std::int64_t k_rows = is_varlen ? params.total_k : params.seqlen_k;
   constexpr std::size_t kElement = 2;  // float16 / bfloat16
-  const std::size_t q_bytes = pads ? round_up_256(kElement * static_cast<std::size_t>(params.total_q * params.heads_q * padded)) : 0;
-  const std::size_t kv_bytes = round_up_256(kElement * static_cast<std::size_t>(params.total_k * params.heads_kv * padded));
+  const std::size_t q_bytes = pads ? section_bytes(kElement * static_cast<std::size_t>(params.total_q * params.heads_q * padded)) : 0;
+  const std::size_t kv_bytes = section_bytes(kElement * static_cast<std::size_t>(params.total_k * params.heads_kv * padded));
   const staging::StreamScratch scratch(2 * q_bytes + 2 * kv_bytes, stream);  // q | out | k | v
   unsigned char* q_scratch = scratch.data();
   unsigned char* out_scratch = q_scratch + q_bytes;
