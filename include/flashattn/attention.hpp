@@ -119,12 +119,24 @@ struct AttentionOptions {
   Algorithm algorithm = Algorithm::automatic;
 };
 
-// Optional variable-length description (all four set together, or none).
+// Optional variable-length description (the first four set together, or none).
 struct VarlenArgs {
   TensorView cu_seqlens_q;  // int32 [batch + 1], cu_seqlens_q[0] == 0, non-decreasing
   TensorView cu_seqlens_k;  // int32 [batch + 1]
   std::int64_t max_seqlen_q = 0;
   std::int64_t max_seqlen_k = 0;
+  // Paged K/V (prefill over a paged KV cache; forward only, as flash_attn's
+  // flash_attn_varlen_func(..., block_table=)): k/v are page pools [num_blocks,
+  // page_size, heads_kv, head_dim] (any page_size >= 1, so every page size
+  // forward_with_kvcache accepts) and block_table is int32 [batch, max_blocks_per_seq]
+  // with contiguous rows: key j of sequence b is row j % page_size of page
+  // block_table[b][j / page_size]. Sequence b has cu_seqlens_k[b + 1] - cu_seqlens_k[b]
+  // keys; max_seqlen_k <= max_blocks_per_seq * page_size. On the CPU the block ids each
+  // sequence touches are range-checked; on the GPU a device-resident table is the
+  // caller's contract and an id outside the pool is clamped into it (wrong values,
+  // never an access outside k/v). The keys are gathered into packed scratch first
+  // (CUDA: stream-ordered cudaMallocAsync, freed on the stream).
+  TensorView maybe_block_table;
 };
 
 struct ForwardArgs {

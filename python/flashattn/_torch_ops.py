@@ -242,11 +242,35 @@ _is_grad_enabled = torch.is_grad_enabled
 _get_num_threads = torch.get_num_threads
 
 
+def _paged_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
+                     window_left, window_right, softcap, need_lse, block_table, alibi_slopes=None, dropout_p=None):
+    """Forward over a paged KV cache (flash_attn_varlen_func(..., block_table=)): no
+    backward pass reads one (as in flash_attn), so gradients are refused loudly. With
+    ALiBi or dropout keywords: (out, lse, seed_offset)."""
+    if _is_grad_enabled() and (q.requires_grad or getattr(k, "requires_grad", False)
+                               or getattr(v, "requires_grad", False)):
+        raise NotImplementedError("flashattn: block_table: a paged KV cache is forward only (no gradient); "
+                                  "call under torch.no_grad() or detach q/k/v")
+    check_rank(q, "q", 3)
+    seed_offset = draw_seed_offset(q.device) if dropout_p else None
+    out = torch.empty_like(q)
+    lse = torch.empty(lse_shape(q, True), dtype=torch.float32, device=q.device) if need_lse else None
+    _forward_native(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
+                    window_left, window_right, softcap, "automatic", _get_num_threads(), _CURRENT_STREAM,
+                    block_table=block_table, **_variant_keywords(alibi_slopes, dropout_p or 0.0, seed_offset))
+    if dropout_p is None and alibi_slopes is None:
+        return out, lse
+    return out, lse, seed_offset
+
+
 def attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left,
-              window_right, softcap, deterministic, need_lse, **variants):
+              window_right, softcap, deterministic, need_lse, block_table=None, **variants):
     """(out, lse) for torch tensors; lse is None unless need_lse (or while compiling).
     Every array argument is checked to be a torch.Tensor by the native call. With
     ALiBi or dropout (keywords alibi_slopes, dropout_p): (out, lse, seed_offset)."""
+    if block_table is not None:
+        return _paged_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
+                                window_left, window_right, softcap, need_lse, block_table, **variants)
     if variants:
         return _attention_with_variants(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
                                         causal, window_left, window_right, softcap, deterministic, need_lse, **variants)

@@ -63,11 +63,6 @@ def _is_torch_tensor(x):
     return torch is not None and isinstance(x, torch.Tensor)
 
 
-def _check_unsupported(block_table=None):
-    if block_table is not None:
-        raise NotImplementedError(
-            "flashattn: block_table: paged KV caches are not implemented yet (only None is accepted)"
-        )
 
 
 def _numpy_outputs(q, lse_shape_or_none):
@@ -86,24 +81,24 @@ def _numpy_outputs(q, lse_shape_or_none):
 
 
 def _numpy_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
-                   window_left, window_right, softcap, need_lse, alibi_slopes=None, dropout_p=0.0, seed_offset=None):
+                   window_left, window_right, softcap, need_lse, alibi_slopes=None, dropout_p=0.0, seed_offset=None,
+                   block_table=None):
     is_varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
     check_rank(q, "q", 3 if is_varlen else 4)
     out, lse = _numpy_outputs(q, lse_shape(q, is_varlen) if need_lse else None)
     if dropout_p == 0.0 and alibi_slopes is None:
         _C.forward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
-                   window_left, window_right, softcap, "automatic", 0, 0)
+                   window_left, window_right, softcap, "automatic", 0, 0, block_table=block_table)
     else:
         _C.forward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
-                   window_left, window_right, softcap, "automatic", 0, 0, alibi_slopes=alibi_slopes,
-                   dropout_p=dropout_p, dropout_seed=seed_offset[0], dropout_offset=seed_offset[1])
+                   window_left, window_right, softcap, "automatic", 0, 0, block_table=block_table,
+                   alibi_slopes=alibi_slopes, dropout_p=dropout_p, dropout_seed=seed_offset[0],
+                   dropout_offset=seed_offset[1])
     return out, lse
 
 
 def _attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale, causal,
                window_size, softcap, alibi_slopes, deterministic, return_attn_probs, block_table=None):
-    if block_table is not None:
-        _check_unsupported(block_table)
     if type(dropout_p) is not float or dropout_p != 0.0:
         dropout_p = _dropout.check_dropout_p(dropout_p)
     if type(window_size) is tuple and window_size == (-1, -1):  # the default, inline on the hot path
@@ -129,22 +124,26 @@ def _attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, 
         if dropout_p == 0.0 and alibi_slopes is None:
             out, lse = torch_ops.attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                            softmax_scale, causal, window_left, window_right, softcap, deterministic,
-                                           need_lse)
+                                           need_lse, block_table=block_table)
         else:
             out, lse, seed_offset = torch_ops.attention(
                 q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left,
-                window_right, softcap, deterministic, need_lse, alibi_slopes=alibi_slopes, dropout_p=dropout_p)
+                window_right, softcap, deterministic, need_lse, block_table=block_table, alibi_slopes=alibi_slopes,
+                dropout_p=dropout_p)
     elif isinstance(q, np.ndarray):
         seed_offset = _dropout.next_seed_offset() if dropout_p > 0.0 else (0, 0)
         out, lse = _numpy_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
                                   causal, window_left, window_right, softcap, need_lse, alibi_slopes, dropout_p,
-                                  seed_offset)
+                                  seed_offset, block_table=block_table)
     else:
         raise TypeError(f"flashattn: q: expected a torch.Tensor or a numpy.ndarray, got {type(q).__name__}")
     if not return_attn_probs:
         return out
     if dropout_p == 0.0:
         return out, lse, None
+    if block_table is not None:
+        raise NotImplementedError("flashattn: return_attn_probs: S_dmask is not computed for a paged KV cache "
+                                  "(block_table); call without return_attn_probs")
     return out, lse, _attention_probabilities(q, k, cu_seqlens_q, cu_seqlens_k, softmax_scale, causal, window_left,
                                               window_right, softcap, alibi_slopes, dropout_p, seed_offset, is_torch)
 

@@ -87,7 +87,7 @@ void forward_binding(nb::handle q, nb::handle k, nb::handle v, nb::handle out, n
                      nb::handle maybe_cu_seqlens_q, nb::handle maybe_cu_seqlens_k, std::int64_t max_seqlen_q,
                      std::int64_t max_seqlen_k, std::optional<double> softmax_scale, bool causal, std::int64_t window_left,
                      std::int64_t window_right, double softcap, const char* algorithm, int num_threads,
-                     std::optional<std::uintptr_t> stream, FLASHATTN_VARIANT_PARAMETERS) {
+                     std::optional<std::uintptr_t> stream, nb::handle maybe_block_table, FLASHATTN_VARIANT_PARAMETERS) {
   ArrayArguments arrays;
   ForwardArgs args;
   args.q = arrays.input(q, "q");
@@ -96,6 +96,11 @@ void forward_binding(nb::handle q, nb::handle k, nb::handle v, nb::handle out, n
   args.out = arrays.output(out, "out");
   args.maybe_lse = arrays.maybe_output(maybe_lse, "lse");
   args.maybe_varlen = make_varlen(arrays, maybe_cu_seqlens_q, maybe_cu_seqlens_k, max_seqlen_q, max_seqlen_k);
+  if (!maybe_block_table.is_none()) {  // paged K/V: varlen only (flash_attn_varlen_func)
+    if (!args.maybe_varlen)
+      throw nb::value_error("flashattn: block_table: a paged KV cache needs cu_seqlens_q/cu_seqlens_k (flash_attn_varlen_func)");
+    args.maybe_varlen->maybe_block_table = arrays.input(maybe_block_table, "block_table");
+  }
   args.options = make_options(softmax_scale, causal, window_left, window_right, softcap, false, algorithm);
   set_variants(args.options, arrays, FLASHATTN_VARIANT_ARGUMENTS);
   const ExecutionContext context = make_context(arrays, num_threads, stream);
@@ -307,7 +312,9 @@ NB_MODULE(_C, m) {
   m.def("forward", &forward_binding, "q"_a, "k"_a, "v"_a, "out"_a, "lse"_a.none(), "cu_seqlens_q"_a.none(),
         "cu_seqlens_k"_a.none(), "max_seqlen_q"_a, "max_seqlen_k"_a, "softmax_scale"_a.none(), "causal"_a,
         "window_left"_a, "window_right"_a, "softcap"_a, "algorithm"_a, "num_threads"_a, "stream"_a.none(),
-        FLASHATTN_VARIANT_NAMES, "Attention forward into preallocated out (and lse, float32, when given).");
+        "block_table"_a.none() = nb::none(), FLASHATTN_VARIANT_NAMES,
+        "Attention forward into preallocated out (and lse, float32, when given); block_table (int32 [batch, "
+        "max_blocks]): k/v are paged [num_blocks, page_size, heads_kv, head_dim] (varlen only).");
   m.def("backward", &backward_binding, "q"_a, "k"_a, "v"_a, "out"_a, "dout"_a, "lse"_a, "dq"_a, "dk"_a, "dv"_a,
         "workspace"_a.none(), "cu_seqlens_q"_a.none(), "cu_seqlens_k"_a.none(), "max_seqlen_q"_a, "max_seqlen_k"_a,
         "softmax_scale"_a.none(), "causal"_a, "window_left"_a, "window_right"_a, "softcap"_a, "deterministic"_a,

@@ -315,10 +315,56 @@ def test_only_one_cu_seqlens_is_rejected():
                              "automatic", 0, 0)
 
 
-def test_block_table_is_not_implemented():
+def paged_copy(k, v, cu_k, page_size, seed):
+    """k/v (total_k, heads, d) of the sequences cu_k as shuffled pages of a pool, with a
+    spare page and -1 in the table slots no sequence touches."""
+    lengths = np.diff(cu_k)
+    pages = [-(-int(n) // page_size) for n in lengths]
+    max_blocks = max(pages) + 1
+    num_blocks = sum(pages) + 1
+    order = np.random.default_rng(seed).permutation(num_blocks)
+    k_pool = np.random.default_rng(seed + 1).standard_normal((num_blocks, page_size) + k.shape[1:]).astype(k.dtype)
+    v_pool = np.random.default_rng(seed + 2).standard_normal(k_pool.shape).astype(v.dtype)
+    table = np.full((len(lengths), max_blocks), -1, np.int32)
+    used = 0
+    for b, n in enumerate(lengths):
+        for j in range(int(n)):
+            page = j // page_size
+            if table[b, page] < 0:
+                table[b, page] = order[used]
+                used += 1
+            k_pool[table[b, page], j % page_size] = k[cu_k[b] + j]
+            v_pool[table[b, page], j % page_size] = v[cu_k[b] + j]
+    return k_pool, v_pool, table
+
+
+@pytest.mark.parametrize("page_size", [1, 3, 16, 256])
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_paged_varlen_equals_packed_varlen(page_size, dtype):
+    rng = np.random.default_rng(page_size)
+    cu_q = np.array([0, 5, 5, 6, 76], np.int32)
+    cu_k = np.array([0, 9, 12, 12, 141], np.int32)
+    q = rng.standard_normal((76, 4, 24)).astype(dtype)
+    k = rng.standard_normal((141, 2, 24)).astype(dtype)
+    v = rng.standard_normal((141, 2, 24)).astype(dtype)
+    k_pool, v_pool, table = paged_copy(k, v, cu_k, page_size, seed=page_size + 1)
+    out, lse, _ = flash_attn_varlen_func(q, k, v, cu_q, cu_k, 70, 129, causal=True, return_attn_probs=True)
+    paged, paged_lse, _ = flash_attn_varlen_func(q, k_pool, v_pool, cu_q, cu_k, 70, 129, causal=True,
+                                                 return_attn_probs=True, block_table=table)
+    assert np.array_equal(paged, out)
+    assert np.array_equal(paged_lse, lse)
+
+
+def test_paged_varlen_errors_name_block_table():
     q, cu = varlen_args()
-    with pytest.raises(NotImplementedError, match="block_table"):
-        flash_attn_varlen_func(q, q, q, cu, cu, 6, 6, block_table=np.zeros((2, 1), np.int32))
+    k_pool = np.zeros((3, 4, 2, 16), np.float32)
+    with pytest.raises(ValueError, match=r"block_table: entry \[1, 1\]"):
+        flash_attn_varlen_func(q, k_pool, k_pool, cu, cu, 6, 6, block_table=np.array([[0, -1], [1, 3]], np.int32))
+    with pytest.raises(ValueError, match="block_table: max_seqlen_k = 6 keys exceed the capacity 4"):
+        flash_attn_varlen_func(q, k_pool, k_pool, cu, cu, 6, 6, block_table=np.zeros((2, 1), np.int32))
+    with pytest.raises(ValueError, match="block_table: a paged KV cache needs cu_seqlens"):
+        flashattn._C.forward(q[None], k_pool, k_pool, np.empty_like(q[None]), None, None, None, 0, 0, None, False,
+                             -1, -1, 0.0, "automatic", 0, 0, block_table=np.zeros((1, 2), np.int32))
 
 
 def test_bad_output_leaves_it_unchanged():

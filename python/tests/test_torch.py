@@ -608,3 +608,68 @@ def test_cuda_varlen_gradients_vs_reference():
         for got, oracle, lowprec in zip(ours, grads(oracle_out, (qb, kb, vb), db.double()),
                                         grads(lowprec_out, (qb, kb, vb), db)):
             assert_within_rule(got[r][None], oracle, lowprec, torch.bfloat16, 3, "grad")
+
+
+def _paged_copy(k, v, cu_k, page_size, seed):
+    """k/v (total_k, heads, d) of the sequences cu_k as shuffled pages of one pool, -1 in unused table slots."""
+    lengths = [int(n) for n in (cu_k[1:] - cu_k[:-1]).tolist()]
+    pages = [-(-n // page_size) for n in lengths]
+    generator = torch.Generator().manual_seed(seed)
+    num_blocks = sum(pages) + 1
+    order = torch.randperm(num_blocks, generator=generator).tolist()
+    k_pool = torch.randn((num_blocks, page_size) + tuple(k.shape[1:]), generator=generator).to(k.dtype).to(k.device)
+    v_pool = torch.randn(k_pool.shape, generator=generator).to(v.dtype).to(v.device)
+    table = torch.full((len(lengths), max(pages) + 1), -1, dtype=torch.int32)
+    used = 0
+    starts = cu_k.tolist()
+    for b, n in enumerate(lengths):
+        for page in range(pages[b]):
+            table[b, page] = order[used]
+            used += 1
+            rows = slice(page * page_size, min(n, (page + 1) * page_size))
+            count = rows.stop - rows.start
+            k_pool[order[used - 1], :count] = k[starts[b] + rows.start:starts[b] + rows.stop]
+            v_pool[order[used - 1], :count] = v[starts[b] + rows.start:starts[b] + rows.stop]
+    return k_pool, v_pool, table.to(k.device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("page_size", [1, 16, 256])
+def test_paged_varlen_equals_packed_varlen(device, page_size):
+    dtype = torch.float16
+    generator = torch.Generator().manual_seed(page_size)
+    cu_q = torch.tensor([0, 5, 5, 6, 76], dtype=torch.int32)
+    cu_k = torch.tensor([0, 9, 12, 12, 141], dtype=torch.int32)
+    q = torch.randn((76, 4, 64), generator=generator).to(dtype).to(device)
+    k = torch.randn((141, 2, 64), generator=generator).to(dtype).to(device)
+    v = torch.randn((141, 2, 64), generator=generator).to(dtype).to(device)
+    k_pool, v_pool, table = _paged_copy(k, v, cu_k, page_size, seed=page_size + 1)
+    cu_q, cu_k = cu_q.to(device), cu_k.to(device)
+    out, lse, _ = flash_attn_varlen_func(q, k, v, cu_q, cu_k, 70, 129, causal=True, return_attn_probs=True)
+    paged, paged_lse, _ = flash_attn_varlen_func(q, k_pool, v_pool, cu_q, cu_k, 70, 129, causal=True,
+                                                 return_attn_probs=True, block_table=table)
+    assert torch.equal(paged, out)
+    assert torch.equal(paged_lse, lse)
+    with pytest.raises(NotImplementedError, match="block_table"):
+        flash_attn_varlen_func(q.requires_grad_(), k_pool, v_pool, cu_q, cu_k, 70, 129, block_table=table)
+
+
+@needs_cuda
+@pytest.mark.parametrize("head_dim", [1, 7, 59, 111, 255])
+def test_cuda_head_dims_not_a_multiple_of_8(head_dim):
+    # Staged zero-padded to the next multiple of 8; the scale stays 1/sqrt(head_dim).
+    generator = torch.Generator().manual_seed(head_dim)
+    q, k, v = (torch.randn((2, 97, 2, head_dim), generator=generator).to(torch.float16).cuda().requires_grad_()
+               for _ in range(3))
+    out = flash_attn_func(q, k, v, causal=True)
+    dout = torch.randn(out.shape, generator=generator).to(torch.float16).cuda()
+    out.backward(dout)
+    q64, k64, v64 = (x.detach().double().requires_grad_() for x in (q, k, v))
+    scores = torch.einsum("bqhd,bkhd->bhqk", q64, k64) / math.sqrt(head_dim)
+    mask = torch.ones(97, 97, dtype=torch.bool, device="cuda").tril()
+    probabilities = scores.masked_fill(~mask, float("-inf")).softmax(-1)
+    reference = torch.einsum("bhqk,bkhd->bqhd", probabilities, v64)
+    reference.backward(dout.double())
+    torch.testing.assert_close(out.double(), reference, atol=2e-3, rtol=0)
+    for ours, exact in ((q.grad, q64.grad), (k.grad, k64.grad), (v.grad, v64.grad)):
+        torch.testing.assert_close(ours.double(), exact, atol=2e-2 * max(1.0, exact.abs().max().item()), rtol=0)

@@ -49,7 +49,19 @@ struct AttentionParams {
   const std::int32_t* maybe_cu_seqlens_q = nullptr;
   const std::int32_t* maybe_cu_seqlens_k = nullptr;
   std::int64_t total_q = 0;  // rows of the packed q (varlen) or batch * seqlen_q
-  std::int64_t total_k = 0;
+  std::int64_t total_k = 0;  // paged: rows of the keys once gathered (CPU: cu_seqlens_k[batch]; CUDA: batch * max_seqlen_k)
+
+  // Paged K/V (varlen forward only; VarlenArgs::maybe_block_table): k/v are pools
+  // [num_blocks, page_size, heads_kv, head_dim] (k_batch_stride = the page stride) and
+  // key j of sequence b is row j % page_size of page
+  // maybe_block_table[b * block_table_batch_stride + j / page_size]; cu_seqlens_k gives
+  // the lengths only. No kernel reads this layout: each backend first gathers the keys
+  // into packed varlen k/v (cpu/backend.cpp, cuda/staging.cu) and runs on those.
+  const std::int32_t* maybe_block_table = nullptr;
+  std::int64_t block_table_batch_stride = 0;
+  std::int64_t max_blocks_per_seq = 0;
+  std::int64_t page_size = 0;
+  std::int64_t num_blocks = 0;
 
   float softmax_scale = 1.0f;
   float softmax_scale_log2 = 1.0f;  // softmax_scale * log2(e): scores go straight into exp2
@@ -84,6 +96,14 @@ struct AttentionParams {
   BlockMaskView block_mask;
 
   FLASHATTN_HOST_DEVICE bool is_varlen() const { return maybe_cu_seqlens_q != nullptr; }
+  FLASHATTN_HOST_DEVICE bool is_paged() const { return maybe_block_table != nullptr; }
+  // Page pool id of page `page` of sequence b, clamped into [0, num_blocks): a hostile
+  // device-resident table gives wrong values, never an access outside k/v (as the
+  // decode kernels' KVCacheParams::page_block).
+  FLASHATTN_HOST_DEVICE std::int64_t page_block(std::int64_t b, std::int64_t page) const {
+    const std::int64_t block = page < max_blocks_per_seq ? maybe_block_table[b * block_table_batch_stride + page] : 0;
+    return block < 0 ? 0 : (block >= num_blocks ? (num_blocks > 0 ? num_blocks - 1 : 0) : block);
+  }
   FLASHATTN_HOST_DEVICE bool has_softcap() const { return softcap > 0.0f; }
   FLASHATTN_HOST_DEVICE bool has_alibi() const { return maybe_alibi_slopes != nullptr; }
   FLASHATTN_HOST_DEVICE bool has_dropout() const { return dropout_keep_threshold < DropoutRule::kKeepAll; }

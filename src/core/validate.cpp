@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <sstream>
 #include <vector>
 
@@ -48,9 +49,13 @@ void check_compute_dtype(const TensorView& q, const BackendLimits& limits) {
 struct Geometry {
   bool is_varlen = false;
   std::int64_t batch = 0, seqlen_q = 0, seqlen_k = 0, heads_q = 0, heads_kv = 0, head_dim = 0;
-  std::int64_t total_q = 0, total_k = 0;
+  std::int64_t total_q = 0, total_k = 0;  // paged: total_k = rows of the gathered keys (see check_block_table)
   const std::int32_t* cu_q = nullptr;
   const std::int32_t* cu_k = nullptr;
+  // Paged K/V (varlen forward only): k/v are pools of pages, mapped by block_table.
+  bool is_paged = false;
+  const std::int32_t* block_table = nullptr;
+  std::int64_t block_table_stride = 0, max_blocks = 0, page_size = 0, num_blocks = 0;
   std::vector<NamedExtent> input_extents;
 };
 
@@ -73,6 +78,52 @@ void check_cu_seqlens(const TensorView& cu, const std::string& name, std::int64_
   }
   if (batch > 0 && data[batch * stride] > total)
     fail(name, "last entry " + expected_got("<= " + std::to_string(total) + " (rows of the packed tensor)", data[batch * stride]));
+}
+
+// Paged K/V: block_table int32 [batch, max_blocks] maps key j of sequence b to row
+// j % page_size of page block_table[b, j / page_size] of the k/v pools. cu_seqlens_k
+// gives each sequence's length only (its differences); where sequence b's keys would
+// start in a packed k does not matter. Capacity: max_seqlen_k <= max_blocks * page_size.
+// Host-resident tables are range-checked over the pages each sequence touches (unused
+// slots may hold anything, as in forward_with_kvcache); device-resident ones are the
+// caller's contract, the CUDA gather clamping a page id outside the pool into it.
+void check_block_table(Geometry& g, const VarlenArgs& varlen, const TensorView& k, Device device) {
+  const TensorView& table = varlen.maybe_block_table;
+  check_layout(table, "block_table", 2);
+  check_dtype(table, "block_table", DType::int32, "");
+  check_device(table, "block_table", device);
+  if (table.size(0) != g.batch)
+    fail("block_table", "shape mismatch: " + expected_got("[" + std::to_string(g.batch) + ", max_blocks_per_seq] (batch like cu_seqlens_q)", shape_string(table)));
+  if (table.stride(1) != 1 && table.size(1) > 1) fail("block_table", "rows must be contiguous: stride " + expected_got(1, table.stride(1)));
+  g.num_blocks = k.size(0);
+  g.page_size = k.size(1);
+  g.max_blocks = table.size(1);
+  g.block_table_stride = table.stride(0);
+  g.block_table = static_cast<const std::int32_t*>(table.data);
+  if (g.page_size < 1) fail("k", "page_size (dimension 1 of a paged k) must be >= 1, got " + std::to_string(g.page_size));
+  const std::int64_t capacity = checked_mul(g.max_blocks, g.page_size, "block_table");
+  if (varlen.max_seqlen_k > capacity)
+    fail("block_table", "max_seqlen_k = " + std::to_string(varlen.max_seqlen_k) + " keys exceed the capacity " + std::to_string(capacity) +
+                            " (max_blocks_per_seq * page_size)");
+  // Lengths only: no bound on the last entry from the rows of k (k is a page pool).
+  check_cu_seqlens(varlen.cu_seqlens_k, "cu_seqlens_k", g.batch, std::numeric_limits<std::int64_t>::max(), varlen.max_seqlen_k,
+                   "max_seqlen_k", device);
+  if (device.type == DeviceType::cpu) {
+    const auto* cu = static_cast<const std::int32_t*>(varlen.cu_seqlens_k.data);
+    for (std::int64_t b = 0; b < g.batch; ++b) {
+      const std::int64_t length = cu[b + 1] - cu[b];
+      for (std::int64_t page = 0; page < (length + g.page_size - 1) / g.page_size; ++page) {
+        const std::int64_t block = g.block_table[b * g.block_table_stride + page];
+        if (block < 0 || block >= g.num_blocks)
+          fail("block_table", "entry [" + std::to_string(b) + ", " + std::to_string(page) + "] " +
+                                  expected_got("a block id in [0, " + std::to_string(g.num_blocks) + ") (num_blocks of k)", block));
+      }
+    }
+    g.total_k = g.batch > 0 ? cu[g.batch] : 0;
+  } else {
+    // The gathered keys fill at most batch * max_seqlen_k rows (every length <= max_seqlen_k).
+    g.total_k = checked_mul(g.batch, varlen.max_seqlen_k, "max_seqlen_k");
+  }
 }
 
 }  // namespace
@@ -130,24 +181,27 @@ Geometry check_inputs(const TensorView& q, const TensorView& k, const TensorView
                       const BackendLimits& limits) {
   Geometry g;
   g.is_varlen = varlen.has_value();
+  g.is_paged = g.is_varlen && varlen->maybe_block_table.defined();
   const int rank = g.is_varlen ? 3 : 4;
+  const int kv_rank = g.is_paged ? 4 : rank;  // paged: k/v are [num_blocks, page_size, heads_kv, head_dim] pools
   const Extent q_extent = check_layout(q, "q", rank);
   check_compute_dtype(q, limits);
   check_dtype(k, "k", q.dtype, " (like q)");
   check_dtype(v, "v", q.dtype, " (like q)");
   check_device(k, "k", q.device);
   check_device(v, "v", q.device);
-  const Extent k_extent = check_layout(k, "k", rank);
-  const Extent v_extent = check_layout(v, "v", rank);
+  const Extent k_extent = check_layout(k, "k", kv_rank);
+  const Extent v_extent = check_layout(v, "v", kv_rank);
   const int h = rank - 2;  // heads dimension
   const int d = rank - 1;  // head_dim dimension
+  const int kv_h = kv_rank - 2, kv_d = kv_rank - 1;
   g.head_dim = q.size(d);
   g.heads_q = q.size(h);
-  g.heads_kv = k.size(h);
-  if (k.size(d) != g.head_dim) fail("k", "head_dim mismatch: " + expected_got(std::to_string(g.head_dim) + " (like q)", k.size(d)));
-  if (v.size(d) != g.head_dim) fail("v", "head_dim mismatch: " + expected_got(std::to_string(g.head_dim) + " (like q)", v.size(d)));
-  if (v.size(h) != g.heads_kv) fail("v", "heads mismatch: " + expected_got(std::to_string(g.heads_kv) + " (like k)", v.size(h)));
-  if (v.size(0) != k.size(0) || (!g.is_varlen && v.size(1) != k.size(1)))
+  g.heads_kv = k.size(kv_h);
+  if (k.size(kv_d) != g.head_dim) fail("k", "head_dim mismatch: " + expected_got(std::to_string(g.head_dim) + " (like q)", k.size(kv_d)));
+  if (v.size(kv_d) != g.head_dim) fail("v", "head_dim mismatch: " + expected_got(std::to_string(g.head_dim) + " (like q)", v.size(kv_d)));
+  if (v.size(kv_h) != g.heads_kv) fail("v", "heads mismatch: " + expected_got(std::to_string(g.heads_kv) + " (like k)", v.size(kv_h)));
+  if (v.size(0) != k.size(0) || (kv_rank == 4 && v.size(1) != k.size(1)))
     fail("v", "shape mismatch: " + expected_got(shape_string(k) + " up to head_dim (like k)", shape_string(v)));
   if (g.heads_kv <= 0) fail("k", "heads_kv must be >= 1, got " + std::to_string(g.heads_kv));
   if (g.heads_q <= 0) fail("q", "heads_q must be >= 1, got " + std::to_string(g.heads_q));
@@ -164,14 +218,18 @@ Geometry check_inputs(const TensorView& q, const TensorView& k, const TensorView
     // with 2^62 overflow the work counts): bound it by the rows that exist.
     if (varlen->max_seqlen_q > g.total_q)
       fail("max_seqlen_q", expected_got("<= " + std::to_string(g.total_q) + " (rows of q)", varlen->max_seqlen_q));
-    if (varlen->max_seqlen_k > g.total_k)
+    if (!g.is_paged && varlen->max_seqlen_k > g.total_k)
       fail("max_seqlen_k", expected_got("<= " + std::to_string(g.total_k) + " (rows of k)", varlen->max_seqlen_k));
     if (!varlen->cu_seqlens_q.defined() || varlen->cu_seqlens_q.rank != 1)
       fail("cu_seqlens_q", "expected an int32 tensor of shape [batch + 1], got rank " + std::to_string(varlen->cu_seqlens_q.rank));
     g.batch = varlen->cu_seqlens_q.size(0) - 1;
     if (g.batch < 0) fail("cu_seqlens_q", "must have batch + 1 >= 1 entries, got 0");
     check_cu_seqlens(varlen->cu_seqlens_q, "cu_seqlens_q", g.batch, g.total_q, varlen->max_seqlen_q, "max_seqlen_q", q.device);
-    check_cu_seqlens(varlen->cu_seqlens_k, "cu_seqlens_k", g.batch, g.total_k, varlen->max_seqlen_k, "max_seqlen_k", q.device);
+    if (g.is_paged) {
+      check_block_table(g, *varlen, k, q.device);
+    } else {
+      check_cu_seqlens(varlen->cu_seqlens_k, "cu_seqlens_k", g.batch, g.total_k, varlen->max_seqlen_k, "max_seqlen_k", q.device);
+    }
     g.seqlen_q = varlen->max_seqlen_q;
     g.seqlen_k = varlen->max_seqlen_k;
     g.cu_q = static_cast<const std::int32_t*>(varlen->cu_seqlens_q.data);
@@ -196,6 +254,7 @@ Geometry check_inputs(const TensorView& q, const TensorView& k, const TensorView
   if (g.is_varlen) {
     g.input_extents.push_back({"cu_seqlens_q", check_layout(varlen->cu_seqlens_q, "cu_seqlens_q", 1)});
     g.input_extents.push_back({"cu_seqlens_k", check_layout(varlen->cu_seqlens_k, "cu_seqlens_k", 1)});
+    if (g.is_paged) g.input_extents.push_back({"block_table", check_layout(varlen->maybe_block_table, "block_table", 2)});
   }
   return g;
 }
@@ -246,7 +305,9 @@ AttentionParams make_params(const Geometry& g, const TensorView& q, const Tensor
   p.heads_kv = g.heads_kv;
   p.head_dim = g.head_dim;
   p.group_size = g.heads_q / g.heads_kv;
-  const Strides3 qs = strides_of(q, g.is_varlen), ks = strides_of(k, g.is_varlen), vs = strides_of(v, g.is_varlen);
+  // Paged k/v: the batch stride is the page stride ([num_blocks, page_size, heads_kv, head_dim]).
+  const Strides3 qs = strides_of(q, g.is_varlen), ks = strides_of(k, g.is_varlen && !g.is_paged),
+                 vs = strides_of(v, g.is_varlen && !g.is_paged);
   p.q_batch_stride = qs.batch, p.q_row_stride = qs.row, p.q_head_stride = qs.head;
   p.k_batch_stride = ks.batch, p.k_row_stride = ks.row, p.k_head_stride = ks.head;
   p.v_batch_stride = vs.batch, p.v_row_stride = vs.row, p.v_head_stride = vs.head;
@@ -254,6 +315,13 @@ AttentionParams make_params(const Geometry& g, const TensorView& q, const Tensor
   p.maybe_cu_seqlens_k = g.cu_k;
   p.total_q = g.total_q;
   p.total_k = g.total_k;
+  if (g.is_paged) {
+    p.maybe_block_table = g.block_table;
+    p.block_table_batch_stride = g.block_table_stride;
+    p.max_blocks_per_seq = g.max_blocks;
+    p.page_size = g.page_size;
+    p.num_blocks = g.num_blocks;
+  }
   const double scale = options.softmax_scale.value_or(1.0 / std::sqrt(static_cast<double>(g.head_dim)));
   p.softmax_scale = static_cast<float>(scale);
   p.softmax_scale_log2 = static_cast<float>(scale * online_softmax::kLog2e);
@@ -309,6 +377,8 @@ AttentionParams validate_forward(const ForwardArgs& args) {
 
 BackwardParams validate_backward(const BackwardArgs& args) {
   if (!args.q.defined()) fail("q", "missing tensor (rank 0)");
+  if (args.maybe_varlen && args.maybe_varlen->maybe_block_table.defined())
+    unsupported("block_table", "a paged KV cache is forward only (no backward pass reads one, as in flash_attn)");
   const BackendLimits limits = limits_for(args.q.device);
   Geometry g = check_inputs(args.q, args.k, args.v, args.maybe_varlen, args.options, limits);
   std::vector<NamedExtent> all = g.input_extents;

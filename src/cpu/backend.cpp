@@ -1,6 +1,8 @@
 // src/cpu/backend.cpp — the CPU backend's entry points: limits, algorithm choice,
 // the run-time choice of the vector kernels, and merge_attention_states.
+#include <cstring>
 #include <string>
+#include <vector>
 
 #include "flashattn/error.hpp"
 #include "flashattn/online_softmax.hpp"
@@ -40,10 +42,56 @@ void require_float_dtype(DType dtype, const char* pass) {
   if (dtype != DType::float32 && dtype != DType::float16 && dtype != DType::bfloat16)
     throw NotSupported(std::string("flashattn: cpu ") + pass + ": dtype " + dtype_name(dtype) + " is not float32, float16 or bfloat16");
 }
+// Paged K/V: the keys and values of every sequence copied out of the page pools into
+// packed varlen buffers (row cu_seqlens_k[b] + j = key j of sequence b), so every
+// algorithm runs unchanged on them. Validation range-checked the pages (host table).
+struct PackedKV {
+  std::vector<unsigned char> k, v;
+  AttentionParams params;
+};
+
+PackedKV gather_paged_kv(const AttentionParams& paged) {
+  PackedKV packed;
+  packed.params = paged;
+  AttentionParams& p = packed.params;
+  const auto element = static_cast<std::int64_t>(dtype_size(paged.dtype));
+  const std::int64_t row_elements = paged.heads_kv * paged.head_dim;
+  const auto bytes = static_cast<std::size_t>(paged.total_k * row_elements * element);
+  packed.k.resize(bytes);
+  packed.v.resize(bytes);
+  const auto* k_pool = static_cast<const unsigned char*>(paged.k);
+  const auto* v_pool = static_cast<const unsigned char*>(paged.v);
+  for (std::int64_t b = 0; b < paged.batch; ++b)
+    for (std::int64_t j = 0; j < paged.seqlen_k_of(b); ++j) {
+      const std::int64_t block = paged.page_block(b, j / paged.page_size);
+      const std::int64_t in_page = j % paged.page_size;
+      const std::int64_t row = paged.k_start(b) + j;
+      for (std::int64_t h = 0; h < paged.heads_kv; ++h) {
+        const std::int64_t dst = (row * row_elements + h * paged.head_dim) * element;
+        const std::int64_t k_src = block * paged.k_batch_stride + in_page * paged.k_row_stride + h * paged.k_head_stride;
+        const std::int64_t v_src = block * paged.v_batch_stride + in_page * paged.v_row_stride + h * paged.v_head_stride;
+        std::memcpy(packed.k.data() + dst, k_pool + k_src * element, static_cast<std::size_t>(paged.head_dim * element));
+        std::memcpy(packed.v.data() + dst, v_pool + v_src * element, static_cast<std::size_t>(paged.head_dim * element));
+      }
+    }
+  p.k = packed.k.data();
+  p.v = packed.v.data();
+  p.k_batch_stride = p.v_batch_stride = 0;
+  p.k_row_stride = p.v_row_stride = row_elements;
+  p.k_head_stride = p.v_head_stride = paged.head_dim;
+  p.maybe_block_table = nullptr;
+  return packed;
+}
+
 }  // namespace
 
 void forward(const AttentionParams& params, Algorithm algorithm, int num_threads) {
   require_float_dtype(params.dtype, "forward");
+  if (params.is_paged()) {
+    const PackedKV packed = gather_paged_kv(params);
+    forward(packed.params, algorithm, num_threads);
+    return;
+  }
   switch (algorithm) {
     case Algorithm::automatic:
     case Algorithm::flash2: flash2_forward(params, num_threads); return;

@@ -4,6 +4,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 
@@ -16,6 +17,7 @@
 #include "src/cuda/fwd/launch.hpp"
 #include "src/cuda/fwd/tile_config.hpp"
 #include "src/cuda/hopper/launch.hpp"
+#include "src/cuda/staging.hpp"
 
 namespace flashattn::cuda {
 namespace {
@@ -142,6 +144,75 @@ void launch_merge(const MergeParams& params, cudaStream_t stream) {
   FLASHATTN_CUDA_CHECK_LAUNCH();
 }
 
+// Scratch sections of 256-byte multiples, never empty: an empty problem still hands the
+// kernels (and TMA descriptors, which refuse null addresses) a valid pointer.
+std::size_t section_bytes(std::size_t bytes) { return (std::max<std::size_t>(bytes, 1) + 255) / 256 * 256; }
+
+// A problem the kernels have no layout for (staging.hpp): head_dim not a multiple of 8
+// (q/k/v/out staged zero-padded to padded_head_dim) and/or paged K/V (gathered into
+// packed varlen rows). Scratch: cudaMallocAsync on the call's stream, freed on it after
+// the last copy. The LSE is written by the kernels in place.
+void forward_staged(const AttentionParams& params, Algorithm algorithm, cudaStream_t stream) {
+  const DeviceGuard device_guard(params.device.index);
+  const std::int64_t head_dim = params.head_dim;
+  const std::int64_t padded = staging::padded_head_dim(head_dim);
+  const bool pads = padded != head_dim;
+  const bool is_varlen = params.is_varlen();
+  // Varlen tensors are one batch of total rows (batch stride 0).
+  const std::int64_t batches = is_varlen ? 1 : params.batch;
+  const std::int64_t q_rows = is_varlen ? params.total_q : params.seqlen_q;
+  const std::int64_t k_rows = is_varlen ? params.total_k : params.seqlen_k;
+  constexpr std::size_t kElement = 2;  // float16 / bfloat16
+  const std::size_t q_bytes = pads ? section_bytes(kElement * static_cast<std::size_t>(params.total_q * params.heads_q * padded)) : 0;
+  const std::size_t kv_bytes = section_bytes(kElement * static_cast<std::size_t>(params.total_k * params.heads_kv * padded));
+  const staging::StreamScratch scratch(2 * q_bytes + 2 * kv_bytes, stream);  // q | out | k | v
+  unsigned char* q_scratch = scratch.data();
+  unsigned char* out_scratch = q_scratch + q_bytes;
+  unsigned char* k_scratch = out_scratch + q_bytes;
+  unsigned char* v_scratch = k_scratch + kv_bytes;
+
+  AttentionParams staged = params;
+  staged.head_dim = padded;
+  auto use = [&](const staging::RowsView& view, const void*& data, std::int64_t& batch_stride, std::int64_t& row_stride,
+                 std::int64_t& head_stride) {
+    data = view.data;
+    batch_stride = is_varlen ? 0 : view.batch_stride;
+    row_stride = view.row_stride;
+    head_stride = view.head_stride;
+  };
+  const staging::RowsView q_view = staging::dense_view(q_scratch, q_rows, params.heads_q, padded);
+  const staging::RowsView out_view = staging::dense_view(out_scratch, q_rows, params.heads_q, padded);
+  const staging::RowsView k_view = staging::dense_view(k_scratch, k_rows, params.heads_kv, padded);
+  const staging::RowsView v_view = staging::dense_view(v_scratch, k_rows, params.heads_kv, padded);
+  if (pads) {
+    const staging::RowsView q_src{const_cast<void*>(params.q), params.q_batch_stride, params.q_row_stride, params.q_head_stride};
+    staging::copy_columns(q_src, head_dim, q_view, padded, batches, q_rows, params.heads_q, nullptr, stream);
+    use(q_view, staged.q, staged.q_batch_stride, staged.q_row_stride, staged.q_head_stride);
+    staged.out = out_view.data;
+    staged.out_batch_stride = is_varlen ? 0 : out_view.batch_stride;
+    staged.out_row_stride = out_view.row_stride;
+    staged.out_head_stride = out_view.head_stride;
+  }
+  if (params.is_paged()) {
+    staging::gather_paged_kv(params, k_scratch, v_scratch, params.total_k, padded, stream);
+    staged.maybe_block_table = nullptr;
+  } else {
+    const staging::RowsView k_src{const_cast<void*>(params.k), params.k_batch_stride, params.k_row_stride, params.k_head_stride};
+    const staging::RowsView v_src{const_cast<void*>(params.v), params.v_batch_stride, params.v_row_stride, params.v_head_stride};
+    staging::copy_columns(k_src, head_dim, k_view, padded, batches, k_rows, params.heads_kv, nullptr, stream);
+    staging::copy_columns(v_src, head_dim, v_view, padded, batches, k_rows, params.heads_kv, nullptr, stream);
+  }
+  use(k_view, staged.k, staged.k_batch_stride, staged.k_row_stride, staged.k_head_stride);
+  use(v_view, staged.v, staged.v_batch_stride, staged.v_row_stride, staged.v_head_stride);
+  forward(staged, algorithm, stream);
+  if (pads) {
+    // Rows no sequence owns (varlen q past cu_seqlens_q[batch]) stay untouched, as unstaged.
+    const staging::RowsView out_dst{params.out, params.out_batch_stride, params.out_row_stride, params.out_head_stride};
+    staging::copy_columns(out_view, padded, out_dst, head_dim, batches, q_rows, params.heads_q,
+                          is_varlen ? params.maybe_cu_seqlens_q + params.batch : nullptr, stream);
+  }
+}
+
 }  // namespace
 
 bool available() noexcept {
@@ -156,8 +227,11 @@ bool available() noexcept {
 BackendLimits limits() noexcept {
   BackendLimits limits;
   limits.name = "cuda";
+  // Any head_dim up to the largest kernel: one that is not a multiple of 8 runs staged,
+  // zero-padded to the next multiple (staging.hpp), and the built head dims are all
+  // multiples of 8, so head_dim <= largest built <=> its padded size is.
   limits.max_head_dim = largest_built_head_dim();
-  limits.head_dim_multiple = 8;
+  limits.head_dim_multiple = 1;
   limits.supports_float32 = false;
   limits.supports_half = true;
   limits.supports_algorithm[static_cast<int>(Algorithm::automatic)] = true;
@@ -177,6 +251,8 @@ void forward(const AttentionParams& params, Algorithm algorithm, void* stream) {
   if (algorithm != Algorithm::automatic && algorithm != Algorithm::flash2 && algorithm != Algorithm::flash3)
     throw NotSupported(std::string("flashattn: algorithm: the CUDA backend runs automatic, flash2 or flash3, got ") +
                        algorithm_name(algorithm));
+  if (staging::needs_head_dim_padding(params) || params.is_paged())
+    return forward_staged(params, algorithm, static_cast<cudaStream_t>(stream));
   require_16_byte_rows("q", params.q, params.q_batch_stride, params.q_row_stride, params.q_head_stride);
   require_16_byte_rows("k", params.k, params.k_batch_stride, params.k_row_stride, params.k_head_stride);
   require_16_byte_rows("v", params.v, params.v_batch_stride, params.v_row_stride, params.v_head_stride);

@@ -95,6 +95,12 @@ class DeviceProblem {
     return args;
   }
 
+  // The device counterpart of a view into a mirrored host buffer (problem or extra).
+  TensorView device_view(TensorView host_view) {
+    to_device(host_view);
+    return host_view;
+  }
+
   // Poison, run the forward on `stream`, synchronise, download.
   void run_forward(cudaStream_t stream = nullptr) {
     poison_outputs();
