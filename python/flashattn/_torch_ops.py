@@ -57,6 +57,18 @@ else:
 # stream argument of the native calls: the tensors' current stream, asked by the native side.
 _CURRENT_STREAM = None
 
+# num_threads of the native calls: torch's intra-op thread count, clamped to the native
+# limit (torch.set_num_threads accepts more than the native num_threads range, and a torch
+# setting must not make every CPU call fail). A num_threads the user passes to the native
+# API itself is still checked (and rejected out of range) there.
+_MAX_NATIVE_THREADS = getattr(_C, "MAX_THREADS", 1024)
+_torch_get_num_threads = torch.get_num_threads  # looked up once: module attribute lookups cost per call
+
+
+def _get_num_threads():
+    n = _torch_get_num_threads()
+    return n if n <= _MAX_NATIVE_THREADS else _MAX_NATIVE_THREADS
+
 
 def _new_workspace_for(device):
     """A callable(nbytes) -> uint8 scratch on `device`; the native call asks it only when needed."""
@@ -99,7 +111,7 @@ def _forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, so
     check_rank(q, "q", 3 if is_varlen else 4)
     out, lse = _empty_outputs(q, is_varlen, need_lse)
     _forward_native(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
-                    window_left, window_right, softcap, "automatic", torch.get_num_threads(), _CURRENT_STREAM,
+                    window_left, window_right, softcap, "automatic", _get_num_threads(), _CURRENT_STREAM,
                     **_variant_keywords(alibi_slopes, dropout_p, seed_offset))
     return out, lse
 
@@ -117,7 +129,7 @@ def _backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
     # The workspace callable is asked only on the GPU and only when the pass needs scratch.
     _backward_native(q, k, v, out, dout, lse, dq, dk, dv, _new_workspace_for(q.device), cu_seqlens_q, cu_seqlens_k,
                      max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left, window_right, softcap,
-                     deterministic, "automatic", torch.get_num_threads(), _CURRENT_STREAM,
+                     deterministic, "automatic", _get_num_threads(), _CURRENT_STREAM,
                      **_variant_keywords(alibi_slopes, dropout_p, seed_offset))
     return dq, dk, dv
 
@@ -142,7 +154,7 @@ class _FlashAttention(torch.autograd.Function):
         lse = torch.empty(lse_shape(q, cu_seqlens_q is not None or cu_seqlens_k is not None), dtype=torch.float32,
                           device=q.device)
         _forward_native(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
-                        causal, window_left, window_right, softcap, "automatic", torch.get_num_threads(),
+                        causal, window_left, window_right, softcap, "automatic", _get_num_threads(),
                         _CURRENT_STREAM, **_variant_keywords(alibi_slopes, dropout_p, seed_offset))
         ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes, seed_offset)
         ctx.options = options
@@ -239,7 +251,6 @@ _fwd.register_autograd(_op_backward, setup_context=_setup_context)
 # Looked up once: attribute lookups on the torch module cost on every call.
 _is_compiling = torch.compiler.is_compiling
 _is_grad_enabled = torch.is_grad_enabled
-_get_num_threads = torch.get_num_threads
 
 
 def _paged_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
@@ -330,10 +341,10 @@ def _kvcache_forward(*arguments, need_lse=True, alibi_slopes=None):
     # The workspace callable is asked only on the GPU and only when the call splits.
     if alibi_slopes is None:
         _kvcache_native(*kvcache_native_arguments(arguments, out, lse), _new_workspace_for(q.device),
-                        torch.get_num_threads(), _CURRENT_STREAM)
+                        _get_num_threads(), _CURRENT_STREAM)
     else:
         _kvcache_native(*kvcache_native_arguments(arguments, out, lse), _new_workspace_for(q.device),
-                        torch.get_num_threads(), _CURRENT_STREAM, alibi_slopes=alibi_slopes)
+                        _get_num_threads(), _CURRENT_STREAM, alibi_slopes=alibi_slopes)
     return out, lse
 
 
@@ -368,7 +379,7 @@ def with_kvcache(q, k_cache, v_cache, *rest, need_lse, alibi_slopes=None):
 def _merge(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor,
            lse_b: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
     out, lse = _merge_fake(out_a, lse_a, out_b, lse_b)
-    _merge_native(out_a, lse_a, out_b, lse_b, out, lse, torch.get_num_threads(), _CURRENT_STREAM)
+    _merge_native(out_a, lse_a, out_b, lse_b, out, lse, _get_num_threads(), _CURRENT_STREAM)
     return out, lse
 
 

@@ -11,6 +11,7 @@ from typing import List, Optional, Tuple
 import torch
 
 from flashattn import _C
+from flashattn._torch_ops import _get_num_threads
 from flashattn.block_mask import _native_tuple_from
 from flashattn.sdpa import _prepare
 
@@ -47,7 +48,7 @@ def _run_forward(q, k, v, attn_mask, block, options, seed):
     out = _out_like(q)
     lse = torch.empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32, device=q.device)
     _forward_native(q, k, v, out, lse, attn_mask, block, scale, causal, left, right, dropout_p, seed, 0,
-                    torch.get_num_threads(), None)
+                    _get_num_threads(), None)
     return out, lse
 
 
@@ -59,7 +60,7 @@ def _run_backward(dout, q, k, v, out, lse, attn_mask, block, options, seed, need
     dbias = torch.empty(attn_mask.shape, dtype=attn_mask.dtype, device=attn_mask.device) if need_dbias else None
     _backward_native(q, k, v, out, dout, lse, dq, dk, dv, dbias,
                      lambda n: torch.empty(n, dtype=torch.uint8, device=q.device), attn_mask, block, scale, causal, left,
-                     right, dropout_p, seed, 0, torch.get_num_threads(), None)
+                     right, dropout_p, seed, 0, _get_num_threads(), None)
     return dq, dk, dv, dbias
 
 

@@ -18,6 +18,7 @@
 #include "flashattn/error.hpp"
 #include "flashattn/kvcache.hpp"
 #include "python/src/array_arguments.hpp"
+#include "src/core/checks.hpp"  // kMaxThreads
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -304,6 +305,8 @@ NB_MODULE(_C, m) {
   m.attr("__version__") = std::to_string(FLASHATTN_VERSION_MAJOR) + "." + std::to_string(FLASHATTN_VERSION_MINOR) + "." +
                           std::to_string(FLASHATTN_VERSION_PATCH);
   nb::register_exception_translator(translate_errors);
+  // The largest num_threads the native calls accept (the torch layer clamps torch's thread count to it).
+  m.attr("MAX_THREADS") = flashattn::checks::kMaxThreads;
 
   // ALiBi and dropout: keyword arguments, off by default.
 #define FLASHATTN_VARIANT_NAMES                                                                      \

@@ -196,3 +196,21 @@ def test_torch_path_gives_the_same_errors():
     v[0, 40] = float("nan")
     out = flash_attn_func(torch.randn(1, 64, 2, 16), torch.randn(1, 64, 2, 16), v, causal=True)
     assert torch.isfinite(out[0, :40]).all() and torch.isnan(out[0, 40:]).all()
+
+
+def test_torch_thread_count_above_the_native_limit_is_clamped():
+    torch = pytest.importorskip("torch")
+    before = torch.get_num_threads()
+    q = torch.randn(1, 8, 2, 16, requires_grad=True)
+    try:
+        torch.set_num_threads(flashattn._C.MAX_THREADS + 976)  # 2000: torch accepts it, the native range ends at 1024
+        out = flash_attn_func(q, q, q, causal=True)  # the autograd path: forward and backward
+        out.sum().backward()
+        assert torch.isfinite(out).all() and torch.isfinite(q.grad).all()
+        with torch.no_grad():
+            assert torch.isfinite(flash_attn_func(q, q, q)).all()  # the inference path
+    finally:
+        torch.set_num_threads(before)
+    # the native API still rejects a num_threads out of range that is passed to it
+    with pytest.raises(ValueError, match="num_threads"):
+        flashattn._C.forward(Q, Q, Q, np.empty_like(Q), None, None, None, 0, 0, None, False, -1, -1, 0.0, "automatic", 2000, 0)

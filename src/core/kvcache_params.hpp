@@ -29,6 +29,7 @@ struct KVCacheParams {
   std::int64_t uniform_cache_seqlen = 0;
   const std::int32_t* maybe_cache_batch_idx = nullptr;  // contiguous cache: cache row of sequence b
   const std::int32_t* maybe_cache_leftpad = nullptr;
+  std::int64_t cache_batch = 0;  // rows (dimension 0) of k_cache: sequences (contiguous) or pages (paged)
 
   // Paged cache: page p of sequence b is block maybe_block_table[b * block_table_stride + p].
   const std::int32_t* maybe_block_table = nullptr;
@@ -60,16 +61,45 @@ struct KVCacheParams {
   FLASHATTN_HOST_DEVICE bool has_append() const { return maybe_k_new != nullptr; }
   FLASHATTN_HOST_DEVICE bool has_rotary() const { return maybe_rotary_cos != nullptr; }
 
+  // Device-resident cache_seqlens, cache_leftpad, cache_batch_idx and block_table are not
+  // checked on the host (CUDA graphs; host-visible ones are validated, so the clamps below
+  // are no-ops for them). Every kernel reads them through these helpers, which keep every
+  // access inside k_cache/v_cache (and the rotary tables):
+  //  * cache_seqlens clamped into [0, capacity]; appends past the capacity are skipped;
+  //  * cache_leftpad clamped into [0, capacity] (a negative leftpad is 0), and the key
+  //    count into [0, capacity - leftpad];
+  //  * cache_batch_idx: reads clamp it into [0, cache_batch) (attention over another
+  //    sequence's cache row: garbage-but-in-range output), appends skip the sequence
+  //    (nothing written);
+  //  * block_table: page_block / page_is_valid below.
+  // A hostile index thus gives a wrong (finite for finite caches) output, never a fault
+  // or a write outside out/LSE/the cache.
   FLASHATTN_HOST_DEVICE std::int64_t cache_seqlen(std::int64_t b) const {
-    return maybe_cache_seqlens ? maybe_cache_seqlens[b] : uniform_cache_seqlen;
+    const std::int64_t n = maybe_cache_seqlens ? maybe_cache_seqlens[b] : uniform_cache_seqlen;
+    return n < 0 ? 0 : (n > capacity ? capacity : n);
   }
   FLASHATTN_HOST_DEVICE std::int64_t leftpad(std::int64_t b) const {
-    return maybe_cache_leftpad ? maybe_cache_leftpad[b] : 0;
+    const std::int64_t n = maybe_cache_leftpad ? maybe_cache_leftpad[b] : 0;
+    return n < 0 ? 0 : (n > capacity ? capacity : n);
   }
-  // Keys attended by sequence b: cache positions [leftpad(b), cache_seqlen(b) + seqlen_new).
+  // Keys attended by sequence b: cache positions [leftpad(b), cache_seqlen(b) + seqlen_new),
+  // at most up to the capacity.
   FLASHATTN_HOST_DEVICE std::int64_t seqlen_k_of(std::int64_t b) const {
-    const std::int64_t n = cache_seqlen(b) + seqlen_new - leftpad(b);
-    return n > 0 ? n : 0;
+    const std::int64_t first = leftpad(b);
+    const std::int64_t n = cache_seqlen(b) + seqlen_new - first;
+    return n < 0 ? 0 : (n > capacity - first ? capacity - first : n);
+  }
+  // The cache row of sequence b (contiguous cache): cache_batch_idx[b] clamped into
+  // [0, cache_batch), or b.
+  FLASHATTN_HOST_DEVICE std::int64_t cache_row(std::int64_t b) const {
+    if (!maybe_cache_batch_idx) return b;
+    const std::int64_t row = maybe_cache_batch_idx[b];
+    return row < 0 ? 0 : (row >= cache_batch ? (cache_batch > 0 ? cache_batch - 1 : 0) : row);
+  }
+  FLASHATTN_HOST_DEVICE bool cache_row_is_valid(std::int64_t b) const {
+    if (!maybe_cache_batch_idx) return true;
+    const std::int64_t row = maybe_cache_batch_idx[b];
+    return row >= 0 && row < cache_batch;
   }
   FLASHATTN_HOST_DEVICE MaskRule mask_of(std::int64_t b) const {
     return MaskRule{attention.seqlen_q, seqlen_k_of(b), attention.window_left, attention.window_right};
@@ -91,7 +121,7 @@ struct KVCacheParams {
   }
   FLASHATTN_HOST_DEVICE bool page_is_valid(std::int64_t b, std::int64_t position) const {
     if (position < 0 || position >= capacity) return false;
-    if (!maybe_block_table) return true;
+    if (!maybe_block_table) return cache_row_is_valid(b);
     const std::int64_t block = maybe_block_table[b * block_table_stride + position / page_size];
     return block >= 0 && block < num_blocks;
   }
@@ -101,8 +131,7 @@ struct KVCacheParams {
       const std::int64_t block = page_block(maybe_block_table + b * block_table_stride, position / page_size);
       return block * batch_stride + (position % page_size) * row_stride;
     }
-    const std::int64_t cache_b = maybe_cache_batch_idx ? maybe_cache_batch_idx[b] : b;
-    return cache_b * batch_stride + position * row_stride;
+    return cache_row(b) * batch_stride + position * row_stride;
   }
   // Rotary position of query row i of sequence b (flash_attn's convention).
   FLASHATTN_HOST_DEVICE std::int64_t q_rotary_position(std::int64_t b, std::int64_t i) const {

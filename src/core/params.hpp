@@ -116,18 +116,34 @@ struct AttentionParams {
   }
   FLASHATTN_HOST_DEVICE bool is_local() const { return window_left >= 0 || (window_right >= 0 && !is_causal); }
 
-  // Per-sequence geometry (varlen-aware).
+  // Per-sequence geometry (varlen-aware). cu_seqlens may be device-resident and is then
+  // not checked on the host (CUDA graphs; host-visible ones are validated, so this is a
+  // no-op for them): sequence b's rows are cu_seqlens[b], cu_seqlens[b + 1] clamped into
+  // [0, total] with the end >= the start, and at most max_seqlen (seqlen_q/seqlen_k)
+  // long. A hostile cu_seqlens therefore never makes a kernel read or write outside
+  // q/k/v/out/LSE/dq/dk/dv or their workspaces: sequence b covers other (in-range) rows,
+  // its output is garbage-but-in-range, and rows no sequence covers are left unwritten.
+  // Two loads and a few compares per call; the kernels call these once per CTA.
+  FLASHATTN_HOST_DEVICE static std::int64_t clamp_row(std::int64_t x, std::int64_t lo, std::int64_t hi) {
+    return x < lo ? lo : (x > hi ? hi : x);
+  }
   FLASHATTN_HOST_DEVICE std::int64_t q_start(std::int64_t b) const {
-    return maybe_cu_seqlens_q ? maybe_cu_seqlens_q[b] : 0;
+    return maybe_cu_seqlens_q ? clamp_row(maybe_cu_seqlens_q[b], 0, total_q) : 0;
   }
   FLASHATTN_HOST_DEVICE std::int64_t k_start(std::int64_t b) const {
-    return maybe_cu_seqlens_k ? maybe_cu_seqlens_k[b] : 0;
+    return maybe_cu_seqlens_k ? clamp_row(maybe_cu_seqlens_k[b], 0, total_k) : 0;
   }
   FLASHATTN_HOST_DEVICE std::int64_t seqlen_q_of(std::int64_t b) const {
-    return maybe_cu_seqlens_q ? maybe_cu_seqlens_q[b + 1] - maybe_cu_seqlens_q[b] : seqlen_q;
+    if (!maybe_cu_seqlens_q) return seqlen_q;
+    const std::int64_t start = q_start(b);
+    const std::int64_t end = clamp_row(maybe_cu_seqlens_q[b + 1], start, total_q);
+    return end - start < seqlen_q ? end - start : seqlen_q;
   }
   FLASHATTN_HOST_DEVICE std::int64_t seqlen_k_of(std::int64_t b) const {
-    return maybe_cu_seqlens_k ? maybe_cu_seqlens_k[b + 1] - maybe_cu_seqlens_k[b] : seqlen_k;
+    if (!maybe_cu_seqlens_k) return seqlen_k;
+    const std::int64_t start = k_start(b);
+    const std::int64_t end = clamp_row(maybe_cu_seqlens_k[b + 1], start, total_k);
+    return end - start < seqlen_k ? end - start : seqlen_k;
   }
   FLASHATTN_HOST_DEVICE MaskRule mask_of(std::int64_t b) const {
     return MaskRule{seqlen_q_of(b), seqlen_k_of(b), window_left, window_right};

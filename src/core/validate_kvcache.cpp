@@ -291,6 +291,7 @@ KVCacheParams validate_kvcache(const KVCacheArgs& args) {
   p.k_cache = args.k_cache.data;
   p.v_cache = args.v_cache.data;
   p.capacity = capacity;
+  p.cache_batch = cache_rows;
   if (args.maybe_cache_seqlens.defined()) {
     if (args.maybe_cache_seqlens.stride(0) != 1 && batch > 1) fail("cache_seqlens", "must be contiguous: stride " + expected_got(1, args.maybe_cache_seqlens.stride(0)));
     p.maybe_cache_seqlens = static_cast<const std::int32_t*>(args.maybe_cache_seqlens.data);

@@ -103,27 +103,33 @@ class HeadMask {
   // `stride`, log2 units): rows [row_begin, row_begin + rows), cols [col_begin,
   // col_begin + cols). Masked entries become -inf and the bias is added in log2 units.
   // Columns at or past seqlen_k (tile padding) become -inf and are never read.
+  // maybe_hidden (same layout as s): set to 1 where an entry is masked (the backward's
+  // NaN rule: a masked entry contributes nothing, not even 0·NaN); left as is elsewhere.
   void apply(float* s, std::int64_t stride, std::int64_t row_begin, std::int64_t rows, std::int64_t col_begin, std::int64_t cols,
-             TileKind kind) const {
+             TileKind kind, char* maybe_hidden = nullptr) const {
     const bool check_block = has_block_ && kind == TileKind::partial;
     constexpr float kLog2e = static_cast<float>(online_softmax::kLog2e);
     for (std::int64_t j = 0; j < cols; ++j) {
       const std::int64_t col = col_begin + j;
       float* s_row = s + j * stride;
+      char* hidden_row = maybe_hidden != nullptr ? maybe_hidden + j * stride : nullptr;
       if (col >= seqlen_k_) {
         for (std::int64_t i = 0; i < rows; ++i) s_row[i] = -std::numeric_limits<float>::infinity();
+        if (hidden_row != nullptr) std::fill(hidden_row, hidden_row + rows, char{1});
         continue;
       }
       for (std::int64_t i = 0; i < rows; ++i) {
         const std::int64_t row = row_begin + i;
         if (row >= seqlen_q_ || (check_block && !block_allows(row, col))) {
           s_row[i] = -std::numeric_limits<float>::infinity();
+          if (hidden_row != nullptr) hidden_row[i] = 1;
           continue;
         }
         if (has_dense_) {
           const double value = dense_value(row, col);
-          s_row[i] = value == -std::numeric_limits<double>::infinity() ? -std::numeric_limits<float>::infinity()
-                                                                       : s_row[i] + static_cast<float>(value) * kLog2e;
+          const bool masked = value == -std::numeric_limits<double>::infinity();
+          s_row[i] = masked ? -std::numeric_limits<float>::infinity() : s_row[i] + static_cast<float>(value) * kLog2e;
+          if (masked && hidden_row != nullptr) hidden_row[i] = 1;
         }
       }
     }

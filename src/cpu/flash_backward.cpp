@@ -22,6 +22,15 @@
 // so the sum is race-free and deterministic.
 // Pass 2 recomputes S and dP (2 of the 5 matmuls again): the price of no shared dQ
 // accumulator. Scratch is O(block) per thread.
+// The NaN rule (README.md): an entry a row cannot see — masked by causal/window, the
+// block mask or attn_mask, a row that sees no key (LSE -inf), tile padding — contributes
+// exactly nothing to dP, dS, dV, dK, dQ or dBias. Tiles with such entries keep a byte
+// map of them (TileScratch::hidden): P and dS are set (not multiplied) to 0 there, so
+// a NaN or Inf in v, dout, D or the LSE cannot get in through 0·NaN; and when the q/dout
+// of the query block or the k of the key block hold a non-finite value, the three
+// matmuls that read them against P or dS (dV, dK, dQ) skip the hidden entries instead
+// (visible_matmul; finite inputs keep the vector matmuls). Visible NaN and Inf propagate
+// as in the forward (0·NaN included).
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -44,6 +53,27 @@ constexpr std::int64_t kBlockN = 128;
 
 constexpr float kInfinity = std::numeric_limits<float>::infinity();
 
+bool all_finite(const float* x, std::int64_t count) {
+  bool finite = true;
+  for (std::int64_t e = 0; e < count; ++e) finite = finite && std::isfinite(x[e]);
+  return finite;
+}
+
+// C (rows, width) += A (rows, depth) B (depth, width) over the entries A does not hide:
+// hidden (same layout as A: element (r, d) at r * a_row_stride + d * a_depth_stride) != 0
+// skips A's element, so a non-finite row of B never meets a hidden 0. The scalar path
+// of kernels.matmul's accumulate for tiles with hidden entries and non-finite inputs.
+void visible_matmul(const float* a, const char* hidden, std::int64_t a_row_stride, std::int64_t a_depth_stride, const float* b,
+                    std::int64_t b_stride, std::int64_t depth, float* c, std::int64_t c_stride, std::int64_t rows, std::int64_t width) {
+  for (std::int64_t r = 0; r < rows; ++r)
+    for (std::int64_t d = 0; d < depth; ++d) {
+      const std::int64_t at = r * a_row_stride + d * a_depth_stride;
+      if (hidden[at]) continue;
+      const float x = a[at];
+      for (std::int64_t w = 0; w < width; ++w) c[r * c_stride + w] += x * b[d * b_stride + w];
+    }
+}
+
 // One block of query rows with everything the backward needs about it.
 struct QueryBlock {
   std::int64_t head_dim, head_dim_padded;
@@ -53,6 +83,7 @@ struct QueryBlock {
   AlignedBuffer dout;      // (kBlockM, head_dim_padded)
   AlignedBuffer lse_log2;  // (kBlockM): LSE·log2e; +inf for empty and padding rows so P = 0
   AlignedBuffer delta;     // (kBlockM): D = rowsum(dO ∘ O)
+  bool all_finite_q_dout = true;  // q and dout of the block hold no NaN/Inf (see visible_matmul)
   std::vector<float> row_buffer;
 
   QueryBlock(std::int64_t head_dim_, std::int64_t head_dim_padded_)
@@ -69,6 +100,7 @@ struct QueryBlock {
     load_tile(p.q, p.dtype, q0, p.q_row_stride, rows, kBlockM, head_dim, head_dim_padded, 1.0f, q.data());
     load_tile_transposed(p.dout, p.dtype, dout0, p.dout_row_stride, rows, kBlockM, head_dim, 1.0f, dout_t.data(), row_buffer.data());
     load_tile(p.dout, p.dtype, dout0, p.dout_row_stride, rows, kBlockM, head_dim, head_dim_padded, 1.0f, dout.data());
+    all_finite_q_dout = all_finite(q.data(), rows * head_dim_padded) && all_finite(dout.data(), rows * head_dim_padded);
     for (std::int64_t i = 0; i < kBlockM; ++i) {
       lse_log2.data()[i] = kInfinity;
       delta.data()[i] = 0.0f;
@@ -87,7 +119,9 @@ struct TileScratch {
   AlignedBuffer ds_t;       // (kBlockN, kBlockM): dP^T, then dS^T
   AlignedBuffer cap_slope;  // (kBlockN, kBlockM): 1 - tanh², only with softcap
   std::vector<char> keep;   // (kBlockN, kBlockM): dropout's Z, only with dropout
-  TileScratch() : p_t(kBlockN * kBlockM), ds_t(kBlockN * kBlockM), cap_slope(kBlockN * kBlockM), keep(kBlockN * kBlockM) {}
+  std::vector<char> hidden;  // (kBlockN, kBlockM): 1 = an entry the row cannot see (the NaN rule), in tiles that have any
+  TileScratch()
+      : p_t(kBlockN * kBlockM), ds_t(kBlockN * kBlockM), cap_slope(kBlockN * kBlockM), keep(kBlockN * kBlockM), hidden(kBlockN * kBlockM) {}
 };
 
 // The part of a (key block x query block) tile that the mask lets through: query
@@ -132,7 +166,9 @@ struct TileMask {
   std::int64_t b = 0, h = 0, seqlen_k = 0;
 };
 
-void probabilities_and_score_gradients(const TileKernels& kernels, const MaskRule& mask, const HeadVariant& variant,
+// Returns whether the range has hidden entries (then t.hidden maps them and P, dS are 0
+// there).
+bool probabilities_and_score_gradients(const TileKernels& kernels, const MaskRule& mask, const HeadVariant& variant,
                                        const QueryBlock& qb, std::int64_t row_begin, std::int64_t rows, std::int64_t col_begin,
                                        const TileRange& r, const float* k, std::int64_t k_stride, const float* v, std::int64_t v_stride,
                                        TileScratch& t, const TileMask& tile_mask) {
@@ -152,17 +188,36 @@ void probabilities_and_score_gradients(const TileKernels& kernels, const MaskRul
         s[j * kBlockM + i] = score.log2_score(dot, row_begin + r.lane_begin + i, col_begin + r.key_begin + j);
       }
   }
-  if (tile_mask.extra != nullptr && (tile_mask.extra->has_dense() || tile_mask.kind == TileKind::partial))
-    tile_mask.extra->apply(s, kBlockM, row_begin + r.lane_begin, r.lanes(), col_begin + r.key_begin, r.keys(), tile_mask.kind);
+  // Hidden entries (the NaN rule): masked by MaskRule, the block mask or attn_mask, and
+  // the lanes of rows that see nothing (LSE -inf, and the padding lanes: lse_log2 +inf).
   const std::int64_t lane_rows_end = std::min(r.lane_end, rows);
-  if (!mask.tile_fully_allowed(row_begin + r.lane_begin, row_begin + lane_rows_end, col_begin + r.key_begin, col_begin + r.key_end)) {
+  const bool extra_elements = tile_mask.extra != nullptr && (tile_mask.extra->has_dense() || tile_mask.kind == TileKind::partial);
+  const bool mask_partial =
+      !mask.tile_fully_allowed(row_begin + r.lane_begin, row_begin + lane_rows_end, col_begin + r.key_begin, col_begin + r.key_end);
+  bool empty_lanes = false;
+  for (std::int64_t i = r.lane_begin; i < r.lane_end; ++i) empty_lanes = empty_lanes || qb.lse_log2.data()[i] == kInfinity;
+  const bool has_hidden = extra_elements || mask_partial || empty_lanes;
+  char* hidden = t.hidden.data() + offset;
+  if (has_hidden)
+    for (std::int64_t j = 0; j < r.keys(); ++j)
+      for (std::int64_t i = 0; i < r.lanes(); ++i) hidden[j * kBlockM + i] = qb.lse_log2.data()[r.lane_begin + i] == kInfinity;
+  if (extra_elements)
+    tile_mask.extra->apply(s, kBlockM, row_begin + r.lane_begin, r.lanes(), col_begin + r.key_begin, r.keys(), tile_mask.kind, hidden);
+  if (mask_partial) {
     for (std::int64_t i = 0; i < lane_rows_end - r.lane_begin; ++i) {
       const std::int64_t allowed_begin = mask.col_begin(row_begin + r.lane_begin + i) - col_begin - r.key_begin;
       const std::int64_t allowed_end = mask.col_end(row_begin + r.lane_begin + i) - col_begin - r.key_begin;
       for (std::int64_t j = 0; j < r.keys(); ++j)
-        if (j < allowed_begin || j >= allowed_end) s[j * kBlockM + i] = -kInfinity;
+        if (j < allowed_begin || j >= allowed_end) s[j * kBlockM + i] = -kInfinity, hidden[j * kBlockM + i] = 1;
     }
   }
+  // x = 0 at the hidden entries: set, not multiplied (0·NaN is NaN).
+  const auto zero_hidden = [&](float* x) {
+    if (!has_hidden) return;
+    for (std::int64_t j = 0; j < r.keys(); ++j)
+      for (std::int64_t i = 0; i < r.lanes(); ++i)
+        if (hidden[j * kBlockM + i]) x[j * kBlockM + i] = 0.0f;
+  };
   // P^T = 2^(S^T - LSE·log2e)
   kernels.exp2_columns(s, kBlockM, r.keys(), r.lanes(), qb.lse_log2.data() + r.lane_begin, nullptr);
   // dP^T (keys, lanes) = V dO^T;  dS^T = P^T ∘ (dP^T - D)
@@ -182,23 +237,29 @@ void probabilities_and_score_gradients(const TileKernels& kernels, const MaskRul
   }
   if (tile_mask.maybe_dbias == nullptr) {
     kernels.score_gradient(s, ds, kBlockM, r.keys(), r.lanes(), qb.delta.data() + r.lane_begin, score.has_softcap() ? slope : nullptr);
+    zero_hidden(ds);
   } else {
     // dBias = dS of the score after the softcap: taken before the softcap factor.
     kernels.score_gradient(s, ds, kBlockM, r.keys(), r.lanes(), qb.delta.data() + r.lane_begin, nullptr);
+    zero_hidden(ds);
     const std::int64_t real_lanes = std::min(r.lane_end, rows) - r.lane_begin;
     for (std::int64_t j = 0; j < r.keys() && col_begin + r.key_begin + j < tile_mask.seqlen_k; ++j)
       for (std::int64_t i = 0; i < real_lanes; ++i)
         tile_mask.maybe_dbias[tile_mask.dbias_index->at(tile_mask.b, tile_mask.h, row_begin + r.lane_begin + i, col_begin + r.key_begin + j)] +=
             ds[j * kBlockM + i];
-    if (score.has_softcap())
+    if (score.has_softcap()) {
       for (std::int64_t j = 0; j < r.keys(); ++j)
         for (std::int64_t i = 0; i < r.lanes(); ++i) ds[j * kBlockM + i] *= slope[j * kBlockM + i];
+      zero_hidden(ds);
+    }
   }
   // dV's probabilities: P ∘ Z / (1 - p) (dS above used the undropped P).
   if (dropout.enabled())
     for (std::int64_t j = 0; j < r.keys(); ++j)
       for (std::int64_t i = 0; i < r.lanes(); ++i)
         s[j * kBlockM + i] = keep[j * kBlockM + i] ? s[j * kBlockM + i] * dropout.inverse_keep : 0.0f;
+  zero_hidden(s);
+  return has_hidden;
 }
 
 // The TileMask of range r of a tile (kind empty: skip the tile).
@@ -225,6 +286,7 @@ struct KeyBlock {
   const float* k = nullptr;
   const float* v = nullptr;
   std::int64_t k_stride = 0, v_stride = 0;
+  bool all_finite_k = true;  // k of the block holds no NaN/Inf (see visible_matmul)
 
   explicit KeyBlock(std::int64_t head_dim_padded) : k_tile(kBlockN * head_dim_padded), v_tile(kBlockN * head_dim_padded) {}
 
@@ -235,6 +297,7 @@ struct KeyBlock {
     load_tile(p.k, p.dtype, k0, p.k_row_stride, n, kBlockN, p.head_dim, head_dim_padded, 1.0f, k_tile.data());
     load_tile(p.v, p.dtype, v0, p.v_row_stride, n, kBlockN, p.head_dim, head_dim_padded, 1.0f, v_tile.data());
     k = k_tile.data(), k_stride = head_dim_padded;
+    all_finite_k = all_finite(k_tile.data(), n * head_dim_padded);
     v = v_tile.data(), v_stride = head_dim_padded;
   }
 };
@@ -329,11 +392,20 @@ void flash_backward(const BackwardParams& params, int num_threads) {
             const TileMask tile_mask = tile_mask_of(extra, r, row_begin, rows, col_begin, nullptr, nullptr, b, h, mask.seqlen_k);
             if (tile_mask.kind == TileKind::empty) continue;
             const KeyBlock& kb = key_blocks[static_cast<std::size_t>(c)];
-            probabilities_and_score_gradients(kernels, mask, variant, qb, row_begin, rows, col_begin, r, kb.k, kb.k_stride, kb.v, kb.v_stride, scratch, tile_mask);
+            const bool has_hidden = probabilities_and_score_gradients(kernels, mask, variant, qb, row_begin, rows, col_begin, r, kb.k, kb.k_stride,
+                                                                      kb.v, kb.v_stride, scratch, tile_mask);
             // dV (keys, head_dim_padded) += P^T dO;  dK += dS^T Q   (over the range's lanes)
             const std::int64_t offset = r.key_begin * kBlockM + r.lane_begin;
             float* dv_rows = dv.data() + (c * kBlockN + r.key_begin) * head_dim_padded;
             float* dk_rows = dk.data() + (c * kBlockN + r.key_begin) * head_dim_padded;
+            if (has_hidden && !qb.all_finite_q_dout) {  // the NaN rule: a hidden 0 never meets a NaN/Inf row of dO or Q
+              const char* hidden = scratch.hidden.data() + offset;
+              visible_matmul(scratch.p_t.data() + offset, hidden, kBlockM, 1, qb.dout.data() + r.lane_begin * head_dim_padded, head_dim_padded,
+                             r.lanes(), dv_rows, head_dim_padded, r.keys(), head_dim_padded);
+              visible_matmul(scratch.ds_t.data() + offset, hidden, kBlockM, 1, qb.q.data() + r.lane_begin * head_dim_padded, head_dim_padded,
+                             r.lanes(), dk_rows, head_dim_padded, r.keys(), head_dim_padded);
+              continue;
+            }
             kernels.matmul(scratch.p_t.data() + offset, kBlockM, 1, qb.dout.data() + r.lane_begin * head_dim_padded, head_dim_padded,
                            r.lanes(), dv_rows, head_dim_padded, r.keys(), head_dim_padded, true);
             kernels.matmul(scratch.ds_t.data() + offset, kBlockM, 1, qb.q.data() + r.lane_begin * head_dim_padded, head_dim_padded,
@@ -400,9 +472,15 @@ void flash_backward(const BackwardParams& params, int num_threads) {
           const TileMask tile_mask = tile_mask_of(extra, r, row_begin, rows, col_begin, has_dbias ? dbias.data() : nullptr, &dbias_index, b, h,
                                                   mask.seqlen_k);
           if (tile_mask.kind == TileKind::empty) continue;
-          probabilities_and_score_gradients(kernels, mask, variant, query_blocks[static_cast<std::size_t>(c)], row_begin, rows, col_begin, r,
-                                            kb.k, kb.k_stride, kb.v, kb.v_stride, scratch, tile_mask);
+          const bool has_hidden = probabilities_and_score_gradients(kernels, mask, variant, query_blocks[static_cast<std::size_t>(c)], row_begin,
+                                                                    rows, col_begin, r, kb.k, kb.k_stride, kb.v, kb.v_stride, scratch, tile_mask);
           // dQ (lanes, head_dim_padded) += dS K: dS read through dS^T's strides.
+          if (has_hidden && !kb.all_finite_k) {  // the NaN rule: a hidden 0 never meets a NaN/Inf row of K
+            visible_matmul(scratch.ds_t.data() + r.key_begin * kBlockM + r.lane_begin, scratch.hidden.data() + r.key_begin * kBlockM + r.lane_begin,
+                           1, kBlockM, kb.k + r.key_begin * kb.k_stride, kb.k_stride, r.keys(), dq.data() + (c * kBlockM + r.lane_begin) * head_dim_padded,
+                           head_dim_padded, r.lanes(), head_dim_padded);
+            continue;
+          }
           kernels.matmul(scratch.ds_t.data() + r.key_begin * kBlockM + r.lane_begin, 1, kBlockM, kb.k + r.key_begin * kb.k_stride, kb.k_stride,
                          r.keys(), dq.data() + (c * kBlockM + r.lane_begin) * head_dim_padded, head_dim_padded, r.lanes(), head_dim_padded, true);
         }

@@ -50,6 +50,10 @@ struct HeadForward {
   std::vector<double> s_raw;  // (rows_q, rows_k): scale * q.k (before softcap); masked entries unused
   std::vector<double> p;      // (rows_q, rows_k)
   std::vector<char> keep;     // (rows_q, rows_k): dropout's Z (empty without dropout)
+  // (rows_q, rows_k): 1 where row r sees key j — not masked (causal/window, block mask,
+  // attn_mask) and the row sees some key (LSE not -inf). The backward's NaN rule: only
+  // these entries enter dS, dQ, dK, dV (a hidden entry is skipped, never multiplied by 0).
+  std::vector<char> seen;
   std::vector<double> out;    // (rows_q, head_dim)
   std::vector<double> lse;    // (rows_q)
 };
@@ -76,6 +80,7 @@ HeadForward<Acc> head_forward(const AttentionParams& params, std::int64_t b, std
   f.p.assign(static_cast<std::size_t>(rows_q * rows_k), 0.0);
   f.out.assign(static_cast<std::size_t>(rows_q * head_dim), 0.0);
   f.lse.assign(static_cast<std::size_t>(rows_q), kNegativeInfinity);
+  f.seen.assign(static_cast<std::size_t>(rows_q * rows_k), 0);
   const double scale = params.softmax_scale;
   std::vector<double> s(static_cast<std::size_t>(rows_k));
   // attn_mask / block mask: S += bias (natural log) or -inf where masked, after the score rule.
@@ -111,6 +116,7 @@ HeadForward<Acc> head_forward(const AttentionParams& params, std::int64_t b, std
     }
     // Fully masked (or every visible score -inf): P = 0, O = 0, LSE = -inf.
     if (row_max == kNegativeInfinity && !has_nan) continue;
+    for (std::int64_t j = 0; j < rows_k; ++j) f.seen[static_cast<std::size_t>(r * rows_k + j)] = !hidden[static_cast<std::size_t>(j)];
     // P = softmax(S), LSE = m + log(sum).
     Acc sum = 0;
     for (std::int64_t j = 0; j < rows_k; ++j)
@@ -200,8 +206,10 @@ ReferenceGradients backward_impl(const BackwardParams& params, const Rounding& r
             dot_do_o += static_cast<Acc>(dout[static_cast<std::size_t>(i * head_dim + d)]) * static_cast<Acc>(f.out[static_cast<std::size_t>(i * head_dim + d)]);
           const Acc delta = static_cast<Acc>(round(static_cast<double>(dot_do_o)));
           for (std::int64_t j = 0; j < rows_k; ++j) {
+            // Hidden entries: dS = 0 exactly (whatever v, dout, D hold). Visible ones follow
+            // IEEE, as the forward does (a NaN dP meets even a P of 0).
+            if (!f.seen[static_cast<std::size_t>(i * rows_k + j)]) continue;
             const double p = f.p[static_cast<std::size_t>(i * rows_k + j)];
-            if (p == 0.0) continue;
             // dP = dO V^T;  dS = P ∘ (dP - D)
             Acc dp = 0;
             for (std::int64_t d = 0; d < head_dim; ++d)
@@ -220,24 +228,28 @@ ReferenceGradients backward_impl(const BackwardParams& params, const Rounding& r
             ds[static_cast<std::size_t>(i * rows_k + j)] = round(static_cast<double>(value));
           }
         }
-        // dQ = dS K * scale
+        // dQ = dS K * scale (over the keys row i sees: a hidden key's NaN/Inf k stays out)
         for (std::int64_t i = 0; i < rows_q; ++i) {
           const std::int64_t row = dense_q_row(params, b, i);
           for (std::int64_t d = 0; d < head_dim; ++d) {
             Acc acc = 0;
             for (std::int64_t j = 0; j < rows_k; ++j)
-              acc += static_cast<Acc>(ds[static_cast<std::size_t>(i * rows_k + j)]) * static_cast<Acc>(k[static_cast<std::size_t>(j * head_dim + d)]);
+              if (f.seen[static_cast<std::size_t>(i * rows_k + j)])
+                acc += static_cast<Acc>(ds[static_cast<std::size_t>(i * rows_k + j)]) * static_cast<Acc>(k[static_cast<std::size_t>(j * head_dim + d)]);
             g.dq[static_cast<std::size_t>((row * params.heads_q + h) * head_dim + d)] = round(static_cast<double>(acc * scale));
           }
         }
-        // dK += dS^T Q * scale;  dV += P^T dO
+        // dK += dS^T Q * scale;  dV += P^T dO (over the rows that see key j: a NaN/Inf q or
+        // dout of a row that cannot see j stays out; a dropped visible entry is P·0, as in
+        // the forward, so a NaN dout still propagates through it)
         for (std::int64_t j = 0; j < rows_k; ++j)
           for (std::int64_t d = 0; d < head_dim; ++d) {
             Acc acc_k = 0, acc_v = 0;
             for (std::int64_t i = 0; i < rows_q; ++i) {
+              if (!f.seen[static_cast<std::size_t>(i * rows_k + j)]) continue;
               acc_k += static_cast<Acc>(ds[static_cast<std::size_t>(i * rows_k + j)]) * static_cast<Acc>(q[static_cast<std::size_t>(i * head_dim + d)]);
-              if (has_dropout && !f.keep[static_cast<std::size_t>(i * rows_k + j)]) continue;
-              acc_v += static_cast<Acc>(f.p[static_cast<std::size_t>(i * rows_k + j)]) * static_cast<Acc>(dout[static_cast<std::size_t>(i * head_dim + d)]);
+              const bool kept = !has_dropout || f.keep[static_cast<std::size_t>(i * rows_k + j)];
+              acc_v += static_cast<Acc>(kept ? f.p[static_cast<std::size_t>(i * rows_k + j)] : 0.0) * static_cast<Acc>(dout[static_cast<std::size_t>(i * head_dim + d)]);
             }
             dk[static_cast<std::size_t>(j * head_dim + d)] += acc_k * scale;
             dv[static_cast<std::size_t>(j * head_dim + d)] += has_dropout ? acc_v * inverse_keep : acc_v;

@@ -4,7 +4,10 @@
 //  * a NaN/Inf value at a visible key propagates into the row's output;
 //  * keys a row cannot see (causal/window mask, cache positions past cache_seqlens)
 //    never influence it, not even through 0 * NaN;
-//  * values near FLT_MAX / seqlen_k give the finite exact answer, not Inf.
+//  * values near FLT_MAX / seqlen_k give the finite exact answer, not Inf;
+//  * the backward follows the same rule (NanRuleBackward): a NaN/Inf in q, k, v or dout
+//    reaches exactly the gradients the visible entries connect it to, and every other
+//    gradient equals the clean run's — a hidden entry adds nothing, not even 0 * NaN.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -156,6 +159,192 @@ struct Cache {
     return out.to_double();
   }
 };
+
+// --- the backward: q [1, Sq, 2, 32], k/v [1, Sk, 1, 32] float32, causal with a window of
+// 16 keys to the left (several 64 x 128 tiles of the flash backward, diagonal tiles,
+// skipped tiles, padding lanes and keys). Row i sees keys [i + Sk - Sq - 16, i + Sk - Sq].
+struct BackwardProblem {
+  static constexpr std::int64_t kHeads = 2, kDim = 32, kWindow = 16;
+  std::int64_t rows_q, rows_k;
+  HostTensor q, k, v, dout, mask;
+  bool use_mask = false;  // a boolean attn_mask [1, 1, Sq, Sk] (all true unless a test hides entries)
+  BackwardProblem(std::int64_t rows_q_, std::int64_t rows_k_)
+      : rows_q(rows_q_), rows_k(rows_k_), q{DType::float32, {1, rows_q_, kHeads, kDim}}, k{DType::float32, {1, rows_k_, 1, kDim}},
+        v{DType::float32, {1, rows_k_, 1, kDim}}, dout{DType::float32, {1, rows_q_, kHeads, kDim}}, mask{DType::boolean, {1, 1, rows_q_, rows_k_}} {
+    q.fill_random(11), k.fill_random(12), v.fill_random(13), dout.fill_random(14);
+    for (std::int64_t e = 0; e < mask.numel(); ++e) mask_byte(e) = 1;
+  }
+  std::uint8_t& mask_byte(std::int64_t e) { return static_cast<std::uint8_t*>(mask.data())[e]; }
+  std::int64_t q_index(std::int64_t row, std::int64_t head, std::int64_t d) const { return (row * kHeads + head) * kDim + d; }
+  std::int64_t kv_index(std::int64_t row, std::int64_t d) const { return row * kDim + d; }
+  bool sees(std::int64_t row, std::int64_t key) const {
+    const std::int64_t last = row + rows_k - rows_q;
+    const bool masked_out = use_mask && static_cast<const std::uint8_t*>(mask.data())[row * rows_k + key] == 0;
+    return key <= last && key >= last - kWindow && !masked_out;
+  }
+
+  struct Gradients {
+    std::vector<double> dq, dk, dv;
+    // Whether row `row` of a gradient ([rows, heads, kDim], head -1 = every head) is
+    // all finite.
+    static bool finite_row(const std::vector<double>& g, std::int64_t heads, std::int64_t row, std::int64_t head) {
+      for (std::int64_t h = 0; h < heads; ++h)
+        if (head < 0 || h == head)
+          for (std::int64_t d = 0; d < kDim; ++d)
+            if (!std::isfinite(g[static_cast<std::size_t>((row * heads + h) * kDim + d)])) return false;
+      return true;
+    }
+  };
+  Gradients run(Algorithm algorithm) {
+    HostTensor out{DType::float32, {1, rows_q, kHeads, kDim}}, lse{DType::float32, {1, kHeads, rows_q}};
+    HostTensor dq{DType::float32, q.shape()}, dk{DType::float32, k.shape()}, dv{DType::float32, v.shape()};
+    flashattn::AttentionOptions options;
+    options.causal = true;
+    options.window_left = kWindow;
+    options.algorithm = algorithm;
+    if (use_mask) options.maybe_attn_mask = mask.view();
+    flashattn::ForwardArgs f;
+    f.q = q.view(), f.k = k.view(), f.v = v.view(), f.out = out.view(), f.maybe_lse = lse.view(), f.options = options;
+    flashattn::forward(f);
+    flashattn::BackwardArgs b;
+    b.q = q.view(), b.k = k.view(), b.v = v.view(), b.out = out.view(), b.dout = dout.view(), b.lse = lse.view();
+    b.dq = dq.view(), b.dk = dk.view(), b.dv = dv.view(), b.options = options;
+    flashattn::backward(b);
+    return {dq.to_double(), dk.to_double(), dv.to_double()};
+  }
+};
+
+class NanRuleBackward : public ::testing::TestWithParam<Algorithm> {
+ protected:
+  // The rows of dq (per head) and of dk/dv that a hostile run must turn non-finite; every
+  // other row must be finite and equal to the clean run's (up to float32 rounding:
+  // tiles with hidden entries and non-finite inputs sum in another order).
+  static void expect(const BackwardProblem::Gradients& got, const BackwardProblem::Gradients& clean, const std::vector<std::vector<char>>& bad_dq,
+                     const std::vector<char>& bad_dk, const std::vector<char>& bad_dv) {
+    using G = BackwardProblem::Gradients;
+    const auto check = [](const std::vector<double>& g, const std::vector<double>& c, std::int64_t heads, std::int64_t row, std::int64_t head,
+                          bool bad, const char* name) {
+      if (bad) {
+        EXPECT_FALSE(G::finite_row(g, heads, row, head)) << name << " row " << row << " head " << head << " must be non-finite";
+        return;
+      }
+      for (std::int64_t h = 0; h < heads; ++h) {
+        if (head >= 0 && h != head) continue;
+        for (std::int64_t d = 0; d < BackwardProblem::kDim; ++d) {
+          const auto at = static_cast<std::size_t>((row * heads + h) * BackwardProblem::kDim + d);
+          ASSERT_NEAR(g[at], c[at], 1e-4 * (1.0 + std::abs(c[at]))) << name << " row " << row << " head " << h << " d " << d;
+        }
+      }
+    };
+    for (std::int64_t h = 0; h < BackwardProblem::kHeads; ++h)
+      for (std::size_t row = 0; row < bad_dq[static_cast<std::size_t>(h)].size(); ++row)
+        check(got.dq, clean.dq, BackwardProblem::kHeads, static_cast<std::int64_t>(row), h, bad_dq[static_cast<std::size_t>(h)][row], "dq");
+    for (std::size_t row = 0; row < bad_dk.size(); ++row) check(got.dk, clean.dk, 1, static_cast<std::int64_t>(row), -1, bad_dk[row], "dk");
+    for (std::size_t row = 0; row < bad_dv.size(); ++row) check(got.dv, clean.dv, 1, static_cast<std::int64_t>(row), -1, bad_dv[row], "dv");
+  }
+  // The rows that see key `key`, and the keys those rows see.
+  static std::vector<char> rows_seeing(const BackwardProblem& p, std::int64_t key) {
+    std::vector<char> rows(static_cast<std::size_t>(p.rows_q), 0);
+    for (std::int64_t i = 0; i < p.rows_q; ++i) rows[static_cast<std::size_t>(i)] = p.sees(i, key);
+    return rows;
+  }
+  static std::vector<char> keys_seen_by(const BackwardProblem& p, const std::vector<char>& rows) {
+    std::vector<char> keys(static_cast<std::size_t>(p.rows_k), 0);
+    for (std::int64_t i = 0; i < p.rows_q; ++i)
+      for (std::int64_t j = 0; j < p.rows_k; ++j)
+        if (rows[static_cast<std::size_t>(i)] && p.sees(i, j)) keys[static_cast<std::size_t>(j)] = 1;
+    return keys;
+  }
+};
+
+TEST_P(NanRuleBackward, NanOrInfValueReachesOnlyTheRowsThatSeeIt) {
+  for (const float bad : {kNaN, kInf}) {
+    BackwardProblem p(200, 200);
+    const auto clean = p.run(GetParam());
+    p.v.set(p.kv_index(150, 3), bad);  // key 150: rows 150..166 see it; rows 128..149 share its tile and do not
+    const auto got = p.run(GetParam());
+    const auto rows = rows_seeing(p, 150);
+    // D = rowsum(dO ∘ O) is non-finite on those rows: dq there, dk of every key they see; dv never reads v.
+    expect(got, clean, {rows, rows}, keys_seen_by(p, rows), std::vector<char>(200, 0));
+  }
+}
+
+TEST_P(NanRuleBackward, NanKeyReachesOnlyTheRowsThatSeeIt) {
+  // (An Inf key is a -Inf score, a visible weight 0, on some rows: which gradients turn
+  // non-finite then depends on signs; the NaN key makes every row that sees it NaN.)
+  for (const float bad : {kNaN}) {
+    BackwardProblem p(200, 200);
+    const auto clean = p.run(GetParam());
+    p.k.set(p.kv_index(140, 0), bad);
+    const auto got = p.run(GetParam());
+    const auto rows = rows_seeing(p, 140);
+    const auto keys = keys_seen_by(p, rows);
+    expect(got, clean, {rows, rows}, keys, keys);
+  }
+}
+
+TEST_P(NanRuleBackward, NanOrInfQueryReachesOnlyWhatItsRowSees) {
+  for (const float bad : {kNaN, kInf}) {
+    BackwardProblem p(200, 200);
+    const auto clean = p.run(GetParam());
+    p.q.set(p.q_index(70, 1, 5), bad);  // row 70 of head 1 only
+    const auto got = p.run(GetParam());
+    std::vector<char> row(200, 0), none(200, 0);
+    row[70] = 1;
+    const auto keys = keys_seen_by(p, row);
+    expect(got, clean, {none, row}, keys, keys);
+  }
+}
+
+TEST_P(NanRuleBackward, NanOrInfOutputGradientReachesOnlyWhatItsRowSees) {
+  for (const float bad : {kNaN, kInf}) {
+    BackwardProblem p(200, 200);
+    const auto clean = p.run(GetParam());
+    p.dout.set(p.q_index(130, 0, 7), bad);  // row 130 of head 0: in the key-128 tile's first lanes
+    const auto got = p.run(GetParam());
+    std::vector<char> row(200, 0), none(200, 0);
+    row[130] = 1;
+    const auto keys = keys_seen_by(p, row);
+    expect(got, clean, {row, none}, keys, keys);
+  }
+}
+
+TEST_P(NanRuleBackward, RowsThatSeeNoKeyContributeNothing) {
+  // Sq 240 > Sk 200 with causal: rows 0..39 see no key (output 0, LSE -inf).
+  BackwardProblem p(240, 200);
+  const auto clean = p.run(GetParam());
+  for (std::int64_t d = 0; d < BackwardProblem::kDim; ++d) {
+    p.q.set(p.q_index(10, 0, d), kNaN);
+    p.dout.set(p.q_index(20, 1, d), kInf);
+  }
+  const auto got = p.run(GetParam());
+  expect(got, clean, {std::vector<char>(240, 0), std::vector<char>(240, 0)}, std::vector<char>(200, 0), std::vector<char>(200, 0));
+  for (std::int64_t d = 0; d < BackwardProblem::kDim; ++d) EXPECT_EQ(got.dq[static_cast<std::size_t>((10 * 2 + 0) * 32 + d)], 0.0);
+}
+
+TEST_P(NanRuleBackward, KeysHiddenByAnAttnMaskContributeNothing) {
+  // attn_mask hides key 100 from rows 100..108 (rows 109..116 still see it); a NaN value
+  // there and a NaN dout on row 104 reach only what the visible entries connect.
+  BackwardProblem p(200, 200);
+  p.use_mask = true;
+  for (std::int64_t i = 100; i <= 108; ++i) p.mask_byte(i * 200 + 100) = 0;
+  const auto clean = p.run(GetParam());
+  p.v.set(p.kv_index(100, 0), kNaN);
+  for (std::int64_t d = 0; d < BackwardProblem::kDim; ++d) p.dout.set(p.q_index(104, 0, d), kNaN);
+  const auto got = p.run(GetParam());
+  auto rows = rows_seeing(p, 100);  // 109..116
+  ASSERT_TRUE(rows[109] && rows[116] && !rows[108] && !rows[117]);
+  rows[104] = 1;                    // dout's row (head 0 only)
+  auto rows_head1 = rows_seeing(p, 100);
+  const auto keys = keys_seen_by(p, rows);
+  std::vector<char> dv_bad(200, 0);
+  for (std::int64_t j = 0; j < 200; ++j) dv_bad[static_cast<std::size_t>(j)] = p.sees(104, j);  // P[104, j] * NaN dout
+  EXPECT_FALSE(p.sees(104, 100));
+  expect(got, clean, {rows, rows_head1}, keys, dv_bad);
+}
+
+INSTANTIATE_TEST_SUITE_P(Cpu, NanRuleBackward, ::testing::Values(Algorithm::automatic, Algorithm::reference),
+                         [](const ::testing::TestParamInfo<Algorithm>& info) { return std::string(flashattn::algorithm_name(info.param)); });
 
 TEST(NanRuleKVCache, PositionsPastTheLengthAndHiddenKeysNeverLeak) {
   for (int splits : {1, 3}) {

@@ -277,7 +277,7 @@ __global__ void __launch_bounds__(Config::kThreads, Config::kMinBlocksPerSm)
   const std::int32_t* page_table = params.maybe_block_table + b * params.block_table_stride;
   const int page_size = static_cast<int>(params.page_size);
   if (!is_paged) {
-    const std::int64_t cache_b = params.maybe_cache_batch_idx ? params.maybe_cache_batch_idx[b] : b;
+    const std::int64_t cache_b = params.cache_row(b);  // clamped into k_cache (kvcache_params.hpp)
     k_base += cache_b * a.k_batch_stride;
     v_base += cache_b * a.v_batch_stride;
   }
