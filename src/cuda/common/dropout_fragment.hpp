@@ -26,7 +26,7 @@ namespace flashattn::cuda::fragment {
 // its tiles inside are used. kNTiles / 4 + 1 draws at most (the last one only where
 // needed: col0 ≡ 16 mod 32 or kNTiles ≡ 2 mod 4).
 template <int kNTiles>
-FLASHATTN_HOST_DEVICE inline void dropout_keep_words(const DropoutRule& rule, std::uint32_t batch_head,
+FLASHATTN_HOST_DEVICE void dropout_keep_words(const DropoutRule& rule, std::uint32_t batch_head,
                                                      std::int64_t row0, std::int64_t col0, int quad,
                                                      std::uint32_t (&keep)[(kNTiles + 7) / 8]) {
   static_assert(kNTiles % 2 == 0, "blocks of 16-column halves of draws");
@@ -76,7 +76,7 @@ struct TransposedKeepHalves {
 };
 
 template <int kNTiles>
-FLASHATTN_HOST_DEVICE inline TransposedKeepHalves dropout_keep_halves_transposed(const DropoutRule& rule,
+FLASHATTN_HOST_DEVICE TransposedKeepHalves dropout_keep_halves_transposed(const DropoutRule& rule,
                                                                                  std::uint32_t batch_head,
                                                                                  std::int64_t key_row0,
                                                                                  std::int64_t query_col0, int quad) {
