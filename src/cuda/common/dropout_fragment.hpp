@@ -24,8 +24,9 @@ namespace flashattn::cuda::fragment {
 // 32-column blocks the block touches, col_base = the block's first column with bits
 // 0, 3, 4 cleared + 2·(L % 4); a draw straddling the block's edge is made once and only
 // its tiles inside are used. kNTiles / 4 + 1 draws at most (the last one only where
-// needed: col0 ≡ 16 mod 32 or kNTiles ≡ 2 mod 4).
-template <int kNTiles>
+// needed: col0 ≡ 16 mod 32 or kNTiles ≡ 2 mod 4). kAligned: the caller guarantees col0
+// is a multiple of 32 (a block_n multiple of 32), which drops the unaligned code.
+template <int kNTiles, bool kAligned = false>
 FLASHATTN_HOST_DEVICE void dropout_keep_words(const DropoutRule& rule, std::uint32_t batch_head,
                                                      std::int64_t row0, std::int64_t col0, int quad,
                                                      std::uint32_t (&keep)[(kNTiles + 7) / 8]) {
@@ -33,7 +34,7 @@ FLASHATTN_HOST_DEVICE void dropout_keep_words(const DropoutRule& rule, std::uint
   constexpr int kWords = (kNTiles + 7) / 8;
   constexpr int kDraws = kNTiles / 4 + 1;
   constexpr int kMasks = 2 * kWords + 1;  // >= kDraws; the rest stay 0
-  const bool odd = ((col0 >> 4) & 1) != 0;  // col0 ≡ 16 (mod 32): the first draw's upper half
+  const bool odd = !kAligned && ((col0 >> 4) & 1) != 0;  // col0 ≡ 16 (mod 32): the first draw's upper half
   const std::int64_t col_base = (col0 & ~std::int64_t{31}) + 2 * quad;
   // Bit string: bit 16·d + i = number i of draw d (the 32-column block col_base + 32·d);
   // element b of the block is its bit b + 8·odd.

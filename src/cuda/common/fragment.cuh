@@ -59,12 +59,13 @@ __device__ __forceinline__ void apply_score_rule(float (&s)[4 * kNTiles], const 
 // multiple of 16): dropped entries become 0, kept ones stay unscaled (the kernels fold
 // 1/(1 − p) into the output or the gradient). One Philox draw per 16 elements of a
 // 32-column block, all of them this lane's own (the set DropoutRule::draw defines), so
-// no lane exchange (dropout_fragment.hpp: blocks not aligned to 32 columns).
-template <int kNTiles>
+// no lane exchange (dropout_fragment.hpp: blocks not aligned to 32 columns; kAligned:
+// col0 is a multiple of 32).
+template <int kNTiles, bool kAligned = false>
 __device__ __forceinline__ void apply_dropout(float (&p)[4 * kNTiles], const DropoutRule& rule,
                                               std::uint32_t batch_head, std::int64_t row0, std::int64_t col0) {
   std::uint32_t keep[(kNTiles + 7) / 8];
-  dropout_keep_words<kNTiles>(rule, batch_head, row0, col0, quad_lane(), keep);
+  dropout_keep_words<kNTiles, kAligned>(rule, batch_head, row0, col0, quad_lane(), keep);
 #pragma unroll
   for (int i = 0; i < 4 * kNTiles; ++i)
     if (((keep[i / 32] >> (i % 32)) & 1u) == 0) p[i] = 0.0f;

@@ -311,7 +311,7 @@ __global__ void __launch_bounds__(128 * (1 + kBlockMArg / 64), 1)
   // straddling draws are made once, fragment::dropout_keep_words).
   auto draw_keep = [&](int index) {
     const std::int64_t n0 = (tile.n_block_end - 1 - index) * kBlockN;
-    fragment::dropout_keep_words<kNTiles>(dropout, dropout_head, tile.m0 + thread_row0, n0, fragment::quad_lane(), keep);
+    fragment::dropout_keep_words<kNTiles, kBlockN % 32 == 0>(dropout, dropout_head, tile.m0 + thread_row0, n0, fragment::quad_lane(), keep);
   };
   // Dropout on P (after softmax_block has added the undropped P to l): dropped entries
   // become 0 before P is packed; 1/(1 - p) is applied with 1/l in finish_rows.
