@@ -10,15 +10,20 @@
 //
 // The generator is Philox-4x32 with 7 rounds (Salmon et al., SC'11: "Crush-resistant";
 // flash_attn's generator uses 7 rounds too), checked against Random123's published
-// known-answer vectors in tests/core. One draw gives 128 bits = eight 16-bit numbers,
-// the keep decisions of eight elements of one (batch, head):
-//   rows {r, r + 8} × columns {c, c + 1, c + 8, c + 9},  r with bit 3 clear, c with bits 0 and 3 clear,
-// number 4·(row bit 3) + 2·(column bit 3) + (column bit 0), little-endian within the
-// 32-bit words. That set is exactly what one thread holds of a 16×16 block in the
-// m16n8 accumulator layout of mma.sync and wgmma, so the forward kernels need no
-// exchange between lanes; the layout is defined here, not by any kernel.
-// An element is kept iff its 16-bit number < keep_threshold = round((1 − p) · 65536):
-// the keep probability is 1 − p to within 2^-17.
+// known-answer vectors in tests/core. One draw gives 128 bits = sixteen 8-bit numbers
+// (flash_attn's width), the keep decisions of sixteen elements of one (batch, head):
+//   rows {r, r + 8} × columns {c, c + 1, c + 8, c + 9, c + 16, c + 17, c + 24, c + 25},
+//   r with bit 3 clear, c with bits 0, 3 and 4 clear,
+// number 4·t + 2·(row bit 3) + (column bit 0), t = column bits 3–4 (the n8 tile of the
+// 32-column block), byte (number mod 4) of word (number / 4), little-endian: word t is
+// n8 tile t, its four bytes in the order of the m16n8 accumulator fragment (c0 c1 c2
+// c3 = (r, c), (r, c + 1), (r + 8, c), (r + 8, c + 1)). That set is exactly what one
+// thread holds of a 16×32 block (four adjacent n8 tiles) in the accumulator layout of
+// mma.sync and wgmma, so the forward kernels need no exchange between lanes; the
+// layout is defined here, not by any kernel.
+// An element is kept iff its 8-bit number < keep_threshold = round((1 − p) · 256):
+// the keep rate is 1 − p rounded to a multiple of 1/256, as flash_attn's; kept entries
+// are scaled by 1 / (1 − p), as flash_attn's.
 //
 // Counter (x, y, z, w) = (c, r, batch · heads + head, low 32 bits of offset), key =
 // (low 32 bits of seed, high 32 bits of seed ^ high 32 bits of offset). Rows and columns
@@ -65,7 +70,7 @@ FLASHATTN_UNROLL
 
 struct DropoutRule {
   static constexpr int kRounds = 7;
-  static constexpr std::uint32_t kKeepAll = 65536u;
+  static constexpr std::uint32_t kKeepAll = 256u;
 
   std::uint64_t seed = 0;
   std::uint64_t offset = 0;
@@ -77,7 +82,8 @@ struct DropoutRule {
     DropoutRule rule;
     rule.seed = seed;
     rule.offset = offset;
-    rule.keep_threshold = static_cast<std::uint32_t>(std::llround((1.0 - p) * 65536.0));
+    const long long threshold = std::llround((1.0 - p) * 256.0);
+    rule.keep_threshold = static_cast<std::uint32_t>(threshold < 0 ? 0 : threshold > 256 ? 256 : threshold);
     rule.inverse_keep = static_cast<float>(1.0 / (1.0 - p));
     return rule;
   }
@@ -85,8 +91,8 @@ struct DropoutRule {
   FLASHATTN_HOST_DEVICE bool enabled() const { return keep_threshold < kKeepAll; }
 
   // The draw of the element set whose first element is (row_base, col_base)
-  // (row_base with bit 3 clear, col_base with bits 0 and 3 clear) in head `batch_head`
-  // (= batch · heads + head).
+  // (row_base with bit 3 clear, col_base with bits 0, 3 and 4 clear) in head
+  // `batch_head` (= batch · heads + head).
   FLASHATTN_HOST_DEVICE philox::Bits128 draw(std::uint32_t batch_head, std::int64_t row_base,
                                              std::int64_t col_base) const {
     const philox::Bits128 counter{{static_cast<std::uint32_t>(col_base), static_cast<std::uint32_t>(row_base),
@@ -94,18 +100,30 @@ struct DropoutRule {
     return philox::philox4x32<kRounds>(counter, static_cast<std::uint32_t>(seed),
                                        static_cast<std::uint32_t>(seed >> 32) ^ static_cast<std::uint32_t>(offset >> 32));
   }
-  // Keep decision of number `index` (0-7, see the header) of a draw.
+  // Keep decision of number `index` (0-15, see the header) of a draw.
   FLASHATTN_HOST_DEVICE bool keeps(const philox::Bits128& bits, int index) const {
-    return ((bits.word[index >> 1] >> (16 * (index & 1))) & 0xffffu) < keep_threshold;
+    return ((bits.word[index >> 2] >> (8 * (index & 3))) & 0xffu) < keep_threshold;
   }
-  // Both decisions of a 32-bit word (the column pair c, c + 1 of one row).
-  FLASHATTN_HOST_DEVICE bool keeps_low(std::uint32_t word) const { return (word & 0xffffu) < keep_threshold; }
-  FLASHATTN_HOST_DEVICE bool keeps_high(std::uint32_t word) const { return (word >> 16) < keep_threshold; }
+  // All sixteen decisions of a draw: bit i = number i kept. Integer-only (no byte
+  // compares): a 16-bit lane holding number + (256 − threshold) has bit 8 set iff the
+  // number is ≥ threshold (it lies in [0, 511], so lanes never carry into each other;
+  // threshold 0 drops all, 256 keeps all).
+  FLASHATTN_HOST_DEVICE std::uint32_t keep_mask(const philox::Bits128& bits) const {
+    const std::uint32_t bias = (256u - keep_threshold) * 0x00010001u;
+    std::uint32_t dropped = 0;  // bytes 0, 1 of word w at bits 4w, 4w + 1; bytes 2, 3 at 16 + 4w, 17 + 4w
+FLASHATTN_UNROLL
+    for (int w = 0; w < 4; ++w) {
+      const std::uint32_t even = (bits.word[w] & 0x00ff00ffu) + bias;         // bytes 0, 2
+      const std::uint32_t odd = ((bits.word[w] >> 8) & 0x00ff00ffu) + bias;  // bytes 1, 3
+      dropped |= (((even >> 8) & 0x00010001u) | ((odd >> 7) & 0x00020002u)) << (4 * w);
+    }
+    return ~((dropped & 0x3333u) | ((dropped >> 14) & 0xccccu)) & 0xffffu;
+  }
 
   static FLASHATTN_HOST_DEVICE std::int64_t row_base_of(std::int64_t row) { return row & ~std::int64_t{8}; }
-  static FLASHATTN_HOST_DEVICE std::int64_t col_base_of(std::int64_t col) { return col & ~std::int64_t{9}; }
+  static FLASHATTN_HOST_DEVICE std::int64_t col_base_of(std::int64_t col) { return col & ~std::int64_t{25}; }
   static FLASHATTN_HOST_DEVICE int index_of(std::int64_t row, std::int64_t col) {
-    return static_cast<int>(4 * ((row >> 3) & 1) + 2 * ((col >> 3) & 1) + (col & 1));
+    return static_cast<int>(4 * ((col >> 3) & 3) + 2 * ((row >> 3) & 1) + (col & 1));
   }
   // One element's decision (CPU paths and tests; kernels use draw() once per set).
   FLASHATTN_HOST_DEVICE bool keep(std::uint32_t batch_head, std::int64_t row, std::int64_t col) const {

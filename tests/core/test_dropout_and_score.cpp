@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "flashattn/dropout.hpp"
+#include "src/cuda/common/dropout_fragment.hpp"
 #include "flashattn/score.hpp"
 
 namespace flashattn {
@@ -45,26 +46,41 @@ TEST(Philox, TenRoundsMatchesPublishedVectors) {
   }
 }
 
-// Every element of a 16x16 block belongs to exactly one draw, at a distinct number.
+// Every element of a 16x32 block belongs to exactly one draw, at a distinct number.
 TEST(DropoutRule, ElementSetsPartitionEachBlock) {
   std::set<std::pair<std::int64_t, std::int64_t>> sets;  // (row_base, col_base) seen
   std::set<std::tuple<std::int64_t, std::int64_t, int>> numbers;
   for (std::int64_t row = 32; row < 48; ++row)
-    for (std::int64_t col = 64; col < 80; ++col) {
+    for (std::int64_t col = 64; col < 96; ++col) {
       const std::int64_t row_base = DropoutRule::row_base_of(row), col_base = DropoutRule::col_base_of(col);
       EXPECT_EQ(row_base & 8, 0);
-      EXPECT_EQ(col_base & 9, 0);
+      EXPECT_EQ(col_base & 25, 0);
       const int index = DropoutRule::index_of(row, col);
       ASSERT_GE(index, 0);
-      ASSERT_LT(index, 8);
-      // The number's position decodes back to the element.
-      EXPECT_EQ(row_base + 8 * (index >> 2), row);
-      EXPECT_EQ(col_base + 8 * ((index >> 1) & 1) + (index & 1), col);
+      ASSERT_LT(index, 16);
+      // The number's position decodes back to the element: 4·t + 2·(row bit 3) + (column bit 0).
+      EXPECT_EQ(row_base + 8 * ((index >> 1) & 1), row);
+      EXPECT_EQ(col_base + 8 * (index >> 2) + (index & 1), col);
       sets.insert({row_base, col_base});
       numbers.insert({row_base, col_base, index});
     }
-  EXPECT_EQ(sets.size(), 32u);      // 256 elements / 8 per draw
-  EXPECT_EQ(numbers.size(), 256u);  // no element shares a number
+  EXPECT_EQ(sets.size(), 32u);      // 512 elements / 16 per draw
+  EXPECT_EQ(numbers.size(), 512u);  // no element shares a number
+}
+
+// keep_mask (the kernels' and the CPU helper's) agrees with keeps (the definition), for
+// every threshold including 0 (drop all) and 256 (keep all).
+TEST(DropoutRule, KeepMaskMatchesKeeps) {
+  for (std::uint32_t threshold = 0; threshold <= 256; ++threshold) {
+    DropoutRule rule = DropoutRule::with_probability(0.5, 0xfeedULL + threshold, threshold);
+    rule.keep_threshold = threshold;
+    for (std::int64_t row_base : {0, 16, 7}) {
+      const philox::Bits128 bits = rule.draw(5, row_base, 32 * threshold + 2 * (threshold & 3));
+      const std::uint32_t mask = rule.keep_mask(bits);
+      EXPECT_EQ(mask >> 16, 0u);
+      for (int i = 0; i < 16; ++i) EXPECT_EQ(((mask >> i) & 1u) != 0, rule.keeps(bits, i)) << threshold << " " << i;
+    }
+  }
 }
 
 TEST(DropoutRule, ThresholdAndScale) {
@@ -72,20 +88,26 @@ TEST(DropoutRule, ThresholdAndScale) {
   EXPECT_FALSE(off.enabled());
   const DropoutRule rule = DropoutRule::with_probability(0.1, 1, 2);
   EXPECT_TRUE(rule.enabled());
-  EXPECT_EQ(rule.keep_threshold, 58982u);  // round(0.9 * 65536)
+  EXPECT_EQ(rule.keep_threshold, 230u);  // round(0.9 * 256)
+  EXPECT_EQ(DropoutRule::with_probability(0.5, 1, 2).keep_threshold, 128u);
+  EXPECT_EQ(DropoutRule::with_probability(0.001, 1, 2).keep_threshold, 256u);  // rounds to keep-all
+  EXPECT_FALSE(DropoutRule::with_probability(0.001, 1, 2).enabled());
+  EXPECT_EQ(DropoutRule::with_probability(0.999, 1, 2).keep_threshold, 0u);
   EXPECT_FLOAT_EQ(rule.inverse_keep, static_cast<float>(1.0 / 0.9));
 }
 
-// The kept fraction over 2^20 elements lies within 6 standard deviations of 1 - p,
+// The kept fraction over 2^20 elements lies within 6 standard deviations of the keep
+// rate threshold / 256 (1 - p rounded to a multiple of 1/256),
 // for each p; different offsets and heads give different masks.
 TEST(DropoutRule, KeepRateIsBinomial) {
-  for (double p : {0.1, 0.5, 0.9}) {
+  for (double p : {0.1, 0.5, 0.9, 0.17}) {
     const DropoutRule rule = DropoutRule::with_probability(p, 0x1234567890abcdefULL, 77);
     std::int64_t kept = 0, total = 0;
     for (std::int64_t row = 0; row < 1024; ++row)
       for (std::int64_t col = 0; col < 1024; ++col, ++total) kept += rule.keep(3, row, col);
-    const double expected = (1.0 - p) * static_cast<double>(total);
-    const double sigma = std::sqrt(static_cast<double>(total) * p * (1.0 - p));
+    const double rate = rule.keep_threshold / 256.0;
+    const double expected = rate * static_cast<double>(total);
+    const double sigma = std::sqrt(static_cast<double>(total) * rate * (1.0 - rate));
     EXPECT_NEAR(static_cast<double>(kept), expected, 6.0 * sigma) << "p = " << p;
   }
   const DropoutRule a = DropoutRule::with_probability(0.5, 9, 0), b = DropoutRule::with_probability(0.5, 9, 1);
@@ -96,6 +118,72 @@ TEST(DropoutRule, KeepRateIsBinomial) {
   }
   EXPECT_NEAR(same_offset, 2048, 6 * 32);  // independent masks agree half the time
   EXPECT_NEAR(same_head, 2048, 6 * 32);
+}
+
+// The kernels' lane arithmetic (src/cuda/common/dropout_fragment.hpp), emulated for
+// all 32 lanes of a warp: every element of the fragment gets DropoutRule::keep's decision.
+// Plain layout: lane L holds element 4·j + 2·half + e at row row0 + 8·half (row0 =
+// block row + L/4), column col0 + 8·j + 2·(L % 4) + e; col0 any multiple of 16.
+template <int kNTiles>
+void check_plain_layout(const DropoutRule& rule) {
+  for (std::int64_t block_row : {0, 16, 48, 4080})
+    for (std::int64_t col0 : {0, 16, 32, 48, 80, 112, 4112}) {
+      for (int lane = 0; lane < 32; ++lane) {
+        const std::int64_t row0 = block_row + lane / 4;
+        std::uint32_t keep[(kNTiles + 7) / 8];
+        cuda::fragment::dropout_keep_words<kNTiles>(rule, 7, row0, col0, lane % 4, keep);
+        for (int i = 0; i < 4 * kNTiles; ++i) {
+          const int j = i / 4, half = (i >> 1) & 1, e = i & 1;
+          const std::int64_t row = row0 + 8 * half, col = col0 + 8 * j + 2 * (lane % 4) + e;
+          ASSERT_EQ(((keep[i / 32] >> (i % 32)) & 1u) != 0, rule.keep(7, row, col))
+              << "kNTiles " << kNTiles << " col0 " << col0 << " lane " << lane << " element " << i;
+        }
+      }
+    }
+}
+
+TEST(DropoutFragment, PlainLayoutMatchesKeep) {
+  const DropoutRule rule = DropoutRule::with_probability(0.5, 0x0123456789abcdefULL, 0x5555000000001111ULL);
+  check_plain_layout<2>(rule);
+  check_plain_layout<4>(rule);
+  check_plain_layout<6>(rule);
+  check_plain_layout<8>(rule);
+  check_plain_layout<10>(rule);  // Hopper d256: block_n 80
+  check_plain_layout<16>(rule);
+}
+
+// Transposed layout (the sm90 backward's Sᵀ): lane L holds element 4·j + 2·half + e at
+// key key_row0 + 8·half (key_row0 = 16-key block + L/4), query query_col0 + 8·j +
+// 2·(L % 4) + e; each lane's word = its `mine` | lane (L ^ 4)'s `partners` (the shuffle).
+template <int kNTiles>
+void check_transposed_layout(const DropoutRule& rule) {
+  for (std::int64_t key_block : {0, 16, 32, 48, 112, 1040, 1056})
+    for (std::int64_t query_col0 : {0, 16, 64, 144, 4096}) {
+      cuda::fragment::TransposedKeepHalves halves[32];
+      for (int lane = 0; lane < 32; ++lane)
+        halves[lane] = cuda::fragment::dropout_keep_halves_transposed<kNTiles>(rule, 3, key_block + lane / 4, query_col0,
+                                                                               lane % 4);
+      for (int lane = 0; lane < 32; ++lane) {
+        const std::uint32_t keep = halves[lane].mine | halves[lane ^ 4].partners;
+        for (int i = 0; i < 4 * kNTiles; ++i) {
+          const int j = i / 4, half = (i >> 1) & 1, e = i & 1;
+          const std::int64_t key = key_block + lane / 4 + 8 * half, query = query_col0 + 8 * j + 2 * (lane % 4) + e;
+          ASSERT_EQ(((keep >> i) & 1u) != 0, rule.keep(3, query, key))
+              << "kNTiles " << kNTiles << " key block " << key_block << " query_col0 " << query_col0 << " lane " << lane
+              << " element " << i;
+        }
+      }
+    }
+}
+
+TEST(DropoutFragment, TransposedLayoutMatchesKeep) {
+  const DropoutRule rule = DropoutRule::with_probability(0.5, 0xfedcba9876543210ULL, 42);
+  check_transposed_layout<2>(rule);
+  check_transposed_layout<4>(rule);
+  check_transposed_layout<8>(rule);
+  const DropoutRule sparse = DropoutRule::with_probability(0.9, 99, 1ULL << 40);
+  check_transposed_layout<8>(sparse);
+  check_plain_layout<8>(sparse);
 }
 
 TEST(ScoreRule, PlainScaleSoftcapAndAlibi) {

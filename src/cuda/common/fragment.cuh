@@ -14,6 +14,7 @@
 
 #include "flashattn/dropout.hpp"
 #include "flashattn/score.hpp"
+#include "src/cuda/common/dropout_fragment.hpp"
 
 namespace flashattn::cuda::fragment {
 
@@ -56,26 +57,18 @@ __device__ __forceinline__ void apply_score_rule(float (&s)[4 * kNTiles], const 
 
 // Dropout on the probabilities of a 16 × 8·kNTiles block (kNTiles even, col0 a
 // multiple of 16): dropped entries become 0, kept ones stay unscaled (the kernels fold
-// 1/(1 − p) into the output or the gradient). One Philox draw per 8 elements, all of
-// them this lane's own (the set DropoutRule::draw defines), so no lane exchange.
-template <int kNTiles>
+// 1/(1 − p) into the output or the gradient). One Philox draw per 16 elements of a
+// 32-column block, all of them this lane's own (the set DropoutRule::draw defines), so
+// no lane exchange (dropout_fragment.hpp: blocks not aligned to 32 columns; kAligned:
+// col0 is a multiple of 32).
+template <int kNTiles, bool kAligned = false>
 __device__ __forceinline__ void apply_dropout(float (&p)[4 * kNTiles], const DropoutRule& rule,
                                               std::uint32_t batch_head, std::int64_t row0, std::int64_t col0) {
-  static_assert(kNTiles % 2 == 0, "a draw spans two n8 tiles");
-  const int quad = quad_lane();
+  std::uint32_t keep[(kNTiles + 7) / 8];
+  dropout_keep_words<kNTiles, kAligned>(rule, batch_head, row0, col0, quad_lane(), keep);
 #pragma unroll
-  for (int pair = 0; pair < kNTiles / 2; ++pair) {
-    const philox::Bits128 bits = rule.draw(batch_head, row0, col0 + 16 * pair + 2 * quad);
-#pragma unroll
-    for (int t = 0; t < 2; ++t)
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const std::uint32_t word = bits.word[2 * half + t];
-        float* pair_values = &p[4 * (2 * pair + t) + 2 * half];
-        if (!rule.keeps_low(word)) pair_values[0] = 0.0f;
-        if (!rule.keeps_high(word)) pair_values[1] = 0.0f;
-      }
-  }
+  for (int i = 0; i < 4 * kNTiles; ++i)
+    if (((keep[i / 32] >> (i % 32)) & 1u) == 0) p[i] = 0.0f;
 }
 
 // The keep mask of the same block as bits (bit 4·j + 2·half + e = element of the array),
@@ -83,23 +76,10 @@ __device__ __forceinline__ void apply_dropout(float (&p)[4 * kNTiles], const Dro
 template <int kNTiles>
 __device__ __forceinline__ std::uint32_t dropout_keep_bits(const DropoutRule& rule, std::uint32_t batch_head,
                                                            std::int64_t row0, std::int64_t col0) {
-  static_assert(kNTiles % 2 == 0 && 4 * kNTiles <= 32, "a draw spans two n8 tiles; 32 bits hold 8 tiles");
-  const int quad = quad_lane();
-  std::uint32_t keep = 0;
-#pragma unroll
-  for (int pair = 0; pair < kNTiles / 2; ++pair) {
-    const philox::Bits128 bits = rule.draw(batch_head, row0, col0 + 16 * pair + 2 * quad);
-#pragma unroll
-    for (int t = 0; t < 2; ++t)
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const std::uint32_t word = bits.word[2 * half + t];
-        const int bit = 4 * (2 * pair + t) + 2 * half;
-        keep |= static_cast<std::uint32_t>(rule.keeps_low(word)) << bit;
-        keep |= static_cast<std::uint32_t>(rule.keeps_high(word)) << (bit + 1);
-      }
-  }
-  return keep;
+  static_assert(kNTiles % 2 == 0 && 4 * kNTiles <= 32, "16-column halves of draws; 32 bits hold 8 tiles");
+  std::uint32_t keep[1];
+  dropout_keep_words<kNTiles>(rule, batch_head, row0, col0, quad_lane(), keep);
+  return keep[0];
 }
 
 
@@ -149,44 +129,19 @@ __device__ __forceinline__ void for_each_score(const float (&dot)[4 * kNTiles], 
 // dropout_keep_bits for the transposed layout: bit 4·j + 2·half + e = the decision of
 // the lane's element 4·j + 2·half + e, the same decision DropoutRule::keep(batch_head,
 // query, key) gives (kNTiles even and ≤ 8: a 16-query block per draw pair, 32 bits).
-//
-// A draw covers queries {r, r + 8} × keys {c, c + 1, c + 8, c + 9} (dropout.hpp), and
-// its number 4·(query bit 3) + 2·(key bit 3) + (key bit 0) sits in word
-// 2·(query bit 3) + (key bit 3), 16-bit half (key bit 0). Of the 16-query block p the
-// lane holds queries query_col0 + 16p + 2·(L%4) + e + 8t (t = query bit 3) × keys
-// key_row0 + 8·half (key bit 3 = half), so:
-//   e = 0 and e = 1 are two draws, r = query_col0 + 16p + 2·(L%4) + e (bit 3 clear),
-//   c = key_row0 with bit 0 cleared (key_row0's bit 3 is clear: L/4 < 8),
-//   element 8p + 4t + 2·half + e is half (key bit 0) of word 2t + half of draw e.
-// Lane L^4 holds the other key of each pair (key_row0 ± 1: L/4 differs in bit 0) and
-// the same queries: it needs the same two draws, the other 16-bit halves. So each lane
-// draws only e = (its key bit 0), keeps its own halves, and passes the partner's halves
-// by one __shfl_xor_sync(…, 4): the partner's draw e' = 1 − e is, for this lane, its
-// elements with e = e'. One draw per 8 of the lane's elements, as in the plain layout.
+// Each lane draws for its own key and its partner's (lane L ^ 4, the other key of the
+// pair) and exchanges one word with it (dropout_fragment.hpp derives the mapping;
+// tests/core checks it against DropoutRule::keep for all 32 lanes).
 // Call from all 32 lanes (a warp shuffle).
 template <int kNTiles>
 __device__ __forceinline__ std::uint32_t dropout_keep_bits_transposed(const DropoutRule& rule,
                                                                       std::uint32_t batch_head,
                                                                       std::int64_t key_row0,
                                                                       std::int64_t query_col0) {
-  static_assert(kNTiles % 2 == 0 && 4 * kNTiles <= 32, "a draw pair spans two n8 tiles; 32 bits hold 8 tiles");
-  const int key_bit0 = static_cast<int>(key_row0 & 1);  // = (L/4) & 1, which draw this lane makes
-  const std::int64_t key_base = key_row0 & ~std::int64_t{1};
-  const std::int64_t query_base = query_col0 + 2 * quad_lane() + key_bit0;
-  std::uint32_t mine = 0, partners = 0;  // both at the bit of this lane's element with e = key_bit0
-#pragma unroll
-  for (int block = 0; block < kNTiles / 2; ++block) {
-    const philox::Bits128 bits = rule.draw(batch_head, query_base + 16 * block, key_base);
-#pragma unroll
-    for (int word = 0; word < 4; ++word) {  // word = 2t + half: element bit 8·block + 2·word + e
-      const bool low = rule.keeps_low(bits.word[word]), high = rule.keeps_high(bits.word[word]);
-      const int bit = 8 * block + 2 * word + key_bit0;
-      mine |= static_cast<std::uint32_t>(key_bit0 ? high : low) << bit;
-      partners |= static_cast<std::uint32_t>(key_bit0 ? low : high) << bit;
-    }
-  }
-  // The partner's `partners` sit at its e = 1 − key_bit0: this lane's bits of that draw.
-  return mine | __shfl_xor_sync(0xffffffffu, partners, 4);
+  const TransposedKeepHalves halves =
+      dropout_keep_halves_transposed<kNTiles>(rule, batch_head, key_row0, query_col0, quad_lane());
+  // The partner's `partners` sit at its e = 1 − its key bit 0: this lane's bits of that draw.
+  return halves.mine | __shfl_xor_sync(0xffffffffu, halves.partners, 4);
 }
 
 }  // namespace flashattn::cuda::fragment

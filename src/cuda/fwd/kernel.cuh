@@ -317,7 +317,8 @@ __global__ void __launch_bounds__(kWarpsArg * 32, kMinBlocksArg)
       const std::uint32_t batch_head = params.dropout_head(batch, head);
 #pragma unroll
       for (int mi = 0; mi < kMTiles; ++mi)
-        fragment::apply_dropout<kNTiles>(fragment::flat(s[mi]), dropout, batch_head, m0 + warp_row0 + mi * 16 + group, n0);
+        fragment::apply_dropout<kNTiles, kBlockN % 32 == 0>(fragment::flat(s[mi]), dropout, batch_head,
+                                                            m0 + warp_row0 + mi * 16 + group, n0);
     }
 
     // O += P V: the C fragments of P (two n8 tiles) are the A fragment of a k16 step;

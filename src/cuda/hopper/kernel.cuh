@@ -306,16 +306,12 @@ __global__ void __launch_bounds__(128 * (1 + kBlockMArg / 64), 1)
     ptx::wgmma_commit_group();
   };
   // Dropout keep bits of block `index` (coordinates only, no S): the draws are integer
-  // work that runs while S = Q K^T is still on the tensor cores. One word per 8 n8 tiles
-  // (fragment::dropout_keep_bits covers 32 elements).
+  // work that runs while S = Q K^T is still on the tensor cores. One draw per 16 of the
+  // lane's elements (a 32-column block; n0 may be ≡ 16 mod 32 with block_n 80: the
+  // straddling draws are made once, fragment::dropout_keep_words).
   auto draw_keep = [&](int index) {
     const std::int64_t n0 = (tile.n_block_end - 1 - index) * kBlockN;
-    const std::int64_t row0 = tile.m0 + thread_row0;
-    [&]<int... kWords>(std::integer_sequence<int, kWords...>) {
-      ((keep[kWords] = fragment::dropout_keep_bits<(kNTiles - 8 * kWords < 8 ? kNTiles - 8 * kWords : 8)>(
-            dropout, dropout_head, row0, n0 + 64 * kWords)),
-       ...);
-    }(std::make_integer_sequence<int, kKeepWords>{});
+    fragment::dropout_keep_words<kNTiles, kBlockN % 32 == 0>(dropout, dropout_head, tile.m0 + thread_row0, n0, fragment::quad_lane(), keep);
   };
   // Dropout on P (after softmax_block has added the undropped P to l): dropped entries
   // become 0 before P is packed; 1/(1 - p) is applied with 1/l in finish_rows.

@@ -1,0 +1,104 @@
+// src/cuda/common/dropout_fragment.hpp — which Philox draws (flashattn/dropout.hpp) a
+// lane makes for its accumulator fragment, and where each decision lands: the
+// per-lane arithmetic of fragment.cuh's dropout hooks, host-callable (the lane's quad
+// L % 4 is a parameter and the one warp exchange is left to the caller) so that
+// tests/core emulates all 32 lanes against DropoutRule::keep.
+//
+// A draw covers rows {r, r + 8} × columns {c + 8t, c + 8t + 1 : t < 4} (a 16 × 32 block,
+// c with bits 0, 3, 4 clear), its number 4·t + 2·(row bit 3) + (column bit 0):
+// DropoutRule::keep_mask's bit 4·t + 2·half + e is exactly the plain fragment's element
+// 4·t + 2·half + e of the 32-column block.
+#pragma once
+
+#include <cstdint>
+
+#include "flashattn/config.hpp"
+#include "flashattn/dropout.hpp"
+
+namespace flashattn::cuda::fragment {
+
+// Keep bits of a 16 × 8·kNTiles block in the plain layout (lane L: element 4·j + 2·half + e
+// at row row0 + 8·half, column col0 + 8·j + 2·(L % 4) + e; row0 = block row + L/4):
+// bit i % 32 of keep[i / 32] = element i. col0 is a multiple of 16, not necessarily of
+// 32 (Hopper d256's block_n 80, split warp columns): the draws are those of the
+// 32-column blocks the block touches, col_base = the block's first column with bits
+// 0, 3, 4 cleared + 2·(L % 4); a draw straddling the block's edge is made once and only
+// its tiles inside are used. kNTiles / 4 + 1 draws at most (the last one only where
+// needed: col0 ≡ 16 mod 32 or kNTiles ≡ 2 mod 4). kAligned: the caller guarantees col0
+// is a multiple of 32 (a block_n multiple of 32), which drops the unaligned code.
+template <int kNTiles, bool kAligned = false>
+FLASHATTN_HOST_DEVICE void dropout_keep_words(const DropoutRule& rule, std::uint32_t batch_head,
+                                                     std::int64_t row0, std::int64_t col0, int quad,
+                                                     std::uint32_t (&keep)[(kNTiles + 7) / 8]) {
+  static_assert(kNTiles % 2 == 0, "blocks of 16-column halves of draws");
+  constexpr int kWords = (kNTiles + 7) / 8;
+  constexpr int kDraws = kNTiles / 4 + 1;
+  constexpr int kMasks = 2 * kWords + 1;  // >= kDraws; the rest stay 0
+  const bool odd = !kAligned && ((col0 >> 4) & 1) != 0;  // col0 ≡ 16 (mod 32): the first draw's upper half
+  const std::int64_t col_base = (col0 & ~std::int64_t{31}) + 2 * quad;
+  // Bit string: bit 16·d + i = number i of draw d (the 32-column block col_base + 32·d);
+  // element b of the block is its bit b + 8·odd.
+  std::uint32_t mask[kMasks];
+FLASHATTN_UNROLL
+  for (int d = 0; d < kMasks; ++d) mask[d] = 0;
+FLASHATTN_UNROLL
+  for (int d = 0; d < kDraws; ++d)
+    if (d < kDraws - 1 || kNTiles % 4 == 2 || odd) mask[d] = rule.keep_mask(rule.draw(batch_head, row0, col_base + 32 * d));
+FLASHATTN_UNROLL
+  for (int w = 0; w < kWords; ++w) {
+    const std::uint32_t aligned = mask[2 * w] | (mask[2 * w + 1] << 16);
+    const std::uint32_t shifted = (mask[2 * w] >> 8) | (mask[2 * w + 1] << 8) | (mask[2 * w + 2] << 24);
+    keep[w] = odd ? shifted : aligned;
+  }
+}
+
+// The transposed layout (the sm90 backward's Sᵀ = K Qᵀ: rows are keys, columns queries):
+// lane L holds, of n8 tile j, element 4·j + 2·half + e at key key_row0 + 8·half, query
+// query_col0 + 8·j + 2·(L % 4) + e, key_row0 = a 16-key block's first key + L/4 (bit 3
+// clear), query_col0 a multiple of 16; kNTiles even and <= 8 (32 bits).
+//
+// A draw covers queries {r, r + 8} × keys {c + 8t, c + 8t + 1}; the warp holds 16 keys, of
+// which (key bit 4 = u) the tiles t = 2u, 2u + 1 of each draw, so the draw's byte
+// 8u + 4·half + 2·qt + k (half = key bit 3, qt = query bit 3, k = key bit 0) is of
+// query r + 8·qt, key c + 16u + 8·half + k. Of the 16-query block p the lane holds
+// queries query_col0 + 16p + 2·(L % 4) + e + 8·qt × keys key_row0 + 8·half, so
+//   e = 0 and e = 1 are two draws, r = query_col0 + 16p + 2·(L % 4) + e (bit 3 clear),
+//   c = key_row0 with bits 0 and 4 cleared,
+//   element 8p + 4·qt + 2·half + e is byte 8u + 4·half + 2·qt + (key bit 0) of draw e.
+// Lane L ^ 4 holds the other key of each pair (L/4 differs in bit 0) and the same
+// queries: it needs the same two draws, the other k. So each lane draws only
+// e = (its key bit 0) and returns its own decisions (`mine`) and, at the same bit
+// positions, its partner's (`partners`): the caller ORs mine with lane L ^ 4's
+// partners (__shfl_xor_sync(…, 4)), which sit at this lane's e = 1 − key bit 0.
+// One draw per 8 of the lane's elements (the other 8 numbers of each draw belong to
+// the neighbouring warp's 16 keys and are not used).
+struct TransposedKeepHalves {
+  std::uint32_t mine = 0, partners = 0;
+};
+
+template <int kNTiles>
+FLASHATTN_HOST_DEVICE TransposedKeepHalves dropout_keep_halves_transposed(const DropoutRule& rule,
+                                                                                 std::uint32_t batch_head,
+                                                                                 std::int64_t key_row0,
+                                                                                 std::int64_t query_col0, int quad) {
+  static_assert(kNTiles % 2 == 0 && 4 * kNTiles <= 32, "a draw spans two n8 tiles; 32 bits hold 8 tiles");
+  const int key_bit0 = static_cast<int>(key_row0 & 1);  // = (L/4) & 1: which draw this lane makes
+  const int key_bit4 = static_cast<int>((key_row0 >> 4) & 1);
+  const std::int64_t key_base = key_row0 & ~std::int64_t{17};  // bits 0, 4 cleared (bit 3 is clear)
+  const std::int64_t query_base = query_col0 + 2 * quad + key_bit0;
+  const std::uint32_t own_bits = key_bit0 ? 0xaau : 0x55u;
+  TransposedKeepHalves halves;
+FLASHATTN_UNROLL
+  for (int block = 0; block < kNTiles / 2; ++block) {
+    // Bit 4·half + 2·qt + k of this warp's byte → element order 4·qt + 2·half + k (swap bits 1, 2).
+    const std::uint32_t byte = rule.keep_mask(rule.draw(batch_head, query_base + 16 * block, key_base)) >> (8 * key_bit4);
+    const std::uint32_t ordered = (byte & 0xc3u) | ((byte & 0x0cu) << 2) | ((byte & 0x30u) >> 2);
+    const std::uint32_t own = ordered & own_bits;  // k = key bit 0, already at e = key bit 0
+    const std::uint32_t other = key_bit0 ? (ordered & 0x55u) << 1 : (ordered & 0xaau) >> 1;  // k = 1 − key bit 0
+    halves.mine |= own << (8 * block);
+    halves.partners |= other << (8 * block);
+  }
+  return halves;
+}
+
+}  // namespace flashattn::cuda::fragment
