@@ -65,25 +65,23 @@
 #include "src/core/params.hpp"
 #include "src/cuda/common/check.cuh"
 #include "src/cuda/common/fragment.cuh"
+#include "src/cuda/common/named_barriers.hpp"
 #include "src/cuda/common/numeric.cuh"
 #include "src/cuda/hopper/launch.hpp"
 #include "src/cuda/hopper/tile_config.hpp"
 #include "src/cuda/ptx/math.cuh"
+#include "src/cuda/ptx/mbarrier.cuh"
+#include "src/cuda/ptx/named_barrier.cuh"
 #include "src/cuda/ptx/warpgroup.cuh"
 #include "src/cuda/ptx/wgmma.cuh"
 
 namespace flashattn::cuda::hopper {
 
-// Named barrier ids (0 is __syncthreads): per consumer warpgroup, its epilogue and its
-// GEMM turn of the ping-pong schedule.
-enum class NamedBarrier : int { kConsumerEpilogueFirst = 1, kTurnFirst = 1 + kMaxConsumerWarpgroups };
-
-#if FLASHATTN_HOPPER_DEVICE_CODE
-__device__ __forceinline__ void wait_barrier(std::uint64_t* barrier, std::uint32_t parity) {
-  while (!::cuda::ptx::mbarrier_try_wait_parity(barrier, parity)) {
-  }
-}
-#endif
+// Named barriers (common/named_barriers.hpp): per consumer warpgroup, its epilogue and
+// its GEMM turn of the ping-pong schedule.
+static_assert(static_cast<int>(NamedBarrier::kTurnFirst) ==
+                  static_cast<int>(NamedBarrier::kConsumerEpilogueFirst) + kMaxConsumerWarpgroups,
+              "one epilogue barrier per consumer warpgroup, then the turns");
 
 template <class T, int kHeadDimArg, int kBlockMArg, int kBlockNArg, int kStagesArg, bool kIntraOverlapArg,
           bool kPingPongArg, bool kPersistentArg, bool kHasDropout>
@@ -188,7 +186,7 @@ __global__ void __launch_bounds__(128 * (1 + kBlockMArg / 64), 1)
       if (!decode_tile(linear, tile)) continue;
       const std::int32_t batch_coordinate = is_varlen ? 0 : static_cast<std::int32_t>(tile.batch);
       // Q of the previous tile released by every consumer warp (persistent launches).
-      if (tile_count > 0) wait_barrier(q_empty, (tile_count - 1) & 1);
+      if (tile_count > 0) ptx::mbarrier_wait(q_empty, (tile_count - 1) & 1);
       const std::int32_t q_row = static_cast<std::int32_t>(attention.q_start(tile.batch) + tile.m0);
       ::cuda::ptx::mbarrier_arrive_expect_tx(::cuda::ptx::sem_release, ::cuda::ptx::scope_cta,
                                              ::cuda::ptx::space_shared, q_full, kQBytes);
@@ -208,7 +206,7 @@ __global__ void __launch_bounds__(128 * (1 + kBlockMArg / 64), 1)
                             int index) {
         const int position = block_base + index;
         const int stage = position % kStages;
-        if (position >= kStages) wait_barrier(&empty[stage], ((position / kStages) - 1) & 1);
+        if (position >= kStages) ptx::mbarrier_wait(&empty[stage], ((position / kStages) - 1) & 1);
         ::cuda::ptx::mbarrier_arrive_expect_tx(::cuda::ptx::sem_release, ::cuda::ptx::scope_cta,
                                                ::cuda::ptx::space_shared, &full[stage], kKVBytes);
         const std::int32_t row = static_cast<std::int32_t>(k_start + (tile.n_block_end - 1 - index) * kBlockN);
@@ -398,11 +396,11 @@ __global__ void __launch_bounds__(128 * (1 + kBlockMArg / 64), 1)
   };
   auto wait_k = [&](int index) {
     const int position = block_base + index;
-    wait_barrier(&k_full[position % kStages], (position / kStages) & 1);
+    ptx::mbarrier_wait(&k_full[position % kStages], (position / kStages) & 1);
   };
   auto wait_v = [&](int index) {
     const int position = block_base + index;
-    wait_barrier(&v_full[position % kStages], (position / kStages) & 1);
+    ptx::mbarrier_wait(&v_full[position % kStages], (position / kStages) & 1);
   };
 
   // Ping-pong (FA3 section 3.1): the two consumer warpgroups take turns issuing their
@@ -502,7 +500,7 @@ __global__ void __launch_bounds__(128 * (1 + kBlockMArg / 64), 1)
     row_state[1] = online_softmax::State<float>{};
     if (!is_positive_scale) score_rule = attention.score_of(tile.batch, tile.head, tile.mask);
     if constexpr (kHasDropout) dropout_head = attention.dropout_head(tile.batch, tile.head);
-    wait_barrier(q_full, tile_count & 1);
+    ptx::mbarrier_wait(q_full, tile_count & 1);
     if constexpr (kPingPongArg) {
       gemm_rounds = num_n_blocks + 1;
       round = 0;

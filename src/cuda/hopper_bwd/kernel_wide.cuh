@@ -46,6 +46,7 @@
 #include "src/cuda/bwd/workspace.hpp"
 #include "src/cuda/common/check.cuh"
 #include "src/cuda/common/fragment.cuh"
+#include "src/cuda/common/named_barriers.hpp"
 #include "src/cuda/common/numeric.cuh"
 #include "src/cuda/hopper_bwd/dq_order.hpp"
 #include "src/cuda/hopper_bwd/launch.hpp"
@@ -53,6 +54,8 @@
 #include "src/cuda/hopper_bwd/tile_config.hpp"
 #include "src/cuda/ptx/bulk_reduce.cuh"
 #include "src/cuda/ptx/math.cuh"
+#include "src/cuda/ptx/mbarrier.cuh"
+#include "src/cuda/ptx/named_barrier.cuh"
 #include "src/cuda/ptx/semaphore.cuh"
 #include "src/cuda/ptx/warpgroup.cuh"
 #include "src/cuda/ptx/wgmma.cuh"
@@ -149,7 +152,7 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
     // The dQ tile of `step`, staged over its stage: added to dq_accum in one reduction.
     auto reduce_dq = [&](int step) {
       const int stage = step % kStages;
-      wait_barrier(&dq_staged[stage], (step / kStages) & 1);
+      ptx::mbarrier_wait(&dq_staged[stage], (step / kStages) & 1);
       const std::int64_t m0 = step_m0(step), head_q = step_head(step);
       const auto source = static_cast<std::uint32_t>(__cvta_generic_to_shared(shared_dq(stage)));
       if constexpr (!kDeterministic) {
@@ -229,12 +232,12 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
 #pragma unroll
   for (int i = 0; i < kColumns / 2; ++i) dv[i] = dk[i] = 0.0f;
 
-  if (steps > 0) wait_barrier(kv_full, 0);
+  if (steps > 0) ptx::mbarrier_wait(kv_full, 0);
   for (int step = 0; step < steps; ++step) {
     const int stage = step % kStages;
     const std::int64_t head_q = step_head(step), m0 = step_m0(step);
     const std::uint32_t q_address = address_of(shared_q(stage)), do_address = address_of(shared_do(stage));
-    wait_barrier(&full[stage], (step / kStages) & 1);
+    ptx::mbarrier_wait(&full[stage], (step / kStages) & 1);
 
     // S_w = Q K_w^T and dP_w = dO V_w^T: (64 queries, 32 keys) each, depth kHeadDim.
     const std::uint64_t q_as_a = make_smem_descriptor(q_address, 16, 1024, SwizzleMode::bytes128);
@@ -371,7 +374,7 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
     }
     // Both consumers' halves of P and dS written and visible to the async proxy.
     ptx::fence_proxy_async_shared();
-    ptx::named_barrier_sync(1, kConsumerThreads);
+    ptx::named_barrier_sync(WideNamedBarrier::kPAndDsWritten, kConsumerThreads);
 
     // dV[:, cols] += P^T dO[:, cols], dK[:, cols] += dS^T Q[:, cols] (depth kBlockM queries);
     // dQ[:, cols] = dS K[:, cols] (depth kBlockN keys).
@@ -399,7 +402,7 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
     ptx::fence_operands(dv);
     ptx::fence_operands(dk);
     // Both consumers are done reading this stage's Q and dO and the P and dS tiles.
-    ptx::named_barrier_sync(2, kConsumerThreads);
+    ptx::named_barrier_sync(WideNamedBarrier::kStageRead, kConsumerThreads);
 
     // The step's dQ tile (kBlockM, kHeadDim) fp32 over the stage, rows of kHeadDim floats.
     float* staging = shared_dq(stage);
