@@ -67,6 +67,7 @@
 #include "src/cuda/common/fragment.cuh"
 #include "src/cuda/common/named_barriers.hpp"
 #include "src/cuda/common/numeric.cuh"
+#include "src/cuda/common/swizzle.cuh"
 #include "src/cuda/hopper/launch.hpp"
 #include "src/cuda/hopper/tile_config.hpp"
 #include "src/cuda/ptx/math.cuh"
@@ -452,8 +453,7 @@ __global__ void __launch_bounds__(128 * (1 + kBlockMArg / 64), 1)
 #pragma unroll
       for (int j = 0; j < kHeadDim / 8; ++j) {
         // Column 8j + 2 quad_lane: panel j / 8, 16-byte chunk j % 8 of the row.
-        const int byte_offset =
-            (j / 8) * kBlockM * 128 + tile_row * 128 + (((j % 8) ^ (tile_row % 8)) * 16) + quad_lane * 4;
+        const int byte_offset = panels_chunk_offset<kBlockM>(tile_row, j) + quad_lane * 4;
         *reinterpret_cast<std::uint32_t*>(shared_q_bytes + byte_offset) =
             pack_pair<T>(o[4 * j + 2 * half] * output_scale, o[4 * j + 2 * half + 1] * output_scale);
       }
@@ -467,8 +467,7 @@ __global__ void __launch_bounds__(128 * (1 + kBlockMArg / 64), 1)
       const int tile_row = warpgroup_row0 + index / kRowChunks;
       const int chunk = index % kRowChunks;
       if (tile_row < tile.row_end - tile.m0 && chunk * 8 < attention.head_dim) {
-        const int byte_offset =
-            (chunk / 8) * kBlockM * 128 + tile_row * 128 + (((chunk % 8) ^ (tile_row % 8)) * 16);
+        const int byte_offset = panels_chunk_offset<kBlockM>(tile_row, chunk);
         *reinterpret_cast<uint4*>(out + tile_row * attention.out_row_stride + chunk * 8) =
             *reinterpret_cast<const uint4*>(shared_q_bytes + byte_offset);
       }

@@ -77,6 +77,7 @@
 #include "src/cuda/common/fragment.cuh"
 #include "src/cuda/common/named_barriers.hpp"
 #include "src/cuda/common/numeric.cuh"
+#include "src/cuda/common/swizzle.cuh"
 #include "src/cuda/hopper_bwd/dq_order.hpp"
 #include "src/cuda/hopper_bwd/launch.hpp"
 #include "src/cuda/hopper_bwd/pipeline.cuh"
@@ -401,8 +402,8 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
       for (int r = 0; r < 4; ++r) {
         const int row = key_row0 + 8 * (r % 2);
         const int chunk = 2 * kq + r / 2;
-        *reinterpret_cast<std::uint32_t*>(shared_ds + (chunk / 8) * kBlockN * 128 + row * 128 +
-                                          (((chunk % 8) ^ (row % 8)) * 16) + quad_lane * 4) = ds_fragment[kq][r];
+        *reinterpret_cast<std::uint32_t*>(shared_ds + panels_chunk_offset<kBlockN>(row, chunk) + quad_lane * 4) =
+            ds_fragment[kq][r];
       }
 
     // dV_w += P^T dO, dK_w += dS^T Q (depth kBlockM queries).

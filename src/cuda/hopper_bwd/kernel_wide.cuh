@@ -48,6 +48,7 @@
 #include "src/cuda/common/fragment.cuh"
 #include "src/cuda/common/named_barriers.hpp"
 #include "src/cuda/common/numeric.cuh"
+#include "src/cuda/common/swizzle.cuh"
 #include "src/cuda/hopper_bwd/dq_order.hpp"
 #include "src/cuda/hopper_bwd/launch.hpp"
 #include "src/cuda/hopper_bwd/pipeline.cuh"
@@ -359,15 +360,16 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
     }
 
     // P and dS (16-bit) into their (queries, keys) panels: row r, 16-byte chunk c of the
-    // row at r * 128 + ((c ^ (r % 8)) * 16); this thread's pair of keys 8 j + 2 quad_lane
-    // of its consumer is chunk 4 consumer + j (kKeys = 32), bytes 4 quad_lane inside it.
+    // row at panel_chunk_offset(r, c) (common/swizzle.cuh); this thread's pair of keys
+    // 8 j + 2 quad_lane of its consumer is chunk 4 consumer + j (kKeys = 32), bytes
+    // 4 quad_lane inside it.
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const int row = warp_row0 + 8 * half;
 #pragma unroll
       for (int j = 0; j < kKeys / 8; ++j) {
         const int chunk = key_column0 / 8 + j;
-        const int offset = row * 128 + ((chunk ^ (row % 8)) * 16) + quad_lane * 4;
+        const int offset = panel_chunk_offset(row, chunk) + quad_lane * 4;
         *reinterpret_cast<std::uint32_t*>(shared_p + offset) = pack_pair<T>(s[4 * j + 2 * half], s[4 * j + 2 * half + 1]);
         *reinterpret_cast<std::uint32_t*>(shared_ds + offset) = pack_pair<T>(dp[4 * j + 2 * half], dp[4 * j + 2 * half + 1]);
       }
