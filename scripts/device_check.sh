@@ -11,7 +11,7 @@
 #   6. (step bench, not in the default list) the forward and backward harness
 #      (bench/gpu/bench_attention.py: ours beside SDPA FA2 and cuDNN, CSV + PNG;
 #      BENCH_PASSES="fwd bwd", HARNESS_ARGS);
-#   7. (step bwd_timing, not in the default list) flashattn_bwd_timing $BWD_TIMING_ARGS
+#   7. (step bwd_timing, not in the default list) flashattn_bwd_timing (bench/gpu/kernels) $BWD_TIMING_ARGS
 #      (e.g. "10 --configs 256": the backward's alternative tile configs) into bwd_timing.csv.
 # STEPS picks and orders the steps (default "build ctest sanitize python cli decode"), so
 # one check can span two device calls on the same warm machine, e.g.
@@ -122,7 +122,7 @@ fi
 if wants bwd_timing; then
 step "flashattn_bwd_timing ${BWD_TIMING_ARGS:-10 --configs}"
 # shellcheck disable=SC2086
-timeout "${BWD_TIMING_LIMIT:-150}" "$tree/src/cuda/flashattn_bwd_timing" ${BWD_TIMING_ARGS:-10 --configs} > "$logs/bwd_timing.csv" 2> "$logs/bwd_timing.err"
+timeout "${BWD_TIMING_LIMIT:-150}" "$tree/bench/gpu/kernels/flashattn_bwd_timing" ${BWD_TIMING_ARGS:-10 --configs} > "$logs/bwd_timing.csv" 2> "$logs/bwd_timing.err"
 note "bwd_timing rc=$?"; cat "$logs/bwd_timing.csv" | tee -a "$logs/summary.txt"
 fi
 

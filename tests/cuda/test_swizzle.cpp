@@ -44,5 +44,41 @@ TEST(Swizzle, BijectiveAndConflictFree) {
   check_layout<64, 40>();
 }
 
+// The TMA/wgmma 128-byte swizzle of 64-column panels: every 16-byte chunk of a (kRows,
+// kCols) tile has its own slot inside the tile, a row's chunks of one panel stay in its
+// 128-byte line, and 8 consecutive rows at one chunk hit 8 distinct bank groups.
+template <int kRows, int kCols>
+void check_panels() {
+  constexpr int kChunks = kCols / 8;
+  std::set<int> seen;
+  for (int row = 0; row < kRows; ++row) {
+    for (int chunk = 0; chunk < kChunks; ++chunk) {
+      const int offset = panels_chunk_offset<kRows>(row, chunk);
+      const int panel_base = (chunk / 8) * kRows * kSwizzleRowBytes;
+      EXPECT_GE(offset, panel_base + row * kSwizzleRowBytes) << "row " << row << " chunk " << chunk;
+      EXPECT_LT(offset, panel_base + (row + 1) * kSwizzleRowBytes) << "row " << row << " chunk " << chunk;
+      EXPECT_EQ(offset - panel_base, panel_chunk_offset(row, chunk % 8));
+      seen.insert(offset);
+    }
+  }
+  EXPECT_EQ(static_cast<int>(seen.size()), kRows * kChunks);
+  EXPECT_EQ(*seen.rbegin(), kRows * kCols * 2 - kSwizzleChunkBytes);
+  for (int row0 = 0; row0 < kRows; row0 += kSwizzleAtomRows) {
+    for (int chunk = 0; chunk < kChunks; ++chunk) {
+      std::set<int> bank_groups;
+      for (int r = row0; r < row0 + kSwizzleAtomRows; ++r)
+        bank_groups.insert((panels_chunk_offset<kRows>(r, chunk) / kSwizzleChunkBytes) % 8);
+      EXPECT_EQ(bank_groups.size(), 8u) << "rows " << row0 << " chunk " << chunk;
+    }
+  }
+}
+
+TEST(Swizzle, PanelsOf128ByteSwizzle) {
+  check_panels<64, 64>();
+  check_panels<128, 128>();
+  check_panels<192, 256>();
+  check_panels<64, 256>();
+}
+
 }  // namespace
 }  // namespace flashattn::cuda

@@ -43,6 +43,7 @@
 #include "src/cuda/common/numeric.cuh"
 #include "src/cuda/common/swizzle.cuh"
 #include "src/cuda/ptx/bulk_reduce.cuh"
+#include "src/cuda/ptx/arch.cuh"
 #include "src/cuda/ptx/cp_async.cuh"
 #include "src/cuda/ptx/ldmatrix.cuh"
 #include "src/cuda/ptx/math.cuh"
@@ -330,7 +331,7 @@ __device__ __forceinline__ void dkdv_block(const BackwardParams& params, const W
   auto flush_dq = [&](int step) {
     const std::int64_t h_q = step_head(step), m0 = step_m0(step);
     float* dq_rows = workspace.dq_accum + workspace.dq_offset(params, b, m0, h_q);
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#if FLASHATTN_SM90_DEVICE_CODE
     if (head_dim == kHeadDim) {
       // The tile is contiguous in the accumulator (rows past the sequence add zeros).
       if (tid == 0) {
@@ -406,7 +407,7 @@ __device__ __forceinline__ void dkdv_block(const BackwardParams& params, const W
     const bool needs_mask = n0 + kBlockN > seqlen_k || !mask.tile_fully_allowed(m0, q_rows_end, n0, n0 + kBlockN);
     write_p_and_ds<T, kIsPlain>(s, dp, params, b, step_head(step), mask, needs_mask, m0, n0, lse_tile, dsum_tile,
                                      sdp_m0, sdp_n0, lane, p_smem, ds_smem);
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#if FLASHATTN_SM90_DEVICE_CODE
     // The TMA has read the previous step's staging tile before anyone rewrites it.
     if (kUsesStaging && has_dq && warp == 0) ptx::bulk_wait_group_read<0>();
 #endif
@@ -444,7 +445,7 @@ __device__ __forceinline__ void dkdv_block(const BackwardParams& params, const W
             for (int j = 0; j < T::kDqNTiles; ++j)
               *reinterpret_cast<float2*>(staging_row + 8 * j) = make_float2(dq[mi][j][2 * half], dq[mi][j][2 * half + 1]);
           }
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#if FLASHATTN_SM90_DEVICE_CODE
         ptx::fence_proxy_async_shared();
 #endif
       } else {
@@ -459,7 +460,7 @@ __device__ __forceinline__ void dkdv_block(const BackwardParams& params, const W
             for (int j = 0; j < T::kDqNTiles; ++j) {
               const int col = dq_d0 + 8 * j + 2 * quad_lane;
               if (col >= head_dim) continue;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#if FLASHATTN_SM90_DEVICE_CODE
               atomicAdd(reinterpret_cast<float2*>(row + col), make_float2(dq[mi][j][2 * half], dq[mi][j][2 * half + 1]));
 #else
               atomicAdd(row + col, dq[mi][j][2 * half]);
@@ -474,7 +475,7 @@ __device__ __forceinline__ void dkdv_block(const BackwardParams& params, const W
   if (kUsesStaging && has_dq && steps > 0) {
     __syncthreads();
     flush_dq(steps - 1);
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#if FLASHATTN_SM90_DEVICE_CODE
     if (warp == 0) ptx::bulk_wait_group<0>();
 #endif
   }
@@ -504,7 +505,7 @@ template <class T, bool kIsPlain>
 __global__ void __launch_bounds__(T::kThreads, 1)
     dkdv_kernel(const __grid_constant__ BackwardParams params, const Workspace workspace, int num_n_blocks,
                 bool is_aligned) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+#if defined(__CUDA_ARCH__) && !FLASHATTN_SM90_DEVICE_CODE
   constexpr bool kIsCompiled = T::kDqAtomics;
 #else
   constexpr bool kIsCompiled = true;

@@ -60,4 +60,29 @@ struct SwizzledTile {
   }
 };
 
+// The TMA / wgmma 128-byte swizzle (CU_TENSOR_MAP_SWIZZLE_128B, descriptor swizzle mode
+// 1): a (kRows, d) tile of 16-bit elements is stored as d / 64 panels of 64 columns, each
+// row of a panel 128 bytes = eight 16-byte chunks; 16-byte chunk c of row r sits at
+// chunk c ^ (r % 8) (the pattern repeats every 8 rows, a 1024-byte atom, so panels start
+// 1024-byte aligned); panel p starts at p * kRows * 128 bytes. The Hopper kernels' TMA
+// copies write this layout and their wgmma descriptors read it; these give the byte
+// offsets of what their threads store or load by hand (the epilogues' O through shared
+// memory, the backward's P and dS tiles).
+inline constexpr int kSwizzleRowBytes = 128;   // one row of a 64-column panel
+inline constexpr int kSwizzleChunkBytes = 16;  // the unit the XOR permutes
+inline constexpr int kSwizzleAtomRows = 8;     // rows of one 1024-byte atom
+
+// Byte offset of 16-byte chunk `chunk` (< 8) of `row` inside one 64-column panel.
+FLASHATTN_HOST_DEVICE constexpr int panel_chunk_offset(int row, int chunk) {
+  return row * kSwizzleRowBytes + ((chunk ^ (row % kSwizzleAtomRows)) * kSwizzleChunkBytes);
+}
+
+// Byte offset of 16-byte chunk `chunk` (of the whole row: panel chunk / 8) of `row` in a
+// (kRows, d) tile of 64-column panels.
+template <int kRows>
+FLASHATTN_HOST_DEVICE constexpr int panels_chunk_offset(int row, int chunk) {
+  return (chunk / 8) * kRows * kSwizzleRowBytes + row * kSwizzleRowBytes +
+         (((chunk % 8) ^ (row % kSwizzleAtomRows)) * kSwizzleChunkBytes);
+}
+
 }  // namespace flashattn::cuda

@@ -49,6 +49,7 @@
 #include "src/cuda/common/swizzle.cuh"
 #include "src/cuda/decode/launch_kernel.cuh"
 #include "src/cuda/decode/rotary.cuh"
+#include "src/cuda/ptx/arch.cuh"
 #include "src/cuda/ptx/cp_async.cuh"
 #include "src/cuda/ptx/ldmatrix.cuh"
 #include "src/cuda/ptx/mma_sync.cuh"
@@ -234,7 +235,7 @@ __global__ void __launch_bounds__(Config::kThreads, Config::kMinBlocksPerSm)
   const int num_splits = params.num_splits;
   const int split = static_cast<int>(blockIdx.x) % num_splits;
   // Launched in clusters of num_splits CTAs (launch_decode.cuh): the splits merge here.
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#if FLASHATTN_SM90_DEVICE_CODE
   const bool is_cluster_merge = num_splits > 1 && cooperative_groups::this_cluster().num_blocks() == static_cast<unsigned>(num_splits);
 #else
   const bool is_cluster_merge = false;
@@ -590,7 +591,7 @@ __global__ void __launch_bounds__(Config::kThreads, Config::kMinBlocksPerSm)
     }
   }
 
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#if FLASHATTN_SM90_DEVICE_CODE
   if (is_cluster_merge) {
     // The splits of this query block are the CTAs of one cluster (rank = split): merge
     // their rows through distributed shared memory — out = sum_s w_s o_s with

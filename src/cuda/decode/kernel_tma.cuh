@@ -44,6 +44,7 @@
 #include "flashattn/online_softmax.hpp"
 #include "flashattn/score.hpp"
 #include "src/core/kvcache_params.hpp"
+#include "src/cuda/common/named_barriers.hpp"
 #include "src/cuda/common/numeric.cuh"
 #include "src/cuda/common/sfu_math.cuh"
 #include "src/cuda/decode/kernel_mma.cuh"
@@ -51,9 +52,12 @@
 #include "src/cuda/decode/rotary.cuh"
 #include "src/cuda/decode/tma.cuh"
 #include "src/cuda/decode/tma_config.hpp"
+#include "src/cuda/ptx/arch.cuh"
 #include "src/cuda/ptx/cp_async.cuh"
 #include "src/cuda/ptx/ldmatrix.cuh"
+#include "src/cuda/ptx/mbarrier.cuh"
 #include "src/cuda/ptx/mma_sync.cuh"
+#include "src/cuda/ptx/named_barrier.cuh"
 
 namespace flashattn::cuda::decode {
 
@@ -70,7 +74,7 @@ struct DecodeTensorMaps {
 template <class T, class Config>
 __global__ void __launch_bounds__(Config::kThreads, Config::kMinBlocksPerSm)
     tma_decode_kernel(const __grid_constant__ KVCacheParams params, const __grid_constant__ DecodeTensorMaps maps) {
-#if FLASHATTN_DECODE_TMA_CODE
+#if FLASHATTN_SM90_DEVICE_CODE
   using Numeric = Numeric<T>;
   constexpr int kRows = Config::kRows, kTileN = Config::kTileN, kStages = Config::kStages, kConsumerThreads = Config::kConsumerThreads;
   constexpr int kChunks = Config::kChunks, kHeadDim = Config::kHeadDim, kConsumerWarps = Config::kConsumerWarps;
@@ -153,10 +157,10 @@ __global__ void __launch_bounds__(Config::kThreads, Config::kMinBlocksPerSm)
   // except the speculative reads of the prefetch, whose values only pick L2 lines.
   if (tid == 0) {
     for (int stage = 0; stage < kStages; ++stage) {
-      tma::mbarrier_init(full_barriers + 8 * stage, 1);                 // the producer's expect_tx
-      tma::mbarrier_init(empty_barriers + 8 * stage, kConsumerWarps);  // every consumer warp releases
+      ptx::mbarrier_init(full_barriers + 8 * stage, 1);                 // the producer's expect_tx
+      ptx::mbarrier_init(empty_barriers + 8 * stage, kConsumerWarps);  // every consumer warp releases
     }
-    tma::fence_mbarrier_init();
+    ptx::fence_mbarrier_init();
   }
   __syncthreads();
 
@@ -224,9 +228,9 @@ __global__ void __launch_bounds__(Config::kThreads, Config::kMinBlocksPerSm)
     const auto load_page = [](const std::int32_t* p) { return *p; };
     const auto issue_tile = [&](int tile, std::int32_t block) {
       const int stage = tile % kStages;
-      if (tile >= kStages) tma::mbarrier_wait(empty_barriers + 8 * stage, ((tile / kStages) - 1) & 1);
+      if (tile >= kStages) ptx::mbarrier_wait_converged(empty_barriers + 8 * stage, ((tile / kStages) - 1) & 1);
       const std::uint32_t full = full_barriers + 8 * stage;
-      if (lane == 0) tma::mbarrier_arrive_expect_tx(full, Config::kStageBytes);
+      if (lane == 0) ptx::mbarrier_arrive_expect_tx(full, Config::kStageBytes);
       if (lane >= boxes) return;
       std::int32_t row, group_coordinate;
       box_coordinates(range, tile, lane, block, row, group_coordinate);
@@ -292,7 +296,7 @@ __global__ void __launch_bounds__(Config::kThreads, Config::kMinBlocksPerSm)
         }
       }
     }
-    tma::named_barrier_sync(1, kConsumerThreads);  // q is in shared memory
+    ptx::named_barrier_sync(NamedBarrier::kQueryStaged, kConsumerThreads);  // q is in shared memory
 
     // This lane's rows group_row and group_row + 8 (key offsets from the tile grid's first key).
     LaneRows rows;
@@ -346,7 +350,7 @@ __global__ void __launch_bounds__(Config::kThreads, Config::kMinBlocksPerSm)
     const bool is_scale = a.score_is_positive_scale();  // no softcap, no ALiBi: score_tile's fast path
     for (int tile = 0; tile < num_tiles; ++tile) {
       const int stage = tile % kStages;
-      tma::mbarrier_wait(full_barriers + 8 * stage, (tile / kStages) & 1);
+      ptx::mbarrier_wait_converged(full_barriers + 8 * stage, (tile / kStages) & 1);
       const std::uint32_t k_tile_address = ring_address + stage * Config::kStageBytes;
       const std::uint32_t v_tile_address = k_tile_address + Config::kTileBytes;
       const bool is_full_tile = whole.contains(tile);
@@ -401,7 +405,7 @@ __global__ void __launch_bounds__(Config::kThreads, Config::kMinBlocksPerSm)
         ptx::mma_m16n8k16<Numeric::kIsBf16>(o[n + 1], p_fragment, b1);
       }
       __syncwarp();  // every lane's ldmatrix of this stage is done
-      if (lane == 0) tma::mbarrier_arrive(empty_barriers + 8 * stage);
+      if (lane == 0) ptx::mbarrier_arrive(empty_barriers + 8 * stage);
     }
   }
   // Every tile landed and was read (the consumers waited for each): shared memory below

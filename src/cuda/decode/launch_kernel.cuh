@@ -26,6 +26,8 @@
 #include <cstring>
 #include <utility>
 
+#include "src/cuda/ptx/arch.cuh"
+
 namespace flashattn::cuda::decode {
 
 // Splits merged inside the split-KV kernel at most (one cluster of CTAs). Measured on
@@ -37,7 +39,7 @@ inline constexpr int kMaxClusterSplits = 2;
 // griddepcontrol.wait: blocks until the prerequisite grids have completed and their
 // writes are visible to this grid.
 __device__ __forceinline__ void wait_for_prior_grids() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#if FLASHATTN_SM90_DEVICE_CODE
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
 #endif
 }
@@ -45,7 +47,7 @@ __device__ __forceinline__ void wait_for_prior_grids() {
 // griddepcontrol.launch_dependents: this CTA no longer needs to hold back the next
 // grid's launch (the next grid still waits for this one's completion before reading).
 __device__ __forceinline__ void allow_dependent_launch() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#if FLASHATTN_SM90_DEVICE_CODE
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 #endif
 }

@@ -65,25 +65,24 @@
 #include "src/core/params.hpp"
 #include "src/cuda/common/check.cuh"
 #include "src/cuda/common/fragment.cuh"
+#include "src/cuda/common/named_barriers.hpp"
 #include "src/cuda/common/numeric.cuh"
+#include "src/cuda/common/swizzle.cuh"
 #include "src/cuda/hopper/launch.hpp"
 #include "src/cuda/hopper/tile_config.hpp"
 #include "src/cuda/ptx/math.cuh"
+#include "src/cuda/ptx/mbarrier.cuh"
+#include "src/cuda/ptx/named_barrier.cuh"
 #include "src/cuda/ptx/warpgroup.cuh"
 #include "src/cuda/ptx/wgmma.cuh"
 
 namespace flashattn::cuda::hopper {
 
-// Named barrier ids (0 is __syncthreads): per consumer warpgroup, its epilogue and its
-// GEMM turn of the ping-pong schedule.
-enum class NamedBarrier : int { kConsumerEpilogueFirst = 1, kTurnFirst = 1 + kMaxConsumerWarpgroups };
-
-#if FLASHATTN_HOPPER_DEVICE_CODE
-__device__ __forceinline__ void wait_barrier(std::uint64_t* barrier, std::uint32_t parity) {
-  while (!::cuda::ptx::mbarrier_try_wait_parity(barrier, parity)) {
-  }
-}
-#endif
+// Named barriers (common/named_barriers.hpp): per consumer warpgroup, its epilogue and
+// its GEMM turn of the ping-pong schedule.
+static_assert(static_cast<int>(NamedBarrier::kTurnFirst) ==
+                  static_cast<int>(NamedBarrier::kConsumerEpilogueFirst) + kMaxConsumerWarpgroups,
+              "one epilogue barrier per consumer warpgroup, then the turns");
 
 template <class T, int kHeadDimArg, int kBlockMArg, int kBlockNArg, int kStagesArg, bool kIntraOverlapArg,
           bool kPingPongArg, bool kPersistentArg, bool kHasDropout>
@@ -188,7 +187,7 @@ __global__ void __launch_bounds__(128 * (1 + kBlockMArg / 64), 1)
       if (!decode_tile(linear, tile)) continue;
       const std::int32_t batch_coordinate = is_varlen ? 0 : static_cast<std::int32_t>(tile.batch);
       // Q of the previous tile released by every consumer warp (persistent launches).
-      if (tile_count > 0) wait_barrier(q_empty, (tile_count - 1) & 1);
+      if (tile_count > 0) ptx::mbarrier_wait(q_empty, (tile_count - 1) & 1);
       const std::int32_t q_row = static_cast<std::int32_t>(attention.q_start(tile.batch) + tile.m0);
       ::cuda::ptx::mbarrier_arrive_expect_tx(::cuda::ptx::sem_release, ::cuda::ptx::scope_cta,
                                              ::cuda::ptx::space_shared, q_full, kQBytes);
@@ -208,7 +207,7 @@ __global__ void __launch_bounds__(128 * (1 + kBlockMArg / 64), 1)
                             int index) {
         const int position = block_base + index;
         const int stage = position % kStages;
-        if (position >= kStages) wait_barrier(&empty[stage], ((position / kStages) - 1) & 1);
+        if (position >= kStages) ptx::mbarrier_wait(&empty[stage], ((position / kStages) - 1) & 1);
         ::cuda::ptx::mbarrier_arrive_expect_tx(::cuda::ptx::sem_release, ::cuda::ptx::scope_cta,
                                                ::cuda::ptx::space_shared, &full[stage], kKVBytes);
         const std::int32_t row = static_cast<std::int32_t>(k_start + (tile.n_block_end - 1 - index) * kBlockN);
@@ -394,11 +393,11 @@ __global__ void __launch_bounds__(128 * (1 + kBlockMArg / 64), 1)
   };
   auto wait_k = [&](int index) {
     const int position = block_base + index;
-    wait_barrier(&k_full[position % kStages], (position / kStages) & 1);
+    ptx::mbarrier_wait(&k_full[position % kStages], (position / kStages) & 1);
   };
   auto wait_v = [&](int index) {
     const int position = block_base + index;
-    wait_barrier(&v_full[position % kStages], (position / kStages) & 1);
+    ptx::mbarrier_wait(&v_full[position % kStages], (position / kStages) & 1);
   };
 
   // Ping-pong (FA3 section 3.1): the two consumer warpgroups take turns issuing their
@@ -450,8 +449,7 @@ __global__ void __launch_bounds__(128 * (1 + kBlockMArg / 64), 1)
 #pragma unroll
       for (int j = 0; j < kHeadDim / 8; ++j) {
         // Column 8j + 2 quad_lane: panel j / 8, 16-byte chunk j % 8 of the row.
-        const int byte_offset =
-            (j / 8) * kBlockM * 128 + tile_row * 128 + (((j % 8) ^ (tile_row % 8)) * 16) + quad_lane * 4;
+        const int byte_offset = panels_chunk_offset<kBlockM>(tile_row, j) + quad_lane * 4;
         *reinterpret_cast<std::uint32_t*>(shared_q_bytes + byte_offset) =
             pack_pair<T>(o[4 * j + 2 * half] * output_scale, o[4 * j + 2 * half + 1] * output_scale);
       }
@@ -465,8 +463,7 @@ __global__ void __launch_bounds__(128 * (1 + kBlockMArg / 64), 1)
       const int tile_row = warpgroup_row0 + index / kRowChunks;
       const int chunk = index % kRowChunks;
       if (tile_row < tile.row_end - tile.m0 && chunk * 8 < attention.head_dim) {
-        const int byte_offset =
-            (chunk / 8) * kBlockM * 128 + tile_row * 128 + (((chunk % 8) ^ (tile_row % 8)) * 16);
+        const int byte_offset = panels_chunk_offset<kBlockM>(tile_row, chunk);
         *reinterpret_cast<uint4*>(out + tile_row * attention.out_row_stride + chunk * 8) =
             *reinterpret_cast<const uint4*>(shared_q_bytes + byte_offset);
       }
@@ -498,7 +495,7 @@ __global__ void __launch_bounds__(128 * (1 + kBlockMArg / 64), 1)
     row_state[1] = online_softmax::State<float>{};
     if (!is_positive_scale) score_rule = attention.score_of(tile.batch, tile.head, tile.mask);
     if constexpr (kHasDropout) dropout_head = attention.dropout_head(tile.batch, tile.head);
-    wait_barrier(q_full, tile_count & 1);
+    ptx::mbarrier_wait(q_full, tile_count & 1);
     if constexpr (kPingPongArg) {
       gemm_rounds = num_n_blocks + 1;
       round = 0;

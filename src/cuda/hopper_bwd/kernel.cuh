@@ -75,21 +75,22 @@
 #include "src/cuda/bwd/workspace.hpp"
 #include "src/cuda/common/check.cuh"
 #include "src/cuda/common/fragment.cuh"
+#include "src/cuda/common/named_barriers.hpp"
 #include "src/cuda/common/numeric.cuh"
+#include "src/cuda/common/swizzle.cuh"
 #include "src/cuda/hopper_bwd/dq_order.hpp"
 #include "src/cuda/hopper_bwd/launch.hpp"
 #include "src/cuda/hopper_bwd/pipeline.cuh"
 #include "src/cuda/hopper_bwd/tile_config.hpp"
 #include "src/cuda/ptx/bulk_reduce.cuh"
 #include "src/cuda/ptx/math.cuh"
+#include "src/cuda/ptx/mbarrier.cuh"
+#include "src/cuda/ptx/named_barrier.cuh"
 #include "src/cuda/ptx/semaphore.cuh"
 #include "src/cuda/ptx/warpgroup.cuh"
 #include "src/cuda/ptx/wgmma.cuh"
 
 namespace flashattn::cuda::hopper_bwd {
-
-// Named barriers among the 256 consumer threads (0 is __syncthreads).
-enum class NamedBarrier : int { kDsWritten = 1, kDqStaged = 2 };
 
 
 template <class T, int kHeadDimArg, int kBlockMArg, int kBlockNArg, int kStagesArg, bool kDeterministic>
@@ -184,7 +185,7 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
     load_panels<kPanels, kBlockN>(shared_v, &params.v_map, k_row, static_cast<std::int32_t>(head_kv), batch_coordinate, kv_full);
     for (int step = 0; step < steps; ++step) {
       const int stage = step % kStages;
-      if (step >= kStages) wait_barrier(&empty[stage], ((step / kStages) - 1) & 1);
+      if (step >= kStages) ptx::mbarrier_wait(&empty[stage], ((step / kStages) - 1) & 1);
       const std::int64_t head_q = step_head(step), m0 = step_m0(step);
       ::cuda::ptx::mbarrier_arrive_expect_tx(::cuda::ptx::sem_release, ::cuda::ptx::scope_cta,
                                              ::cuda::ptx::space_shared, &full[stage],
@@ -251,12 +252,12 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
 #pragma unroll
   for (int i = 0; i < kHeadDim / 2; ++i) dv[i] = dk[i] = 0.0f;
 
-  if (steps > 0) wait_barrier(kv_full, 0);
+  if (steps > 0) ptx::mbarrier_wait(kv_full, 0);
   for (int step = 0; step < steps; ++step) {
     const int stage = step % kStages;
     const std::int64_t head_q = step_head(step), m0 = step_m0(step);
     const std::uint64_t stage_offset = (stage * kQBytes) >> 4;
-    wait_barrier(&full[stage], (step / kStages) & 1);
+    ptx::mbarrier_wait(&full[stage], (step / kStages) & 1);
 
     // S^T = K_w Q^T and dP^T = V_w dO^T: (64 keys, kBlockM queries) each.
     float s[kBlockM / 2];
@@ -401,8 +402,8 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
       for (int r = 0; r < 4; ++r) {
         const int row = key_row0 + 8 * (r % 2);
         const int chunk = 2 * kq + r / 2;
-        *reinterpret_cast<std::uint32_t*>(shared_ds + (chunk / 8) * kBlockN * 128 + row * 128 +
-                                          (((chunk % 8) ^ (row % 8)) * 16) + quad_lane * 4) = ds_fragment[kq][r];
+        *reinterpret_cast<std::uint32_t*>(shared_ds + panels_chunk_offset<kBlockN>(row, chunk) + quad_lane * 4) =
+            ds_fragment[kq][r];
       }
 
     // dV_w += P^T dO, dK_w += dS^T Q (depth kBlockM queries).
@@ -421,7 +422,7 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
     // through), and the previous step's dQ staging tile read by the TMA.
     ptx::fence_proxy_async_shared();
     if (is_issuer) ptx::bulk_wait_group_read<0>();
-    ptx::named_barrier_sync(static_cast<int>(NamedBarrier::kDsWritten), kConsumerThreads);
+    ptx::named_barrier_sync(NamedBarrier::kDsWritten, kConsumerThreads);
 
     // dQ[:, consumer's columns] = dS K (depth kBlockN keys).
     float dq[kDqColumns / 2];
@@ -451,7 +452,7 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
       }
     ptx::fence_proxy_async_shared();
     // Also: every consumer's dQ product is done, so dS^T may be rewritten next step.
-    ptx::named_barrier_sync(static_cast<int>(NamedBarrier::kDqStaged), kConsumerThreads);
+    ptx::named_barrier_sync(NamedBarrier::kDqStaged, kConsumerThreads);
     if constexpr (!kDeterministic) {
       if (is_issuer) {
         ptx::bulk_reduce_add_f32(workspace.dq_accum + workspace.dq_offset(attention, batch, m0, head_q),

@@ -46,13 +46,17 @@
 #include "src/cuda/bwd/workspace.hpp"
 #include "src/cuda/common/check.cuh"
 #include "src/cuda/common/fragment.cuh"
+#include "src/cuda/common/named_barriers.hpp"
 #include "src/cuda/common/numeric.cuh"
+#include "src/cuda/common/swizzle.cuh"
 #include "src/cuda/hopper_bwd/dq_order.hpp"
 #include "src/cuda/hopper_bwd/launch.hpp"
 #include "src/cuda/hopper_bwd/pipeline.cuh"
 #include "src/cuda/hopper_bwd/tile_config.hpp"
 #include "src/cuda/ptx/bulk_reduce.cuh"
 #include "src/cuda/ptx/math.cuh"
+#include "src/cuda/ptx/mbarrier.cuh"
+#include "src/cuda/ptx/named_barrier.cuh"
 #include "src/cuda/ptx/semaphore.cuh"
 #include "src/cuda/ptx/warpgroup.cuh"
 #include "src/cuda/ptx/wgmma.cuh"
@@ -149,7 +153,7 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
     // The dQ tile of `step`, staged over its stage: added to dq_accum in one reduction.
     auto reduce_dq = [&](int step) {
       const int stage = step % kStages;
-      wait_barrier(&dq_staged[stage], (step / kStages) & 1);
+      ptx::mbarrier_wait(&dq_staged[stage], (step / kStages) & 1);
       const std::int64_t m0 = step_m0(step), head_q = step_head(step);
       const auto source = static_cast<std::uint32_t>(__cvta_generic_to_shared(shared_dq(stage)));
       if constexpr (!kDeterministic) {
@@ -229,12 +233,12 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
 #pragma unroll
   for (int i = 0; i < kColumns / 2; ++i) dv[i] = dk[i] = 0.0f;
 
-  if (steps > 0) wait_barrier(kv_full, 0);
+  if (steps > 0) ptx::mbarrier_wait(kv_full, 0);
   for (int step = 0; step < steps; ++step) {
     const int stage = step % kStages;
     const std::int64_t head_q = step_head(step), m0 = step_m0(step);
     const std::uint32_t q_address = address_of(shared_q(stage)), do_address = address_of(shared_do(stage));
-    wait_barrier(&full[stage], (step / kStages) & 1);
+    ptx::mbarrier_wait(&full[stage], (step / kStages) & 1);
 
     // S_w = Q K_w^T and dP_w = dO V_w^T: (64 queries, 32 keys) each, depth kHeadDim.
     const std::uint64_t q_as_a = make_smem_descriptor(q_address, 16, 1024, SwizzleMode::bytes128);
@@ -356,22 +360,23 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
     }
 
     // P and dS (16-bit) into their (queries, keys) panels: row r, 16-byte chunk c of the
-    // row at r * 128 + ((c ^ (r % 8)) * 16); this thread's pair of keys 8 j + 2 quad_lane
-    // of its consumer is chunk 4 consumer + j (kKeys = 32), bytes 4 quad_lane inside it.
+    // row at panel_chunk_offset(r, c) (common/swizzle.cuh); this thread's pair of keys
+    // 8 j + 2 quad_lane of its consumer is chunk 4 consumer + j (kKeys = 32), bytes
+    // 4 quad_lane inside it.
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const int row = warp_row0 + 8 * half;
 #pragma unroll
       for (int j = 0; j < kKeys / 8; ++j) {
         const int chunk = key_column0 / 8 + j;
-        const int offset = row * 128 + ((chunk ^ (row % 8)) * 16) + quad_lane * 4;
+        const int offset = panel_chunk_offset(row, chunk) + quad_lane * 4;
         *reinterpret_cast<std::uint32_t*>(shared_p + offset) = pack_pair<T>(s[4 * j + 2 * half], s[4 * j + 2 * half + 1]);
         *reinterpret_cast<std::uint32_t*>(shared_ds + offset) = pack_pair<T>(dp[4 * j + 2 * half], dp[4 * j + 2 * half + 1]);
       }
     }
     // Both consumers' halves of P and dS written and visible to the async proxy.
     ptx::fence_proxy_async_shared();
-    ptx::named_barrier_sync(1, kConsumerThreads);
+    ptx::named_barrier_sync(WideNamedBarrier::kPAndDsWritten, kConsumerThreads);
 
     // dV[:, cols] += P^T dO[:, cols], dK[:, cols] += dS^T Q[:, cols] (depth kBlockM queries);
     // dQ[:, cols] = dS K[:, cols] (depth kBlockN keys).
@@ -399,7 +404,7 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
     ptx::fence_operands(dv);
     ptx::fence_operands(dk);
     // Both consumers are done reading this stage's Q and dO and the P and dS tiles.
-    ptx::named_barrier_sync(2, kConsumerThreads);
+    ptx::named_barrier_sync(WideNamedBarrier::kStageRead, kConsumerThreads);
 
     // The step's dQ tile (kBlockM, kHeadDim) fp32 over the stage, rows of kHeadDim floats.
     float* staging = shared_dq(stage);

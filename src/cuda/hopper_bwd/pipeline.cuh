@@ -1,6 +1,6 @@
 // src/cuda/hopper_bwd/pipeline.cuh — what both Hopper backward kernels (kernel.cuh,
 // kernel_wide.cuh) share of their hardware mapping: the producer's TMA loads (a K/V
-// block, a step's Q/dO tiles and LSE/D rows), the mbarrier wait, the deterministic
+// block, a step's Q/dO tiles and LSE/D rows), the deterministic
 // mode's ordered dQ addition, and the launch (one CTA per key block x kv head x
 // sequence, with the shared-memory opt-in).
 #pragma once
@@ -23,16 +23,12 @@
 #include "src/cuda/hopper_bwd/tile_config.hpp"
 #include "src/cuda/ptx/bulk_reduce.cuh"
 #include "src/cuda/ptx/semaphore.cuh"
-#include "src/cuda/ptx/wgmma.cuh"  // FLASHATTN_HOPPER_DEVICE_CODE
+#include "src/cuda/ptx/arch.cuh"  // FLASHATTN_HOPPER_DEVICE_CODE
+#include "src/cuda/ptx/mbarrier.cuh"
 
 namespace flashattn::cuda::hopper_bwd {
 
 #if FLASHATTN_HOPPER_DEVICE_CODE
-__device__ __forceinline__ void wait_barrier(std::uint64_t* barrier, std::uint32_t parity) {
-  while (!::cuda::ptx::mbarrier_try_wait_parity(barrier, parity)) {
-  }
-}
-
 // A (kRows, kPanels x 64) tile of one head: kPanels TMA copies of the map's (64 columns,
 // kRows rows) box into 64-column panels of kRows rows (128-byte swizzle), completing on
 // `barrier` (whose expected bytes the caller has set).

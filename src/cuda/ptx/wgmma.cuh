@@ -19,19 +19,13 @@
 // fragment layout (see mma_sync.cuh), so two adjacent n8 column tiles of an
 // accumulator, converted to 16 bits, are the A fragment of one k16 step.
 //
-// Only compiled into sm_90a code: callers guard with FLASHATTN_HOPPER_DEVICE_CODE.
+// Only compiled into sm_90a code: callers guard with FLASHATTN_HOPPER_DEVICE_CODE (arch.cuh).
 #pragma once
 
 #include <cstdint>
 
+#include "src/cuda/ptx/arch.cuh"
 #include "src/cuda/ptx/wgmma_shapes.cuh"
-
-// True while compiling device code for sm_90a (the only target with wgmma/setmaxnreg).
-#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#define FLASHATTN_HOPPER_DEVICE_CODE 1
-#else
-#define FLASHATTN_HOPPER_DEVICE_CODE 0
-#endif
 
 namespace flashattn::cuda::ptx {
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# src/cuda/hopper_bwd/device_run.sh — one device call for the Hopper backward: build
+# bench/gpu/kernels/hopper_bwd_device_run.sh — one device call for the Hopper backward: build
 # (head dims HEAD_DIMS, default "64;128", sm_90a) the backward tests and the timing tool, run the tests (with
 # a compute-sanitizer pass on the Hopper cases), time ours (sm90 and FA2-class) and the
 # SDPA anchors (FA2, cuDNN) in the same call. Logs/CSVs under $OUT.
@@ -8,7 +8,7 @@
 # Runs in the tree it lives in: the repo root, or (what the 2026-11-23 runs did, so
 # that other work in progress in a shared checkout cannot break the build) a
 # `git archive HEAD` snapshot with .device-deps copied in, in an ignored folder named
-# in the device call's carry: cd build-hbwd-src && bash src/cuda/hopper_bwd/device_run.sh
+# in the device call's carry: cd build-hbwd-src && bash bench/gpu/kernels/hopper_bwd_device_run.sh
 set -uo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../../.." && pwd)
 cd "$root"
@@ -46,13 +46,13 @@ if [ "${SKIP_TESTS:-0}" != 1 ]; then
 fi
 
 step "variants"
-timeout "${VARIANT_LIMIT:-60}" "$tree/src/cuda/flashattn_hopper_bwd_timing" 20 --variants > "$out/variants.csv" 2>&1
+timeout "${VARIANT_LIMIT:-60}" "$tree/bench/gpu/kernels/flashattn_hopper_bwd_timing" 20 --variants > "$out/variants.csv" 2>&1
 echo "variants rc=$?" | tee -a "$log"; cat "$out/variants.csv" | tee -a "$log"
 step "timing"
-timeout "${TIMING_LIMIT:-120}" "$tree/src/cuda/flashattn_hopper_bwd_timing" ${TIMING_ARGS:-20 --quick} > "$out/timing.csv" 2> "$logs/timing.err"
+timeout "${TIMING_LIMIT:-120}" "$tree/bench/gpu/kernels/flashattn_hopper_bwd_timing" ${TIMING_ARGS:-20 --quick} > "$out/timing.csv" 2> "$logs/timing.err"
 echo "timing rc=$?" | tee -a "$log"; cat "$out/timing.csv" | tee -a "$log"
 step "anchors"
-PYTHONUNBUFFERED=1 timeout "${ANCHOR_LIMIT:-120}" python3 src/cuda/hopper_bwd/hopper_bwd_anchors.py "$out/timing.csv" > "$out/joined.csv" 2> "$logs/anchors.err"
+PYTHONUNBUFFERED=1 timeout "${ANCHOR_LIMIT:-120}" python3 bench/gpu/kernels/hopper_bwd_anchors.py "$out/timing.csv" > "$out/joined.csv" 2> "$logs/anchors.err"
 echo "anchors rc=$?" | tee -a "$log"; cat "$out/joined.csv" | tee -a "$log"; tail -5 "$logs/anchors.err" | tee -a "$log"
 tar -czf "$out/logs.tar.gz" -C "$logs" .
 step "done"

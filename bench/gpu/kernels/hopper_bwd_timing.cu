@@ -1,4 +1,4 @@
-// src/cuda/hopper_bwd/hopper_bwd_timing.cu — times the whole backward pass
+// bench/gpu/kernels/hopper_bwd_timing.cu — times the whole backward pass
 // (preprocess + main kernel + dQ conversion) with the Hopper wgmma kernel
 // (flashattn::backward's dispatch) and with the FA2-class kernel (src/cuda/bwd),
 // same inputs, CUDA events, median of repeats. Not a test: it prints CSV; the

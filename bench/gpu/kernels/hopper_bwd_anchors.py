@@ -3,7 +3,7 @@
 FA2, CUDNN_ATTENTION) on the shapes of the timing tool's CSV, in the same device call,
 joined into one CSV with the ratios (anchor time / our time; > 1 means we are faster).
 
-Usage: python3 hopper_bwd_anchors.py timing.csv > joined.csv
+Usage: python3 bench/gpu/kernels/hopper_bwd_anchors.py timing.csv > joined.csv
 
 Timing as bench/gpu/bench_attention.py: torch.autograd.grad of one SDPA output with
 a random dO, triton.testing.do_bench median (warmup 25 ms, rep 100 ms). Inputs are

@@ -1,10 +1,10 @@
-// tests/cuda/fwd_timing.cu — times the CUDA forward with CUDA events on random
+// bench/gpu/kernels/fwd_timing.cu — times the CUDA forward with CUDA events on random
 // inputs for the key shapes of ../shared/BENCHMARKS.md (not a test: no assertions on
 // timing). The full harness against PyTorch lives in bench/gpu; this is the kernel
 // engineer's loop: the production path (flashattn::forward) plus a few alternative
 // tile configs, so one device run can compare them.
 //
-// Usage: fwd_timing [--quick | --profile]   prints CSV: kind,sweep,dtype,batch,heads,seqlen,head_dim,causal,
+// Usage: flashattn_fwd_timing [--quick | --profile]   prints CSV: kind,sweep,dtype,batch,heads,seqlen,head_dim,causal,
 //   config,ms,tflops,max_abs_diff_vs_table,unwritten (outputs are poisoned with NaN and
 //   checked written; a variant is compared with the production kernel on the same inputs)
 #include <cuda_bf16.h>

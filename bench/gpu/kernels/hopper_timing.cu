@@ -1,4 +1,4 @@
-// src/cuda/hopper/hopper_timing.cu — times the Hopper forward kernel's variants with CUDA
+// bench/gpu/kernels/hopper_timing.cu — times the Hopper forward kernel's variants with CUDA
 // events on random inputs at the benchmark shapes of ../shared/BENCHMARKS.md (not a
 // test: no assertions on timing). The kernel engineer's loop: the production kernel
 // (algorithm flash3 through the public API), the FA2 kernel (flash2) on the same
@@ -11,7 +11,7 @@
 // nonzero by design (only `unwritten` is a check there). The TFLOP/s count the plain
 // attention FLOPs, so the ratio to the plain row is the throughput ratio.
 //
-// Usage: hopper_timing [--quick] [--variants]   prints CSV: kind,dtype,batch,heads,seqlen,head_dim,causal,config,
+// Usage: flashattn_hopper_timing [--quick] [--variants]   prints CSV: kind,dtype,batch,heads,seqlen,head_dim,causal,config,
 //   ms,tflops,max_abs_diff_vs_production,unwritten
 //   --variants: only flash3 plain / dropout / ALiBi, bf16 d64/d128/d256 at seqlen 1k, 4k, 16k.
 #include <cuda_bf16.h>

@@ -1,4 +1,4 @@
-// src/cuda/bwd/bwd_timing.cu — times flashattn::backward alone (CUDA events, median
+// bench/gpu/kernels/bwd_timing.cu — times flashattn::backward alone (CUDA events, median
 // of repeats) on the shapes of shared/BENCHMARKS.md, default and deterministic;
 // with --configs, alternative tile configs of the same kernels against the table's.
 // Not a test: it prints CSV; the anchors (FA2/cuDNN backward) come from

@@ -1,0 +1,35 @@
+// src/cuda/common/named_barriers.hpp — the named-barrier ids of every kernel family, in
+// one place (as FA3's named_barrier.hpp), so no two roles of a kernel share an id by
+// accident and no kernel writes a raw id. bar.sync ids are 0..15 per CTA; 0 is
+// __syncthreads. The wrappers: ptx/named_barrier.cuh. A family whose barriers come one
+// per warpgroup names the first and passes the warpgroup as the index.
+#pragma once
+
+namespace flashattn::cuda {
+
+namespace hopper {
+// The Hopper forward (hopper/kernel.cuh): per consumer warpgroup c (at most
+// kMaxConsumerWarpgroups = 3, hopper/tile_config.hpp; the kernel asserts the ids
+// below do not overlap), its epilogue (ids 1..3) and its GEMM turn of the ping-pong
+// schedule (ids 4..5: the ping-pong alternates two warpgroups).
+enum class NamedBarrier : int { kConsumerEpilogueFirst = 1, kTurnFirst = 4 };
+}  // namespace hopper
+
+namespace hopper_bwd {
+// The Hopper backward (hopper_bwd/kernel.cuh), over the consumer warpgroups: dS^T
+// written to shared memory for the dQ GEMM; the step's dQ staged (and every consumer's
+// dQ GEMM done, so dS^T may be rewritten).
+enum class NamedBarrier : int { kDsWritten = 1, kDqStaged = 2 };
+// The wide (d256) Hopper backward (hopper_bwd/kernel_wide.cuh), over both consumers:
+// both halves of P and dS written (and fenced for the async proxy); both consumers
+// done reading the stage's Q, dO and the P, dS tiles.
+enum class WideNamedBarrier : int { kPAndDsWritten = 1, kStageRead = 2 };
+}  // namespace hopper_bwd
+
+namespace decode {
+// The sm_90 decode kernel (decode/kernel_tma.cuh), over the consumer warps: the query
+// tile is in shared memory.
+enum class NamedBarrier : int { kQueryStaged = 1 };
+}  // namespace decode
+
+}  // namespace flashattn::cuda
