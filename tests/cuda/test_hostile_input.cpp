@@ -239,6 +239,7 @@ struct DecodeProblem {
   Guarded out;
   Guarded lse{HostTensor(DType::float32, {kBatch, 2, 1})};
   Mirrored cache_seqlens{int32_tensor({30, 40})};
+  DeviceBuffer workspace{std::size_t{1} << 20};  // the split-KV scratch (more than 3 splits of this size need)
   explicit DecodeProblem(std::int64_t seqlen_q_)
       : seqlen_q(seqlen_q_), q{random_tensor(DType::bfloat16, {kBatch, seqlen_q_, 2, kDim}, 21)},
         out{HostTensor(DType::bfloat16, {kBatch, seqlen_q_, 2, kDim})}, lse{HostTensor(DType::float32, {kBatch, 2, seqlen_q_})} {}
@@ -249,6 +250,8 @@ struct DecodeProblem {
     a.maybe_cache_seqlens = cache_seqlens.view();
     a.out = out.view(), a.maybe_lse = lse.view();
     a.num_splits = num_splits;
+    if (num_splits > 1)
+      a.maybe_workspace = TensorView::contiguous(workspace.data(), DType::uint8, {std::int64_t{1} << 20}, Device::cuda(0));
     return a;
   }
   void expect_guards_intact() {
