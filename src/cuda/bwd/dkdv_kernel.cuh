@@ -208,8 +208,10 @@ __device__ __forceinline__ void write_p_and_ds(const float (&s)[T::kSdpMTiles][T
         // The score rule's row inputs: the LSE and the ALiBi distance of (row, column n0),
         // 32-bit from here on (one subtract per element).
         [[maybe_unused]] float lse_log2 = 0.0f;
-        [[maybe_unused]] int distance0 = 0;
-        if constexpr (!kIsPlain) lse_log2 = lse_tile[row], distance0 = static_cast<int>(score_rule.distance(m0 + row, n0));
+        [[maybe_unused]] float distance0 = 0.0f;  // less the lane's 2·quad: per element a constant offset
+        if constexpr (!kIsPlain)
+          lse_log2 = lse_tile[row],
+          distance0 = static_cast<float>(score_rule.distance(m0 + row, n0) - warp_n0 - 2 * quad_lane);
 #pragma unroll
         for (int j = 0; j < T::kSdpNTiles; ++j) {
           const int col = warp_n0 + 8 * j + 2 * quad_lane;
@@ -221,7 +223,8 @@ __device__ __forceinline__ void write_p_and_ds(const float (&s)[T::kSdpMTiles][T
               p[e] = s[mi][j][2 * half + e];
             } else {
               const ScoreRule::ScoreAndGradient score =
-                  score_rule.log2_score_and_gradient_at(s[mi][j][2 * half + e], distance0 - (col + e));
+                  score_rule.log2_score_and_gradient_at_distance(s[mi][j][2 * half + e],
+                                                                 distance0 - static_cast<float>(8 * j + e));
               p[e] = ptx::exp2_approx_ftz(score.log2_score - lse_log2);
               gradient_factor = score.gradient_factor;
             }

@@ -51,8 +51,18 @@ __device__ __forceinline__ void apply_score_rule(float (&s)[4 * kNTiles], const 
     for (int i = 0; i < 4 * kNTiles; ++i) s[i] = rule.log2_score_unbiased(s[i]);
     return;
   }
-  const int base = static_cast<int>(row0 + rule.diagonal - col0);  // distance of (half 0, column 0)
-  for_each<kNTiles>(s, [&](float& value, int half, int col) { value = rule.log2_score_at(value, base + 8 * half - col); });
+  // Distance of this lane's (half 0, e = 0) element of n8 tile 0, as a float: each
+  // element then adds a compile-time offset (no int-to-float per element).
+  const float base = static_cast<float>(row0 + rule.diagonal - col0 - 2 * quad_lane());
+#pragma unroll
+  for (int j = 0; j < kNTiles; ++j)
+#pragma unroll
+    for (int half = 0; half < 2; ++half)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        float& value = s[4 * j + 2 * half + e];
+        value = rule.log2_score_at_distance(value, base + static_cast<float>(8 * half - 8 * j - e));
+      }
 }
 
 // Dropout on the probabilities of a 16 × 8·kNTiles block (kNTiles even, col0 a
@@ -102,7 +112,10 @@ __device__ __forceinline__ void for_each_score(const float (&dot)[4 * kNTiles], 
                                                std::int64_t row0, std::int64_t col0, F&& f) {
   const int quad = quad_lane();
   // Distance of (half 0, column 0 of the block): plain, row0 is the query; transposed, col0 is.
-  const int base = static_cast<int>(kTransposed ? col0 + rule.diagonal - row0 : row0 + rule.diagonal - col0);
+  const int base_int = static_cast<int>(kTransposed ? col0 + rule.diagonal - row0 : row0 + rule.diagonal - col0);
+  // As a float with the lane's 2·quad folded in: per element one add of a compile-time
+  // offset (no int-to-float conversion per element; see ScoreRule::with_bias_at).
+  const float base = static_cast<float>(kTransposed ? base_int + 2 * quad : base_int - 2 * quad);
 #pragma unroll
   for (int j = 0; j < kNTiles; ++j)
 #pragma unroll
@@ -110,17 +123,17 @@ __device__ __forceinline__ void for_each_score(const float (&dot)[4 * kNTiles], 
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         const int index = 4 * j + 2 * half + e;
-        const int offset = 8 * half - (8 * j + 2 * quad + e);  // (row − row0) − (column − col0)
-        const int distance = kTransposed ? base - offset : base + offset;
+        const int offset = 8 * half - (8 * j + e);  // (row − row0) − (column − col0), less the lane's 2·quad
+        const float distance = kTransposed ? base - static_cast<float>(offset) : base + static_cast<float>(offset);
         const float value = dot[index];
         // Both rule calls under one softcap test: the compiler then shares their tanh
         // (with the tests apart it computed tanh twice: PTX, 64 vs 32 rcp per 32 elements).
         float score, factor = 1.0f;
         if (rule.has_softcap()) {
-          score = rule.log2_score_at(value, distance);
+          score = rule.log2_score_at_distance(value, distance);
           factor = rule.gradient_factor(value);
         } else {
-          score = rule.log2_score_at(value, distance);
+          score = rule.log2_score_at_distance(value, distance);
         }
         f(index, score, factor);
       }
