@@ -377,13 +377,13 @@ __global__ void __launch_bounds__(Config::kThreads, Config::kMinBlocksPerSm)
                          k_tile_address + k_offsets[k_step % 4] + (k_step / 4) * Config::kPanelBytes);
         const std::uint32_t b0[2] = {k_fragment[0], k_fragment[1]}, b1[2] = {k_fragment[2], k_fragment[3]};
         if constexpr (Config::kQInRegisters) {
-          ptx::mma_m16n8k16<Numeric::kIsBf16>(s[0], q_fragments[k_step], b0);
-          ptx::mma_m16n8k16<Numeric::kIsBf16>(s[1], q_fragments[k_step], b1);
+          ptx::mma_m16n8k16<Numeric::kMmaInput>(s[0], q_fragments[k_step], b0);
+          ptx::mma_m16n8k16<Numeric::kMmaInput>(s[1], q_fragments[k_step], b1);
         } else {
           std::uint32_t q_fragment[4];
           load_q_fragment(k_step, q_fragment);
-          ptx::mma_m16n8k16<Numeric::kIsBf16>(s[0], q_fragment, b0);
-          ptx::mma_m16n8k16<Numeric::kIsBf16>(s[1], q_fragment, b1);
+          ptx::mma_m16n8k16<Numeric::kMmaInput>(s[0], q_fragment, b0);
+          ptx::mma_m16n8k16<Numeric::kMmaInput>(s[1], q_fragment, b1);
         }
       }
 
@@ -401,8 +401,8 @@ __global__ void __launch_bounds__(Config::kThreads, Config::kMinBlocksPerSm)
         ptx::ldmatrix_x4_trans(v_fragment[0], v_fragment[1], v_fragment[2], v_fragment[3],
                                v_tile_address + v_offsets[(n % 8) / 2] + (n / 8) * Config::kPanelBytes);
         const std::uint32_t b0[2] = {v_fragment[0], v_fragment[1]}, b1[2] = {v_fragment[2], v_fragment[3]};
-        ptx::mma_m16n8k16<Numeric::kIsBf16>(o[n], p_fragment, b0);
-        ptx::mma_m16n8k16<Numeric::kIsBf16>(o[n + 1], p_fragment, b1);
+        ptx::mma_m16n8k16<Numeric::kMmaInput>(o[n], p_fragment, b0);
+        ptx::mma_m16n8k16<Numeric::kMmaInput>(o[n + 1], p_fragment, b1);
       }
       __syncwarp();  // every lane's ldmatrix of this stage is done
       if (lane == 0) ptx::mbarrier_arrive(empty_barriers + 8 * stage);

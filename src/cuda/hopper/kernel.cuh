@@ -98,7 +98,7 @@ __global__ void __launch_bounds__(128 * (1 + kBlockMArg / 64), 1)
   constexpr int kPanels = kConfig.panels();
   constexpr int kQBytes = kConfig.q_bytes();
   constexpr int kKVBytes = kConfig.kv_tile_bytes();
-  constexpr bool kIsBf16 = Numeric<T>::kIsBf16;
+  constexpr ptx::MmaInput kInput = Numeric<T>::kMmaInput;
   constexpr int kConsumerWarpgroups = kConfig.consumer_warpgroups();
   static_assert(kBlockM % 64 == 0 && kConsumerWarpgroups >= 1 && kConsumerWarpgroups <= kMaxConsumerWarpgroups,
                 "each consumer warpgroup owns 64 query rows");
@@ -287,7 +287,7 @@ __global__ void __launch_bounds__(128 * (1 + kBlockMArg / 64), 1)
     ptx::wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kHeadDim / 16; ++kk) {
-      ptx::wgmma_ss<kBlockN, kIsBf16, 0>(s, q_descriptor + k_step_offset(kk, kBlockM),
+      ptx::wgmma_ss<kBlockN, kInput, 0>(s, q_descriptor + k_step_offset(kk, kBlockM),
                                          stage_k_descriptor + k_step_offset(kk, kBlockN), kk > 0 ? 1 : 0);
     }
     ptx::wgmma_commit_group();
@@ -300,7 +300,7 @@ __global__ void __launch_bounds__(128 * (1 + kBlockMArg / 64), 1)
     ptx::wgmma_fence();
 #pragma unroll
     for (int kp = 0; kp < kBlockN / 16; ++kp) {
-      ptx::wgmma_rs<kHeadDim, kIsBf16, 1>(o, p[kp], stage_v_descriptor + ((kp * 16 * 128) >> 4), 1);
+      ptx::wgmma_rs<kHeadDim, kInput, 1>(o, p[kp], stage_v_descriptor + ((kp * 16 * 128) >> 4), 1);
     }
     ptx::wgmma_commit_group();
   };

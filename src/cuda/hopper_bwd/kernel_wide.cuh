@@ -77,7 +77,7 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
   constexpr int kStatsBytes = kConfig.stats_bytes();
   constexpr int kConsumerWarps = 4 * kConsumerWarpgroups;
   constexpr int kConsumerThreads = 128 * kConsumerWarpgroups;
-  constexpr bool kIsBf16 = Numeric<T>::kIsBf16;
+  constexpr ptx::MmaInput kInput = Numeric<T>::kMmaInput;
   static_assert(kBlockM == 64 && kBlockN == 64, "one m64 wgmma per product: 64 queries, 64 keys");
   static_assert(kKeys == 32, "S and dP: m64n32 per consumer");
   static_assert(kColumns % kPanelColumns == 0, "each consumer's columns are whole 64-column panels");
@@ -248,12 +248,12 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
     ptx::wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kHeadDim / 16; ++kk)
-      ptx::wgmma_ss<kKeys, kIsBf16, 0>(s, q_as_a + k_step_offset(kk, kBlockM), k_as_b + k_step_offset(kk, kBlockN),
+      ptx::wgmma_ss<kKeys, kInput, 0>(s, q_as_a + k_step_offset(kk, kBlockM), k_as_b + k_step_offset(kk, kBlockN),
                                        kk > 0 ? 1 : 0);
     ptx::wgmma_commit_group();
 #pragma unroll
     for (int kk = 0; kk < kHeadDim / 16; ++kk)
-      ptx::wgmma_ss<kKeys, kIsBf16, 0>(dp, do_as_a + k_step_offset(kk, kBlockM), v_as_b + k_step_offset(kk, kBlockN),
+      ptx::wgmma_ss<kKeys, kInput, 0>(dp, do_as_a + k_step_offset(kk, kBlockM), v_as_b + k_step_offset(kk, kBlockN),
                                        kk > 0 ? 1 : 0);
     ptx::wgmma_commit_group();
 
@@ -390,13 +390,13 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
     ptx::wgmma_fence();
 #pragma unroll
     for (int kq = 0; kq < kBlockM / 16; ++kq)
-      ptx::wgmma_ss<kColumns, kIsBf16, 1, 1>(dv, p_as_a_mn + mn_step_offset(kq), do_as_b_mn + mn_step_offset(kq), 1);
+      ptx::wgmma_ss<kColumns, kInput, 1, 1>(dv, p_as_a_mn + mn_step_offset(kq), do_as_b_mn + mn_step_offset(kq), 1);
 #pragma unroll
     for (int kq = 0; kq < kBlockM / 16; ++kq)
-      ptx::wgmma_ss<kColumns, kIsBf16, 1, 1>(dk, ds_as_a_mn + mn_step_offset(kq), q_as_b_mn + mn_step_offset(kq), 1);
+      ptx::wgmma_ss<kColumns, kInput, 1, 1>(dk, ds_as_a_mn + mn_step_offset(kq), q_as_b_mn + mn_step_offset(kq), 1);
 #pragma unroll
     for (int kk = 0; kk < kBlockN / 16; ++kk)
-      ptx::wgmma_ss<kColumns, kIsBf16, 1, 0>(dq, ds_as_a + k_step_offset(kk, kBlockM), k_as_b_mn + mn_step_offset(kk),
+      ptx::wgmma_ss<kColumns, kInput, 1, 0>(dq, ds_as_a + k_step_offset(kk, kBlockM), k_as_b_mn + mn_step_offset(kk),
                                              kk > 0 ? 1 : 0);
     ptx::wgmma_commit_group();
     ptx::wgmma_wait_group<0>();
