@@ -68,6 +68,7 @@
 #include "src/cuda/common/named_barriers.hpp"
 #include "src/cuda/common/numeric.cuh"
 #include "src/cuda/common/swizzle.cuh"
+#include "src/cuda/common/tma_panels.cuh"
 #include "src/cuda/hopper/launch.hpp"
 #include "src/cuda/hopper/tile_config.hpp"
 #include "src/cuda/ptx/math.cuh"
@@ -106,6 +107,7 @@ __global__ void __launch_bounds__(128 * (1 + kBlockMArg / 64), 1)
                 "register file: 64K 32-bit registers per SM");
   static_assert(!kPingPongArg || kConsumerWarpgroups == 2, "the ping-pong schedule alternates two warpgroups");
   static_assert(kHeadDim % kPanelColumns == 0, "tiles are whole 64-column panels");
+  static_assert(kPanelColumns == kSwizzlePanelColumns, "load_panels and the descriptors: the same panels");
   static_assert(kBlockN % 16 == 0 && kBlockN <= 256, "wgmma N: multiple of 16 (P's k16 steps), at most 256");
   static_assert(kConfig.shared_bytes() <= kMaxSharedBytes, "tiles exceed 227 KB of shared memory");
   static_assert(!kPingPongArg || kIntraOverlapArg, "ping-pong is built on the overlapped mainloop");
@@ -191,14 +193,8 @@ __global__ void __launch_bounds__(128 * (1 + kBlockMArg / 64), 1)
       const std::int32_t q_row = static_cast<std::int32_t>(attention.q_start(tile.batch) + tile.m0);
       ::cuda::ptx::mbarrier_arrive_expect_tx(::cuda::ptx::sem_release, ::cuda::ptx::scope_cta,
                                              ::cuda::ptx::space_shared, q_full, kQBytes);
-#pragma unroll
-      for (int panel = 0; panel < kPanels; ++panel) {
-        const std::int32_t coordinates[4] = {panel * kPanelColumns, q_row, static_cast<std::int32_t>(tile.head),
-                                             batch_coordinate};
-        ::cuda::ptx::cp_async_bulk_tensor(::cuda::ptx::space_cluster, ::cuda::ptx::space_global,
-                                          shared_q + panel * kBlockM * kPanelColumns, &params.q_map, coordinates,
-                                          q_full);
-      }
+      load_panels<kPanels, kBlockM>(shared_q, &params.q_map, q_row, static_cast<std::int32_t>(tile.head), batch_coordinate,
+                                    q_full);
       const std::int64_t k_start = attention.k_start(tile.batch);
       const std::int32_t head_kv = static_cast<std::int32_t>(tile.head / attention.group_size);
       // Block `index` of the tile's visit order into its stage of a ring; waits until the
@@ -211,13 +207,8 @@ __global__ void __launch_bounds__(128 * (1 + kBlockMArg / 64), 1)
         ::cuda::ptx::mbarrier_arrive_expect_tx(::cuda::ptx::sem_release, ::cuda::ptx::scope_cta,
                                                ::cuda::ptx::space_shared, &full[stage], kKVBytes);
         const std::int32_t row = static_cast<std::int32_t>(k_start + (tile.n_block_end - 1 - index) * kBlockN);
-#pragma unroll
-        for (int panel = 0; panel < kPanels; ++panel) {
-          const std::int32_t coordinates[4] = {panel * kPanelColumns, row, head_kv, batch_coordinate};
-          ::cuda::ptx::cp_async_bulk_tensor(::cuda::ptx::space_cluster, ::cuda::ptx::space_global,
-                                            ring + stage * kBlockN * kHeadDim + panel * kBlockN * kPanelColumns,
-                                            tensor_map, coordinates, &full[stage]);
-        }
+        load_panels<kPanels, kBlockN>(ring + stage * kBlockN * kHeadDim, tensor_map, row, head_kv, batch_coordinate,
+                                      &full[stage]);
       };
       // The consumers' order: K_0, then K_j before V_(j-1), then the last V.
       const int num_n_blocks = tile.num_n_blocks;

@@ -114,6 +114,7 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
   static_assert(kBlockM == 64 || kBlockM == 64 * kConsumerWarpgroups, "dQ: one m64 wgmma per consumer");
   static_assert(kBlockM <= bwd::kMaxBlockM, "LSE/D rows and dq_accum rows are padded for kMaxBlockM-row tiles");
   static_assert(kHeadDim % kPanelColumns == 0 && kDqColumns % kPanelColumns == 0, "whole 64-column panels");
+  static_assert(kPanelColumns == kSwizzlePanelColumns, "load_panels and the descriptors: the same panels");
   static_assert(kConfig.shared_bytes() <= kMaxSharedBytes, "tiles exceed 227 KB of shared memory");
   static_assert(128 * kConfig.producer_registers() + kConsumerThreads * kConfig.consumer_registers() <= 65536,
                 "register file: 64K 32-bit registers per SM");
