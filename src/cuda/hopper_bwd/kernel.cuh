@@ -147,7 +147,8 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
   // Tiles 1024-byte aligned (the swizzle atom; the descriptors' base offset is 0).
   extern __shared__ unsigned char shared_storage[];
   const std::uint32_t raw_address = static_cast<std::uint32_t>(__cvta_generic_to_shared(shared_storage));
-  unsigned char* shared_base = shared_storage + ((1024 - raw_address % 1024) % 1024);
+  unsigned char* shared_base =
+      shared_storage + ((kSwizzleAtomBytes - raw_address % kSwizzleAtomBytes) % kSwizzleAtomBytes);
   T* shared_k = reinterpret_cast<T*>(shared_base + kConfig.k_offset());    // (kBlockN, kHeadDim)
   T* shared_v = reinterpret_cast<T*>(shared_base + kConfig.v_offset());    // (kBlockN, kHeadDim)
   T* shared_q = reinterpret_cast<T*>(shared_base + kConfig.q_offset());    // kStages x (kBlockM, kHeadDim)

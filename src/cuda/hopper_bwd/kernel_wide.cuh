@@ -112,7 +112,8 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
 
   extern __shared__ unsigned char shared_storage[];
   const std::uint32_t raw_address = static_cast<std::uint32_t>(__cvta_generic_to_shared(shared_storage));
-  unsigned char* shared_base = shared_storage + ((1024 - raw_address % 1024) % 1024);
+  unsigned char* shared_base =
+      shared_storage + ((kSwizzleAtomBytes - raw_address % kSwizzleAtomBytes) % kSwizzleAtomBytes);
   T* shared_k = reinterpret_cast<T*>(shared_base + kConfig.k_offset());  // (kBlockN, kHeadDim), 64-column panels
   T* shared_v = reinterpret_cast<T*>(shared_base + kConfig.v_offset());
   auto shared_q = [&](int stage) { return reinterpret_cast<T*>(shared_base + kConfig.stage_offset(stage)); };
