@@ -81,7 +81,7 @@ __device__ __forceinline__ void load_swizzled_tile(Element* tile, const Element*
 // A fragment) and load_b(kk, nj, b) (the B fragments of n8 tiles 2nj and 2nj+1).
 // kPrefetch: the fragments of step kk+1 are loaded before the mma of step kk, so the
 // shared-memory latency hides behind them (double the fragment registers).
-template <int kSteps, int kMTiles, int kNTiles, bool kIsBf16, bool kPrefetch, class LoadA, class LoadB>
+template <int kSteps, int kMTiles, int kNTiles, ptx::MmaInput kInput, bool kPrefetch, class LoadA, class LoadB>
 __device__ __forceinline__ void warp_gemm(float (&acc)[kMTiles][kNTiles][4], LoadA load_a, LoadB load_b) {
   static_assert(kNTiles % 2 == 0);
   if constexpr (kPrefetch) {
@@ -104,8 +104,8 @@ __device__ __forceinline__ void warp_gemm(float (&acc)[kMTiles][kNTiles][4], Loa
       for (int nj = 0; nj < kNTiles / 2; ++nj)
 #pragma unroll
         for (int mi = 0; mi < kMTiles; ++mi) {
-          ptx::mma_m16n8k16<kIsBf16>(acc[mi][2 * nj], a[current][mi], b[current][nj][0]);
-          ptx::mma_m16n8k16<kIsBf16>(acc[mi][2 * nj + 1], a[current][mi], b[current][nj][1]);
+          ptx::mma_m16n8k16<kInput>(acc[mi][2 * nj], a[current][mi], b[current][nj][0]);
+          ptx::mma_m16n8k16<kInput>(acc[mi][2 * nj + 1], a[current][mi], b[current][nj][1]);
         }
     }
   } else {
@@ -120,8 +120,8 @@ __device__ __forceinline__ void warp_gemm(float (&acc)[kMTiles][kNTiles][4], Loa
         load_b(kk, nj, b);
 #pragma unroll
         for (int mi = 0; mi < kMTiles; ++mi) {
-          ptx::mma_m16n8k16<kIsBf16>(acc[mi][2 * nj], a[mi], b[0]);
-          ptx::mma_m16n8k16<kIsBf16>(acc[mi][2 * nj + 1], a[mi], b[1]);
+          ptx::mma_m16n8k16<kInput>(acc[mi][2 * nj], a[mi], b[0]);
+          ptx::mma_m16n8k16<kInput>(acc[mi][2 * nj + 1], a[mi], b[1]);
         }
       }
     }
@@ -265,7 +265,7 @@ __device__ __forceinline__ void dkdv_block(const BackwardParams& params, const W
   using KvTile = typename T::KvTile;
   using ScoreTile = typename T::ScoreTile;
   constexpr int kBlockM = T::kBlockM, kBlockN = T::kBlockN, kHeadDim = T::kHeadDim, kStages = T::kStages;
-  constexpr bool kIsBf16 = Numeric<Element>::kIsBf16;
+  constexpr ptx::MmaInput kInput = Numeric<Element>::kMmaInput;
   extern __shared__ __align__(128) unsigned char shared_bytes[];
   Element* k_smem = reinterpret_cast<Element*>(shared_bytes + T::kKOffset);    // (kBlockN, kHeadDim)
   Element* v_smem = reinterpret_cast<Element*>(shared_bytes + T::kVOffset);    // (kBlockN, kHeadDim)
@@ -396,13 +396,13 @@ __device__ __forceinline__ void dkdv_block(const BackwardParams& params, const W
     float s[T::kSdpMTiles][T::kSdpNTiles][4] = {};
     float dp[T::kSdpMTiles][T::kSdpNTiles][4] = {};
     constexpr int kHeadSteps = kHeadDim / 16;
-    warp_gemm<kHeadSteps, T::kSdpMTiles, T::kSdpNTiles, kIsBf16, T::kPrefetch>(
+    warp_gemm<kHeadSteps, T::kSdpMTiles, T::kSdpNTiles, kInput, T::kPrefetch>(
         s, [&](int kk, int mi, auto& r) { load_fragment(r, q_as_a.at(16 * mi, 2 * kk) + stage_bytes); },
         [&](int kk, int nj, auto& r) { load_fragment(r, k_as_b.at(16 * nj, 2 * kk)); });
     const float* lse_tile = lse_smem + stage * kBlockM;
     const float* dsum_tile = dsum_smem + stage * kBlockM;
     if constexpr (kIsPlain) exponentiate<T>(s, params, lse_tile, sdp_m0, lane);
-    warp_gemm<kHeadSteps, T::kSdpMTiles, T::kSdpNTiles, kIsBf16, T::kPrefetch>(
+    warp_gemm<kHeadSteps, T::kSdpMTiles, T::kSdpNTiles, kInput, T::kPrefetch>(
         dp, [&](int kk, int mi, auto& r) { load_fragment(r, q_as_a.at(16 * mi, 2 * kk) + stage_bytes + kDoMinusQ); },
         [&](int kk, int nj, auto& r) { load_fragment(r, k_as_b.at(16 * nj, 2 * kk) + kVMinusK); });
 
@@ -417,10 +417,10 @@ __device__ __forceinline__ void dkdv_block(const BackwardParams& params, const W
     __syncthreads();
 
     // dV += P^T dO, dK += dS^T Q: (kKvWarpRows, kKvWarpCols) per warp, depth kBlockM
-    warp_gemm<kBlockM / 16, T::kKvMTiles, T::kKvNTiles, kIsBf16, T::kPrefetch>(
+    warp_gemm<kBlockM / 16, T::kKvMTiles, T::kKvNTiles, kInput, T::kPrefetch>(
         dv, [&](int kk, int mi, auto& r) { load_fragment_trans(r, p_as_a.at(16 * kk, 2 * mi)); },
         [&](int kk, int dj, auto& r) { load_fragment_trans(r, q_as_b.at(16 * kk, 2 * dj) + stage_bytes + kDoMinusQ); });
-    warp_gemm<kBlockM / 16, T::kKvMTiles, T::kKvNTiles, kIsBf16, T::kPrefetch>(
+    warp_gemm<kBlockM / 16, T::kKvMTiles, T::kKvNTiles, kInput, T::kPrefetch>(
         dk, [&](int kk, int mi, auto& r) { load_fragment_trans(r, p_as_a.at(16 * kk, 2 * mi) + kDsMinusP); },
         [&](int kk, int dj, auto& r) { load_fragment_trans(r, q_as_b.at(16 * kk, 2 * dj) + stage_bytes); });
     if constexpr (kStages == 1) {
@@ -433,7 +433,7 @@ __device__ __forceinline__ void dkdv_block(const BackwardParams& params, const W
     if (has_dq) {
       // dQ_step = dS K: (kDqWarpRows, kDqWarpCols) per warp, depth kBlockN
       float dq[T::kDqMTiles][T::kDqNTiles][4] = {};
-      warp_gemm<kBlockN / 16, T::kDqMTiles, T::kDqNTiles, kIsBf16, T::kPrefetch>(
+      warp_gemm<kBlockN / 16, T::kDqMTiles, T::kDqNTiles, kInput, T::kPrefetch>(
           dq, [&](int kk, int mi, auto& r) { load_fragment(r, ds_as_a.at(16 * mi, 2 * kk)); },
           [&](int kk, int dj, auto& r) { load_fragment_trans(r, k_as_bt.at(16 * kk, 2 * dj)); });
       const int group = lane / 4, quad_lane = lane % 4;

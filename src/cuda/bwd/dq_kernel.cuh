@@ -39,7 +39,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   using KvTile = typename T::KvTile;
   using ScoreTile = typename T::ScoreTile;
   constexpr int kBlockM = T::kBlockM, kBlockN = T::kBlockN, kHeadDim = T::kHeadDim, kStages = T::kStages;
-  constexpr bool kIsBf16 = Numeric<Element>::kIsBf16;
+  constexpr ptx::MmaInput kInput = Numeric<Element>::kMmaInput;
   extern __shared__ __align__(128) unsigned char shared_bytes[];
   Element* q_smem = reinterpret_cast<Element*>(shared_bytes + T::kQOffset);    // (kBlockM, kHeadDim)
   Element* do_smem = reinterpret_cast<Element*>(shared_bytes + T::kDoOffset);  // (kBlockM, kHeadDim)
@@ -131,11 +131,11 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     float s[T::kSdpMTiles][T::kSdpNTiles][4] = {};
     float dp[T::kSdpMTiles][T::kSdpNTiles][4] = {};
     constexpr int kHeadSteps = kHeadDim / 16;
-    warp_gemm<kHeadSteps, T::kSdpMTiles, T::kSdpNTiles, kIsBf16, T::kPrefetch>(
+    warp_gemm<kHeadSteps, T::kSdpMTiles, T::kSdpNTiles, kInput, T::kPrefetch>(
         s, [&](int kk, int mi, auto& r) { load_fragment(r, q_as_a.at(16 * mi, 2 * kk)); },
         [&](int kk, int nj, auto& r) { load_fragment(r, k_as_b.at(16 * nj, 2 * kk) + stage_bytes); });
     if constexpr (kIsPlain) exponentiate<T>(s, params, lse_smem, sdp_m0, lane);
-    warp_gemm<kHeadSteps, T::kSdpMTiles, T::kSdpNTiles, kIsBf16, T::kPrefetch>(
+    warp_gemm<kHeadSteps, T::kSdpMTiles, T::kSdpNTiles, kInput, T::kPrefetch>(
         dp, [&](int kk, int mi, auto& r) { load_fragment(r, q_as_a.at(16 * mi, 2 * kk) + kDoMinusQ); },
         [&](int kk, int nj, auto& r) { load_fragment(r, k_as_b.at(16 * nj, 2 * kk) + stage_bytes + kVMinusK); });
     const bool needs_mask = n0 + kBlockN > seqlen_k || !mask.tile_fully_allowed(m0, m0 + q_rows, n0, n0 + kBlockN);
@@ -144,7 +144,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     __syncthreads();
 
     // dQ += dS K: (kDqWarpRows, kDqWarpCols) per warp, depth kBlockN
-    warp_gemm<kBlockN / 16, T::kDqMTiles, T::kDqNTiles, kIsBf16, T::kPrefetch>(
+    warp_gemm<kBlockN / 16, T::kDqMTiles, T::kDqNTiles, kInput, T::kPrefetch>(
         dq, [&](int kk, int mi, auto& r) { load_fragment(r, ds_as_a.at(16 * mi, 2 * kk)); },
         [&](int kk, int dj, auto& r) { load_fragment_trans(r, k_as_bt.at(16 * kk, 2 * dj) + stage_bytes); });
     if constexpr (kStages == 1) {

@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "flashattn/tensor.hpp"
+#include "src/cuda/ptx/mma_type.cuh"
 
 namespace flashattn::cuda {
 
@@ -18,7 +19,7 @@ struct Numeric;
 template <>
 struct Numeric<__half> {
   using Pair = __half2;
-  static constexpr bool kIsBf16 = false;
+  static constexpr ptx::MmaInput kMmaInput = ptx::MmaInput::f16;  // its tensor-core input type
   static constexpr DType kDType = DType::float16;
   __device__ __forceinline__ static Pair pair_from_floats(float low, float high) {
     return __floats2half2_rn(low, high);
@@ -30,7 +31,7 @@ struct Numeric<__half> {
 template <>
 struct Numeric<__nv_bfloat16> {
   using Pair = __nv_bfloat162;
-  static constexpr bool kIsBf16 = true;
+  static constexpr ptx::MmaInput kMmaInput = ptx::MmaInput::bf16;
   static constexpr DType kDType = DType::bfloat16;
   __device__ __forceinline__ static Pair pair_from_floats(float low, float high) {
     return __floats2bfloat162_rn(low, high);

@@ -70,7 +70,9 @@ struct SwizzledTile {
 // memory, the backward's P and dS tiles).
 inline constexpr int kSwizzleRowBytes = 128;   // one row of a 64-column panel
 inline constexpr int kSwizzleChunkBytes = 16;  // the unit the XOR permutes
-inline constexpr int kSwizzleAtomRows = 8;     // rows of one 1024-byte atom
+inline constexpr int kSwizzleAtomRows = 8;     // rows of one atom
+inline constexpr int kSwizzleAtomBytes = kSwizzleAtomRows * kSwizzleRowBytes;  // 1024: tiles start aligned to it
+inline constexpr int kSwizzlePanelColumns = kSwizzleRowBytes / 2;  // 16-bit elements per panel row: 64
 
 // Byte offset of 16-byte chunk `chunk` (< 8) of `row` inside one 64-column panel.
 FLASHATTN_HOST_DEVICE constexpr int panel_chunk_offset(int row, int chunk) {

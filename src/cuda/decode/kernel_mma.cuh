@@ -485,8 +485,8 @@ __global__ void __launch_bounds__(Config::kThreads, Config::kMinBlocksPerSm)
       // B (K stored key-major = B column-major): matrices (keys 0-7 | 8-15) x (chunk 2k | 2k+1).
       ptx::ldmatrix_x4(k_fragment[0], k_fragment[1], k_fragment[2], k_fragment[3], k_tile_address + k_offsets[k_step % 4] + (k_step / 4) * 128);
       const std::uint32_t b0[2] = {k_fragment[0], k_fragment[1]}, b1[2] = {k_fragment[2], k_fragment[3]};
-      ptx::mma_m16n8k16<Numeric::kIsBf16>(s[0], q_fragment, b0);
-      ptx::mma_m16n8k16<Numeric::kIsBf16>(s[1], q_fragment, b1);
+      ptx::mma_m16n8k16<Numeric::kMmaInput>(s[0], q_fragment, b0);
+      ptx::mma_m16n8k16<Numeric::kMmaInput>(s[1], q_fragment, b1);
     }
 
     // Scores in log2 units; whole tiles skip the element mask.
@@ -504,8 +504,8 @@ __global__ void __launch_bounds__(Config::kThreads, Config::kMinBlocksPerSm)
       ptx::ldmatrix_x4_trans(v_fragment[0], v_fragment[1], v_fragment[2], v_fragment[3],
                              v_tile_address + v_offsets[(n % 8) / 2] + (n / 8) * 128);
       const std::uint32_t b0[2] = {v_fragment[0], v_fragment[1]}, b1[2] = {v_fragment[2], v_fragment[3]};
-      ptx::mma_m16n8k16<Numeric::kIsBf16>(o[n], p_fragment, b0);
-      ptx::mma_m16n8k16<Numeric::kIsBf16>(o[n + 1], p_fragment, b1);
+      ptx::mma_m16n8k16<Numeric::kMmaInput>(o[n], p_fragment, b0);
+      ptx::mma_m16n8k16<Numeric::kMmaInput>(o[n + 1], p_fragment, b1);
     }
   }
   ptx::cp_async_wait_group<0>();

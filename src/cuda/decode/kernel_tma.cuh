@@ -87,7 +87,7 @@ __global__ void __launch_bounds__(Config::kThreads, Config::kMinBlocksPerSm)
   T* q_tile = reinterpret_cast<T*>(shared + Config::kRingBytes);     // (kRows, kHeadDim), padded rows
   const std::uint32_t ring_address = ptx::shared_address(kv_ring);
   const std::uint32_t full_barriers = ptx::shared_address(shared + Config::kBarrierOffset);  // [kStages]: stage landed
-  const std::uint32_t empty_barriers = full_barriers + 8 * kStages;                          // [kStages]: stage read
+  const std::uint32_t empty_barriers = ptx::mbarrier_at(full_barriers, kStages);            // [kStages]: stage read
 
   const AttentionParams& a = params.attention;
   const int num_splits = params.num_splits;
@@ -157,8 +157,8 @@ __global__ void __launch_bounds__(Config::kThreads, Config::kMinBlocksPerSm)
   // except the speculative reads of the prefetch, whose values only pick L2 lines.
   if (tid == 0) {
     for (int stage = 0; stage < kStages; ++stage) {
-      ptx::mbarrier_init(full_barriers + 8 * stage, 1);                 // the producer's expect_tx
-      ptx::mbarrier_init(empty_barriers + 8 * stage, kConsumerWarps);  // every consumer warp releases
+      ptx::mbarrier_init(ptx::mbarrier_at(full_barriers, stage), 1);                // the producer's expect_tx
+      ptx::mbarrier_init(ptx::mbarrier_at(empty_barriers, stage), kConsumerWarps);  // every consumer warp releases
     }
     ptx::fence_mbarrier_init();
   }
@@ -228,8 +228,9 @@ __global__ void __launch_bounds__(Config::kThreads, Config::kMinBlocksPerSm)
     const auto load_page = [](const std::int32_t* p) { return *p; };
     const auto issue_tile = [&](int tile, std::int32_t block) {
       const int stage = tile % kStages;
-      if (tile >= kStages) ptx::mbarrier_wait_converged(empty_barriers + 8 * stage, ((tile / kStages) - 1) & 1);
-      const std::uint32_t full = full_barriers + 8 * stage;
+      if (tile >= kStages)
+        ptx::mbarrier_wait_converged(ptx::mbarrier_at(empty_barriers, stage), ((tile / kStages) - 1) & 1);
+      const std::uint32_t full = ptx::mbarrier_at(full_barriers, stage);
       if (lane == 0) ptx::mbarrier_arrive_expect_tx(full, Config::kStageBytes);
       if (lane >= boxes) return;
       std::int32_t row, group_coordinate;
@@ -350,7 +351,7 @@ __global__ void __launch_bounds__(Config::kThreads, Config::kMinBlocksPerSm)
     const bool is_scale = a.score_is_positive_scale();  // no softcap, no ALiBi: score_tile's fast path
     for (int tile = 0; tile < num_tiles; ++tile) {
       const int stage = tile % kStages;
-      ptx::mbarrier_wait_converged(full_barriers + 8 * stage, (tile / kStages) & 1);
+      ptx::mbarrier_wait_converged(ptx::mbarrier_at(full_barriers, stage), (tile / kStages) & 1);
       const std::uint32_t k_tile_address = ring_address + stage * Config::kStageBytes;
       const std::uint32_t v_tile_address = k_tile_address + Config::kTileBytes;
       const bool is_full_tile = whole.contains(tile);
@@ -377,13 +378,13 @@ __global__ void __launch_bounds__(Config::kThreads, Config::kMinBlocksPerSm)
                          k_tile_address + k_offsets[k_step % 4] + (k_step / 4) * Config::kPanelBytes);
         const std::uint32_t b0[2] = {k_fragment[0], k_fragment[1]}, b1[2] = {k_fragment[2], k_fragment[3]};
         if constexpr (Config::kQInRegisters) {
-          ptx::mma_m16n8k16<Numeric::kIsBf16>(s[0], q_fragments[k_step], b0);
-          ptx::mma_m16n8k16<Numeric::kIsBf16>(s[1], q_fragments[k_step], b1);
+          ptx::mma_m16n8k16<Numeric::kMmaInput>(s[0], q_fragments[k_step], b0);
+          ptx::mma_m16n8k16<Numeric::kMmaInput>(s[1], q_fragments[k_step], b1);
         } else {
           std::uint32_t q_fragment[4];
           load_q_fragment(k_step, q_fragment);
-          ptx::mma_m16n8k16<Numeric::kIsBf16>(s[0], q_fragment, b0);
-          ptx::mma_m16n8k16<Numeric::kIsBf16>(s[1], q_fragment, b1);
+          ptx::mma_m16n8k16<Numeric::kMmaInput>(s[0], q_fragment, b0);
+          ptx::mma_m16n8k16<Numeric::kMmaInput>(s[1], q_fragment, b1);
         }
       }
 
@@ -401,11 +402,11 @@ __global__ void __launch_bounds__(Config::kThreads, Config::kMinBlocksPerSm)
         ptx::ldmatrix_x4_trans(v_fragment[0], v_fragment[1], v_fragment[2], v_fragment[3],
                                v_tile_address + v_offsets[(n % 8) / 2] + (n / 8) * Config::kPanelBytes);
         const std::uint32_t b0[2] = {v_fragment[0], v_fragment[1]}, b1[2] = {v_fragment[2], v_fragment[3]};
-        ptx::mma_m16n8k16<Numeric::kIsBf16>(o[n], p_fragment, b0);
-        ptx::mma_m16n8k16<Numeric::kIsBf16>(o[n + 1], p_fragment, b1);
+        ptx::mma_m16n8k16<Numeric::kMmaInput>(o[n], p_fragment, b0);
+        ptx::mma_m16n8k16<Numeric::kMmaInput>(o[n + 1], p_fragment, b1);
       }
       __syncwarp();  // every lane's ldmatrix of this stage is done
-      if (lane == 0) ptx::mbarrier_arrive(empty_barriers + 8 * stage);
+      if (lane == 0) ptx::mbarrier_arrive(ptx::mbarrier_at(empty_barriers, stage));
     }
   }
   // Every tile landed and was read (the consumers waited for each): shared memory below

@@ -118,7 +118,7 @@ __global__ void __launch_bounds__(kWarpsArg * 32, kMinBlocksArg)
   constexpr int kMTiles = kConfig.m_tiles_per_warp();  // m16 tiles per warp
   constexpr int kNTiles = kBlockN / 8;                  // n8 tiles of S per row block
   constexpr int kDTiles = kHeadDim / 8;                 // n8 tiles of O
-  constexpr bool kIsBf16 = Numeric<T>::kIsBf16;
+  constexpr ptx::MmaInput kInput = Numeric<T>::kMmaInput;
   static_assert(kBlockM == 16 * kConfig.warps * kMTiles, "block_m must be 16 * warps * m_tiles_per_warp");
   static_assert(kBlockN % 16 == 0 && kHeadDim % 16 == 0, "mma k-steps are 16 wide");
   static_assert(kStages >= 2, "the pipeline needs at least two stages");
@@ -241,8 +241,8 @@ __global__ void __launch_bounds__(kWarpsArg * 32, kMinBlocksArg)
                          stage_k_address + 2 * (nj * 16 * kHeadDim + KVTile::xor_chunk_offset(2 * kk, k_lane_xor)));
 #pragma unroll
         for (int mi = 0; mi < kMTiles; ++mi) {
-          ptx::mma_m16n8k16<kIsBf16>(s[mi][2 * nj], a[mi], b_even);
-          ptx::mma_m16n8k16<kIsBf16>(s[mi][2 * nj + 1], a[mi], b_odd);
+          ptx::mma_m16n8k16<kInput>(s[mi][2 * nj], a[mi], b_even);
+          ptx::mma_m16n8k16<kInput>(s[mi][2 * nj + 1], a[mi], b_odd);
         }
       }
     }
@@ -342,8 +342,8 @@ __global__ void __launch_bounds__(kWarpsArg * 32, kMinBlocksArg)
                                stage_v_address + 2 * (kp * 16 * kHeadDim + KVTile::xor_chunk_offset(2 * dj, v_lane_xor)));
 #pragma unroll
         for (int mi = 0; mi < kMTiles; ++mi) {
-          ptx::mma_m16n8k16<kIsBf16>(o[mi][2 * dj], p[mi][kp], b_even);
-          ptx::mma_m16n8k16<kIsBf16>(o[mi][2 * dj + 1], p[mi][kp], b_odd);
+          ptx::mma_m16n8k16<kInput>(o[mi][2 * dj], p[mi][kp], b_even);
+          ptx::mma_m16n8k16<kInput>(o[mi][2 * dj + 1], p[mi][kp], b_odd);
         }
       }
     }

@@ -68,6 +68,7 @@
 #include "src/cuda/common/named_barriers.hpp"
 #include "src/cuda/common/numeric.cuh"
 #include "src/cuda/common/swizzle.cuh"
+#include "src/cuda/common/tma_panels.cuh"
 #include "src/cuda/hopper/launch.hpp"
 #include "src/cuda/hopper/tile_config.hpp"
 #include "src/cuda/ptx/math.cuh"
@@ -86,7 +87,7 @@ static_assert(static_cast<int>(NamedBarrier::kTurnFirst) ==
 
 template <class T, int kHeadDimArg, int kBlockMArg, int kBlockNArg, int kStagesArg, bool kIntraOverlapArg,
           bool kPingPongArg, bool kPersistentArg, bool kHasDropout>
-__global__ void __launch_bounds__(128 * (1 + kBlockMArg / 64), 1)
+__global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx::kWarpgroupRows), 1)
     forward_kernel_sm90(const __grid_constant__ HopperForwardParams params) {
 #if FLASHATTN_HOPPER_DEVICE_CODE
   constexpr HopperTileConfig kConfig{kHeadDimArg, kBlockMArg, kBlockNArg, kStagesArg,
@@ -98,14 +99,18 @@ __global__ void __launch_bounds__(128 * (1 + kBlockMArg / 64), 1)
   constexpr int kPanels = kConfig.panels();
   constexpr int kQBytes = kConfig.q_bytes();
   constexpr int kKVBytes = kConfig.kv_tile_bytes();
-  constexpr bool kIsBf16 = Numeric<T>::kIsBf16;
+  constexpr ptx::MmaInput kInput = Numeric<T>::kMmaInput;
   constexpr int kConsumerWarpgroups = kConfig.consumer_warpgroups();
-  static_assert(kBlockM % 64 == 0 && kConsumerWarpgroups >= 1 && kConsumerWarpgroups <= kMaxConsumerWarpgroups,
+  static_assert(kBlockM % ptx::kWarpgroupRows == 0 && kConsumerWarpgroups >= 1 &&
+                    kConsumerWarpgroups <= kMaxConsumerWarpgroups,
                 "each consumer warpgroup owns 64 query rows");
-  static_assert(128 * kConfig.producer_registers() + 128 * kConsumerWarpgroups * kConfig.consumer_registers() <= 65536,
+  static_assert(ptx::kWarpgroupThreads * kConfig.producer_registers() +
+                    ptx::kWarpgroupThreads * kConsumerWarpgroups * kConfig.consumer_registers() <=
+                65536,
                 "register file: 64K 32-bit registers per SM");
   static_assert(!kPingPongArg || kConsumerWarpgroups == 2, "the ping-pong schedule alternates two warpgroups");
   static_assert(kHeadDim % kPanelColumns == 0, "tiles are whole 64-column panels");
+  static_assert(kPanelColumns == kSwizzlePanelColumns, "load_panels and the descriptors: the same panels");
   static_assert(kBlockN % 16 == 0 && kBlockN <= 256, "wgmma N: multiple of 16 (P's k16 steps), at most 256");
   static_assert(kConfig.shared_bytes() <= kMaxSharedBytes, "tiles exceed 227 KB of shared memory");
   static_assert(!kPingPongArg || kIntraOverlapArg, "ping-pong is built on the overlapped mainloop");
@@ -143,7 +148,8 @@ __global__ void __launch_bounds__(128 * (1 + kBlockMArg / 64), 1)
   // Tiles 1024-byte aligned (the swizzle atom; the descriptors' base offset is 0).
   extern __shared__ unsigned char shared_storage[];
   const std::uint32_t raw_address = static_cast<std::uint32_t>(__cvta_generic_to_shared(shared_storage));
-  unsigned char* shared_base = shared_storage + ((1024 - raw_address % 1024) % 1024);
+  unsigned char* shared_base =
+      shared_storage + ((kSwizzleAtomBytes - raw_address % kSwizzleAtomBytes) % kSwizzleAtomBytes);
   T* shared_q = reinterpret_cast<T*>(shared_base);                   // (kBlockM, kHeadDim) in panels
   T* shared_k = shared_q + kBlockM * kHeadDim;                       // kStages x (kBlockN, kHeadDim)
   T* shared_v = shared_k + kStages * kBlockN * kHeadDim;             // kStages x (kBlockN, kHeadDim)
@@ -172,7 +178,7 @@ __global__ void __launch_bounds__(128 * (1 + kBlockMArg / 64), 1)
   }
   __syncthreads();
 
-  const int warpgroup = threadIdx.x / 128;
+  const int warpgroup = threadIdx.x / ptx::kWarpgroupThreads;
   // Varlen tensors are one batch entry whose sequences are row ranges.
   const bool is_varlen = attention.is_varlen();
 
@@ -191,14 +197,8 @@ __global__ void __launch_bounds__(128 * (1 + kBlockMArg / 64), 1)
       const std::int32_t q_row = static_cast<std::int32_t>(attention.q_start(tile.batch) + tile.m0);
       ::cuda::ptx::mbarrier_arrive_expect_tx(::cuda::ptx::sem_release, ::cuda::ptx::scope_cta,
                                              ::cuda::ptx::space_shared, q_full, kQBytes);
-#pragma unroll
-      for (int panel = 0; panel < kPanels; ++panel) {
-        const std::int32_t coordinates[4] = {panel * kPanelColumns, q_row, static_cast<std::int32_t>(tile.head),
-                                             batch_coordinate};
-        ::cuda::ptx::cp_async_bulk_tensor(::cuda::ptx::space_cluster, ::cuda::ptx::space_global,
-                                          shared_q + panel * kBlockM * kPanelColumns, &params.q_map, coordinates,
-                                          q_full);
-      }
+      load_panels<kPanels, kBlockM>(shared_q, &params.q_map, q_row, static_cast<std::int32_t>(tile.head),
+                                    batch_coordinate, q_full);
       const std::int64_t k_start = attention.k_start(tile.batch);
       const std::int32_t head_kv = static_cast<std::int32_t>(tile.head / attention.group_size);
       // Block `index` of the tile's visit order into its stage of a ring; waits until the
@@ -211,13 +211,8 @@ __global__ void __launch_bounds__(128 * (1 + kBlockMArg / 64), 1)
         ::cuda::ptx::mbarrier_arrive_expect_tx(::cuda::ptx::sem_release, ::cuda::ptx::scope_cta,
                                                ::cuda::ptx::space_shared, &full[stage], kKVBytes);
         const std::int32_t row = static_cast<std::int32_t>(k_start + (tile.n_block_end - 1 - index) * kBlockN);
-#pragma unroll
-        for (int panel = 0; panel < kPanels; ++panel) {
-          const std::int32_t coordinates[4] = {panel * kPanelColumns, row, head_kv, batch_coordinate};
-          ::cuda::ptx::cp_async_bulk_tensor(::cuda::ptx::space_cluster, ::cuda::ptx::space_global,
-                                            ring + stage * kBlockN * kHeadDim + panel * kBlockN * kPanelColumns,
-                                            tensor_map, coordinates, &full[stage]);
-        }
+        load_panels<kPanels, kBlockN>(ring + stage * kBlockN * kHeadDim, tensor_map, row, head_kv, batch_coordinate,
+                                      &full[stage]);
       };
       // The consumers' order: K_0, then K_j before V_(j-1), then the last V.
       const int num_n_blocks = tile.num_n_blocks;
@@ -236,11 +231,11 @@ __global__ void __launch_bounds__(128 * (1 + kBlockMArg / 64), 1)
   // ---- consumers -------------------------------------------------------------------
   ptx::setmaxnreg_increase<kConfig.consumer_registers()>();
   const int consumer = warpgroup - 1;
-  const int thread_in_warpgroup = threadIdx.x % 128;
+  const int thread_in_warpgroup = threadIdx.x % ptx::kWarpgroupThreads;
   const int lane = threadIdx.x % 32;
   const int group = lane / 4;      // accumulator row within an 8-row half
   const int quad_lane = lane % 4;  // accumulator column pair
-  const int warpgroup_row0 = consumer * 64;
+  const int warpgroup_row0 = consumer * ptx::kWarpgroupRows;
   const int thread_row0 = warpgroup_row0 + (thread_in_warpgroup / 32) * 16 + group;  // + 8 * half
 
   // Descriptors (see wgmma.cuh). Q and K are K-major (rows of head-dim elements), V is
@@ -249,12 +244,14 @@ __global__ void __launch_bounds__(128 * (1 + kBlockMArg / 64), 1)
   const std::uint32_t k_address = static_cast<std::uint32_t>(__cvta_generic_to_shared(shared_k));
   const std::uint32_t v_address = static_cast<std::uint32_t>(__cvta_generic_to_shared(shared_v));
   const std::uint64_t q_descriptor =
-      ptx::make_smem_descriptor(q_address + warpgroup_row0 * 128, 16, 1024, ptx::SwizzleMode::bytes128);
-  const std::uint64_t k_descriptor = ptx::make_smem_descriptor(k_address, 16, 1024, ptx::SwizzleMode::bytes128);
+      ptx::make_smem_descriptor(q_address + warpgroup_row0 * kSwizzleRowBytes, 16, kSwizzleAtomBytes,
+                                ptx::SwizzleMode::bytes128);
+  const std::uint64_t k_descriptor =
+      ptx::make_smem_descriptor(k_address, 16, kSwizzleAtomBytes, ptx::SwizzleMode::bytes128);
   const std::uint64_t v_descriptor =
-      ptx::make_smem_descriptor(v_address, kBlockN * 128, 1024, ptx::SwizzleMode::bytes128);
+      ptx::make_smem_descriptor(v_address, kBlockN * kSwizzleRowBytes, kSwizzleAtomBytes, ptx::SwizzleMode::bytes128);
   // Descriptor increments are byte offsets >> 4 in the start-address field.
-  auto k_step_offset = [](int kk, int rows) { return ((kk / 4) * rows * 128 + (kk % 4) * 32) >> 4; };
+  auto k_step_offset = [](int kk, int rows) { return ((kk / 4) * rows * kSwizzleRowBytes + (kk % 4) * 32) >> 4; };
 
   // Fast path (no softcap, no ALiBi): scores stay raw q.k until the exponent, 2^(s *
   // exp_scale - m) is one FFMA + one MUFU per element. Otherwise the tile's ScoreRule
@@ -287,7 +284,7 @@ __global__ void __launch_bounds__(128 * (1 + kBlockMArg / 64), 1)
     ptx::wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kHeadDim / 16; ++kk) {
-      ptx::wgmma_ss<kBlockN, kIsBf16, 0>(s, q_descriptor + k_step_offset(kk, kBlockM),
+      ptx::wgmma_ss<kBlockN, kInput, 0>(s, q_descriptor + k_step_offset(kk, kBlockM),
                                          stage_k_descriptor + k_step_offset(kk, kBlockN), kk > 0 ? 1 : 0);
     }
     ptx::wgmma_commit_group();
@@ -300,7 +297,7 @@ __global__ void __launch_bounds__(128 * (1 + kBlockMArg / 64), 1)
     ptx::wgmma_fence();
 #pragma unroll
     for (int kp = 0; kp < kBlockN / 16; ++kp) {
-      ptx::wgmma_rs<kHeadDim, kIsBf16, 1>(o, p[kp], stage_v_descriptor + ((kp * 16 * 128) >> 4), 1);
+      ptx::wgmma_rs<kHeadDim, kInput, 1>(o, p[kp], stage_v_descriptor + ((kp * 16 * kSwizzleRowBytes) >> 4), 1);
     }
     ptx::wgmma_commit_group();
   };
@@ -410,12 +407,12 @@ __global__ void __launch_bounds__(128 * (1 + kBlockMArg / 64), 1)
   int gemm_rounds = 0;  // per tile: block 0's QK, then (QK, PV) pairs, then the last PV
   int round = 0;
   auto begin_turn = [&]() {
-    if constexpr (kPingPongArg) ptx::named_barrier_sync(my_turn, 256);
+    if constexpr (kPingPongArg) ptx::named_barrier_sync(my_turn, 2 * ptx::kWarpgroupThreads);
   };
   auto end_turn = [&]() {
     if constexpr (kPingPongArg) {
       ++round;
-      if (consumer == 0 || round < gemm_rounds) ptx::named_barrier_arrive(other_turn, 256);
+      if (consumer == 0 || round < gemm_rounds) ptx::named_barrier_arrive(other_turn, 2 * ptx::kWarpgroupThreads);
     }
   };
 
@@ -443,7 +440,7 @@ __global__ void __launch_bounds__(128 * (1 + kBlockMArg / 64), 1)
   // Q never arrives in this buffer.)
   auto store_output_through_shared_memory = [&]() {
     const int epilogue_barrier = static_cast<int>(NamedBarrier::kConsumerEpilogueFirst) + consumer;
-    ptx::named_barrier_sync(epilogue_barrier, 128);
+    ptx::named_barrier_sync(epilogue_barrier, ptx::kWarpgroupThreads);
     unsigned char* shared_q_bytes = reinterpret_cast<unsigned char*>(shared_q);
     finish_rows([&](int half, int tile_row, float output_scale) {
 #pragma unroll
@@ -454,12 +451,12 @@ __global__ void __launch_bounds__(128 * (1 + kBlockMArg / 64), 1)
             pack_pair<T>(o[4 * j + 2 * half] * output_scale, o[4 * j + 2 * half + 1] * output_scale);
       }
     });
-    ptx::named_barrier_sync(epilogue_barrier, 128);
+    ptx::named_barrier_sync(epilogue_barrier, ptx::kWarpgroupThreads);
     T* out = static_cast<T*>(attention.out) + attention.out_offset(tile.batch, tile.head) +
              tile.m0 * attention.out_row_stride;
     constexpr int kRowChunks = kHeadDim / 8;
 #pragma unroll
-    for (int index = thread_in_warpgroup; index < 64 * kRowChunks; index += 128) {
+    for (int index = thread_in_warpgroup; index < ptx::kWarpgroupRows * kRowChunks; index += ptx::kWarpgroupThreads) {
       const int tile_row = warpgroup_row0 + index / kRowChunks;
       const int chunk = index % kRowChunks;
       if (tile_row < tile.row_end - tile.m0 && chunk * 8 < attention.head_dim) {
@@ -499,7 +496,7 @@ __global__ void __launch_bounds__(128 * (1 + kBlockMArg / 64), 1)
     if constexpr (kPingPongArg) {
       gemm_rounds = num_n_blocks + 1;
       round = 0;
-      if (consumer == 1 && num_n_blocks > 0) ptx::named_barrier_arrive(other_turn, 256);
+      if (consumer == 1 && num_n_blocks > 0) ptx::named_barrier_arrive(other_turn, 2 * ptx::kWarpgroupThreads);
     }
     if constexpr (kIntraOverlapArg) {
       // Software pipeline (FA3 section 3.2): S_(j) = Q K_j^T is issued before the softmax

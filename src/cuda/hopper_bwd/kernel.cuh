@@ -109,11 +109,12 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
   constexpr int kDqColumns = kDqSplitsRows ? kHeadDim : kHeadDim / kConsumerWarpgroups;  // per consumer
   constexpr int kConsumerWarps = 4 * kConsumerWarpgroups;
   constexpr int kConsumerThreads = 128 * kConsumerWarpgroups;
-  constexpr bool kIsBf16 = Numeric<T>::kIsBf16;
+  constexpr ptx::MmaInput kInput = Numeric<T>::kMmaInput;
   static_assert(kBlockN == kConsumerWarpgroups * kKeysPerConsumer, "each consumer owns 64 keys");
   static_assert(kBlockM == 64 || kBlockM == 64 * kConsumerWarpgroups, "dQ: one m64 wgmma per consumer");
   static_assert(kBlockM <= bwd::kMaxBlockM, "LSE/D rows and dq_accum rows are padded for kMaxBlockM-row tiles");
   static_assert(kHeadDim % kPanelColumns == 0 && kDqColumns % kPanelColumns == 0, "whole 64-column panels");
+  static_assert(kPanelColumns == kSwizzlePanelColumns, "load_panels and the descriptors: the same panels");
   static_assert(kConfig.shared_bytes() <= kMaxSharedBytes, "tiles exceed 227 KB of shared memory");
   static_assert(128 * kConfig.producer_registers() + kConsumerThreads * kConfig.consumer_registers() <= 65536,
                 "register file: 64K 32-bit registers per SM");
@@ -146,7 +147,8 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
   // Tiles 1024-byte aligned (the swizzle atom; the descriptors' base offset is 0).
   extern __shared__ unsigned char shared_storage[];
   const std::uint32_t raw_address = static_cast<std::uint32_t>(__cvta_generic_to_shared(shared_storage));
-  unsigned char* shared_base = shared_storage + ((1024 - raw_address % 1024) % 1024);
+  unsigned char* shared_base =
+      shared_storage + ((kSwizzleAtomBytes - raw_address % kSwizzleAtomBytes) % kSwizzleAtomBytes);
   T* shared_k = reinterpret_cast<T*>(shared_base + kConfig.k_offset());    // (kBlockN, kHeadDim)
   T* shared_v = reinterpret_cast<T*>(shared_base + kConfig.v_offset());    // (kBlockN, kHeadDim)
   T* shared_q = reinterpret_cast<T*>(shared_base + kConfig.q_offset());    // kStages x (kBlockM, kHeadDim)
@@ -265,12 +267,12 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
     ptx::wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kHeadDim / 16; ++kk)
-      ptx::wgmma_ss<kBlockM, kIsBf16, 0>(s, k_as_a + k_step_offset(kk, kBlockN),
+      ptx::wgmma_ss<kBlockM, kInput, 0>(s, k_as_a + k_step_offset(kk, kBlockN),
                                          q_as_b + stage_offset + k_step_offset(kk, kBlockM), kk > 0 ? 1 : 0);
     ptx::wgmma_commit_group();
 #pragma unroll
     for (int kk = 0; kk < kHeadDim / 16; ++kk)
-      ptx::wgmma_ss<kBlockM, kIsBf16, 0>(dp, v_as_a + k_step_offset(kk, kBlockN),
+      ptx::wgmma_ss<kBlockM, kInput, 0>(dp, v_as_a + k_step_offset(kk, kBlockN),
                                          do_as_b + stage_offset + k_step_offset(kk, kBlockM), kk > 0 ? 1 : 0);
     ptx::wgmma_commit_group();
 
@@ -412,10 +414,10 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
     ptx::wgmma_fence();
 #pragma unroll
     for (int kq = 0; kq < kBlockM / 16; ++kq)
-      ptx::wgmma_rs<kHeadDim, kIsBf16, 1>(dv, p_fragment[kq], do_as_b_mn + stage_offset + mn_step_offset(kq), 1);
+      ptx::wgmma_rs<kHeadDim, kInput, 1>(dv, p_fragment[kq], do_as_b_mn + stage_offset + mn_step_offset(kq), 1);
 #pragma unroll
     for (int kq = 0; kq < kBlockM / 16; ++kq)
-      ptx::wgmma_rs<kHeadDim, kIsBf16, 1>(dk, ds_fragment[kq], q_as_b_mn + stage_offset + mn_step_offset(kq), 1);
+      ptx::wgmma_rs<kHeadDim, kInput, 1>(dk, ds_fragment[kq], q_as_b_mn + stage_offset + mn_step_offset(kq), 1);
     ptx::wgmma_commit_group();
 
     // Both halves of dS^T written (visible to the async proxy, which wgmma reads
@@ -429,7 +431,7 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
     ptx::wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kBlockN / 16; ++kk)
-      ptx::wgmma_ss<kDqColumns, kIsBf16, 1, 1>(dq, ds_as_a_mn + mn_step_offset(kk), k_as_b_mn + mn_step_offset(kk),
+      ptx::wgmma_ss<kDqColumns, kInput, 1, 1>(dq, ds_as_a_mn + mn_step_offset(kk), k_as_b_mn + mn_step_offset(kk),
                                                kk > 0 ? 1 : 0);
     ptx::wgmma_commit_group();
     ptx::wgmma_wait_group<0>();

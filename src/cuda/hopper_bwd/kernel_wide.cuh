@@ -77,7 +77,7 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
   constexpr int kStatsBytes = kConfig.stats_bytes();
   constexpr int kConsumerWarps = 4 * kConsumerWarpgroups;
   constexpr int kConsumerThreads = 128 * kConsumerWarpgroups;
-  constexpr bool kIsBf16 = Numeric<T>::kIsBf16;
+  constexpr ptx::MmaInput kInput = Numeric<T>::kMmaInput;
   static_assert(kBlockM == 64 && kBlockN == 64, "one m64 wgmma per product: 64 queries, 64 keys");
   static_assert(kKeys == 32, "S and dP: m64n32 per consumer");
   static_assert(kColumns % kPanelColumns == 0, "each consumer's columns are whole 64-column panels");
@@ -112,7 +112,8 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
 
   extern __shared__ unsigned char shared_storage[];
   const std::uint32_t raw_address = static_cast<std::uint32_t>(__cvta_generic_to_shared(shared_storage));
-  unsigned char* shared_base = shared_storage + ((1024 - raw_address % 1024) % 1024);
+  unsigned char* shared_base =
+      shared_storage + ((kSwizzleAtomBytes - raw_address % kSwizzleAtomBytes) % kSwizzleAtomBytes);
   T* shared_k = reinterpret_cast<T*>(shared_base + kConfig.k_offset());  // (kBlockN, kHeadDim), 64-column panels
   T* shared_v = reinterpret_cast<T*>(shared_base + kConfig.v_offset());
   auto shared_q = [&](int stage) { return reinterpret_cast<T*>(shared_base + kConfig.stage_offset(stage)); };
@@ -248,12 +249,12 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
     ptx::wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kHeadDim / 16; ++kk)
-      ptx::wgmma_ss<kKeys, kIsBf16, 0>(s, q_as_a + k_step_offset(kk, kBlockM), k_as_b + k_step_offset(kk, kBlockN),
+      ptx::wgmma_ss<kKeys, kInput, 0>(s, q_as_a + k_step_offset(kk, kBlockM), k_as_b + k_step_offset(kk, kBlockN),
                                        kk > 0 ? 1 : 0);
     ptx::wgmma_commit_group();
 #pragma unroll
     for (int kk = 0; kk < kHeadDim / 16; ++kk)
-      ptx::wgmma_ss<kKeys, kIsBf16, 0>(dp, do_as_a + k_step_offset(kk, kBlockM), v_as_b + k_step_offset(kk, kBlockN),
+      ptx::wgmma_ss<kKeys, kInput, 0>(dp, do_as_a + k_step_offset(kk, kBlockM), v_as_b + k_step_offset(kk, kBlockN),
                                        kk > 0 ? 1 : 0);
     ptx::wgmma_commit_group();
 
@@ -390,13 +391,13 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
     ptx::wgmma_fence();
 #pragma unroll
     for (int kq = 0; kq < kBlockM / 16; ++kq)
-      ptx::wgmma_ss<kColumns, kIsBf16, 1, 1>(dv, p_as_a_mn + mn_step_offset(kq), do_as_b_mn + mn_step_offset(kq), 1);
+      ptx::wgmma_ss<kColumns, kInput, 1, 1>(dv, p_as_a_mn + mn_step_offset(kq), do_as_b_mn + mn_step_offset(kq), 1);
 #pragma unroll
     for (int kq = 0; kq < kBlockM / 16; ++kq)
-      ptx::wgmma_ss<kColumns, kIsBf16, 1, 1>(dk, ds_as_a_mn + mn_step_offset(kq), q_as_b_mn + mn_step_offset(kq), 1);
+      ptx::wgmma_ss<kColumns, kInput, 1, 1>(dk, ds_as_a_mn + mn_step_offset(kq), q_as_b_mn + mn_step_offset(kq), 1);
 #pragma unroll
     for (int kk = 0; kk < kBlockN / 16; ++kk)
-      ptx::wgmma_ss<kColumns, kIsBf16, 1, 0>(dq, ds_as_a + k_step_offset(kk, kBlockM), k_as_b_mn + mn_step_offset(kk),
+      ptx::wgmma_ss<kColumns, kInput, 1, 0>(dq, ds_as_a + k_step_offset(kk, kBlockM), k_as_b_mn + mn_step_offset(kk),
                                              kk > 0 ? 1 : 0);
     ptx::wgmma_commit_group();
     ptx::wgmma_wait_group<0>();

@@ -1,6 +1,6 @@
 // src/cuda/hopper_bwd/pipeline.cuh — what both Hopper backward kernels (kernel.cuh,
-// kernel_wide.cuh) share of their hardware mapping: the producer's TMA loads (a K/V
-// block, a step's Q/dO tiles and LSE/D rows), the deterministic
+// kernel_wide.cuh) share of their hardware mapping: the producer's TMA loads (LSE/D
+// rows; the K/V block and a step's Q/dO tiles through common/tma_panels.cuh), the deterministic
 // mode's ordered dQ addition, and the launch (one CTA per key block x kv head x
 // sequence, with the shared-memory opt-in).
 #pragma once
@@ -18,6 +18,7 @@
 #include "flashattn/mask.hpp"
 #include "src/cuda/bwd/workspace.hpp"
 #include "src/cuda/common/check.cuh"
+#include "src/cuda/common/tma_panels.cuh"
 #include "src/cuda/hopper_bwd/dq_order.hpp"
 #include "src/cuda/hopper_bwd/launch.hpp"
 #include "src/cuda/hopper_bwd/tile_config.hpp"
@@ -29,19 +30,7 @@
 namespace flashattn::cuda::hopper_bwd {
 
 #if FLASHATTN_HOPPER_DEVICE_CODE
-// A (kRows, kPanels x 64) tile of one head: kPanels TMA copies of the map's (64 columns,
-// kRows rows) box into 64-column panels of kRows rows (128-byte swizzle), completing on
-// `barrier` (whose expected bytes the caller has set).
-template <int kPanels, int kRows, class T>
-__device__ __forceinline__ void load_panels(T* destination, const CUtensorMap* map, std::int32_t row, std::int32_t head,
-                                            std::int32_t batch_coordinate, std::uint64_t* barrier) {
-#pragma unroll
-  for (int panel = 0; panel < kPanels; ++panel) {
-    const std::int32_t coordinates[4] = {panel * kPanelColumns, row, head, batch_coordinate};
-    ::cuda::ptx::cp_async_bulk_tensor(::cuda::ptx::space_cluster, ::cuda::ptx::space_global,
-                                      destination + panel * kRows * kPanelColumns, map, coordinates, barrier);
-  }
-}
+// The K/V block and a step's Q/dO tiles: load_panels (common/tma_panels.cuh).
 
 // Whole padded rows of LSE and D (bwd/workspace.hpp: 16-byte aligned, +inf / 0 past the
 // sequence) from statistics row `stats_row`, `bytes` each, completing on `barrier`.

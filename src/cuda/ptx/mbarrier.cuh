@@ -44,6 +44,13 @@ __device__ __forceinline__ void mbarrier_wait(std::uint64_t* barrier, std::uint3
 
 // ---- 32-bit shared-memory addresses (raw PTX; below sm_90 they compile to nothing) ----
 
+inline constexpr std::uint32_t kMbarrierBytes = 8;  // one mbarrier: a .b64 in shared memory, 8-byte aligned
+
+// The address of barrier `index` of an array of them starting at `first`.
+__device__ __forceinline__ std::uint32_t mbarrier_at(std::uint32_t first, int index) {
+  return first + kMbarrierBytes * index;
+}
+
 __device__ __forceinline__ void mbarrier_init(std::uint32_t barrier, std::uint32_t count) {
 #if FLASHATTN_SM90_DEVICE_CODE
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(barrier), "r"(count) : "memory");

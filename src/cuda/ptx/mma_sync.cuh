@@ -24,6 +24,8 @@
 
 #include <cstdint>
 
+#include "src/cuda/ptx/mma_type.cuh"
+
 namespace flashattn::cuda::ptx {
 
 // d = a * b + c, inputs float16.
@@ -48,11 +50,12 @@ __device__ __forceinline__ void mma_m16n8k16_bf16(float (&d)[4], const std::uint
         "f"(c[3]));
 }
 
-// acc += a * b, the instruction chosen at compile time (kIsBf16: bfloat16, else float16).
-template <bool kIsBf16>
+// acc += a * b, the instruction chosen at compile time by the input type.
+template <MmaInput kInput>
 __device__ __forceinline__ void mma_m16n8k16(float (&acc)[4], const std::uint32_t (&a)[4],
                                              const std::uint32_t (&b)[2]) {
-  if constexpr (kIsBf16) {
+  static_assert(kInput == MmaInput::f16 || kInput == MmaInput::bf16, "mma.sync m16n8k16: f16 or bf16 inputs");
+  if constexpr (kInput == MmaInput::bf16) {
     mma_m16n8k16_bf16(acc, a, b, acc);
   } else {
     mma_m16n8k16_f16(acc, a, b, acc);

@@ -11,6 +11,9 @@
 
 namespace flashattn::cuda::ptx {
 
+inline constexpr int kWarpgroupThreads = 128;  // 4 consecutive warps, the unit of wgmma and setmaxnreg
+inline constexpr int kWarpgroupRows = 64;      // wgmma's M: the rows of D one warpgroup owns
+
 template <int kRegisters>
 __device__ __forceinline__ void setmaxnreg_increase() {
   static_assert(kRegisters % 8 == 0 && kRegisters >= 24 && kRegisters <= 256, "setmaxnreg: 24..256, multiple of 8");

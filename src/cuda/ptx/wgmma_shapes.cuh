@@ -6,6 +6,8 @@
 
 #include <cstdint>
 
+#include "src/cuda/ptx/mma_type.cuh"
+
 namespace flashattn::cuda::ptx {
 
 // D (64 x 32, fp32) {+}= A (64 x 16, shared) * B (16 x 32, shared); kTransposeB: B is MN-major;
@@ -380,53 +382,56 @@ __device__ __forceinline__ void wgmma_m64n256k16_rs_Bf16(float (&d)[128], const 
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_descriptor), "r"(scale_d), "n"(kTransposeB));
 }
 
-// Shape/type dispatch for templated kernels: kN must be one of the generated shapes.
-template <int kN, bool kIsBf16, int kTransposeB, int kTransposeA = 0>
+// Shape/type dispatch for templated kernels: kN must be one of the generated shapes,
+// kInput one of the generated input types.
+template <int kN, MmaInput kInput, int kTransposeB, int kTransposeA = 0>
 __device__ __forceinline__ void wgmma_ss(float (&d)[kN / 2], std::uint64_t a_descriptor, std::uint64_t b_descriptor,
                                          int scale_d) {
+  static_assert(kInput == MmaInput::f16 || kInput == MmaInput::bf16, "wgmma: input type not generated (generate_wgmma.py TYPES)");
   if constexpr (kN == 32) {
-    if constexpr (kIsBf16) wgmma_m64n32k16_ss_Bf16<kTransposeB, kTransposeA>(d, a_descriptor, b_descriptor, scale_d);
+    if constexpr (kInput == MmaInput::bf16) wgmma_m64n32k16_ss_Bf16<kTransposeB, kTransposeA>(d, a_descriptor, b_descriptor, scale_d);
     else wgmma_m64n32k16_ss_F16<kTransposeB, kTransposeA>(d, a_descriptor, b_descriptor, scale_d);
   } else if constexpr (kN == 64) {
-    if constexpr (kIsBf16) wgmma_m64n64k16_ss_Bf16<kTransposeB, kTransposeA>(d, a_descriptor, b_descriptor, scale_d);
+    if constexpr (kInput == MmaInput::bf16) wgmma_m64n64k16_ss_Bf16<kTransposeB, kTransposeA>(d, a_descriptor, b_descriptor, scale_d);
     else wgmma_m64n64k16_ss_F16<kTransposeB, kTransposeA>(d, a_descriptor, b_descriptor, scale_d);
   } else if constexpr (kN == 80) {
-    if constexpr (kIsBf16) wgmma_m64n80k16_ss_Bf16<kTransposeB, kTransposeA>(d, a_descriptor, b_descriptor, scale_d);
+    if constexpr (kInput == MmaInput::bf16) wgmma_m64n80k16_ss_Bf16<kTransposeB, kTransposeA>(d, a_descriptor, b_descriptor, scale_d);
     else wgmma_m64n80k16_ss_F16<kTransposeB, kTransposeA>(d, a_descriptor, b_descriptor, scale_d);
   } else if constexpr (kN == 128) {
-    if constexpr (kIsBf16) wgmma_m64n128k16_ss_Bf16<kTransposeB, kTransposeA>(d, a_descriptor, b_descriptor, scale_d);
+    if constexpr (kInput == MmaInput::bf16) wgmma_m64n128k16_ss_Bf16<kTransposeB, kTransposeA>(d, a_descriptor, b_descriptor, scale_d);
     else wgmma_m64n128k16_ss_F16<kTransposeB, kTransposeA>(d, a_descriptor, b_descriptor, scale_d);
   } else if constexpr (kN == 176) {
-    if constexpr (kIsBf16) wgmma_m64n176k16_ss_Bf16<kTransposeB, kTransposeA>(d, a_descriptor, b_descriptor, scale_d);
+    if constexpr (kInput == MmaInput::bf16) wgmma_m64n176k16_ss_Bf16<kTransposeB, kTransposeA>(d, a_descriptor, b_descriptor, scale_d);
     else wgmma_m64n176k16_ss_F16<kTransposeB, kTransposeA>(d, a_descriptor, b_descriptor, scale_d);
   } else if constexpr (kN == 256) {
-    if constexpr (kIsBf16) wgmma_m64n256k16_ss_Bf16<kTransposeB, kTransposeA>(d, a_descriptor, b_descriptor, scale_d);
+    if constexpr (kInput == MmaInput::bf16) wgmma_m64n256k16_ss_Bf16<kTransposeB, kTransposeA>(d, a_descriptor, b_descriptor, scale_d);
     else wgmma_m64n256k16_ss_F16<kTransposeB, kTransposeA>(d, a_descriptor, b_descriptor, scale_d);
   } else {
     static_assert(kN == 0, "wgmma_ss: N not generated (generate_wgmma.py SHAPES)");
   }
 }
 
-template <int kN, bool kIsBf16, int kTransposeB>
+template <int kN, MmaInput kInput, int kTransposeB>
 __device__ __forceinline__ void wgmma_rs(float (&d)[kN / 2], const std::uint32_t (&a)[4], std::uint64_t b_descriptor,
                                          int scale_d) {
+  static_assert(kInput == MmaInput::f16 || kInput == MmaInput::bf16, "wgmma: input type not generated (generate_wgmma.py TYPES)");
   if constexpr (kN == 32) {
-    if constexpr (kIsBf16) wgmma_m64n32k16_rs_Bf16<kTransposeB>(d, a, b_descriptor, scale_d);
+    if constexpr (kInput == MmaInput::bf16) wgmma_m64n32k16_rs_Bf16<kTransposeB>(d, a, b_descriptor, scale_d);
     else wgmma_m64n32k16_rs_F16<kTransposeB>(d, a, b_descriptor, scale_d);
   } else if constexpr (kN == 64) {
-    if constexpr (kIsBf16) wgmma_m64n64k16_rs_Bf16<kTransposeB>(d, a, b_descriptor, scale_d);
+    if constexpr (kInput == MmaInput::bf16) wgmma_m64n64k16_rs_Bf16<kTransposeB>(d, a, b_descriptor, scale_d);
     else wgmma_m64n64k16_rs_F16<kTransposeB>(d, a, b_descriptor, scale_d);
   } else if constexpr (kN == 80) {
-    if constexpr (kIsBf16) wgmma_m64n80k16_rs_Bf16<kTransposeB>(d, a, b_descriptor, scale_d);
+    if constexpr (kInput == MmaInput::bf16) wgmma_m64n80k16_rs_Bf16<kTransposeB>(d, a, b_descriptor, scale_d);
     else wgmma_m64n80k16_rs_F16<kTransposeB>(d, a, b_descriptor, scale_d);
   } else if constexpr (kN == 128) {
-    if constexpr (kIsBf16) wgmma_m64n128k16_rs_Bf16<kTransposeB>(d, a, b_descriptor, scale_d);
+    if constexpr (kInput == MmaInput::bf16) wgmma_m64n128k16_rs_Bf16<kTransposeB>(d, a, b_descriptor, scale_d);
     else wgmma_m64n128k16_rs_F16<kTransposeB>(d, a, b_descriptor, scale_d);
   } else if constexpr (kN == 176) {
-    if constexpr (kIsBf16) wgmma_m64n176k16_rs_Bf16<kTransposeB>(d, a, b_descriptor, scale_d);
+    if constexpr (kInput == MmaInput::bf16) wgmma_m64n176k16_rs_Bf16<kTransposeB>(d, a, b_descriptor, scale_d);
     else wgmma_m64n176k16_rs_F16<kTransposeB>(d, a, b_descriptor, scale_d);
   } else if constexpr (kN == 256) {
-    if constexpr (kIsBf16) wgmma_m64n256k16_rs_Bf16<kTransposeB>(d, a, b_descriptor, scale_d);
+    if constexpr (kInput == MmaInput::bf16) wgmma_m64n256k16_rs_Bf16<kTransposeB>(d, a, b_descriptor, scale_d);
     else wgmma_m64n256k16_rs_F16<kTransposeB>(d, a, b_descriptor, scale_d);
   } else {
     static_assert(kN == 0, "wgmma_rs: N not generated (generate_wgmma.py SHAPES)");
