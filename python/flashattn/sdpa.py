@@ -26,7 +26,7 @@ import sys
 
 import numpy as np
 
-from flashattn import _C
+from flashattn import _C, _dropout
 from flashattn._arguments import as_bool, as_float
 from flashattn.block_mask import _from_dense_numpy, as_block_mask, block_mask_from_rule
 
@@ -126,7 +126,8 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     q, k, v, mask4, bm, (scale, causal, left, right, dropout_p) = _prepare(
         query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, block_mask)
     out = np.empty(query.shape, dtype=query.dtype)  # (B, H, L, E); written through its (B, L, H, E) view
-    seed = int(np.random.randint(0, 2**63 - 1, dtype=np.int64)) if dropout_p > 0 else 0
+    # Seeded like flash_attn_func's NumPy path: flashattn.manual_seed replays the masks.
+    seed, offset = _dropout.next_seed_offset() if dropout_p > 0 else (0, 0)
     _C.forward_masked(q, k, v, np.swapaxes(out, 1, 2), None, mask4, None if bm is None else bm._native_tuple(), scale,
-                      causal, left, right, dropout_p, seed, 0, 0, None)
+                      causal, left, right, dropout_p, seed, offset, 0, None)
     return out

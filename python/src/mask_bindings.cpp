@@ -17,6 +17,7 @@
 
 #include "flashattn/attention.hpp"
 #include "python/src/array_arguments.hpp"
+#include "python/src/call_arguments.hpp"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -77,12 +78,7 @@ void forward_masked(nb::handle q, nb::handle k, nb::handle v, nb::handle out, nb
                     std::int64_t window_right, double dropout_p, std::uint64_t dropout_seed, std::uint64_t dropout_offset,
                     int num_threads, std::optional<std::uintptr_t> stream) {
   ArrayArguments arrays;
-  ForwardArgs args;
-  args.q = arrays.input(q, "q");
-  args.k = arrays.input(k, "k");
-  args.v = arrays.input(v, "v");
-  args.out = arrays.output(out, "out");
-  args.maybe_lse = arrays.maybe_output(maybe_lse, "lse");
+  ForwardArgs args = forward_tensors(arrays, q, k, v, out, maybe_lse);
   args.options = make_masked_options(arrays, attn_mask, block_mask, softmax_scale, causal, window_left, window_right, dropout_p,
                                      dropout_seed, dropout_offset);
   const ExecutionContext context{arrays.stream(stream), num_threads};
@@ -96,29 +92,12 @@ void backward_masked(nb::handle q, nb::handle k, nb::handle v, nb::handle out, n
                      std::int64_t window_right, double dropout_p, std::uint64_t dropout_seed, std::uint64_t dropout_offset,
                      int num_threads, std::optional<std::uintptr_t> stream) {
   ArrayArguments arrays;
-  BackwardArgs args;
-  args.q = arrays.input(q, "q");
-  args.k = arrays.input(k, "k");
-  args.v = arrays.input(v, "v");
-  args.out = arrays.input(out, "out");
-  args.dout = arrays.input(dout, "dout");
-  args.lse = arrays.input(lse, "lse");
-  args.dq = arrays.output(dq, "dq");
-  args.dk = arrays.output(dk, "dk");
-  args.dv = arrays.output(dv, "dv");
+  BackwardArgs args = backward_tensors(arrays, q, k, v, out, dout, lse, dq, dk, dv);
   args.maybe_dbias = arrays.maybe_output(maybe_dbias, "dbias");
   args.options = make_masked_options(arrays, attn_mask, block_mask, softmax_scale, causal, window_left, window_right, dropout_p,
                                      dropout_seed, dropout_offset);
-  nb::object allocated_workspace;  // alive until the call returns
-  if (!maybe_workspace.is_none() && PyCallable_Check(maybe_workspace.ptr())) {
-    const std::size_t bytes = args.q.device.type == DeviceType::cpu ? 0 : flashattn::backward_workspace_bytes(args);
-    if (bytes > 0) {
-      allocated_workspace = maybe_workspace(bytes);
-      args.maybe_workspace = arrays.output(allocated_workspace, "workspace");
-    }
-  } else {
-    args.maybe_workspace = arrays.maybe_output(maybe_workspace, "workspace");
-  }
+  const nb::object allocated_workspace = attach_workspace(arrays, maybe_workspace, args.q.device, args.maybe_workspace,
+                                                          [&] { return flashattn::backward_workspace_bytes(args); });
   const ExecutionContext context{arrays.stream(stream), num_threads};
   nb::gil_scoped_release release;
   flashattn::backward(args, context);

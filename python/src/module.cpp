@@ -18,6 +18,7 @@
 #include "flashattn/error.hpp"
 #include "flashattn/kvcache.hpp"
 #include "python/src/array_arguments.hpp"
+#include "python/src/call_arguments.hpp"
 #include "src/core/checks.hpp"  // kMaxThreads
 
 namespace nb = nanobind;
@@ -90,12 +91,7 @@ void forward_binding(nb::handle q, nb::handle k, nb::handle v, nb::handle out, n
                      std::int64_t window_right, double softcap, const char* algorithm, int num_threads,
                      std::optional<std::uintptr_t> stream, nb::handle maybe_block_table, FLASHATTN_VARIANT_PARAMETERS) {
   ArrayArguments arrays;
-  ForwardArgs args;
-  args.q = arrays.input(q, "q");
-  args.k = arrays.input(k, "k");
-  args.v = arrays.input(v, "v");
-  args.out = arrays.output(out, "out");
-  args.maybe_lse = arrays.maybe_output(maybe_lse, "lse");
+  ForwardArgs args = forward_tensors(arrays, q, k, v, out, maybe_lse);
   args.maybe_varlen = make_varlen(arrays, maybe_cu_seqlens_q, maybe_cu_seqlens_k, max_seqlen_q, max_seqlen_k);
   if (!maybe_block_table.is_none()) {  // paged K/V: varlen only (flash_attn_varlen_func)
     if (!args.maybe_varlen)
@@ -115,16 +111,7 @@ BackwardArgs make_backward_args(ArrayArguments& arrays, nb::handle q, nb::handle
                                 std::int64_t max_seqlen_k, std::optional<double> softmax_scale, bool causal,
                                 std::int64_t window_left, std::int64_t window_right, double softcap, bool deterministic,
                                 const char* algorithm) {
-  BackwardArgs args;
-  args.q = arrays.input(q, "q");
-  args.k = arrays.input(k, "k");
-  args.v = arrays.input(v, "v");
-  args.out = arrays.input(out, "out");
-  args.dout = arrays.input(dout, "dout");
-  args.lse = arrays.input(lse, "lse");
-  args.dq = arrays.output(dq, "dq");
-  args.dk = arrays.output(dk, "dk");
-  args.dv = arrays.output(dv, "dv");
+  BackwardArgs args = backward_tensors(arrays, q, k, v, out, dout, lse, dq, dk, dv);
   args.maybe_varlen = make_varlen(arrays, maybe_cu_seqlens_q, maybe_cu_seqlens_k, max_seqlen_q, max_seqlen_k);
   args.options = make_options(softmax_scale, causal, window_left, window_right, softcap, deterministic, algorithm);
   return args;
@@ -145,16 +132,8 @@ void backward_binding(nb::handle q, nb::handle k, nb::handle v, nb::handle out, 
                                          maybe_cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
                                          window_left, window_right, softcap, deterministic, algorithm);
   set_variants(args.options, arrays, FLASHATTN_VARIANT_ARGUMENTS);
-  nb::object allocated_workspace;  // alive until the call returns
-  if (!maybe_workspace.is_none() && PyCallable_Check(maybe_workspace.ptr())) {
-    const std::size_t bytes = args.q.device.type == DeviceType::cpu ? 0 : flashattn::backward_workspace_bytes(args);
-    if (bytes > 0) {
-      allocated_workspace = maybe_workspace(bytes);
-      args.maybe_workspace = arrays.output(allocated_workspace, "workspace");
-    }
-  } else {
-    args.maybe_workspace = arrays.maybe_output(maybe_workspace, "workspace");
-  }
+  const nb::object allocated_workspace = attach_workspace(arrays, maybe_workspace, args.q.device, args.maybe_workspace,
+                                                          [&] { return flashattn::backward_workspace_bytes(args); });
   const ExecutionContext context = make_context(arrays, num_threads, stream);
   nb::gil_scoped_release release;
   flashattn::backward(args, context);
@@ -240,16 +219,8 @@ void forward_with_kvcache_binding(FLASHATTN_KVCACHE_PARAMETERS, nb::handle maybe
   ArrayArguments arrays;
   KVCacheArgs args = make_kvcache_args(arrays, FLASHATTN_KVCACHE_ARGUMENTS);
   args.options.maybe_alibi_slopes = arrays.maybe_input(maybe_alibi_slopes, "alibi_slopes");
-  nb::object allocated_workspace;  // alive until the call returns
-  if (!maybe_workspace.is_none() && PyCallable_Check(maybe_workspace.ptr())) {
-    const std::size_t bytes = args.q.device.type == DeviceType::cpu ? 0 : flashattn::kvcache_workspace_bytes(args);
-    if (bytes > 0) {
-      allocated_workspace = maybe_workspace(bytes);
-      args.maybe_workspace = arrays.output(allocated_workspace, "workspace");
-    }
-  } else {
-    args.maybe_workspace = arrays.maybe_output(maybe_workspace, "workspace");
-  }
+  const nb::object allocated_workspace = attach_workspace(arrays, maybe_workspace, args.q.device, args.maybe_workspace,
+                                                          [&] { return flashattn::kvcache_workspace_bytes(args); });
   const ExecutionContext context = make_context(arrays, num_threads, stream);
   nb::gil_scoped_release release;
   flashattn::forward_with_kvcache(args, context);

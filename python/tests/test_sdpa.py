@@ -124,3 +124,21 @@ def test_matches_torch_sdpa():
     assert (out.double() - expected).abs().max() < 1e-4
     for got, x in zip(grads, (tq, tk, tv, bias)):
         assert (got.double() - x.grad).abs().max() < 1e-3
+
+
+def test_numpy_dropout_is_seeded_by_manual_seed_and_matches_flash_attn_func():
+    """NumPy SDPA draws dropout's seed/offset from flashattn.manual_seed's state, like
+    flash_attn_func: the same seed replays the mask, and both entry points draw the same one."""
+    rng = np.random.default_rng(4)
+    q, k, v = (rng.standard_normal((2, 3, 40, 16)).astype(np.float32) for _ in range(3))  # (B, H, L, E)
+    flashattn.manual_seed(77)
+    first = flashattn.scaled_dot_product_attention(q, k, v, dropout_p=0.3, is_causal=True)
+    second = flashattn.scaled_dot_product_attention(q, k, v, dropout_p=0.3, is_causal=True)
+    flashattn.manual_seed(77)
+    replay = flashattn.scaled_dot_product_attention(q, k, v, dropout_p=0.3, is_causal=True)
+    assert np.array_equal(first, replay)
+    assert not np.array_equal(first, second)
+    flashattn.manual_seed(77)
+    flash = flashattn.flash_attn_func(*(np.ascontiguousarray(x.transpose(0, 2, 1, 3)) for x in (q, k, v)),
+                                      dropout_p=0.3, causal=True)
+    np.testing.assert_allclose(first, flash.transpose(0, 2, 1, 3), rtol=0, atol=1e-6)
