@@ -93,8 +93,7 @@ struct KVCacheParams {
   // [0, cache_batch), or b.
   FLASHATTN_HOST_DEVICE std::int64_t cache_row(std::int64_t b) const {
     if (!maybe_cache_batch_idx) return b;
-    const std::int64_t row = maybe_cache_batch_idx[b];
-    return row < 0 ? 0 : (row >= cache_batch ? (cache_batch > 0 ? cache_batch - 1 : 0) : row);
+    return clamp_index(maybe_cache_batch_idx[b], cache_batch);
   }
   FLASHATTN_HOST_DEVICE bool cache_row_is_valid(std::int64_t b) const {
     if (!maybe_cache_batch_idx) return true;
@@ -116,8 +115,7 @@ struct KVCacheParams {
   // entry (page 7 of a 4-page cache) gives wrong values but never an access outside
   // k_cache/v_cache. Writes skip such pages instead (page_is_valid).
   FLASHATTN_HOST_DEVICE std::int64_t page_block(const std::int32_t* table_row, std::int64_t page) const {
-    const std::int64_t block = page < block_table_stride ? table_row[page] : 0;
-    return block < 0 ? 0 : (block >= num_blocks ? (num_blocks > 0 ? num_blocks - 1 : 0) : block);
+    return clamp_index(page < block_table_stride ? table_row[page] : 0, num_blocks);
   }
   FLASHATTN_HOST_DEVICE bool page_is_valid(std::int64_t b, std::int64_t position) const {
     if (position < 0 || position >= capacity) return false;

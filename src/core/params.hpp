@@ -18,6 +18,12 @@
 
 namespace flashattn {
 
+// A device-resident index clamped into [0, count) (0 for an empty pool): a hostile index
+// gives wrong values, never an access outside its tensor.
+FLASHATTN_HOST_DEVICE std::int64_t clamp_index(std::int64_t index, std::int64_t count) {
+  return index < 0 ? 0 : (index >= count ? (count > 0 ? count - 1 : 0) : index);
+}
+
 struct AttentionParams {
   DType dtype = DType::float16;  // of q, k, v, out (and dout/dq/dk/dv in the backward pass)
   Device device{};
@@ -101,8 +107,7 @@ struct AttentionParams {
   // device-resident table gives wrong values, never an access outside k/v (as the
   // decode kernels' KVCacheParams::page_block).
   FLASHATTN_HOST_DEVICE std::int64_t page_block(std::int64_t b, std::int64_t page) const {
-    const std::int64_t block = page < max_blocks_per_seq ? maybe_block_table[b * block_table_batch_stride + page] : 0;
-    return block < 0 ? 0 : (block >= num_blocks ? (num_blocks > 0 ? num_blocks - 1 : 0) : block);
+    return clamp_index(page < max_blocks_per_seq ? maybe_block_table[b * block_table_batch_stride + page] : 0, num_blocks);
   }
   FLASHATTN_HOST_DEVICE bool has_softcap() const { return softcap > 0.0f; }
   FLASHATTN_HOST_DEVICE bool has_alibi() const { return maybe_alibi_slopes != nullptr; }
@@ -124,25 +129,22 @@ struct AttentionParams {
   // q/k/v/out/LSE/dq/dk/dv or their workspaces: sequence b covers other (in-range) rows,
   // its output is garbage-but-in-range, and rows no sequence covers are left unwritten.
   // Two loads and a few compares per call; the kernels call these once per CTA.
-  FLASHATTN_HOST_DEVICE static std::int64_t clamp_row(std::int64_t x, std::int64_t lo, std::int64_t hi) {
-    return x < lo ? lo : (x > hi ? hi : x);
-  }
   FLASHATTN_HOST_DEVICE std::int64_t q_start(std::int64_t b) const {
-    return maybe_cu_seqlens_q ? clamp_row(maybe_cu_seqlens_q[b], 0, total_q) : 0;
+    return maybe_cu_seqlens_q ? MaskRule::clamp(maybe_cu_seqlens_q[b], 0, total_q) : 0;
   }
   FLASHATTN_HOST_DEVICE std::int64_t k_start(std::int64_t b) const {
-    return maybe_cu_seqlens_k ? clamp_row(maybe_cu_seqlens_k[b], 0, total_k) : 0;
+    return maybe_cu_seqlens_k ? MaskRule::clamp(maybe_cu_seqlens_k[b], 0, total_k) : 0;
   }
   FLASHATTN_HOST_DEVICE std::int64_t seqlen_q_of(std::int64_t b) const {
     if (!maybe_cu_seqlens_q) return seqlen_q;
     const std::int64_t start = q_start(b);
-    const std::int64_t end = clamp_row(maybe_cu_seqlens_q[b + 1], start, total_q);
+    const std::int64_t end = MaskRule::clamp(maybe_cu_seqlens_q[b + 1], start, total_q);
     return end - start < seqlen_q ? end - start : seqlen_q;
   }
   FLASHATTN_HOST_DEVICE std::int64_t seqlen_k_of(std::int64_t b) const {
     if (!maybe_cu_seqlens_k) return seqlen_k;
     const std::int64_t start = k_start(b);
-    const std::int64_t end = clamp_row(maybe_cu_seqlens_k[b + 1], start, total_k);
+    const std::int64_t end = MaskRule::clamp(maybe_cu_seqlens_k[b + 1], start, total_k);
     return end - start < seqlen_k ? end - start : seqlen_k;
   }
   FLASHATTN_HOST_DEVICE MaskRule mask_of(std::int64_t b) const {
