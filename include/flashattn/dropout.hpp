@@ -84,7 +84,8 @@ struct DropoutRule {
     rule.offset = offset;
     const long long threshold = std::llround((1.0 - p) * 256.0);
     rule.keep_threshold = static_cast<std::uint32_t>(threshold < 0 ? 0 : threshold > 256 ? 256 : threshold);
-    rule.inverse_keep = static_cast<float>(1.0 / (1.0 - p));
+    // A p that rounds to "keep all" (p < 1/512) is no dropout at all: no scale either.
+    rule.inverse_keep = rule.enabled() ? static_cast<float>(1.0 / (1.0 - p)) : 1.0f;
     return rule;
   }
 

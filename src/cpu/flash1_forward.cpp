@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "flashattn/online_softmax.hpp"
+#include "src/cpu/dropout_mask.hpp"
 #include "src/cpu/flash.hpp"
 #include "src/cpu/tile_io.hpp"
 
@@ -35,8 +36,7 @@ void flash1_forward(const AttentionParams& params, int num_threads) {
   // A plain positive scale is folded into Q; any other score rule sees the raw q·k.
   const bool is_positive_scale = params.score_is_positive_scale();
   const float q_scale = is_positive_scale ? params.softmax_scale_log2 : 1.0f;
-  const DropoutRule dropout = params.dropout();
-  const float output_scale = dropout.enabled() ? params.dropout_inverse_keep : 1.0f;
+  const DropoutRule dropout = params.dropout();  // inverse_keep is 1 without dropout
 
 #pragma omp parallel for schedule(dynamic, 1) num_threads(thread_count(num_threads))
   for (std::int64_t item = 0; item < items; ++item) {
@@ -94,8 +94,10 @@ void flash1_forward(const AttentionParams& params, int num_threads) {
           // Dropout (Algorithm 2): P~ ∘ Z enters P~ V_j; l keeps the undropped sum and
           // 1/(1 - p) is applied once, at the end.
           if (dropout.enabled())
-            for (std::int64_t c = 0; c < cols; ++c)
-              if (!dropout.keep(params.dropout_head(b, h), i, col_begin + c)) p[c] = 0.0f;
+            for_each_dropout_decision(dropout, params.dropout_head(b, h), i, i + 1, col_begin, col_begin + cols,
+                                      [&](std::int64_t, std::int64_t col, bool kept) {
+                                        if (!kept) p[col - col_begin] = 0.0f;
+                                      });
           // P~ V_j
           std::fill(pv.begin(), pv.end(), 0.0f);
           for (std::int64_t c = 0; c < cols; ++c)
@@ -116,7 +118,7 @@ void flash1_forward(const AttentionParams& params, int num_threads) {
     for (std::int64_t i = 0; i < seqlen_q; ++i) {
       float* o_row = o.data() + i * head_dim;
       float lse = stats[static_cast<std::size_t>(i)].lse();
-      float scale = output_scale;
+      float scale = dropout.inverse_keep;
       if (!row_is_finite(o_row, head_dim, scale, lse))  // overflow or NaN: see exact_row
         lse = exact_row(params, b, h, i, o_row), scale = 1.0f;
       store_row(o_row, head_dim, scale, params.out, params.dtype, params.out_offset(b, h) + i * params.out_row_stride);

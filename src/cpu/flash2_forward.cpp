@@ -88,9 +88,7 @@ void flash2_forward(const AttentionParams& params, int num_threads) {
   // score is ready for exp2; any other rule (softcap, ALiBi) sees the raw q·k.
   const bool is_positive_scale = params.score_is_positive_scale();
   const float q_scale = is_positive_scale ? params.softmax_scale_log2 : 1.0f;
-  const bool has_dropout = params.has_dropout();
-  const DropoutRule dropout = params.dropout();
-  const float output_scale = has_dropout ? params.dropout_inverse_keep : 1.0f;
+  const DropoutRule dropout = params.dropout();  // inverse_keep is 1 without dropout
   const bool is_float32 = params.dtype == DType::float32;
 
 #pragma omp parallel num_threads(threads)
@@ -216,7 +214,7 @@ void flash2_forward(const AttentionParams& params, int num_threads) {
           kernels.exp2_columns(s, tile_m, keys, lanes, row_base.data(), row_sum.data());  // P^T
           for (std::int64_t i = 0; i < lanes; ++i) lane_states[i].add(row_sum.data()[i]);
           // K4, the probability hook (after the row sum, before P V): dropout's Z.
-          if (has_dropout)
+          if (dropout.enabled())
             for_each_dropout_decision(dropout, params.dropout_head(b, h), row_begin + lane_begin, row_begin + lane_end,
                                       col_begin + key_begin, col_begin + key_end, [&](std::int64_t row, std::int64_t col, bool kept) {
                                         if (!kept) s[(col - col_begin - key_begin) * tile_m + (row - row_begin - lane_begin)] = 0.0f;
@@ -234,7 +232,7 @@ void flash2_forward(const AttentionParams& params, int num_threads) {
         const float* o_tile_t = o_t.data() + t * head_dim_rows * tile_m;
         const auto& state = states[static_cast<std::size_t>(r)];
         for (std::int64_t d = 0; d < head_dim; ++d) row_buffer[static_cast<std::size_t>(d)] = o_tile_t[d * tile_m + i];
-        float scale = state.inverse_sum() * output_scale, lse = state.lse();
+        float scale = state.inverse_sum() * dropout.inverse_keep, lse = state.lse();
         if (!row_is_finite(row_buffer.data(), head_dim, scale, lse))  // overflow or NaN: see exact_row
           lse = exact_row(params, b, h, item_begin + r, row_buffer.data()), scale = 1.0f;
         store_row(row_buffer.data(), head_dim, scale, params.out, params.dtype,

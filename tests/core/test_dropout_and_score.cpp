@@ -92,6 +92,7 @@ TEST(DropoutRule, ThresholdAndScale) {
   EXPECT_EQ(DropoutRule::with_probability(0.5, 1, 2).keep_threshold, 128u);
   EXPECT_EQ(DropoutRule::with_probability(0.001, 1, 2).keep_threshold, 256u);  // rounds to keep-all
   EXPECT_FALSE(DropoutRule::with_probability(0.001, 1, 2).enabled());
+  EXPECT_EQ(DropoutRule::with_probability(0.001, 1, 2).inverse_keep, 1.0f);  // off: no scale on any backend
   EXPECT_EQ(DropoutRule::with_probability(0.999, 1, 2).keep_threshold, 0u);
   EXPECT_FLOAT_EQ(rule.inverse_keep, static_cast<float>(1.0 / 0.9));
 }
