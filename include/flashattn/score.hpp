@@ -37,24 +37,18 @@ struct ScoreRule {
   FLASHATTN_HOST_DEVICE float log2_score_unbiased(float dot) const {
     return has_softcap() ? tanhf(dot * softcap_input_scale) * softcap_log2 : dot * scale_log2;
   }
-  // The score of (dot, row, column), log2 units. `distance` = row + diagonal − column,
-  // which kernels keep as a 32-bit integer per element (one add from a per-row base).
-  FLASHATTN_HOST_DEVICE float log2_score_at(float dot, std::int64_t distance) const {
-    return with_bias(log2_score_unbiased(dot), distance);
-  }
-  // The ALiBi bias added to an unbiased log2 score.
-  FLASHATTN_HOST_DEVICE float with_bias(float unbiased_log2, std::int64_t distance) const {
-    return has_bias() ? unbiased_log2 - alibi_slope_log2 * fabsf(static_cast<float>(distance)) : unbiased_log2;
-  }
-  // The same with the distance as a float (exact while |distance| < 2^24). The kernels
-  // keep a per-lane float base and add compile-time offsets: an int-to-float conversion
-  // per element runs on the SFU pipe beside exp2 and cost ALiBi ~40% on Hopper (H100,
-  // 2026-11-25).
+  // The ALiBi bias added to an unbiased log2 score; `distance` = row + diagonal − column
+  // as a float (exact while |distance| < 2^24), which the training kernels keep as a
+  // per-lane base plus compile-time offsets (no int-to-float per element).
   FLASHATTN_HOST_DEVICE float with_bias_at(float unbiased_log2, float distance) const {
     return has_bias() ? unbiased_log2 - alibi_slope_log2 * fabsf(distance) : unbiased_log2;
   }
   FLASHATTN_HOST_DEVICE float log2_score_at_distance(float dot, float distance) const {
     return with_bias_at(log2_score_unbiased(dot), distance);
+  }
+  // The score of (dot, distance), log2 units, the distance as an integer.
+  FLASHATTN_HOST_DEVICE float log2_score_at(float dot, std::int64_t distance) const {
+    return log2_score_at_distance(dot, static_cast<float>(distance));
   }
   FLASHATTN_HOST_DEVICE float log2_score(float dot, std::int64_t row, std::int64_t col) const {
     return log2_score_at(dot, row + diagonal - col);
@@ -69,17 +63,12 @@ struct ScoreRule {
     const float t = tanhf(dot * softcap_input_scale);
     return 1.0f - t * t;
   }
-  // log2_score_at and gradient_factor together with one tanh (the backward pass needs
+  // log2_score_at_distance and gradient_factor together with one tanh (the backward pass needs
   // both per element; the compiler does not merge the two tanhf calls).
   struct ScoreAndGradient {
     float log2_score;
     float gradient_factor;
   };
-  FLASHATTN_HOST_DEVICE ScoreAndGradient log2_score_and_gradient_at(float dot, std::int64_t distance) const {
-    if (!has_softcap()) return {with_bias(dot * scale_log2, distance), 1.0f};
-    const float t = tanhf(dot * softcap_input_scale);
-    return {with_bias(t * softcap_log2, distance), 1.0f - t * t};
-  }
   FLASHATTN_HOST_DEVICE ScoreAndGradient log2_score_and_gradient_at_distance(float dot, float distance) const {
     if (!has_softcap()) return {with_bias_at(dot * scale_log2, distance), 1.0f};
     const float t = tanhf(dot * softcap_input_scale);

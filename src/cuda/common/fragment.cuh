@@ -28,21 +28,9 @@ __device__ __forceinline__ float (&flat(float (&tiles)[kNTiles][4]))[4 * kNTiles
   return *reinterpret_cast<float(*)[4 * kNTiles]>(&tiles);
 }
 
-// Calls f(value&, half, column in block) for each element the lane holds.
-template <int kNTiles, class F>
-__device__ __forceinline__ void for_each(float (&acc)[4 * kNTiles], F&& f) {
-  const int quad = quad_lane();
-#pragma unroll
-  for (int j = 0; j < kNTiles; ++j)
-#pragma unroll
-    for (int half = 0; half < 2; ++half)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) f(acc[4 * j + 2 * half + e], half, 8 * j + 2 * quad + e);
-}
-
 // Scores of raw q·k → ScoreRule::log2_score (called only when the rule is not a plain
 // positive scale: the fast path folds the scale into the exponent instead). The ALiBi
-// distance row + diagonal − column is one 32-bit add per element from a per-lane base.
+// distance row + diagonal − column is one float add per element from a per-lane base.
 template <int kNTiles>
 __device__ __forceinline__ void apply_score_rule(float (&s)[4 * kNTiles], const ScoreRule& rule, std::int64_t row0,
                                                  std::int64_t col0) {
@@ -98,7 +86,6 @@ __device__ __forceinline__ std::uint32_t dropout_keep_bits(const DropoutRule& ru
 // accumulator rows are keys and its columns queries: lane L holds, of n8 tile j,
 //   element 4·j + 2·half + e   at key key_row0 + 8·half, query query_col0 + 8·j + 2·(L%4) + e,
 // key_row0 = the block's first key + L/4 (a 16-key block), query_col0 a multiple of 16.
-// for_each iterates it as well (its "column" is then the query in the block).
 
 // Calls f(index, log2 score, gradient factor) for each element of a fragment of raw
 // q·k (ScoreRule::log2_score_at and ::gradient_factor), for a backward pass that
