@@ -15,6 +15,7 @@
 #include "flashattn/online_softmax.hpp"
 #include "flashattn/score.hpp"
 #include "flashattn/tensor.hpp"
+#include "src/core/mask_tables.hpp"
 
 namespace flashattn {
 
@@ -100,6 +101,9 @@ struct AttentionParams {
   std::int64_t attn_mask_strides[4] = {0, 0, 0, 0};
   // Block-sparse mask (flashattn/block_mask.hpp); block_mask.present() when given.
   BlockMaskView block_mask;
+  // The CUDA backend's device tables of the two masks above (src/core/mask_tables.hpp),
+  // filled by src/cuda/masks/ just before a kernel runs; absent on the CPU.
+  DeviceMask device_mask;
 
   FLASHATTN_HOST_DEVICE bool is_varlen() const { return maybe_cu_seqlens_q != nullptr; }
   FLASHATTN_HOST_DEVICE bool is_paged() const { return maybe_block_table != nullptr; }

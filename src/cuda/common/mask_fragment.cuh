@@ -1,0 +1,89 @@
+// src/cuda/common/mask_fragment.cuh — the mask hook on an accumulator fragment: the
+// element pass of a *partial* tile of a list-driven kernel (src/core/mask_tables.hpp),
+// and the dBias accumulation of the backward. Layouts as fragment.cuh: plain (rows =
+// queries; row0 = the query row of half 0, col0 = the block's first key) or transposed
+// (rows = keys; row0 = key_row0, col0 = the first query of the block).
+//
+// One element is allowed iff it lies inside the sequences, the interval rule
+// (MaskRule: causal, window) allows it, the block mask allows it (block code, then
+// ElementRule), and a boolean attn_mask allows it; a float attn_mask adds its bias
+// (natural-log units, -inf = masked) times `bias_factor` — the unit of the kernel's
+// scores: log2(e) when they are log2 scores, 1 / softmax_scale when they are raw q·k
+// that the kernel scales by softmax_scale·log2(e) in the exponent.
+// Masked elements become -inf (P = 0 exactly, never 0·NaN). Per element, a few loads:
+// meant for partial tiles only, which the lists keep few.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cmath>
+#include <cstdint>
+
+#include "flashattn/mask.hpp"
+#include "src/core/params.hpp"
+
+namespace flashattn::cuda::fragment {
+
+// A float attn_mask element (float32, float16 or bfloat16) as float.
+__device__ __forceinline__ float load_bias(const void* base, DType dtype, std::int64_t offset) {
+  if (dtype == DType::float32) return static_cast<const float*>(base)[offset];
+  if (dtype == DType::float16) return __half2float(static_cast<const __half*>(base)[offset]);
+  return __bfloat162float(static_cast<const __nv_bfloat16*>(base)[offset]);
+}
+
+// The natural-log offset of (b, h, row, col): -inf when masked, else the bias (0 without one).
+__device__ __forceinline__ float mask_offset(const AttentionParams& params, const MaskRule& mask, std::int64_t b,
+                                             std::int64_t h, std::int64_t row, std::int64_t col) {
+  if (row >= mask.seqlen_q || col >= mask.seqlen_k || !mask.allowed(row, col) ||
+      !params.device_mask.block_allows(params.block_mask, b, h, row, col))
+    return -INFINITY;
+  if (!params.has_attn_mask()) return 0.0f;
+  const std::int64_t offset = params.attn_mask_offset(b, h, row, col);
+  if (!params.attn_mask_is_bias) return static_cast<const std::uint8_t*>(params.maybe_attn_mask)[offset] != 0 ? 0.0f : -INFINITY;
+  return load_bias(params.maybe_attn_mask, params.attn_mask_dtype, offset);
+}
+
+// Calls f(index, query row, key column) for each element of a 16 x 8·kNTiles fragment.
+template <int kNTiles, bool kTransposed, class F>
+__device__ __forceinline__ void for_each_position(std::int64_t row0, std::int64_t col0, F&& f) {
+  const int quad = static_cast<int>(threadIdx.x % 4);
+#pragma unroll
+  for (int j = 0; j < kNTiles; ++j)
+#pragma unroll
+    for (int half = 0; half < 2; ++half)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const std::int64_t fragment_row = row0 + 8 * half;
+        const std::int64_t fragment_col = col0 + 8 * j + 2 * quad + e;
+        if constexpr (kTransposed) f(4 * j + 2 * half + e, fragment_col, fragment_row);
+        else f(4 * j + 2 * half + e, fragment_row, fragment_col);
+      }
+}
+
+// The element pass of a partial tile (see the header).
+template <int kNTiles, bool kTransposed = false>
+__device__ __forceinline__ void apply_mask(float (&s)[4 * kNTiles], const AttentionParams& params, const MaskRule& mask,
+                                           std::int64_t b, std::int64_t h, std::int64_t row0, std::int64_t col0,
+                                           float bias_factor) {
+  for_each_position<kNTiles, kTransposed>(row0, col0, [&](int index, std::int64_t row, std::int64_t col) {
+    const float offset = mask_offset(params, mask, b, h, row, col);
+    s[index] = offset == -INFINITY ? -INFINITY : s[index] + offset * bias_factor;
+  });
+}
+
+// dBias += dS for each element inside the sequences (dS in natural-log units =
+// ds[index] * ds_factor; masked elements have dS = 0 and are skipped, as are zeros).
+template <int kNTiles, bool kTransposed = false>
+__device__ __forceinline__ void accumulate_dbias(const float (&ds)[4 * kNTiles], const AttentionParams& params,
+                                                 const MaskRule& mask, std::int64_t b, std::int64_t h,
+                                                 std::int64_t row0, std::int64_t col0, float ds_factor) {
+  const DeviceMask& device_mask = params.device_mask;
+  for_each_position<kNTiles, kTransposed>(row0, col0, [&](int index, std::int64_t row, std::int64_t col) {
+    const float value = ds[index] * ds_factor;
+    if (row < mask.seqlen_q && col < mask.seqlen_k && value != 0.0f)
+      atomicAdd(device_mask.maybe_dbias_sum + device_mask.dbias_offset(b, h, row, col), value);
+  });
+}
+
+}  // namespace flashattn::cuda::fragment
