@@ -101,6 +101,14 @@ struct AttentionOptions {
   std::uint64_t dropout_seed = 0;
   std::uint64_t dropout_offset = 0;
   TensorView maybe_dropout_seed_offset;
+  // FP8 inputs (forward only): q, k and v in float8_e4m3 with float32 descale factors
+  // (FA3's q_descale, k_descale, v_descale), each [batch, heads_kv] (any strides, 0
+  // included, so one value per tensor is a zero-stride view); undefined = 1. The
+  // scores are (q_descale * k_descale) * q.k and the output v_descale * P V; out is
+  // bfloat16 or float16 (its own dtype). The backward pass refuses FP8.
+  TensorView maybe_q_descale;
+  TensorView maybe_k_descale;
+  TensorView maybe_v_descale;
   // A dense mask, PyTorch's attn_mask: [B|1, H|1, seqlen_q|1, seqlen_k|1] (size-1
   // dimensions broadcast, any strides, zero included; never expanded in memory).
   // bool (or uint8): true = take part; float (q's dtype or float32): an additive bias

@@ -96,6 +96,10 @@ struct KVCacheArgs {
   TensorView maybe_lse;  // float32 [batch, heads_q, seqlen_q], written
   int num_splits = 0;    // 0 = heuristic, else 1..kMaxKVCacheSplits
   TensorView maybe_workspace;  // uint8, >= kvcache_workspace_bytes(args) bytes (CUDA, num_splits != 1)
+  // FP8 cache: k_cache/v_cache (and k_new/v_new when appending, or those in q's dtype,
+  // quantised with the descale on append) in float8_e4m3 with q in float16/bfloat16;
+  // options.maybe_k_descale / maybe_v_descale ([batch, heads_kv] float32, zero strides
+  // allowed) dequantise them: key = k_descale * stored.
   AttentionOptions options;    // softmax_scale, causal, window, softcap (dropout/deterministic unused)
 };
 

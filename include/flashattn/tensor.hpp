@@ -9,8 +9,9 @@
 
 namespace flashattn {
 
-// boolean: one byte per element, 0 = false (attention masks).
-enum class DType : std::uint8_t { float32, float16, bfloat16, int32, uint8, int64, boolean };
+// boolean: one byte per element, 0 = false (attention masks). float8_e4m3: OCP FP8
+// E4M3 (PyTorch's float8_e4m3fn: no infinities, one NaN encoding, max 448).
+enum class DType : std::uint8_t { float32, float16, bfloat16, int32, uint8, int64, boolean, float8_e4m3 };
 
 std::size_t dtype_size(DType dtype) noexcept;
 const char* dtype_name(DType dtype) noexcept;

@@ -21,6 +21,9 @@ struct KVCacheParams {
   AttentionParams attention;
 
   void* k_cache = nullptr;  // written when appending; attention.k/v alias these
+  // FP8 cache: float8_e4m3 (attention.dtype stays q's); the descales are
+  // attention.maybe_k_descale / maybe_v_descale. Else = attention.dtype.
+  DType cache_dtype = DType::float16;
   void* v_cache = nullptr;
   std::int64_t capacity = 0;  // cache positions per sequence
 

@@ -27,6 +27,8 @@ FLASHATTN_HOST_DEVICE std::int64_t clamp_index(std::int64_t index, std::int64_t 
 
 struct AttentionParams {
   DType dtype = DType::float16;  // of q, k, v, out (and dout/dq/dk/dv in the backward pass)
+  // float8_e4m3 for FP8 q/k/v (dtype is then out's: bfloat16 or float16), else = dtype.
+  DType input_dtype = DType::float16;
   Device device{};
 
   const void* q = nullptr;
@@ -90,6 +92,16 @@ struct AttentionParams {
   std::uint64_t dropout_seed = 0;
   std::uint64_t dropout_offset = 0;
   const std::int64_t* maybe_dropout_seed_offset = nullptr;
+
+  // FP8 descales (AttentionOptions::maybe_{q,k,v}_descale), float32 of (b, kv head h)
+  // at ptr[b * strides[0] + h * strides[1]]; null = 1.
+  const float* maybe_q_descale = nullptr;
+  const float* maybe_k_descale = nullptr;
+  const float* maybe_v_descale = nullptr;
+  std::int64_t q_descale_strides[2] = {0, 0};
+  std::int64_t k_descale_strides[2] = {0, 0};
+  std::int64_t v_descale_strides[2] = {0, 0};
+  FLASHATTN_HOST_DEVICE bool is_fp8() const { return input_dtype == DType::float8_e4m3; }
 
   // Dense attn_mask (AttentionOptions::maybe_attn_mask): element (b, h, row, col) at
   // b * s[0] + h * s[1] + row * s[2] + col * s[3], strides 0 on broadcast dimensions.

@@ -16,6 +16,7 @@ std::size_t dtype_size(DType dtype) noexcept {
     case DType::uint8: return 1;
     case DType::int64: return 8;
     case DType::boolean: return 1;
+    case DType::float8_e4m3: return 1;
   }
   return 0;
 }
@@ -29,6 +30,7 @@ const char* dtype_name(DType dtype) noexcept {
     case DType::uint8: return "uint8";
     case DType::int64: return "int64";
     case DType::boolean: return "bool";
+    case DType::float8_e4m3: return "float8_e4m3fn";
   }
   return "unknown";
 }

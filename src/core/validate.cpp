@@ -294,6 +294,7 @@ AttentionParams make_params(const Geometry& g, const TensorView& q, const Tensor
                             const AttentionOptions& options) {
   AttentionParams p;
   p.dtype = q.dtype;
+  p.input_dtype = q.dtype;
   p.device = q.device;
   p.q = q.data;
   p.k = k.data;

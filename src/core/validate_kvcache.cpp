@@ -260,6 +260,8 @@ KVCacheParams validate_kvcache(const KVCacheArgs& args) {
   KVCacheParams p;
   AttentionParams& a = p.attention;
   a.dtype = args.q.dtype;
+  a.input_dtype = args.q.dtype;
+  p.cache_dtype = args.q.dtype;
   a.device = device;
   a.q = args.q.data;
   a.k = args.k_cache.data;
