@@ -44,6 +44,9 @@ struct KVCacheParams {
   const void* maybe_k_new = nullptr;
   const void* maybe_v_new = nullptr;
   std::int64_t seqlen_new = 0;
+  // Of k_new/v_new: attention.dtype, quantised into an FP8 cache with the descales
+  // (float8::quantize_e4m3), or float8_e4m3 (FP8 cache only), copied as they are.
+  DType new_dtype = DType::float16;
   std::int64_t k_new_batch_stride = 0, k_new_row_stride = 0, k_new_head_stride = 0;
   std::int64_t v_new_batch_stride = 0, v_new_row_stride = 0, v_new_head_stride = 0;
 
@@ -63,6 +66,16 @@ struct KVCacheParams {
   FLASHATTN_HOST_DEVICE bool is_paged() const { return maybe_block_table != nullptr; }
   FLASHATTN_HOST_DEVICE bool has_append() const { return maybe_k_new != nullptr; }
   FLASHATTN_HOST_DEVICE bool has_rotary() const { return maybe_rotary_cos != nullptr; }
+  FLASHATTN_HOST_DEVICE bool is_fp8_cache() const { return cache_dtype == DType::float8_e4m3; }
+  // The descales of (sequence b, kv head h); 1 where none was given.
+  FLASHATTN_HOST_DEVICE float k_descale(std::int64_t b, std::int64_t h) const {
+    const AttentionParams& a = attention;
+    return a.maybe_k_descale ? a.maybe_k_descale[b * a.k_descale_strides[0] + h * a.k_descale_strides[1]] : 1.0f;
+  }
+  FLASHATTN_HOST_DEVICE float v_descale(std::int64_t b, std::int64_t h) const {
+    const AttentionParams& a = attention;
+    return a.maybe_v_descale ? a.maybe_v_descale[b * a.v_descale_strides[0] + h * a.v_descale_strides[1]] : 1.0f;
+  }
 
   // Device-resident cache_seqlens, cache_leftpad, cache_batch_idx and block_table are not
   // checked on the host (CUDA graphs; host-visible ones are validated, so the clamps below

@@ -40,12 +40,31 @@ void check_options(const AttentionOptions& options) {
     unsupported("algorithm", std::string("forward_with_kvcache has one algorithm (automatic), got ") + algorithm_name(options.algorithm));
 }
 
+// An FP8 cache's descale (k_descale / v_descale): float32 [batch, heads_kv] with any
+// strides (0 included), or size 1 on a dimension to broadcast it (per tensor, per head,
+// per sequence). Its strides as the kernels index it: element (b, h) at b * s[0] + h * s[1].
+void check_descale(const TensorView& t, const std::string& name, std::int64_t batch, std::int64_t heads_kv, Device device,
+                   std::vector<NamedExtent>& inputs, std::int64_t (&strides)[2]) {
+  inputs.push_back({name, check_layout(t, name, 2)});
+  check_dtype(t, name, DType::float32, "");
+  check_device(t, name, device);
+  const bool batch_ok = t.size(0) == batch || t.size(0) == 1, heads_ok = t.size(1) == heads_kv || t.size(1) == 1;
+  if (!batch_ok || !heads_ok)
+    fail(name, "shape mismatch: " + expected_got("[" + std::to_string(batch) + ", " + std::to_string(heads_kv) +
+                                                     "] ([batch, heads_kv]; size 1 broadcasts)",
+                                                 shape_string(t)));
+  strides[0] = t.size(0) == 1 ? 0 : t.stride(0);
+  strides[1] = t.size(1) == 1 ? 0 : t.stride(1);
+}
+
 KVCacheLimits kvcache_limits_for(Device device) {
   if (device.type == DeviceType::cpu) return cpu::kvcache_limits();
   if (!cuda_available())
     unsupported("q", "tensor is on " + to_string(device) + " but this build has no usable CUDA backend (built with FLASHATTN_CUDA=OFF or no GPU present)");
   return cuda::kvcache_limits();
 }
+
+bool has_rotary_args(const KVCacheArgs& args) { return args.maybe_rotary_cos.defined() || args.maybe_rotary_sin.defined(); }
 
 }  // namespace
 
@@ -65,8 +84,13 @@ KVCacheParams validate_kvcache(const KVCacheArgs& args) {
   const std::int64_t batch = args.q.size(0), seqlen_q = args.q.size(1), heads_q = args.q.size(2), head_dim = args.q.size(3);
   const Extent k_cache_extent = check_layout(args.k_cache, "k_cache", 4);
   const Extent v_cache_extent = check_layout(args.v_cache, "v_cache", 4);
-  check_dtype(args.k_cache, "k_cache", args.q.dtype, " (like q)");
-  check_dtype(args.v_cache, "v_cache", args.q.dtype, " (like q)");
+  // An FP8 cache (float8_e4m3, both or neither) holds k / k_descale; q stays 16-bit.
+  const bool is_fp8_cache = args.k_cache.dtype == DType::float8_e4m3;
+  const DType cache_dtype = is_fp8_cache ? DType::float8_e4m3 : args.q.dtype;
+  if (is_fp8_cache && !is_half)
+    fail("q", "an FP8 (float8_e4m3fn) cache needs q in float16 or bfloat16, got " + std::string(dtype_name(args.q.dtype)));
+  check_dtype(args.k_cache, "k_cache", cache_dtype, is_fp8_cache ? " (FP8 cache)" : " (like q, or float8_e4m3fn)");
+  check_dtype(args.v_cache, "v_cache", cache_dtype, is_fp8_cache ? " (like k_cache)" : " (like q and k_cache)");
   check_device(args.k_cache, "k_cache", device);
   check_device(args.v_cache, "v_cache", device);
   const std::int64_t heads_kv = args.k_cache.size(2);
@@ -128,8 +152,14 @@ KVCacheParams validate_kvcache(const KVCacheArgs& args) {
     if (!args.maybe_v_new.defined()) fail("v", "missing: k and v (new keys/values) are given together or not at all");
     inputs.push_back({"k", check_layout(args.maybe_k_new, "k", 4)});
     inputs.push_back({"v", check_layout(args.maybe_v_new, "v", 4)});
-    check_dtype(args.maybe_k_new, "k", args.q.dtype, " (like q)");
-    check_dtype(args.maybe_v_new, "v", args.q.dtype, " (like q)");
+    // FP8 cache: new keys/values in q's dtype (quantised on append) or already e4m3 (copied).
+    if (is_fp8_cache && args.maybe_k_new.dtype == DType::float8_e4m3) {
+      check_dtype(args.maybe_v_new, "v", DType::float8_e4m3, " (like k)");
+      if (has_rotary_args(args)) fail("rotary_cos", "rotary embedding rotates new keys in q's dtype, not float8_e4m3fn ones (quantise after rotating)");
+    } else {
+      check_dtype(args.maybe_k_new, "k", args.q.dtype, is_fp8_cache ? " (like q, or float8_e4m3fn like k_cache)" : " (like q)");
+      check_dtype(args.maybe_v_new, "v", args.q.dtype, " (like q and k)");
+    }
     check_device(args.maybe_k_new, "k", device);
     check_device(args.maybe_v_new, "v", device);
     seqlen_new = args.maybe_k_new.size(1);
@@ -234,6 +264,18 @@ KVCacheParams validate_kvcache(const KVCacheArgs& args) {
     check_device(args.maybe_workspace, "workspace", device);
   }
   check_variant_tensors(args.options, batch, heads_q, device, inputs);
+  std::int64_t k_descale_strides[2] = {0, 0}, v_descale_strides[2] = {0, 0};
+  if (args.options.maybe_q_descale.defined())
+    fail("q_descale", "not used by forward_with_kvcache: q stays float16/bfloat16 (only an FP8 cache takes k_descale/v_descale)");
+  if (!is_fp8_cache) {
+    if (args.options.maybe_k_descale.defined()) fail("k_descale", "only an FP8 (float8_e4m3fn) cache takes a descale; k_cache is " + std::string(dtype_name(args.k_cache.dtype)));
+    if (args.options.maybe_v_descale.defined()) fail("v_descale", "only an FP8 (float8_e4m3fn) cache takes a descale; v_cache is " + std::string(dtype_name(args.v_cache.dtype)));
+  } else {
+    if (args.options.maybe_k_descale.defined())
+      check_descale(args.options.maybe_k_descale, "k_descale", batch, heads_kv, device, inputs, k_descale_strides);
+    if (args.options.maybe_v_descale.defined())
+      check_descale(args.options.maybe_v_descale, "v_descale", batch, heads_kv, device, inputs, v_descale_strides);
+  }
   if (args.num_splits < 0 || args.num_splits > kMaxKVCacheSplits)
     fail("num_splits", expected_got("0 (heuristic) or 1.." + std::to_string(kMaxKVCacheSplits), args.num_splits));
 
@@ -261,7 +303,17 @@ KVCacheParams validate_kvcache(const KVCacheArgs& args) {
   AttentionParams& a = p.attention;
   a.dtype = args.q.dtype;
   a.input_dtype = args.q.dtype;
-  p.cache_dtype = args.q.dtype;
+  p.cache_dtype = cache_dtype;
+  if (is_fp8_cache) {
+    if (args.options.maybe_k_descale.defined()) {
+      a.maybe_k_descale = static_cast<const float*>(args.options.maybe_k_descale.data);
+      a.k_descale_strides[0] = k_descale_strides[0], a.k_descale_strides[1] = k_descale_strides[1];
+    }
+    if (args.options.maybe_v_descale.defined()) {
+      a.maybe_v_descale = static_cast<const float*>(args.options.maybe_v_descale.data);
+      a.v_descale_strides[0] = v_descale_strides[0], a.v_descale_strides[1] = v_descale_strides[1];
+    }
+  }
   a.device = device;
   a.q = args.q.data;
   a.k = args.k_cache.data;
@@ -318,6 +370,7 @@ KVCacheParams validate_kvcache(const KVCacheArgs& args) {
     p.maybe_k_new = args.maybe_k_new.data;
     p.maybe_v_new = args.maybe_v_new.data;
     p.seqlen_new = seqlen_new;
+    p.new_dtype = args.maybe_k_new.dtype;
     p.k_new_batch_stride = args.maybe_k_new.stride(0), p.k_new_row_stride = args.maybe_k_new.stride(1), p.k_new_head_stride = args.maybe_k_new.stride(2);
     p.v_new_batch_stride = args.maybe_v_new.stride(0), p.v_new_row_stride = args.maybe_v_new.stride(1), p.v_new_head_stride = args.maybe_v_new.stride(2);
   }

@@ -6,6 +6,10 @@
 //      packed together, so each gathered K/V tile serves every query head that reads
 //      it; key tiles are gathered through the block table (or cache_batch_idx) into
 //      per-thread float tiles, then the online-softmax flash loop of seeds 000/003;
+//   FP8 cache (cache_dtype float8_e4m3): a cached key is k_descale(b, h) * decode(byte),
+//   a value likewise with v_descale — exact in float; appended rows in q's dtype are
+//   quantised with float8::quantize_e4m3 after the rotary (so the cache holds what a
+//   16-bit cache would, quantised), e4m3 rows are copied;
 //   3. splits: each of num_splits key chunks yields a normalised partial (O, LSE),
 //      merged with online_softmax::merge_weights — the rule of the CUDA combine.
 #include <omp.h>
@@ -17,6 +21,7 @@
 #include <vector>
 
 #include "flashattn/online_softmax.hpp"
+#include "src/core/float8.hpp"
 #include "src/core/kvcache_backend.hpp"
 #include "src/core/numeric.hpp"
 #include "src/cpu/flash.hpp"
@@ -41,9 +46,16 @@ void apply_rotary(const KVCacheParams& p, std::int64_t position, float* x) {
   }
 }
 
+// Row (b, position, h) of an FP8 cache from a new row in q's dtype (`row`: its values,
+// rotated and rounded to q's dtype where rotary applies).
+void quantize_row(const float* row, std::int64_t head_dim, float descale, std::uint8_t* dst) {
+  for (std::int64_t d = 0; d < head_dim; ++d) dst[d] = float8::quantize_e4m3(row[d], descale);
+}
+
 void append_new_keys(const KVCacheParams& p) {
   const AttentionParams& a = p.attention;
-  const std::size_t element = dtype_size(a.dtype);
+  const std::size_t element = dtype_size(p.cache_dtype);
+  const bool is_quantized = p.is_fp8_cache() && p.new_dtype != DType::float8_e4m3;
   std::vector<float> row(static_cast<std::size_t>(a.head_dim));
   for (std::int64_t b = 0; b < a.batch; ++b)
     for (std::int64_t j = 0; j < p.seqlen_new; ++j) {
@@ -53,7 +65,18 @@ void append_new_keys(const KVCacheParams& p) {
         const std::int64_t v_src = b * p.v_new_batch_stride + j * p.v_new_row_stride + h * p.v_new_head_stride;
         const std::int64_t k_dst = p.k_cache_offset(b, position, h);
         const std::int64_t v_dst = p.v_cache_offset(b, position, h);
-        if (p.has_rotary()) {
+        if (is_quantized) {
+          for (std::int64_t d = 0; d < a.head_dim; ++d) row[static_cast<std::size_t>(d)] = numeric::load_as_float(p.maybe_k_new, a.dtype, k_src + d);
+          if (p.has_rotary()) {
+            apply_rotary(p, position, row.data());
+            for (std::int64_t d = 0; d < a.head_dim; ++d) row[static_cast<std::size_t>(d)] = numeric::round_to(a.dtype, row[static_cast<std::size_t>(d)]);
+          }
+          quantize_row(row.data(), a.head_dim, p.k_descale(b, h), static_cast<std::uint8_t*>(p.k_cache) + k_dst);
+          for (std::int64_t d = 0; d < a.head_dim; ++d) row[static_cast<std::size_t>(d)] = numeric::load_as_float(p.maybe_v_new, a.dtype, v_src + d);
+          quantize_row(row.data(), a.head_dim, p.v_descale(b, h), static_cast<std::uint8_t*>(p.v_cache) + v_dst);
+          continue;
+        }
+        if (p.has_rotary()) {  // 16-bit cache (e4m3 new rows take no rotary: validate_kvcache)
           for (std::int64_t d = 0; d < a.head_dim; ++d) row[static_cast<std::size_t>(d)] = numeric::load_as_float(p.maybe_k_new, a.dtype, k_src + d);
           apply_rotary(p, position, row.data());
           for (std::int64_t d = 0; d < a.head_dim; ++d) numeric::store_from_float(p.k_cache, a.dtype, k_dst + d, row[static_cast<std::size_t>(d)]);
@@ -65,6 +88,12 @@ void append_new_keys(const KVCacheParams& p) {
                     static_cast<std::size_t>(a.head_dim) * element);
       }
     }
+}
+
+// Feature d of cache element `index`, in float: a 16-bit value, or an FP8 one times its descale.
+float load_cache(const void* cache, DType cache_dtype, DType dtype, std::int64_t index, float descale) {
+  if (cache_dtype == DType::float8_e4m3) return descale * float8::decode_e4m3(static_cast<const std::uint8_t*>(cache)[index]);
+  return numeric::load_as_float(cache, dtype, index);
 }
 
 // One work item: sequence b, kv head h_kv, its group's query rows packed as
@@ -95,6 +124,7 @@ bool attend_work_item(const KVCacheParams& p, std::int64_t b, std::int64_t h_kv,
     }
   }
 
+  const float k_descale = p.k_descale(b, h_kv), v_descale = p.v_descale(b, h_kv);  // FP8 cache only
   std::vector<float> k_tile(static_cast<std::size_t>(kBlockN) * d_size), v_tile(k_tile.size());  // (kBlockN, head_dim)
   std::vector<Acc> acc(static_cast<std::size_t>(rows) * d_size);                               // (rows, head_dim), unnormalised
   std::vector<Acc> merged(acc.size(), Acc(0));                                                 // (rows, head_dim), normalised
@@ -118,8 +148,8 @@ bool attend_work_item(const KVCacheParams& p, std::int64_t b, std::int64_t h_kv,
         const std::int64_t position = first_position + tile + c;
         const std::int64_t k_base = p.k_cache_offset(b, position, h_kv), v_base = p.v_cache_offset(b, position, h_kv);
         for (std::int64_t d = 0; d < d_count; ++d) {
-          k_tile[static_cast<std::size_t>(c) * d_size + static_cast<std::size_t>(d)] = numeric::load_as_float(a.k, a.dtype, k_base + d);
-          v_tile[static_cast<std::size_t>(c) * d_size + static_cast<std::size_t>(d)] = numeric::load_as_float(a.v, a.dtype, v_base + d);
+          k_tile[static_cast<std::size_t>(c) * d_size + static_cast<std::size_t>(d)] = load_cache(a.k, p.cache_dtype, a.dtype, k_base + d, k_descale);
+          v_tile[static_cast<std::size_t>(c) * d_size + static_cast<std::size_t>(d)] = load_cache(a.v, p.cache_dtype, a.dtype, v_base + d, v_descale);
         }
       }
       for (std::int64_t r = 0; r < rows; ++r) {
