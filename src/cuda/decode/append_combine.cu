@@ -6,11 +6,14 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <cstdint>
 #include <string>
+#include <type_traits>
 
 #include "flashattn/error.hpp"
 #include "flashattn/kvcache.hpp"
 #include "flashattn/online_softmax.hpp"
+#include "src/core/float8.hpp"
 #include "src/cuda/common/check.cuh"
 #include "src/cuda/common/numeric.cuh"
 #include "src/cuda/decode/launch_kernel.cuh"
@@ -41,6 +44,37 @@ __global__ void append_kernel(const __grid_constant__ KVCacheParams params) {
     const bool is_rotated = params.has_rotary() && d < params.rotary_dim;
     k_dst[d] = is_rotated ? Numeric<T>::from_float(rotate_feature<T>(params, k_new, d, position)) : k_new[d];
     v_dst[d] = v_new[d];
+  }
+}
+
+// The FP8-cache form of append_kernel: rows in q's dtype T quantised with the (b, h)
+// descales after the rotary (rounded to T first, as a 16-bit cache would hold them: the
+// CPU path's rule), or e4m3 rows (T = unsigned char) copied.
+template <class T>
+__global__ void append_fp8_kernel(const __grid_constant__ KVCacheParams params) {
+  wait_for_prior_grids();
+  allow_dependent_launch();
+  const AttentionParams& a = params.attention;
+  const std::int64_t j = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+  const std::int64_t position = params.cache_seqlen(b) + j;
+  if (!params.page_is_valid(b, position)) return;
+  const T* k_new = static_cast<const T*>(params.maybe_k_new) + b * params.k_new_batch_stride + j * params.k_new_row_stride +
+                   h * params.k_new_head_stride;
+  const T* v_new = static_cast<const T*>(params.maybe_v_new) + b * params.v_new_batch_stride + j * params.v_new_row_stride +
+                   h * params.v_new_head_stride;
+  std::uint8_t* k_dst = static_cast<std::uint8_t*>(params.k_cache) + params.k_cache_offset(b, position, h);
+  std::uint8_t* v_dst = static_cast<std::uint8_t*>(params.v_cache) + params.v_cache_offset(b, position, h);
+  if constexpr (std::is_same_v<T, std::uint8_t>) {
+    for (int d = threadIdx.x; d < a.head_dim; d += blockDim.x) k_dst[d] = k_new[d], v_dst[d] = v_new[d];
+  } else {
+    const float k_descale = params.k_descale(b, h), v_descale = params.v_descale(b, h);
+    for (int d = threadIdx.x; d < a.head_dim; d += blockDim.x) {
+      const bool is_rotated = params.has_rotary() && d < params.rotary_dim;
+      const float key = is_rotated ? Numeric<T>::to_float(Numeric<T>::from_float(rotate_feature<T>(params, k_new, d, position)))
+                                   : Numeric<T>::to_float(k_new[d]);
+      k_dst[d] = float8::quantize_e4m3(key, k_descale);
+      v_dst[d] = float8::quantize_e4m3(Numeric<T>::to_float(v_new[d]), v_descale);
+    }
   }
 }
 
@@ -128,14 +162,15 @@ __global__ void __launch_bounds__(kCombineWarps * 32) combine_kernel(const __gri
   if (lane == 0 && a.maybe_lse) a.maybe_lse[a.lse_offset(b, h) + i * a.lse_row_stride] = lse;
 }
 
-template <class T>
-void launch_append(const KVCacheParams& p, cudaStream_t stream) {
+// kernel: append_kernel<T>, or append_fp8_kernel<T> for an FP8 cache.
+template <class Kernel>
+void launch_append(Kernel* kernel, const KVCacheParams& p, cudaStream_t stream) {
   const AttentionParams& a = p.attention;
   if (p.seqlen_new > 0x7fffffff || a.heads_kv > 65535 || a.batch > 65535)
     throw NotSupported("flashattn: k: too many new rows, kv heads or sequences for one append launch");
   const dim3 grid(static_cast<unsigned>(p.seqlen_new), static_cast<unsigned>(a.heads_kv), static_cast<unsigned>(a.batch));
   const dim3 block(static_cast<unsigned>(a.head_dim < 256 ? a.head_dim : 256));
-  FLASHATTN_CUDA_CHECK(launch_kernel(&append_kernel<T>, grid, block, 0, stream, 1, p));
+  FLASHATTN_CUDA_CHECK(launch_kernel(kernel, grid, block, 0, stream, 1, p));
 }
 
 template <class T>
@@ -149,8 +184,13 @@ void launch_combine(const KVCacheParams& p, cudaStream_t stream) {
 
 void run_append(const KVCacheParams& params, cudaStream_t stream) {
   if (params.seqlen_new == 0 || params.attention.batch == 0) return;
-  if (params.attention.dtype == DType::bfloat16) return launch_append<__nv_bfloat16>(params, stream);
-  return launch_append<__half>(params, stream);
+  if (params.is_fp8_cache()) {
+    if (params.new_dtype == DType::float8_e4m3) return launch_append(&append_fp8_kernel<std::uint8_t>, params, stream);
+    if (params.attention.dtype == DType::bfloat16) return launch_append(&append_fp8_kernel<__nv_bfloat16>, params, stream);
+    return launch_append(&append_fp8_kernel<__half>, params, stream);
+  }
+  if (params.attention.dtype == DType::bfloat16) return launch_append(&append_kernel<__nv_bfloat16>, params, stream);
+  return launch_append(&append_kernel<__half>, params, stream);
 }
 
 void run_combine(const KVCacheParams& params, cudaStream_t stream) {

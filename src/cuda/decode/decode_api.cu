@@ -66,6 +66,25 @@ bool run_decode_for_head_dim(int kernel_head_dim, const KVCacheParams& params, c
   }
 }
 
+// An FP8 cache's kernel (kernel_mma_fp8.cuh), T = q's dtype.
+template <class T>
+bool run_decode_fp8_for_head_dim(int kernel_head_dim, const KVCacheParams& params, cudaStream_t stream) {
+  switch (kernel_head_dim) {
+#if defined(FLASHATTN_CUDA_DECODE_HDIM_64)
+    case 64: return decode::run_decode_fp8<T, 64>(params, stream);
+#endif
+#if defined(FLASHATTN_CUDA_DECODE_HDIM_128)
+    case 128: return decode::run_decode_fp8<T, 128>(params, stream);
+#endif
+#if defined(FLASHATTN_CUDA_DECODE_HDIM_256)
+    case 256: return decode::run_decode_fp8<T, 256>(params, stream);
+#endif
+    default:
+      throw NotSupported("flashattn: q: no CUDA FP8-cache decode kernel for head_dim " + std::to_string(params.attention.head_dim) +
+                         " in this build (see FLASHATTN_CUDA_HEAD_DIMS)");
+  }
+}
+
 // Device-resident lengths are unknown on the host: plan for the longest possible range.
 std::int64_t longest_key_range(const KVCacheParams& params) {
   return (params.maybe_cache_seqlens || params.maybe_cache_leftpad) ? params.capacity
@@ -118,13 +137,20 @@ SplitProblem kvcache_split_problem(const KVCacheParams& params) {
   const int rows = decode::rows_per_cta(packed_rows);
   p.batch = a.batch;
   p.heads_kv = a.heads_kv;
-  p.query_blocks = (packed_rows + rows - 1) / rows;
-  p.seqlen_k = longest_key_range(params);
   const int kernel_head_dim = kernel_head_dim_for(a.head_dim);
-  p.block_n = kernel_head_dim ? decode::tile_keys(kernel_head_dim) : 64;
   int sm_count = 1;
   if (cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, a.device.index) != cudaSuccess) sm_count = 1;
   p.sm_count = sm_count;
+  p.max_splits = 64;
+  p.seqlen_k = longest_key_range(params);
+  if (params.is_fp8_cache()) {  // one kernel (kernel_mma_fp8.cuh), whatever the GPU
+    p.query_blocks = (packed_rows + decode::kFp8RowsPerCta - 1) / decode::kFp8RowsPerCta;
+    p.block_n = decode::kFp8TileKeys;
+    p.ctas_per_sm = kernel_head_dim ? decode::fp8_ctas_per_sm(kernel_head_dim) : 1;
+    return p;
+  }
+  p.query_blocks = (packed_rows + rows - 1) / rows;
+  p.block_n = kernel_head_dim ? decode::tile_keys(kernel_head_dim) : 64;
   // The wave-efficiency rule needs the CTAs per SM of the kernel that will run (performance-only).
 #if defined(FLASHATTN_CUDA_DECODE_FMA)
   p.ctas_per_sm = kernel_head_dim ? decode::ctas_per_sm(kernel_head_dim) : 1;
@@ -134,7 +160,6 @@ SplitProblem kvcache_split_problem(const KVCacheParams& params) {
   if (kernel == decode::DecodeKernel::tma && kernel_head_dim)
     p.streaming_ctas = decode::tma_streaming_ctas(sm_count, decode::tma_box_rows(params.is_paged() ? params.page_size : 0), kernel_head_dim);
 #endif
-  p.max_splits = 64;
   return p;
 }
 
@@ -188,8 +213,23 @@ void forward_with_kvcache(const KVCacheParams& params, void* stream) {
                        std::to_string(largest_built_head_dim()) + ")");
   if (a.dtype != DType::float16 && a.dtype != DType::bfloat16)
     throw NotSupported(std::string("flashattn: q: the CUDA decode kernel runs float16 and bfloat16, got ") + dtype_name(a.dtype));
-  require_16_byte_rows("k_cache", params.k_cache, a.k_batch_stride, a.k_row_stride, a.k_head_stride);
-  require_16_byte_rows("v_cache", params.v_cache, a.v_batch_stride, a.v_row_stride, a.v_head_stride);
+  if (params.is_fp8_cache()) {
+    // 16-byte copies of e4m3 rows: 16 features per chunk, strides in bytes.
+    if (a.head_dim % 16 != 0)
+      throw NotSupported("flashattn: k_cache: an FP8 cache on CUDA needs head_dim a multiple of 16, got " + std::to_string(a.head_dim));
+    const auto require_fp8_rows = [](const char* name, const void* data, std::int64_t batch_stride, std::int64_t row_stride, std::int64_t head_stride) {
+      if (reinterpret_cast<std::uintptr_t>(data) % 16 != 0 || batch_stride % 16 != 0 || row_stride % 16 != 0 || head_stride % 16 != 0)
+        throw NotSupported(std::string("flashattn: ") + name +
+                           ": an FP8 cache on CUDA needs 16-byte aligned rows (data pointer aligned to 16 bytes and batch/row/head "
+                           "strides multiples of 16 elements), got strides " +
+                           std::to_string(batch_stride) + "/" + std::to_string(row_stride) + "/" + std::to_string(head_stride));
+    };
+    require_fp8_rows("k_cache", params.k_cache, a.k_batch_stride, a.k_row_stride, a.k_head_stride);
+    require_fp8_rows("v_cache", params.v_cache, a.v_batch_stride, a.v_row_stride, a.v_head_stride);
+  } else {
+    require_16_byte_rows("k_cache", params.k_cache, a.k_batch_stride, a.k_row_stride, a.k_head_stride);
+    require_16_byte_rows("v_cache", params.v_cache, a.v_batch_stride, a.v_row_stride, a.v_head_stride);
+  }
   if (params.num_splits > 1 && reinterpret_cast<std::uintptr_t>(params.maybe_workspace) % 16 != 0)
     throw NotSupported("flashattn: workspace: must be 16-byte aligned");
   const DeviceGuard device_guard(a.device.index);
@@ -197,6 +237,12 @@ void forward_with_kvcache(const KVCacheParams& params, void* stream) {
   if (params.is_paged() && params.maybe_cache_seqlens != nullptr) check_paged_cache_on_host(params, cuda_stream);
   if (params.has_append()) decode::run_append(params, cuda_stream);  // the new keys are part of the cache read next
   if (a.batch == 0 || a.seqlen_q == 0) return;
+  if (params.is_fp8_cache()) {
+    const bool is_merged = a.dtype == DType::bfloat16 ? run_decode_fp8_for_head_dim<__nv_bfloat16>(kernel_head_dim, params, cuda_stream)
+                                                       : run_decode_fp8_for_head_dim<__half>(kernel_head_dim, params, cuda_stream);
+    if (params.num_splits > 1 && !is_merged) decode::run_combine(params, cuda_stream);
+    return;
+  }
   const decode::DecodeKernelChoice kernel = decode_kernel_for(params);
   const bool is_merged = a.dtype == DType::bfloat16 ? run_decode_for_head_dim<__nv_bfloat16>(kernel_head_dim, params, cuda_stream, kernel)
                                                      : run_decode_for_head_dim<__half>(kernel_head_dim, params, cuda_stream, kernel);

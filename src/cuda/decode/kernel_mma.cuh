@@ -123,6 +123,9 @@ __device__ __forceinline__ LaneRows lane_rows(const AttentionParams& a, const Ma
 // is a plain positive scale (is_fast_tile: no softcap, no ALiBi) take the fast path, one
 // multiply per score: warp-uniform branches, so the common path is straight-line. Rows
 // past row_end need no mask there: their q is zero and their output is never written.
+// kPairStride: the key distance between elements e = 0 and e = 1 of a lane (1 here; the
+// FP8 kernel's key permutation, kernel_mma_fp8.cuh, makes it 4).
+template <int kPairStride = 1>
 __device__ __forceinline__ void score_tile(float (&s)[2][4], const LaneRows& rows, bool is_fast_tile, bool is_full_tile, int lane_key) {
   if (is_fast_tile) {
 #pragma unroll
@@ -135,7 +138,7 @@ __device__ __forceinline__ void score_tile(float (&s)[2][4], const LaneRows& row
   for (int t = 0; t < 2; ++t)
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      const int half = e / 2, key = lane_key + 8 * t + e % 2;
+      const int half = e / 2, key = lane_key + 8 * t + kPairStride * (e % 2);
       const bool is_allowed = is_full_tile || (key >= rows.key_begin[half] && key < rows.key_end[half]);
       s[t][e] = is_allowed ? rows.rule[half].log2_score_at(s[t][e], rows.distance0[half] - key) : online_softmax::negative_infinity<float>();
     }
@@ -212,6 +215,118 @@ __device__ __forceinline__ void softmax_tile(const float (&s)[2][4], DecodeState
     p_fragment[half] = pack_pair<T>(p[0][0], p[0][1]);
     p_fragment[2 + half] = pack_pair<T>(p[1][0], p[1][1]);
   }
+}
+
+// The end of a split-KV CTA, once its warps' {m, l} (kWarps, kRows) and unnormalised
+// o rows (kWarps, kRows, kHeadDim) are in shared memory (merge_m, merge_l, merge_o from
+// `shared` on) and the CTA has synchronised: the warps' states merged per row, the rows
+// normalised and multiplied by output_scale (an FP8 cache's v_descale; 1 otherwise:
+// exact), then written as the output (one split), a workspace partial for the combine
+// kernel, or merged with the other split of the cluster (distributed shared memory).
+template <class T, class Config>
+__device__ __forceinline__ void store_split_rows(const KVCacheParams& params, unsigned char* shared, float output_scale, int split,
+                                                 bool is_cluster_merge, std::int64_t row_begin, std::int64_t row_end, std::int64_t h_kv,
+                                                 std::int64_t b) {
+  constexpr int kRows = Config::kRows, kThreads = Config::kThreads, kHeadDim = Config::kHeadDim;
+  const AttentionParams& a = params.attention;
+  const int tid = threadIdx.x;
+  const int num_splits = params.num_splits;
+  const std::int64_t group = a.group_size;
+  float* merge_m = reinterpret_cast<float*>(shared);
+  float* merge_l = merge_m + Config::kWarps * kRows;
+  float* merge_o = merge_l + Config::kWarps * kRows;
+
+  // Per row: the merged state and each warp's scale (rescale factor / row sum), so the
+  // per-element loop below is kWarps multiply-adds.
+  float* merge_scale = merge_o + Config::kWarps * kRows * kHeadDim;  // (kWarps, kRows)
+  float* merge_lse = merge_scale + Config::kWarps * kRows;            // (kRows)
+  if (tid < kRows) {
+    online_softmax::State<float> total;
+    float factor[Config::kWarps];
+#pragma unroll
+    for (int w = 0; w < Config::kWarps; ++w) {
+      online_softmax::State<float> part;
+      part.m = merge_m[w * kRows + tid];
+      part.l = merge_l[w * kRows + tid];
+      float factor_total, factor_part;
+      total = online_softmax::merge(total, part, &factor_total, &factor_part);
+#pragma unroll
+      for (int v = 0; v < w; ++v) factor[v] *= factor_total;
+      factor[w] = factor_part;
+    }
+#pragma unroll
+    for (int w = 0; w < Config::kWarps; ++w) merge_scale[w * kRows + tid] = factor[w] * total.inverse_sum() * output_scale;
+    merge_lse[tid] = total.lse();
+  }
+  __syncthreads();
+
+  // Output (one split) or normalised partial row, four features per thread per step:
+  // to the workspace for the combine kernel, or to this CTA's shared memory when the
+  // splits merge inside their cluster (below).
+  float* cluster_o = merge_lse + kRows;  // (kRows, kHeadDim): this split's normalised rows
+  const bool is_single_split = num_splits == 1;
+  constexpr int kQuads = kHeadDim / 4;
+  const int rows_here = static_cast<int>(row_end - row_begin);
+  for (int element = tid; element < rows_here * kQuads; element += kThreads) {
+    const int r = element / kQuads, d = 4 * (element % kQuads);
+    if (d >= a.head_dim) continue;  // head_dim is a multiple of 8: a quad is all in or all out
+    float4 value = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+    for (int w = 0; w < Config::kWarps; ++w) {
+      const float scale = merge_scale[w * kRows + r];
+      const float4 x = *reinterpret_cast<const float4*>(merge_o + (w * kRows + r) * kHeadDim + d);
+      value.x += scale * x.x, value.y += scale * x.y, value.z += scale * x.z, value.w += scale * x.w;
+    }
+    const std::int64_t packed = row_begin + r;
+    const std::int64_t i = packed / group, h = h_kv * group + packed % group;
+    if (is_single_split) {
+      store_output_quad<T>(a, b, h, i, d, value, merge_lse[r]);
+    } else if (is_cluster_merge) {
+      *reinterpret_cast<float4*>(cluster_o + r * kHeadDim + d) = value;
+    } else {
+      float* partial_o = static_cast<float*>(params.maybe_workspace);
+      const std::int64_t row = params.partial_row(split, b, h, i);
+      *reinterpret_cast<float4*>(partial_o + row * a.head_dim + d) = value;
+      if (d == 0) partial_o[params.num_splits * params.partial_rows() * a.head_dim + row] = merge_lse[r];
+    }
+  }
+
+#if FLASHATTN_SM90_DEVICE_CODE
+  if (is_cluster_merge) {
+    // The splits of this query block are the CTAs of one cluster (rank = split): merge
+    // their rows through distributed shared memory — out = sum_s w_s o_s with
+    // w_s = e^(lse_s - lse), as the combine kernel does — with no workspace round trip
+    // and no second kernel. CTA `split` merges its share of the rows' quads.
+    cooperative_groups::cluster_group cluster = cooperative_groups::this_cluster();
+    cluster.sync();  // every split's rows and LSEs are in its shared memory
+    const int quads = rows_here * kQuads;
+    const int per_split = (quads + num_splits - 1) / num_splits;
+    const int last = (split + 1) * per_split < quads ? (split + 1) * per_split : quads;
+    for (int element = split * per_split + tid; element < last; element += kThreads) {
+      const int r = element / kQuads, d = 4 * (element % kQuads);
+      if (d >= a.head_dim) continue;
+      float split_lse[kMaxClusterSplits];
+      float lse = online_softmax::negative_infinity<float>();
+#pragma unroll
+      for (int s = 0; s < kMaxClusterSplits; ++s) {
+        split_lse[s] = s < num_splits ? *cluster.map_shared_rank(merge_lse + r, s) : online_softmax::negative_infinity<float>();
+        lse = online_softmax::merge_weights(lse, split_lse[s]).lse;
+      }
+      const float lse_log2 = lse * static_cast<float>(online_softmax::kLog2e);
+      float4 value = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+      for (int s = 0; s < kMaxClusterSplits; ++s) {
+        if (s >= num_splits) break;
+        const float weight = online_softmax::rescale_factor(split_lse[s] * static_cast<float>(online_softmax::kLog2e), lse_log2);
+        const float4 x = *reinterpret_cast<const float4*>(cluster.map_shared_rank(cluster_o + r * kHeadDim + d, s));
+        value.x += weight * x.x, value.y += weight * x.y, value.z += weight * x.z, value.w += weight * x.w;
+      }
+      const std::int64_t packed = row_begin + r;
+      store_output_quad<T>(a, b, h_kv * group + packed % group, packed / group, d, value, lse);
+    }
+    cluster.sync();  // no CTA exits while another still reads its shared memory
+  }
+#endif
 }
 
 template <class T, class Config>
@@ -536,97 +651,7 @@ __global__ void __launch_bounds__(Config::kThreads, Config::kMinBlocksPerSm)
   }
   __syncthreads();
 
-  // Per row: the merged state and each warp's scale (rescale factor / row sum), so the
-  // per-element loop below is kWarps multiply-adds.
-  float* merge_scale = merge_o + Config::kWarps * kRows * kHeadDim;  // (kWarps, kRows)
-  float* merge_lse = merge_scale + Config::kWarps * kRows;            // (kRows)
-  if (tid < kRows) {
-    online_softmax::State<float> total;
-    float factor[Config::kWarps];
-#pragma unroll
-    for (int w = 0; w < Config::kWarps; ++w) {
-      online_softmax::State<float> part;
-      part.m = merge_m[w * kRows + tid];
-      part.l = merge_l[w * kRows + tid];
-      float factor_total, factor_part;
-      total = online_softmax::merge(total, part, &factor_total, &factor_part);
-#pragma unroll
-      for (int v = 0; v < w; ++v) factor[v] *= factor_total;
-      factor[w] = factor_part;
-    }
-#pragma unroll
-    for (int w = 0; w < Config::kWarps; ++w) merge_scale[w * kRows + tid] = factor[w] * total.inverse_sum();
-    merge_lse[tid] = total.lse();
-  }
-  __syncthreads();
-
-  // Output (one split) or normalised partial row, four features per thread per step:
-  // to the workspace for the combine kernel, or to this CTA's shared memory when the
-  // splits merge inside their cluster (below).
-  float* cluster_o = merge_lse + kRows;  // (kRows, kHeadDim): this split's normalised rows
-  const bool is_single_split = num_splits == 1;
-  constexpr int kQuads = kHeadDim / 4;
-  const int rows_here = static_cast<int>(row_end - row_begin);
-  for (int element = tid; element < rows_here * kQuads; element += kThreads) {
-    const int r = element / kQuads, d = 4 * (element % kQuads);
-    if (d >= a.head_dim) continue;  // head_dim is a multiple of 8: a quad is all in or all out
-    float4 value = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-#pragma unroll
-    for (int w = 0; w < Config::kWarps; ++w) {
-      const float scale = merge_scale[w * kRows + r];
-      const float4 x = *reinterpret_cast<const float4*>(merge_o + (w * kRows + r) * kHeadDim + d);
-      value.x += scale * x.x, value.y += scale * x.y, value.z += scale * x.z, value.w += scale * x.w;
-    }
-    const std::int64_t packed = row_begin + r;
-    const std::int64_t i = packed / group, h = h_kv * group + packed % group;
-    if (is_single_split) {
-      store_output_quad<T>(a, b, h, i, d, value, merge_lse[r]);
-    } else if (is_cluster_merge) {
-      *reinterpret_cast<float4*>(cluster_o + r * kHeadDim + d) = value;
-    } else {
-      float* partial_o = static_cast<float*>(params.maybe_workspace);
-      const std::int64_t row = params.partial_row(split, b, h, i);
-      *reinterpret_cast<float4*>(partial_o + row * a.head_dim + d) = value;
-      if (d == 0) partial_o[params.num_splits * params.partial_rows() * a.head_dim + row] = merge_lse[r];
-    }
-  }
-
-#if FLASHATTN_SM90_DEVICE_CODE
-  if (is_cluster_merge) {
-    // The splits of this query block are the CTAs of one cluster (rank = split): merge
-    // their rows through distributed shared memory — out = sum_s w_s o_s with
-    // w_s = e^(lse_s - lse), as the combine kernel does — with no workspace round trip
-    // and no second kernel. CTA `split` merges its share of the rows' quads.
-    cooperative_groups::cluster_group cluster = cooperative_groups::this_cluster();
-    cluster.sync();  // every split's rows and LSEs are in its shared memory
-    const int quads = rows_here * kQuads;
-    const int per_split = (quads + num_splits - 1) / num_splits;
-    const int last = (split + 1) * per_split < quads ? (split + 1) * per_split : quads;
-    for (int element = split * per_split + tid; element < last; element += kThreads) {
-      const int r = element / kQuads, d = 4 * (element % kQuads);
-      if (d >= a.head_dim) continue;
-      float split_lse[kMaxClusterSplits];
-      float lse = online_softmax::negative_infinity<float>();
-#pragma unroll
-      for (int s = 0; s < kMaxClusterSplits; ++s) {
-        split_lse[s] = s < num_splits ? *cluster.map_shared_rank(merge_lse + r, s) : online_softmax::negative_infinity<float>();
-        lse = online_softmax::merge_weights(lse, split_lse[s]).lse;
-      }
-      const float lse_log2 = lse * static_cast<float>(online_softmax::kLog2e);
-      float4 value = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-#pragma unroll
-      for (int s = 0; s < kMaxClusterSplits; ++s) {
-        if (s >= num_splits) break;
-        const float weight = online_softmax::rescale_factor(split_lse[s] * static_cast<float>(online_softmax::kLog2e), lse_log2);
-        const float4 x = *reinterpret_cast<const float4*>(cluster.map_shared_rank(cluster_o + r * kHeadDim + d, s));
-        value.x += weight * x.x, value.y += weight * x.y, value.z += weight * x.z, value.w += weight * x.w;
-      }
-      const std::int64_t packed = row_begin + r;
-      store_output_quad<T>(a, b, h_kv * group + packed % group, packed / group, d, value, lse);
-    }
-    cluster.sync();  // no CTA exits while another still reads its shared memory
-  }
-#endif
+  store_split_rows<T, Config>(params, shared, 1.0f, split, is_cluster_merge, row_begin, row_end, h_kv, b);
 }
 
 }  // namespace flashattn::cuda::decode

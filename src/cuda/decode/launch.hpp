@@ -50,7 +50,19 @@ inline bool tma_maps_can_describe(const KVCacheParams& params) {
 template <class T, int kHeadDim>
 bool run_decode(const KVCacheParams& params, cudaStream_t stream, DecodeKernelChoice choice);
 
-// Writes k_new/v_new (k rotated) into the cache at positions cache_seqlen(b) + j.
+// The split-KV kernel over an FP8 (e4m3) cache (kernel_mma_fp8.cuh; T = q's dtype), any
+// sm_80+ GPU; returns like run_decode. Instantiations: instantiations/decode_fp8_*.cu.
+template <class T, int kHeadDim>
+bool run_decode_fp8(const KVCacheParams& params, cudaStream_t stream);
+// Its geometry for the split heuristic (MmaFp8DecodeConfig): 16 packed rows, 64-key
+// tiles, two CTAs per SM up to d128.
+inline constexpr int kFp8RowsPerCta = 16;
+inline constexpr int kFp8TileKeys = 64;
+constexpr int fp8_ctas_per_sm(int kernel_head_dim) { return kernel_head_dim <= 128 ? 2 : 1; }
+
+// Writes k_new/v_new (k rotated) into the cache at positions cache_seqlen(b) + j; an FP8
+// cache receives them quantised (float8::quantize_e4m3 with the descales), or copied
+// when they are e4m3 already.
 void run_append(const KVCacheParams& params, cudaStream_t stream);
 
 // Merges the num_splits partial rows of the workspace into out/LSE.
