@@ -15,11 +15,15 @@
 // FLASHATTN_DECODE_KERNEL, read by the library at every call, so each captured graph
 // keeps its kernel), "tma_prefetch<N>" (the TMA kernel prefetching N
 // tiles per CTA into L2 before the PDL wait; FLASHATTN_DECODE_TMA_PREFETCH_TILES),
-// each optionally with "+nopdl" (the launch chain's ablation knob, launch_kernel.cuh).
+// each optionally with "+nopdl" (the launch chain's ablation knob, launch_kernel.cuh);
+// "fp8" runs the same shape over an FP8 (e4m3) cache (kernel_mma_fp8.cuh, per-tensor
+// descales): its bandwidth counts the cache's bytes (1 per element), so against "auto"
+// the time ratio is the tokens-per-second gain, e.g. DECODE_BENCH_KERNELS=auto,fp8.
 // DECODE_BENCH_SKIP_MAIN=1 runs only the split sweep; DECODE_BENCH_POOL_GIB sizes the cache pool (CachePool; default: batch 8 / KV 64k);
 // DECODE_BENCH_SWEEP="batch:kv:page:splits,..." replaces the sweep's configurations.
 // Every row is flushed as soon as it is measured: a run cut short keeps its rows.
 #include <cuda_bf16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -51,6 +55,20 @@ __global__ void fill_random(__nv_bfloat16* data, std::int64_t count, std::uint64
       sum += static_cast<float>(x >> 40) / static_cast<float>(1ull << 24);
     }
     data[i] = __float2bfloat16((sum - 2.0f) * 1.7f);
+  }
+}
+
+// The same values as e4m3 bytes (saturating), for an FP8 cache.
+__global__ void fill_random_e4m3(std::uint8_t* data, std::int64_t count, std::uint64_t seed) {
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < count;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    std::uint64_t x = (static_cast<std::uint64_t>(i) + 1) * 0x9E3779B97F4A7C15ull ^ seed;
+    float sum = 0.0f;
+    for (int k = 0; k < 4; ++k) {
+      x ^= x >> 31, x *= 0xBF58476D1CE4E5B9ull, x ^= x >> 29;
+      sum += static_cast<float>(x >> 40) / static_cast<float>(1ull << 24);
+    }
+    data[i] = __nv_cvt_float_to_fp8((sum - 2.0f) * 1.7f, __NV_SATFINITE, __NV_E4M3);
   }
 }
 
@@ -98,6 +116,8 @@ struct Config {
   std::int64_t page_size;  // 0 = contiguous
   int num_splits = 0;      // 0 = the library's heuristic
   std::string kernel = "auto";  // a DECODE_BENCH_KERNELS entry
+  bool is_fp8_cache() const { return kernel.rfind("fp8", 0) == 0; }
+  std::size_t cache_element_bytes() const { return is_fp8_cache() ? 1 : 2; }
 };
 
 constexpr std::int64_t kHeadsQ = 32, kHeadsKv = 8, kHeadDim = 128;
@@ -106,7 +126,7 @@ constexpr std::int64_t kHeadsQ = 32, kHeadsKv = 8, kHeadDim = 128;
 std::size_t cache_bytes_of(const Config& c) {
   const std::int64_t pages_per_seq = c.page_size ? (c.kv_len + c.page_size - 1) / c.page_size : 0;
   const std::int64_t rows = c.page_size ? c.batch * pages_per_seq * c.page_size : c.batch * c.kv_len;
-  return static_cast<std::size_t>(rows * kHeadsKv * kHeadDim) * 2;
+  return static_cast<std::size_t>(rows * kHeadsKv * kHeadDim) * c.cache_element_bytes();
 }
 
 double median(std::vector<float> v) {
@@ -157,7 +177,7 @@ void run(const Config& c, std::FILE* csv) {
   if (kernel.rfind("tma_prefetch", 0) == 0) {
     setenv("FLASHATTN_DECODE_KERNEL", "tma", 1);
     setenv("FLASHATTN_DECODE_TMA_PREFETCH_TILES", kernel.substr(12).c_str(), 1);
-  } else if (kernel != "auto") {
+  } else if (kernel != "auto" && kernel != "fp8") {
     setenv("FLASHATTN_DECODE_KERNEL", kernel.c_str(), 1);
   }
   const std::int64_t pages_per_seq = c.page_size ? (c.kv_len + c.page_size - 1) / c.page_size : 0;
@@ -169,9 +189,14 @@ void run(const Config& c, std::FILE* csv) {
   for (int s = 0; s < kSets; ++s) {
     k_sets.push_back(g_pool.take(cache_bytes));
     v_sets.push_back(g_pool.take(cache_bytes));
-    const std::int64_t elements = static_cast<std::int64_t>(cache_bytes / 2);
-    fill_random<<<1024, 256>>>(static_cast<__nv_bfloat16*>(k_sets.back()), elements, 2 * s + 1);
-    fill_random<<<1024, 256>>>(static_cast<__nv_bfloat16*>(v_sets.back()), elements, 2 * s + 2);
+    const std::int64_t elements = static_cast<std::int64_t>(cache_bytes / c.cache_element_bytes());
+    if (c.is_fp8_cache()) {
+      fill_random_e4m3<<<1024, 256>>>(static_cast<std::uint8_t*>(k_sets.back()), elements, 2 * s + 1);
+      fill_random_e4m3<<<1024, 256>>>(static_cast<std::uint8_t*>(v_sets.back()), elements, 2 * s + 2);
+    } else {
+      fill_random<<<1024, 256>>>(static_cast<__nv_bfloat16*>(k_sets.back()), elements, 2 * s + 1);
+      fill_random<<<1024, 256>>>(static_cast<__nv_bfloat16*>(v_sets.back()), elements, 2 * s + 2);
+    }
     check(cudaGetLastError(), "fill_random");
     if (c.page_size) {  // pages in a random order, as an allocator that has run a while hands them out
       std::vector<std::int32_t> table(static_cast<std::size_t>(c.batch * pages_per_seq));
@@ -187,14 +212,23 @@ void run(const Config& c, std::FILE* csv) {
   check(cudaGetLastError(), "fill_random");
   std::vector<std::int32_t> lengths(static_cast<std::size_t>(c.batch), static_cast<std::int32_t>(c.kv_len));
   check(cudaMemcpy(seqlens.data, lengths.data(), lengths.size() * 4, cudaMemcpyHostToDevice), "seqlens");
+  // FP8 cache: one descale per tensor (a [1, 1] float32), 1/64 so the scores stay O(1).
+  DeviceArray descale(4);
+  const float descale_value = 1.0f / 64;
+  check(cudaMemcpy(descale.data, &descale_value, 4, cudaMemcpyHostToDevice), "descale");
+  const DType cache_dtype = c.is_fp8_cache() ? DType::float8_e4m3 : DType::bfloat16;
 
   auto args_for = [&](int s) {
     flashattn::KVCacheArgs a;
     a.q = view(q.data, DType::bfloat16, {c.batch, 1, kHeadsQ, kHeadDim});
     const std::int64_t dim0 = c.page_size ? c.batch * pages_per_seq : c.batch;
     const std::int64_t dim1 = c.page_size ? c.page_size : c.kv_len;
-    a.k_cache = view(k_sets[static_cast<std::size_t>(s)], DType::bfloat16, {dim0, dim1, kHeadsKv, kHeadDim});
-    a.v_cache = view(v_sets[static_cast<std::size_t>(s)], DType::bfloat16, {dim0, dim1, kHeadsKv, kHeadDim});
+    a.k_cache = view(k_sets[static_cast<std::size_t>(s)], cache_dtype, {dim0, dim1, kHeadsKv, kHeadDim});
+    a.v_cache = view(v_sets[static_cast<std::size_t>(s)], cache_dtype, {dim0, dim1, kHeadsKv, kHeadDim});
+    if (c.is_fp8_cache()) {
+      a.options.maybe_k_descale = view(descale.data, DType::float32, {1, 1});
+      a.options.maybe_v_descale = view(descale.data, DType::float32, {1, 1});
+    }
     if (c.page_size) a.maybe_block_table = view(table_sets[static_cast<std::size_t>(s)]->data, DType::int32, {c.batch, pages_per_seq});
     a.maybe_cache_seqlens = view(seqlens.data, DType::int32, {c.batch});
     a.out = view(out.data, DType::bfloat16, {c.batch, 1, kHeadsQ, kHeadDim});
@@ -231,7 +265,8 @@ void run(const Config& c, std::FILE* csv) {
   for (const auto& x : host_out) finite = finite && std::isfinite(__bfloat162float(x));
 
   const double ms = median(times);
-  const double bytes_read = 2.0 * static_cast<double>(c.batch * c.kv_len * kHeadsKv * kHeadDim) * 2.0;  // K and V, bf16
+  const double bytes_read =  // K and V, bf16 or e4m3
+      2.0 * static_cast<double>(c.batch * c.kv_len * kHeadsKv * kHeadDim) * static_cast<double>(c.cache_element_bytes());
   const double tbps = bytes_read / (ms * 1e-3) / 1e12;
   const std::string layout = c.page_size ? "paged" : "contiguous";
   std::printf("%-22s %-10s page %3lld batch %3lld kv %7lld splits %2d: %8.2f us  %5.2f TB/s%s\n", c.kernel.c_str(), layout.c_str(),
