@@ -333,18 +333,48 @@ def _attention_with_variants(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, 
     return out, lse, seed_offset
 
 
-def _kvcache_forward(*arguments, need_lse=True, alibi_slopes=None):
-    q = arguments[0]
+def _kvcache_keywords(alibi_slopes, k_descale, v_descale, cache_is_fp8):
+    """The native call's keywords past flash_attn 2's arguments, only those in use."""
+    keywords = {}
+    if alibi_slopes is not None:
+        keywords["alibi_slopes"] = alibi_slopes
+    if k_descale is not None:
+        keywords["k_descale"] = k_descale
+    if v_descale is not None:
+        keywords["v_descale"] = v_descale
+    if cache_is_fp8:
+        keywords["cache_is_fp8"] = True
+    return keywords
+
+
+def _as_descale(descale):
+    """One descale value (a 0-d or 1-element tensor) as the (1, 1) view the native side broadcasts."""
+    if isinstance(descale, torch.Tensor) and descale.ndim < 2 and descale.numel() == 1:
+        return descale.reshape(1, 1)
+    return descale
+
+
+def _fp8_bytes(tensor):
+    """A float8_e4m3fn cache (or new rows) as its bytes: not every DLPack exports float8."""
+    return tensor.view(torch.uint8) if isinstance(tensor, torch.Tensor) and tensor.dtype == torch.float8_e4m3fn else tensor
+
+
+def _kvcache_forward(*arguments, need_lse=True, alibi_slopes=None, k_descale=None, v_descale=None):
+    q, k_cache, v_cache, k, v = arguments[:5]
     check_rank(q, "q", 4)
     check_before_allocating(q)
     out, lse = _empty_outputs(q, False, need_lse)
+    cache_is_fp8 = k_cache.dtype == torch.float8_e4m3fn or v_cache.dtype == torch.float8_e4m3fn
+    if cache_is_fp8:
+        if k_cache.dtype != v_cache.dtype:
+            name = "v_cache" if k_cache.dtype == torch.float8_e4m3fn else "k_cache"
+            raise TypeError(f"flashattn: {name}: an FP8 cache has k_cache and v_cache both in float8_e4m3fn, "
+                            f"got {k_cache.dtype} and {v_cache.dtype}")
+        arguments = (q, _fp8_bytes(k_cache), _fp8_bytes(v_cache), _fp8_bytes(k), _fp8_bytes(v)) + tuple(arguments[5:])
     # The workspace callable is asked only on the GPU and only when the call splits.
-    if alibi_slopes is None:
-        _kvcache_native(*kvcache_native_arguments(arguments, out, lse), _new_workspace_for(q.device),
-                        _get_num_threads(), _CURRENT_STREAM)
-    else:
-        _kvcache_native(*kvcache_native_arguments(arguments, out, lse), _new_workspace_for(q.device),
-                        _get_num_threads(), _CURRENT_STREAM, alibi_slopes=alibi_slopes)
+    _kvcache_native(*kvcache_native_arguments(arguments, out, lse), _new_workspace_for(q.device), _get_num_threads(),
+                    _CURRENT_STREAM, **_kvcache_keywords(alibi_slopes, _as_descale(k_descale), _as_descale(v_descale),
+                                                         cache_is_fp8))
     return out, lse
 
 
@@ -355,10 +385,12 @@ def _kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, k: O
              cache_batch_idx: Optional[torch.Tensor], cache_leftpad: Optional[torch.Tensor],
              block_table: Optional[torch.Tensor], softmax_scale: Optional[float], causal: bool, window_left: int,
              window_right: int, softcap: float, rotary_interleaved: bool, num_splits: int,
-             alibi_slopes: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+             alibi_slopes: Optional[torch.Tensor] = None, k_descale: Optional[torch.Tensor] = None,
+             v_descale: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
     return _kvcache_forward(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, uniform_cache_seqlen,
                             cache_batch_idx, cache_leftpad, block_table, softmax_scale, causal, window_left,
-                            window_right, softcap, rotary_interleaved, num_splits, alibi_slopes=alibi_slopes)
+                            window_right, softcap, rotary_interleaved, num_splits, alibi_slopes=alibi_slopes,
+                            k_descale=k_descale, v_descale=v_descale)
 
 
 @_kvcache.register_fake
@@ -367,12 +399,13 @@ def _kvcache_fake(q, *rest, **keywords):
     return _empty_outputs(q, False)
 
 
-def with_kvcache(q, k_cache, v_cache, *rest, need_lse, alibi_slopes=None):
+def with_kvcache(q, k_cache, v_cache, *rest, need_lse, alibi_slopes=None, k_descale=None, v_descale=None):
     """(out, lse) for flash_attn_with_kvcache; the custom op only while compiling.
     Without it, lse is None unless need_lse."""
     if _is_compiling():
-        return _kvcache(q, k_cache, v_cache, *rest, alibi_slopes=alibi_slopes)
-    return _kvcache_forward(q, k_cache, v_cache, *rest, need_lse=need_lse, alibi_slopes=alibi_slopes)
+        return _kvcache(q, k_cache, v_cache, *rest, alibi_slopes=alibi_slopes, k_descale=k_descale, v_descale=v_descale)
+    return _kvcache_forward(q, k_cache, v_cache, *rest, need_lse=need_lse, alibi_slopes=alibi_slopes, k_descale=k_descale,
+                            v_descale=v_descale)
 
 
 @torch.library.custom_op("flashattn::_merge", mutates_args=())

@@ -248,7 +248,8 @@ def flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_q, cu_seqlens_k, max_seqle
 def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None,
                             cache_seqlens=None, cache_batch_idx=None, cache_leftpad=None, block_table=None,
                             softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
-                            rotary_interleaved=True, alibi_slopes=None, num_splits=0, return_softmax_lse=False):
+                            rotary_interleaved=True, alibi_slopes=None, num_splits=0, return_softmax_lse=False,
+                            k_descale=None, v_descale=None):
     """Decoding attention of q (batch, seqlen_q, nheads, headdim) over a KV cache.
 
     k_cache/v_cache: (batch_cache, seqlen_cache, nheads_k, headdim), or paged
@@ -256,6 +257,11 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     k/v (batch, seqlen_new, nheads_k, headdim), when given, are written into the cache
     in place at positions cache_seqlens[b]... (rotated first with rotary_cos/sin) and
     attended to. cache_seqlens: int32 (batch,) tensor or one int. No autograd.
+    FP8 cache (torch.float8_e4m3fn k_cache and v_cache, q float16/bfloat16): a cached
+    key is k_descale * k_cache (v likewise); k_descale/v_descale (FA3's names): float32
+    (batch, nheads_k), one value (a 0-d or 1-element tensor), or None (1). New k/v in
+    q's dtype are quantised on append: e4m3(x / descale), round to nearest even,
+    saturating at +-448 (after the rotary); float8_e4m3fn k/v are copied.
     Returns out, or (out, softmax_lse) with return_softmax_lse=True.
     """
     window_left, window_right = window(window_size)
@@ -271,11 +277,13 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                  as_int(num_splits, "num_splits", -(2**31), 2**31 - 1))
     return_softmax_lse = as_bool(return_softmax_lse, "return_softmax_lse")
     if _is_torch_tensor(q):
-        out, lse = _torch_ops().with_kvcache(*arguments, need_lse=return_softmax_lse, alibi_slopes=alibi_slopes)
+        out, lse = _torch_ops().with_kvcache(*arguments, need_lse=return_softmax_lse, alibi_slopes=alibi_slopes,
+                                             k_descale=k_descale, v_descale=v_descale)
     elif isinstance(q, np.ndarray):
         check_rank(q, "q", 4)
         out, lse = _numpy_outputs(q, lse_shape(q, False) if return_softmax_lse else None)
-        _C.forward_with_kvcache(*kvcache_native_arguments(arguments, out, lse), None, 0, 0, alibi_slopes=alibi_slopes)
+        _C.forward_with_kvcache(*kvcache_native_arguments(arguments, out, lse), None, 0, 0, alibi_slopes=alibi_slopes,
+                                k_descale=k_descale, v_descale=v_descale)
     else:
         raise TypeError(f"flashattn: q: expected a torch.Tensor or a numpy.ndarray, got {type(q).__name__}")
     return (out, lse) if return_softmax_lse else out

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 
 #include "flashattn/attention.hpp"
 #include "flashattn/config.hpp"
@@ -212,13 +213,34 @@ KVCacheArgs make_kvcache_args(ArrayArguments& arrays, nb::handle q, nb::handle k
       maybe_cache_batch_idx, maybe_cache_leftpad, maybe_block_table, maybe_rotary_cos, maybe_rotary_sin,            \
       rotary_interleaved, out, maybe_lse, num_splits, softmax_scale, causal, window_left, window_right, softcap
 
+// The keywords past flash_attn 2's arguments: ALiBi slopes, and an FP8 cache. A cache
+// in float8_e4m3fn arrives as its bytes (uint8 views: not every framework's DLPack
+// exports float8) with cache_is_fp8; k/v in uint8 then are e4m3 rows too. k_descale /
+// v_descale: float32 [batch|1, heads_kv|1] (FA3's names).
+void set_kvcache_keywords(KVCacheArgs& args, ArrayArguments& arrays, nb::handle maybe_alibi_slopes, nb::handle maybe_k_descale,
+                          nb::handle maybe_v_descale, bool cache_is_fp8) {
+  args.options.maybe_alibi_slopes = arrays.maybe_input(maybe_alibi_slopes, "alibi_slopes");
+  args.options.maybe_k_descale = arrays.maybe_input(maybe_k_descale, "k_descale");
+  args.options.maybe_v_descale = arrays.maybe_input(maybe_v_descale, "v_descale");
+  if (!cache_is_fp8) return;
+  for (auto [view, name] : {std::pair{&args.k_cache, "k_cache"}, std::pair{&args.v_cache, "v_cache"}}) {
+    if (view->dtype != DType::uint8)
+      throw nb::type_error(("flashattn: " + std::string(name) + ": cache_is_fp8 expects the cache's e4m3 bytes (a uint8 view), got " +
+                            dtype_name(view->dtype)).c_str());
+    view->dtype = DType::float8_e4m3;
+  }
+  for (TensorView* view : {&args.maybe_k_new, &args.maybe_v_new})
+    if (view->defined() && view->dtype == DType::uint8) view->dtype = DType::float8_e4m3;
+}
+
 // workspace as in backward: an array, None, or a callable(nbytes) asked only when the
 // call needs scratch.
 void forward_with_kvcache_binding(FLASHATTN_KVCACHE_PARAMETERS, nb::handle maybe_workspace, int num_threads,
-                                  std::optional<std::uintptr_t> stream, nb::handle maybe_alibi_slopes) {
+                                  std::optional<std::uintptr_t> stream, nb::handle maybe_alibi_slopes, nb::handle maybe_k_descale,
+                                  nb::handle maybe_v_descale, bool cache_is_fp8) {
   ArrayArguments arrays;
   KVCacheArgs args = make_kvcache_args(arrays, FLASHATTN_KVCACHE_ARGUMENTS);
-  args.options.maybe_alibi_slopes = arrays.maybe_input(maybe_alibi_slopes, "alibi_slopes");
+  set_kvcache_keywords(args, arrays, maybe_alibi_slopes, maybe_k_descale, maybe_v_descale, cache_is_fp8);
   const nb::object allocated_workspace = attach_workspace(arrays, maybe_workspace, args.q.device, args.maybe_workspace,
                                                           [&] { return flashattn::kvcache_workspace_bytes(args); });
   const ExecutionContext context = make_context(arrays, num_threads, stream);
@@ -226,10 +248,11 @@ void forward_with_kvcache_binding(FLASHATTN_KVCACHE_PARAMETERS, nb::handle maybe
   flashattn::forward_with_kvcache(args, context);
 }
 
-std::size_t kvcache_workspace_bytes_binding(FLASHATTN_KVCACHE_PARAMETERS, nb::handle maybe_alibi_slopes) {
+std::size_t kvcache_workspace_bytes_binding(FLASHATTN_KVCACHE_PARAMETERS, nb::handle maybe_alibi_slopes, nb::handle maybe_k_descale,
+                                            nb::handle maybe_v_descale, bool cache_is_fp8) {
   ArrayArguments arrays;
   KVCacheArgs args = make_kvcache_args(arrays, FLASHATTN_KVCACHE_ARGUMENTS);
-  args.options.maybe_alibi_slopes = arrays.maybe_input(maybe_alibi_slopes, "alibi_slopes");
+  set_kvcache_keywords(args, arrays, maybe_alibi_slopes, maybe_k_descale, maybe_v_descale, cache_is_fp8);
   return flashattn::kvcache_workspace_bytes(args);
 }
 
@@ -305,9 +328,11 @@ NB_MODULE(_C, m) {
       "rotary_sin"_a.none(), "rotary_interleaved"_a, "out"_a, "lse"_a.none(), "num_splits"_a, "softmax_scale"_a.none(), \
       "causal"_a, "window_left"_a, "window_right"_a, "softcap"_a
   m.def("forward_with_kvcache", &forward_with_kvcache_binding, FLASHATTN_KVCACHE_NAMES, "workspace"_a.none(),
-        "num_threads"_a, "stream"_a.none(), "alibi_slopes"_a = nb::none(),
+        "num_threads"_a, "stream"_a.none(), "alibi_slopes"_a = nb::none(), "k_descale"_a = nb::none(), "v_descale"_a = nb::none(),
+        "cache_is_fp8"_a = false,
         "Attention of q over a KV cache (flash_attn_with_kvcache), appending k/v to the cache in place when given.");
   m.def("kvcache_workspace_bytes", &kvcache_workspace_bytes_binding, FLASHATTN_KVCACHE_NAMES, "alibi_slopes"_a = nb::none(),
+        "k_descale"_a = nb::none(), "v_descale"_a = nb::none(), "cache_is_fp8"_a = false,
         "Scratch bytes forward_with_kvcache needs for these arguments (0 on the CPU or without a split).");
   m.def("merge_attention_states", &merge_binding, "out_a"_a, "lse_a"_a, "out_b"_a, "lse_b"_a, "out"_a, "lse"_a,
         "num_threads"_a, "stream"_a.none(), "Combine two partial attentions of the same queries by their LSEs.");
