@@ -21,7 +21,7 @@
 namespace flashattn::testing {
 
 struct Fp8DecodeShape {
-  DecodeShape base;  // dtype: q's (float16 or bfloat16); window/softcap/ALiBi unused here
+  DecodeShape base;  // dtype: q's (float16 or bfloat16); softcap and causal are in the reference, window/ALiBi are not
   enum class Descale { none, per_tensor, per_head };
   Descale descale = Descale::per_head;
   bool fp8_new = false;  // k_new/v_new given in e4m3 (copied) rather than q's dtype (quantised)
@@ -159,7 +159,8 @@ class Fp8DecodeProblem {
             double dot = 0.0;
             for (std::int64_t d = 0; d < s.head_dim; ++d)
               dot += dense.q.get(((b * s.seqlen_q + i) * s.heads_q + h) * s.head_dim + d) * kd * float8::decode_e4m3(bytes(k_cache)[k_base + d]);
-            scores.push_back(dot * scale);
+            const double score = dot * scale;
+            scores.push_back(s.softcap > 0 ? s.softcap * std::tanh(score / s.softcap) : score);
             max = std::max(max, scores.back());
           }
           if (scores.empty()) continue;  // no keys: out 0, LSE -inf

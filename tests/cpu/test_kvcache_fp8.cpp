@@ -94,7 +94,7 @@ std::vector<Fp8DecodeShape> fp8_shapes() {
       }
   Fp8DecodeShape gqa;  // 8 query heads per kv head, head dims of the CUDA kernels
   gqa.base.heads_q = 8, gqa.base.heads_kv = 1, gqa.base.seqlen_q = 2, gqa.base.capacity = 203, gqa.base.head_dim = 128;
-  gqa.base.seqlen_new = 2, gqa.base.causal = true, gqa.base.num_splits = 4;
+  gqa.base.seqlen_new = 2, gqa.base.causal = true, gqa.base.num_splits = 4, gqa.base.softcap = 20.0;
   v.push_back(gqa);
   gqa.base.page_size = 32, gqa.base.head_dim = 64, gqa.base.rotary_dim = 64, gqa.base.rotary_interleaved = false;
   v.push_back(gqa);
