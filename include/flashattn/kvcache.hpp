@@ -99,7 +99,14 @@ struct KVCacheArgs {
   // FP8 cache: k_cache/v_cache (and k_new/v_new when appending, or those in q's dtype,
   // quantised with the descale on append) in float8_e4m3 with q in float16/bfloat16;
   // options.maybe_k_descale / maybe_v_descale ([batch, heads_kv] float32, zero strides
-  // allowed) dequantise them: key = k_descale * stored.
+  // allowed, a size-1 dimension broadcasts; absent = 1) dequantise them: key =
+  // k_descale * stored. options.maybe_q_descale is refused (q stays 16-bit).
+  // Quantisation of an appended row in q's dtype (after the rotary, rounded to q's dtype
+  // as a 16-bit cache would hold it): stored = e4m3(x / descale), the division in
+  // float32, then round to nearest even, saturating at +-448 (NaN -> 0x7f): PTX
+  // cvt.rn.satfinite (vLLM's FP8 cache writes); PyTorch's cast gives NaN past 464
+  // instead (src/core/float8.hpp). e4m3 rows are copied (no rotary then).
+  // CUDA: head_dim a multiple of 16, cache rows 16-byte aligned (strides in bytes).
   AttentionOptions options;    // softmax_scale, causal, window, softcap (dropout/deterministic unused)
 };
 
