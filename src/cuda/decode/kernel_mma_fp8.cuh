@@ -227,25 +227,17 @@ __global__ void __launch_bounds__(Config::kThreads, Config::kMinBlocksPerSm)
     const std::int64_t i = is_row ? packed / group : 0, h = h_kv * group + (is_row ? packed % group : 0);
     return static_cast<const T*>(a.q) + a.q_offset(b, h) + i * a.q_row_stride;
   };
-  // A thread's column of all 16 rows is loaded before any is stored, so the loads are in
-  // flight together (a store to shared memory between them would serialise 16 global
-  // latencies: ~10 us of a decode step).
-#pragma unroll
-  for (int column = tid; column < kHeadDim; column += kThreads) {
-    const int d = Config::feature_of_column(column);
-    float x[kRows];
-#pragma unroll
-    for (int r = 0; r < kRows; ++r) {
-      const bool is_row = row_begin + r < row_end;
-      const T* q_row = q_row_of(r);
-      const std::int64_t rotary_position = params.has_rotary() && is_row ? params.q_rotary_position(b, (row_begin + r) / group) : 0;
-      x[r] = 0.0f;
+  for (int r = 0; r < kRows; ++r) {
+    const bool is_row = row_begin + r < row_end;
+    const T* q_row = q_row_of(r);
+    const std::int64_t rotary_position = params.has_rotary() && is_row ? params.q_rotary_position(b, (row_begin + r) / group) : 0;
+    for (int column = tid; column < kHeadDim; column += kThreads) {
+      const int d = Config::feature_of_column(column);
+      float x = 0.0f;
       if (is_row && d < a.head_dim)
-        x[r] = (params.has_rotary() && d < params.rotary_dim) ? rotate_feature<T>(params, q_row, d, rotary_position)
-                                                               : Numeric::to_float(q_row[d]);
+        x = (params.has_rotary() && d < params.rotary_dim) ? rotate_feature<T>(params, q_row, d, rotary_position) : Numeric::to_float(q_row[d]);
+      q_tile[QTile::offset(r, column)] = Numeric::from_float(x);
     }
-#pragma unroll
-    for (int r = 0; r < kRows; ++r) q_tile[QTile::offset(r, column)] = Numeric::from_float(x[r]);
   }
 
   DecodeState state[2];         // rows group_row, group_row + 8 (l: this lane's columns only)
