@@ -53,6 +53,9 @@ QuantizeFp8Params validate_quantize_fp8(const TensorView& x, const TensorView& o
   if (p.heads == 0 && p.groups != 1) fail("descale", "shape mismatch: x has no heads, so groups must be 1, got " + shape_string(descale));
   p.heads_per_group = p.heads > 0 ? p.heads / p.groups : 1;
   p.descale_strides[0] = descale.stride(0), p.descale_strides[1] = descale.stride(1);
+  // Every (batch, group) its own float (check_layout gave groups > 1 unit stride).
+  if (p.batch > 1 && descale.stride(0) < p.groups)
+    fail("descale", "rows overlap: batch stride " + expected_got(">= " + std::to_string(p.groups) + " (groups)", descale.stride(0)));
   if (options.incoherent && !is_hadamard_head_dim(p.head_dim))
     unsupported("x", "head_dim must be a power of two in [32, 256] for incoherent processing (a Hadamard transform), got " +
                          std::to_string(p.head_dim));

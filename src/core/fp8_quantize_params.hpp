@@ -4,6 +4,7 @@
 
 #include <cstdint>
 
+#include "flashattn/config.hpp"
 #include "flashattn/tensor.hpp"
 
 namespace flashattn {
@@ -24,13 +25,13 @@ struct QuantizeFp8Params {
   bool incoherent = false;
   std::uint64_t seed = 0;
 
-  std::int64_t x_offset(std::int64_t b, std::int64_t row, std::int64_t h) const {
+  FLASHATTN_HOST_DEVICE std::int64_t x_offset(std::int64_t b, std::int64_t row, std::int64_t h) const {
     return b * x_strides[0] + row * x_strides[1] + h * x_strides[2];
   }
-  std::int64_t out_offset(std::int64_t b, std::int64_t row, std::int64_t h) const {
+  FLASHATTN_HOST_DEVICE std::int64_t out_offset(std::int64_t b, std::int64_t row, std::int64_t h) const {
     return b * out_strides[0] + row * out_strides[1] + h * out_strides[2];
   }
-  std::int64_t descale_offset(std::int64_t b, std::int64_t group) const {
+  FLASHATTN_HOST_DEVICE std::int64_t descale_offset(std::int64_t b, std::int64_t group) const {
     return b * descale_strides[0] + group * descale_strides[1];
   }
 };
