@@ -313,6 +313,49 @@ TEST(Fp8Forward, BroadcastDescalesVarlenAndFloat16Out) {
     ASSERT_NEAR(numeric::float16_to_float(out[i]), ref_out[i], std::fabs(ref_out[i]) * 0x1p-11f + 1e-6f) << i;
 }
 
+// Paged K/V (varlen prefill over page pools): the same bits as the packed call, with
+// per-sequence k/v descales (the CPU dequantises after gathering each sequence's pages).
+TEST(Fp8Forward, PagedKVEqualsPackedBitwise) {
+  const std::int64_t heads = 2, head_dim = 16, page_size = 4, num_blocks = 7;
+  const std::vector<std::int32_t> cu_q = {0, 3, 8}, cu_k = {0, 5, 14};
+  const std::vector<std::int32_t> table = {5, 1, 6, 0,   // sequence 0: 5 keys, pages 5, 1
+                                           2, 4, 3, 6};  // sequence 1: 9 keys, pages 2, 4, 3
+  std::vector<float> x = gaussian(static_cast<std::size_t>(num_blocks * page_size * heads * head_dim), 21);
+  std::vector<std::uint8_t> pool(x.size()), packed_k(static_cast<std::size_t>(14 * heads * head_dim));
+  for (std::size_t i = 0; i < x.size(); ++i) pool[i] = float_to_float8_e4m3(x[i] * 32.0f);
+  for (std::int64_t b = 0; b < 2; ++b)
+    for (std::int64_t j = 0; j < cu_k[b + 1] - cu_k[b]; ++j) {
+      const std::int64_t page = table[static_cast<std::size_t>(b * 4 + j / page_size)];
+      std::memcpy(packed_k.data() + (cu_k[b] + j) * heads * head_dim, pool.data() + (page * page_size + j % page_size) * heads * head_dim,
+                  static_cast<std::size_t>(heads * head_dim));
+    }
+  std::vector<std::uint8_t> q(static_cast<std::size_t>(8 * heads * head_dim));
+  for (std::size_t i = 0; i < q.size(); ++i) q[i] = float_to_float8_e4m3(x[i + 3] * 16.0f);
+  std::vector<float> k_descale = {1.0f / 32, 1.0f / 16, 1.0f / 64, 1.0f / 32}, q_descale = {1.0f / 16};
+  auto run = [&](bool is_paged) {
+    std::vector<std::uint16_t> out(q.size(), 0x7fc1);
+    ForwardArgs args;
+    args.q = TensorView::contiguous(q.data(), DType::float8_e4m3, {8, heads, head_dim});
+    args.k = is_paged ? TensorView::contiguous(pool.data(), DType::float8_e4m3, {num_blocks, page_size, heads, head_dim})
+                      : TensorView::contiguous(packed_k.data(), DType::float8_e4m3, {14, heads, head_dim});
+    args.v = args.k;
+    args.out = TensorView::contiguous(out.data(), DType::bfloat16, {8, heads, head_dim});
+    VarlenArgs varlen{TensorView::contiguous(const_cast<std::int32_t*>(cu_q.data()), DType::int32, {3}),
+                      TensorView::contiguous(const_cast<std::int32_t*>(cu_k.data()), DType::int32, {3}), 5, 9};
+    if (is_paged) varlen.maybe_block_table = TensorView::contiguous(const_cast<std::int32_t*>(table.data()), DType::int32, {2, 4});
+    args.maybe_varlen = varlen;
+    args.options.maybe_q_descale = TensorView::contiguous(q_descale.data(), DType::float32, {1, 1});
+    args.options.maybe_k_descale = TensorView::contiguous(k_descale.data(), DType::float32, {2, heads});
+    args.options.maybe_v_descale = args.options.maybe_k_descale;
+    args.options.causal = true;
+    forward(args);
+    return out;
+  };
+  const std::vector<std::uint16_t> packed = run(false);
+  EXPECT_EQ(run(true), packed);
+  for (const std::uint16_t value : packed) EXPECT_FALSE(std::isnan(numeric::bfloat16_to_float(value)));
+}
+
 // --- issue 16's accuracy goal ----------------------------------------------------------
 //
 // FA3's experiment (paper, section 4.3): q, k, v ~ N(0, 1) + N(0, 100) * Bernoulli(0.001),
