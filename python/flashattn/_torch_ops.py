@@ -333,6 +333,68 @@ def _attention_with_variants(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, 
     return out, lse, seed_offset
 
 
+# --- FP8 (float8_e4m3fn) inputs: forward only --------------------------------------------------
+
+
+FLOAT8_E4M3 = getattr(torch, "float8_e4m3fn", None)  # torch >= 2.1
+_FP8_BACKWARD_MESSAGE = "flashattn: q: float8_e4m3fn: the backward pass does not support FP8"
+
+
+class _Fp8Attention(torch.autograd.Function):
+    """An FP8 forward inside an autograd graph: the output takes part in the graph (so a
+    loss can be built on it), and backpropagating into q/k/v raises, naming the dtype."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, run):
+        return run()
+
+    @staticmethod
+    def backward(ctx, *unused_grads):
+        raise NotImplementedError(_FP8_BACKWARD_MESSAGE)
+
+
+def _descale_tensor(value, name, device):
+    """A descale keyword as the native call takes it: a tensor as given, a Python number as
+    a float32 (1, 1) tensor on q's device (size-1 dimensions broadcast to [batch, heads_kv])."""
+    if value is None or isinstance(value, torch.Tensor):
+        return value
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"flashattn: {name}: expected a float32 torch.Tensor (batch, nheads_k) or a float, got "
+                        f"{type(value).__name__}")
+    return torch.full((1, 1), float(value), dtype=torch.float32, device=device)
+
+
+def fp8_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left,
+                  window_right, softcap, need_lse, q_descale, k_descale, v_descale, block_table=None,
+                  alibi_slopes=None, dropout_p=0.0):
+    """(out bfloat16, lse, seed_offset) for float8_e4m3fn q/k/v (FA3 returns bfloat16). The
+    codes reach the native call as uint8 views with fp8=True, whatever torch's DLPack says
+    about float8. Eager only (no torch.compile op)."""
+    for name, tensor in (("k", k), ("v", v)):
+        if not isinstance(tensor, torch.Tensor) or tensor.dtype != torch.float8_e4m3fn:
+            raise TypeError(f"flashattn: {name}: dtype mismatch: expected float8_e4m3fn (like q), got "
+                            f"{getattr(tensor, 'dtype', type(tensor).__name__)}")
+    is_varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
+    check_rank(q, "q", 3 if is_varlen else 4)
+    check_before_allocating(q)
+    descales = {name: _descale_tensor(value, name, q.device)
+                for name, value in (("q_descale", q_descale), ("k_descale", k_descale), ("v_descale", v_descale))}
+    seed_offset = draw_seed_offset(q.device) if dropout_p > 0.0 else None
+    out = torch.empty(q.shape, dtype=torch.bfloat16, device=q.device)
+    lse = torch.empty(lse_shape(q, is_varlen), dtype=torch.float32, device=q.device) if need_lse else None
+
+    def run():
+        _forward_native(q.view(torch.uint8), k.view(torch.uint8), v.view(torch.uint8), out, lse, cu_seqlens_q,
+                        cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left, window_right,
+                        softcap, "automatic", _get_num_threads(), _CURRENT_STREAM, block_table=block_table,
+                        fp8=True, **descales, **_variant_keywords(alibi_slopes, dropout_p, seed_offset))
+        return out
+
+    if _is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        return _Fp8Attention.apply(q, k, v, run), lse, seed_offset
+    return run(), lse, seed_offset
+
+
 def _kvcache_forward(*arguments, need_lse=True, alibi_slopes=None):
     q = arguments[0]
     check_rank(q, "q", 4)

@@ -19,6 +19,16 @@
 #include "src/cuda/hopper/launch.hpp"
 #include "src/cuda/staging.hpp"
 
+// TEMPORARY DECLARATION, until branch fp8-hopper is merged: its
+// src/cuda/hopper_fp8/launch.hpp declares (and its launch.cu defines) exactly this;
+// replace these lines with #include "src/cuda/hopper_fp8/launch.hpp" at the merge.
+namespace flashattn::cuda::hopper_fp8 {
+// Runs the sm_90a FP8 forward on already validated params (params.is_fp8(): q/k/v
+// float8_e4m3 with the descales, out params.dtype = bfloat16 or float16) after
+// forward_fp8 below has checked the device and the problem.
+void forward(const AttentionParams& params, cudaStream_t stream);
+}  // namespace flashattn::cuda::hopper_fp8
+
 namespace flashattn::cuda {
 namespace {
 
@@ -213,6 +223,49 @@ void forward_staged(const AttentionParams& params, Algorithm algorithm, cudaStre
   }
 }
 
+// FP8 inputs: only the Hopper FP8 kernel takes them (issue 16). Everything it cannot
+// run is refused here, naming the argument; the CPU backend runs all of it.
+std::string why_fp8_unsupported(const AttentionParams& params, Algorithm algorithm) {
+  const std::string dtype = dtype_name(params.input_dtype);
+  if (algorithm != Algorithm::automatic && algorithm != Algorithm::flash3)
+    return std::string("algorithm: ") + dtype + " inputs run on the flash3 (Hopper FP8) kernel only, got " + algorithm_name(algorithm);
+  if (!hopper::is_built())
+    return "q: " + dtype + " needs the Hopper FP8 kernel, and this library has none (sm_90a is not among CMAKE_CUDA_ARCHITECTURES)";
+  const int capability = hopper::device_compute_capability(params.device.index);
+  if (capability != 90)
+    return "q: " + dtype + " runs on compute capability 9.0 (Hopper) only; device " + std::to_string(params.device.index) +
+           " has " + std::to_string(capability / 10) + "." + std::to_string(capability % 10);
+  if (params.head_dim != 64 && params.head_dim != 128 && params.head_dim != 256)
+    return "q: head_dim must be 64, 128 or 256 for " + dtype + " inputs on the GPU, got " + std::to_string(params.head_dim);
+  if (params.has_dropout()) return "dropout_p: dropout is not supported with " + dtype + " inputs on the GPU";
+  if (params.has_alibi()) return "alibi_slopes: ALiBi is not supported with " + dtype + " inputs on the GPU";
+  if (params.has_attn_mask()) return "attn_mask: not supported with " + dtype + " inputs on the GPU";
+  if (params.has_block_mask()) return "block_mask: not supported with " + dtype + " inputs on the GPU";
+  if (params.is_paged()) return "block_table: a paged K/V is not supported with " + dtype + " inputs on the GPU";
+  // TMA rows: 16-byte aligned base and strides (16 one-byte elements).
+  const struct {
+    const char* name;
+    const void* data;
+    std::int64_t batch, row, head;
+  } inputs[] = {{"q", params.q, params.q_batch_stride, params.q_row_stride, params.q_head_stride},
+                {"k", params.k, params.k_batch_stride, params.k_row_stride, params.k_head_stride},
+                {"v", params.v, params.v_batch_stride, params.v_row_stride, params.v_head_stride}};
+  for (const auto& t : inputs)
+    if (reinterpret_cast<std::uintptr_t>(t.data) % 16 != 0 || t.batch % 16 != 0 || t.row % 16 != 0 || t.head % 16 != 0)
+      return std::string(t.name) + ": the FP8 kernel needs 16-byte aligned rows (data pointer aligned to 16 bytes and " +
+             "batch/row/head strides multiples of 16 elements), got strides " + std::to_string(t.batch) + "/" +
+             std::to_string(t.row) + "/" + std::to_string(t.head);
+  return {};
+}
+
+void forward_fp8(const AttentionParams& params, Algorithm algorithm, cudaStream_t stream) {
+  const std::string why_not = why_fp8_unsupported(params, algorithm);
+  if (!why_not.empty()) throw NotSupported("flashattn: " + why_not);
+  require_16_byte_rows("out", params.out, params.out_batch_stride, params.out_row_stride, params.out_head_stride);
+  const DeviceGuard device_guard(params.device.index);
+  hopper_fp8::forward(params, stream);
+}
+
 }  // namespace
 
 bool available() noexcept {
@@ -240,6 +293,9 @@ BackendLimits limits() noexcept {
   limits.supports_algorithm[static_cast<int>(Algorithm::flash1)] = false;
   // flash3 needs an sm_90 device too: forward() says so per call (hopper::why_unsupported).
   limits.supports_algorithm[static_cast<int>(Algorithm::flash3)] = hopper::is_built();
+  // The Hopper FP8 kernel is built with the Hopper kernels (sm_90a); the device, head
+  // dim and features are checked per call (why_fp8_unsupported).
+  limits.supports_fp8 = hopper::is_built();
   return limits;
 }
 
@@ -248,6 +304,7 @@ BackendLimits limits() noexcept {
 // without more head-dim padding than the FA2 kernel would use (e.g. d96 stays on the
 // FA2 d96 kernel instead of the Hopper d128 one), else the FA2 kernel.
 void forward(const AttentionParams& params, Algorithm algorithm, void* stream) {
+  if (params.is_fp8()) return forward_fp8(params, algorithm, static_cast<cudaStream_t>(stream));
   if (algorithm != Algorithm::automatic && algorithm != Algorithm::flash2 && algorithm != Algorithm::flash3)
     throw NotSupported(std::string("flashattn: algorithm: the CUDA backend runs automatic, flash2 or flash3, got ") +
                        algorithm_name(algorithm));
