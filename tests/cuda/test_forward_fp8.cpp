@@ -1,6 +1,9 @@
 // tests/cuda/test_forward_fp8.cpp — the FP8 (e4m3) Hopper forward kernel
 // (src/cuda/hopper_fp8), called directly through hopper_fp8::forward on hand-built
-// AttentionParams, against a float64 reference on the dequantised inputs.
+// AttentionParams, against a float64 reference on the dequantised inputs: every kernel
+// head dim and padded ones, tile tails, seqlen_q != seqlen_k, causal, sliding window,
+// softcap, ALiBi, GQA/MQA, varlen with empty sequences, seqlen_k = 0, descales per
+// (batch, kv head) / one value through zero strides / none, bf16 and fp16 out.
 //
 // Inputs are e4m3 bytes (a host encoder below); the reference dequantises them
 // (x = e4m3 value · descale) and computes softmax(scale · q k^T) v in double. The kernel's
@@ -103,6 +106,7 @@ struct Fp8Case {
   bool is_causal = false;
   std::int64_t window_left = -1, window_right = -1;
   float softcap = 0.0f;
+  bool with_alibi = false;     // slopes 2^(-8 (h + 1) / heads_q), one per head (batch stride 0)
   float softmax_scale = 0.0f;  // 0: 1/sqrt(head_dim)
   DType out_dtype = DType::bfloat16;
   // Varlen: per-sequence lengths (batch = their count; seqlen_* = the maxima).
@@ -121,6 +125,7 @@ struct Fp8Case {
     if (window_left >= 0 || window_right >= 0)
       text += " window(" + std::to_string(window_left) + "," + std::to_string(window_right) + ")";
     if (softcap > 0) text += " softcap" + std::to_string(softcap);
+    if (with_alibi) text += " alibi";
     if (!varlen_q.empty()) text += " varlen";
     text += out_dtype == DType::bfloat16 ? " bf16" : " fp16";
     text += " descale" + std::to_string(descale_kind);
@@ -195,6 +200,8 @@ class Fp8Problem {
     fill_descale(q_descale_);
     fill_descale(k_descale_);
     fill_descale(v_descale_);
+    for (std::int64_t h = 0; h < c.heads_q; ++h)
+      alibi_slopes_.push_back(std::exp2(-8.0f * static_cast<float>(h + 1) / static_cast<float>(c.heads_q)));
   }
 
   std::int64_t batch() const { return c_.batch; }
@@ -220,6 +227,7 @@ class Fp8Problem {
     float* q_descale = upload(q_descale_);
     float* k_descale = upload(k_descale_);
     float* v_descale = upload(v_descale_);
+    float* alibi_slopes = upload(alibi_slopes_);
     std::int32_t* cu_q = is_varlen_ ? upload(cu_q_) : nullptr;
     std::int32_t* cu_k = is_varlen_ ? upload(cu_k_) : nullptr;
     const std::int64_t out_elements = rows_q_ * c.heads_q * c.head_dim;
@@ -272,6 +280,7 @@ class Fp8Problem {
     params.softmax_scale = softmax_scale();
     params.softmax_scale_log2 = static_cast<float>(params.softmax_scale * 1.4426950408889634);
     params.softcap = c.softcap;
+    if (c.with_alibi) params.maybe_alibi_slopes = alibi_slopes;
     params.is_causal = c.is_causal;
     params.window_left = c.window_left;
     params.window_right = c.is_causal ? 0 : c.window_right;
@@ -298,6 +307,7 @@ class Fp8Problem {
     for (std::size_t i = 0; i < out_bits.size(); ++i) result.out[i] = half_bits_to_float(out_bits[i], c.out_dtype);
     for (void* pointer : {static_cast<void*>(q), static_cast<void*>(k), static_cast<void*>(v),
                           static_cast<void*>(q_descale), static_cast<void*>(k_descale), static_cast<void*>(v_descale),
+                          static_cast<void*>(alibi_slopes),
                           static_cast<void*>(cu_q), static_cast<void*>(cu_k), static_cast<void*>(out),
                           static_cast<void*>(lse)})
       if (pointer != nullptr) cudaFree(pointer);
@@ -335,6 +345,9 @@ class Fp8Problem {
             for (std::int64_t x = 0; x < d; ++x) dot += q_row_values[x] * k_row_values[x];
             double score = softmax_scale() * q_scale * k_scale * dot;
             if (c.softcap > 0) score = c.softcap * std::tanh(score / c.softcap);
+            // ALiBi: − slope · |i + (seqlen_k − seqlen_q) − j| (bottom-right aligned).
+            if (c.with_alibi)
+              score -= alibi_slopes_[static_cast<std::size_t>(h)] * std::fabs(double(i + seqlen_k - seqlen_q - j));
             scores[static_cast<std::size_t>(j)] = score;
             row_max = std::max(row_max, score);
           }
@@ -413,6 +426,7 @@ class Fp8Problem {
   std::vector<std::uint8_t> q_, k_, v_;
   std::vector<double> q_values_, k_values_, v_values_;  // the bytes dequantised (without descales)
   std::vector<float> q_descale_, k_descale_, v_descale_;
+  std::vector<float> alibi_slopes_;
 };
 
 class HopperFp8Forward : public ::testing::TestWithParam<Fp8Case> {
@@ -493,6 +507,17 @@ std::vector<Fp8Case> fp8_cases() {
     softcap.softmax_scale = 0.5f;
     softcap.input_scale = 2.0;
     add(softcap);
+    // ALiBi (the ScoreRule path with the descales in its scale), causal and not.
+    Fp8Case alibi;
+    alibi.head_dim = d;
+    alibi.heads_q = 4;
+    alibi.heads_kv = 2;
+    alibi.seqlen_q = 170;
+    alibi.seqlen_k = 230;
+    alibi.with_alibi = true;
+    add(alibi);
+    alibi.is_causal = true;
+    add(alibi);
     // GQA and MQA.
     Fp8Case gqa;
     gqa.head_dim = d;
