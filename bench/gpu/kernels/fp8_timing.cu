@@ -1,6 +1,6 @@
 // bench/gpu/kernels/fp8_timing.cu — times the FP8 (e4m3) Hopper forward
-// (src/cuda/hopper_fp8) against our bf16 Hopper kernel (flash3 through the public API)
-// on the same inputs, with CUDA events, at the ../shared/BENCHMARKS.md shapes (16k tokens
+// (src/cuda/hopper_fp8) against our bf16 Hopper kernel (src/cuda/hopper, what flash3
+// runs), both called directly, on the same inputs, with CUDA events, at the ../shared/BENCHMARKS.md shapes (16k tokens
 // per batch, 2048 / head_dim heads). Not a test: no assertions on timing.
 //
 // Inputs: random bf16 q, k, v, quantised to e4m3 on the device (descale 1); the bf16 run
@@ -21,11 +21,13 @@
 #include <cstdio>
 #include <cstring>
 #include <functional>
+#include <stdexcept>
+#include <string>
 #include <vector>
 
-#include "flashattn/attention.hpp"
 #include "src/core/params.hpp"
 #include "src/cuda/common/check.cuh"
+#include "src/cuda/hopper/launch.hpp"
 #include "src/cuda/hopper_fp8/launch.hpp"
 
 namespace flashattn::cuda::hopper_fp8 {
@@ -113,19 +115,9 @@ void time_shape(const Shape& s, int warmup, int reps) {
   FLASHATTN_CUDA_CHECK_LAUNCH();
   FLASHATTN_CUDA_CHECK(cudaDeviceSynchronize());
 
-  // Our bf16 kernel on the dequantised inputs, through the public API.
+  // Both kernels called directly on hand-built params (the FP8 dispatch and validation
+  // are another piece of work; the bf16 one is the kernel flash3 runs).
   const Device gpu = Device::cuda(0);
-  ForwardArgs bf16_args;
-  bf16_args.q = TensorView::contiguous(q, DType::bfloat16, {s.batch, s.seqlen, s.heads, s.head_dim}, gpu);
-  bf16_args.k = TensorView::contiguous(k, DType::bfloat16, {s.batch, s.seqlen, s.heads, s.head_dim}, gpu);
-  bf16_args.v = TensorView::contiguous(v, DType::bfloat16, {s.batch, s.seqlen, s.heads, s.head_dim}, gpu);
-  bf16_args.out = TensorView::contiguous(out_bf16, DType::bfloat16, {s.batch, s.seqlen, s.heads, s.head_dim}, gpu);
-  bf16_args.maybe_lse = TensorView::contiguous(lse, DType::float32, {s.batch, s.heads, s.seqlen}, gpu);
-  bf16_args.options.causal = s.causal;
-  bf16_args.options.algorithm = Algorithm::flash3;
-
-  // The FP8 kernel on the e4m3 bytes: params built by hand (the dispatch and validation
-  // of FP8 inputs are another piece of work).
   AttentionParams params;
   params.dtype = DType::bfloat16;
   params.input_dtype = DType::float8_e4m3;
@@ -143,9 +135,15 @@ void time_shape(const Shape& s, int warmup, int reps) {
   params.softmax_scale_log2 = static_cast<float>(params.softmax_scale * 1.4426950408889634);
   params.is_causal = s.causal;
   params.window_right = s.causal ? 0 : -1;
+  AttentionParams bf16_params = params;  // the dequantised copies, same layout
+  bf16_params.input_dtype = DType::bfloat16;
+  bf16_params.q = q, bf16_params.k = k, bf16_params.v = v, bf16_params.out = out_bf16;
+  const std::string why_not_bf16 = hopper::why_unsupported(bf16_params);
+  if (!why_not_bf16.empty()) throw std::runtime_error("bf16 Hopper kernel: " + why_not_bf16);
+  auto run_bf16 = [&] { hopper::forward(bf16_params, nullptr); };
 
-  forward(bf16_args);
-  const double bf16_ms = median_ms([&] { forward(bf16_args); }, warmup, reps);
+  run_bf16();
+  const double bf16_ms = median_ms(run_bf16, warmup, reps);
   FLASHATTN_CUDA_CHECK(cudaMemset(out_fp8, 0xff, elements * sizeof(__nv_bfloat16)));
   hopper_fp8::forward(params, nullptr);
   FLASHATTN_CUDA_CHECK(cudaDeviceSynchronize());
