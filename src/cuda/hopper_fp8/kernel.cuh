@@ -9,15 +9,16 @@
 //    are (rows, d) with d contiguous: K-major for S = Q K^T as they arrive. For O += P V
 //    the B operand is V^T (N = d, K = keys) and must have keys contiguous, but V arrives
 //    (keys, d). So the producer warpgroup transposes every V tile in shared memory:
-//      thread 0 of warpgroup 0  TMA: Q, then K_j and V_j into kStages-deep rings;
+//      thread 0 of warpgroup 0  TMA: Q, then K_j and V_j into kStages-deep rings, up to
+//                               kStages blocks ahead of the transpose;
 //      all 128 threads          wait for V_j, write Vt_j (d, 128 keys) = V_j^T in the
 //                               128-byte swizzle, fence the writes to the async proxy
 //                               (wgmma reads through it) and arrive on Vt_j's "full"
 //                               barrier and V_j's "empty" barrier (one arrival per thread).
-//    The consumer warpgroups never touch V_j, only Vt_j. The transpose works on 4x4-byte
-//    blocks: four 32-bit loads (4 keys x 4 d), eight byte permutes, four 32-bit stores
-//    (4 d x 4 keys) — plain shared-memory accesses, no ldmatrix (whose .trans form
-//    moves 16-bit elements).
+//    The consumer warpgroups never touch V_j, only Vt_j. The transpose moves 16-bit
+//    pairs of head-dim bytes with ldmatrix.trans, separates the bytes of two keys with
+//    byte permutes, and writes rows of Vt with stmatrix (transpose_v below; FA3 does the
+//    same with LDSM/STSM).
 //
 // 2. P (fp32 accumulator layout) must become the e4m3 A fragment of the k32 steps,
 //    whose layout differs (wgmma.cuh; PTX ISA "Register Fragments", CuTe
@@ -82,8 +83,10 @@
 #include "src/cuda/hopper_fp8/launch.hpp"
 #include "src/cuda/hopper_fp8/tile_config.hpp"
 #include "src/cuda/ptx/bulk_reduce.cuh"  // fence_proxy_async_shared
+#include "src/cuda/ptx/ldmatrix.cuh"
 #include "src/cuda/ptx/math.cuh"
 #include "src/cuda/ptx/mbarrier.cuh"
+#include "src/cuda/ptx/stmatrix.cuh"
 #include "src/cuda/ptx/warpgroup.cuh"
 #include "src/cuda/ptx/wgmma.cuh"
 
@@ -204,12 +207,17 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
   unsigned char* shared_vt = shared_v + kStages * kKVBytes;  // kStages x (kHeadDim, kBlockN)
   auto* barriers = reinterpret_cast<std::uint64_t*>(shared_vt + kStages * kKVBytes);
   constexpr int kConsumerWarps = 4 * kConsumerWarpgroups;
+  // Producer roles: thread 0 issues every TMA copy; all 4 warps (thread 0 between its
+  // copies) transpose V. (A loader warp of its own, transposing with 3 warps, measured
+  // slower: the transpose sets the pace, TUNING.md.)
+  constexpr int kTransposeWarps = 4;
+  constexpr int kTransposeThreads = 32 * kTransposeWarps;
   std::uint64_t* q_full = barriers;                        // Q landed
   std::uint64_t* k_full = barriers + 1;                    // [kStages]: K stage landed (TMA)
   std::uint64_t* v_full = barriers + 1 + kStages;          // [kStages]: V stage landed (TMA)
-  std::uint64_t* vt_full = barriers + 1 + 2 * kStages;     // [kStages]: Vt written by all 128 producer threads
+  std::uint64_t* vt_full = barriers + 1 + 2 * kStages;     // [kStages]: Vt written by every transposing thread
   std::uint64_t* k_empty = barriers + 1 + 3 * kStages;     // [kStages]: every consumer warp is done with K
-  std::uint64_t* v_empty = barriers + 1 + 4 * kStages;     // [kStages]: every producer thread is done with V
+  std::uint64_t* v_empty = barriers + 1 + 4 * kStages;     // [kStages]: every transposing thread is done with V
   std::uint64_t* vt_empty = barriers + 1 + 5 * kStages;    // [kStages]: every consumer warp is done with Vt
   static_assert((1 + 6 * kStages) * 8 <= 256, "mbarriers exceed their 256 bytes");
 
@@ -218,9 +226,9 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
     for (int stage = 0; stage < kStages; ++stage) {
       ::cuda::ptx::mbarrier_init(&k_full[stage], 1);
       ::cuda::ptx::mbarrier_init(&v_full[stage], 1);
-      ::cuda::ptx::mbarrier_init(&vt_full[stage], ptx::kWarpgroupThreads);
+      ::cuda::ptx::mbarrier_init(&vt_full[stage], kTransposeThreads);
       ::cuda::ptx::mbarrier_init(&k_empty[stage], kConsumerWarps);
-      ::cuda::ptx::mbarrier_init(&v_empty[stage], ptx::kWarpgroupThreads);
+      ::cuda::ptx::mbarrier_init(&v_empty[stage], kTransposeThreads);
       ::cuda::ptx::mbarrier_init(&vt_empty[stage], kConsumerWarps);
     }
     ::cuda::ptx::fence_mbarrier_init(::cuda::ptx::sem_release, ::cuda::ptx::scope_cluster);
@@ -259,56 +267,59 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
                                                       &full[stage]);
     };
     // Vt_index = V_index^T with keys permuted by pi within each 32-key block (header,
-    // point 2). Thread (warp w, lane = 4 g + q) handles 4x4-byte blocks: head-dim bytes
-    // d0..d0+3 (d0 = 4 g + 32 g_high) of keys 32 kp + 16 h + 2 q + {0, 1, 8, 9}, which
-    // go to Vt bytes 32 kp + 16 h + 4 q + {0, 1, 2, 3} of rows d0..d0+3. The 32 lanes of
-    // a load read 4 rows x 32 bytes that the swizzle spreads over all 32 banks; a store
-    // writes 8 rows x 16 bytes (4-way bank conflicts: TUNING.md).
+    // point 2), with ldmatrix.trans / stmatrix on 16-bit elements (pairs of head-dim
+    // bytes). One warp step moves keys 16 g .. 16 g + 15 (g = 2 kp + h) x head-dim bytes
+    // 32 e .. 32 e + 31 (16-byte chunks 2e, 2e+1):
+    //   ldmatrix.x4.trans  matrices (keys 16g + 0..7 | 16g + 8..15) x (chunk 2e | 2e+1),
+    //                      8 key rows of 16 bytes each; lane t = 4 c + q receives, per
+    //                      matrix, b16 column c (head-dim bytes 2c, 2c+1 of the chunk) of
+    //                      key rows 2q, 2q+1: bytes (key 2q: d 2c, 2c+1; key 2q+1: d 2c, 2c+1);
+    //   byte permutes      from the two key halves, head-dim row 2c gets
+    //                      (key 2q, 2q+1, 2q+8, 2q+9) at d 2c and row 2c+1 likewise: exactly
+    //                      Vt bytes 16g + 4q + {0..3} (pi's order) of those two rows;
+    //   stmatrix.x4        lane t's register goes to row c, bytes 4q..4q+3 of its matrix:
+    //                      4 matrices of 8 head-dim rows x 16 key bytes (16g..16g+15).
+    // A matrix's 8 rows should be distinct modulo 8 (the 128-byte swizzle then spreads
+    // them over 8 chunks: no bank conflict), so the lanes with c >= 4 swap their even and
+    // odd rows: matrix 2i' + j of a chunk holds rows 2c + (j xor [c >= 4]) (residues
+    // 0,2,4,6,1,3,5,7). The ldmatrix rows (8 consecutive keys at one chunk) are conflict
+    // free through the same swizzle (64- or 128-byte).
     const int transpose_warp = threadIdx.x / 32;
-    const int quad_lane = lane % 4;
-    const int lane_group = lane / 4;
-    constexpr int kKeyBlocks = kBlockN / 32;
-    constexpr int kBlockSets = (kHeadDim / 32) * kKeyBlocks * 2;  // (g_high, kp, h): one 4x4 block per lane each
-    static_assert(kBlockSets % 4 == 0, "the 4 producer warps share the block sets evenly");
+    const int matrix = lane / 8;     // ldmatrix / stmatrix: the matrix this lane addresses
+    const int matrix_row = lane % 8;  // and its row
+    constexpr int kKeyGroups = kBlockN / 16;                       // g: 16 keys each
+    constexpr int kSteps = kKeyGroups * (kHeadDim / 32);           // (g, e) per tile
+    const bool is_swapped = lane / 4 >= 4;  // lane's c >= 4: its even/odd head-dim rows trade places
     auto transpose_v = [&](int index) {
       const int stage = index % kStages;
       ptx::mbarrier_wait(&v_full[stage], (index / kStages) & 1);
       if (index >= kStages) ptx::mbarrier_wait(&vt_empty[stage], ((index / kStages) - 1) & 1);
-      const unsigned char* v_tile = shared_v + stage * kKVBytes;  // (kBlockN, kHeadDim) in panels
-      unsigned char* vt_tile = shared_vt + stage * kKVBytes;     // (kHeadDim, kBlockN)
+      __syncwarp();  // ldmatrix/stmatrix are .aligned: the whole warp, converged
+      // 32-bit shared-window addresses (the producer has 24-32 registers).
+      const std::uint32_t v_tile = ptx::shared_address(shared_v + stage * kKVBytes);    // (kBlockN, kHeadDim) in panels
+      const std::uint32_t vt_tile = ptx::shared_address(shared_vt + stage * kKVBytes);  // (kHeadDim, kBlockN)
 #pragma unroll 1
-      for (int set = transpose_warp; set < kBlockSets; set += 4) {
-        const int h = set % 2;
-        const int kp = (set / 2) % kKeyBlocks;
-        const int g_high = set / (2 * kKeyBlocks);
-        const int d0 = 4 * lane_group + 32 * g_high;
-        const int key0 = 32 * kp + 16 * h + 2 * quad_lane;
-        const unsigned char* v_panel = v_tile + (d0 / kPanelBytes) * (kBlockN * kPanelBytes);
-        const int column = d0 % kPanelBytes;
-        auto load_row = [&](int key) {
-          return *reinterpret_cast<const std::uint32_t*>(v_panel +
-                                                         swizzle_offset<kPanelBytes>(key * kPanelBytes + column));
-        };
-        // rows[i]: 4 head-dim bytes (d0 + b in byte b) of keys key0 + {0, 1, 8, 9}.
-        const std::uint32_t row0 = load_row(key0);
-        const std::uint32_t row1 = load_row(key0 + 1);
-        const std::uint32_t row2 = load_row(key0 + 8);
-        const std::uint32_t row3 = load_row(key0 + 9);
-        // 4x4 byte transpose: column b of the block (head-dim d0 + b) gathers byte b of
-        // each row, row i's byte landing in byte i. __byte_perm(x, y, s): byte n of the
-        // result is byte (s >> 4n) & 7 of the 8 bytes {x, y} (x = bytes 0-3).
-        const std::uint32_t low01 = __byte_perm(row0, row1, 0x5140);   // r0.b0 r1.b0 r0.b1 r1.b1
-        const std::uint32_t high01 = __byte_perm(row0, row1, 0x7362);  // r0.b2 r1.b2 r0.b3 r1.b3
-        const std::uint32_t low23 = __byte_perm(row2, row3, 0x5140);
-        const std::uint32_t high23 = __byte_perm(row2, row3, 0x7362);
-        const int position = 32 * kp + 16 * h + 4 * quad_lane;
-        auto store_row = [&](int d, std::uint32_t value) {
-          *reinterpret_cast<std::uint32_t*>(vt_tile + swizzle_offset<kVtRowBytes>(d * kVtRowBytes + position)) = value;
-        };
-        store_row(d0 + 0, __byte_perm(low01, low23, 0x5410));   // r0.b0 r1.b0 r2.b0 r3.b0
-        store_row(d0 + 1, __byte_perm(low01, low23, 0x7632));   // r0.b1 r1.b1 r2.b1 r3.b1
-        store_row(d0 + 2, __byte_perm(high01, high23, 0x5410));
-        store_row(d0 + 3, __byte_perm(high01, high23, 0x7632));
+      for (int step = transpose_warp; step < kSteps; step += kTransposeWarps) {
+        const int g = step % kKeyGroups;
+        const int e = step / kKeyGroups;
+        // This lane's ldmatrix row: key 16g + 8 (matrix % 2) + row, chunk 2e + matrix / 2.
+        const int key = 16 * g + 8 * (matrix % 2) + matrix_row;
+        const int d_byte = 16 * (2 * e + matrix / 2);
+        const std::uint32_t v_row = v_tile + (d_byte / kPanelBytes) * (kBlockN * kPanelBytes) +
+                                    swizzle_offset<kPanelBytes>(key * kPanelBytes + d_byte % kPanelBytes);
+        std::uint32_t low_a, high_a, low_b, high_b;  // (keys 0..7 | 8..15) x (chunk 2e | 2e+1)
+        ptx::ldmatrix_x4_trans(low_a, high_a, low_b, high_b, v_row);
+        // Head-dim rows 2c (even) and 2c+1 (odd) of each chunk: bytes (2q, 2q+1, 2q+8, 2q+9).
+        const std::uint32_t even_a = __byte_perm(low_a, high_a, 0x6420);
+        const std::uint32_t odd_a = __byte_perm(low_a, high_a, 0x7531);
+        const std::uint32_t even_b = __byte_perm(low_b, high_b, 0x6420);
+        const std::uint32_t odd_b = __byte_perm(low_b, high_b, 0x7531);
+        // This lane's stmatrix row: head-dim row 32e + 16 (matrix / 2) + 2 row + parity.
+        const int parity = (matrix % 2) ^ (matrix_row >= 4 ? 1 : 0);
+        const int d_row = 32 * e + 16 * (matrix / 2) + 2 * matrix_row + parity;
+        const std::uint32_t vt_row = vt_tile + swizzle_offset<kVtRowBytes>(d_row * kVtRowBytes + 16 * g);
+        ptx::stmatrix_x4(vt_row, is_swapped ? odd_a : even_a, is_swapped ? even_a : odd_a,
+                         is_swapped ? odd_b : even_b, is_swapped ? even_b : odd_b);
       }
       // The Vt writes before the consumers' wgmma (async proxy) reads them, and the V
       // reads before the next TMA write of the stage.
@@ -316,18 +327,17 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
       ::cuda::ptx::mbarrier_arrive(&vt_full[stage]);
       ::cuda::ptx::mbarrier_arrive(&v_empty[stage]);
     };
-    // Loads run one block ahead of the transpose: K_(i+1) and V_(i+1) are in flight
-    // while V_i is transposed. No cycle: V_(i+1)'s stage waits for transpose(i + 1 -
-    // kStages), done by this warpgroup already; K_(i+1)'s for the consumers' S_(i+1-kStages),
-    // which needs Vt up to i - kStages only.
-    if (is_loader && num_n_blocks > 0) {
-      load_block(&params.k_map, shared_k, k_full, k_empty, 0);
-      load_block(&params.v_map, shared_v, v_full, v_empty, 0);
-    }
+    // Before transposing V_i, thread 0 issues every K_j, V_j with j < i + kStages (each
+    // waits for its stage). No cycle: V_j's stage waits for the transpose of V_(j-kStages),
+    // j - kStages < i, done by this warpgroup already; K_j's for the consumers' S_(j-kStages),
+    // which needs Vt only up to j - kStages - 1 < i.
+    int loaded = 0;  // K/V blocks issued so far (thread 0)
     for (int index = 0; index < num_n_blocks; ++index) {
-      if (is_loader && index + 1 < num_n_blocks) {
-        load_block(&params.k_map, shared_k, k_full, k_empty, index + 1);
-        load_block(&params.v_map, shared_v, v_full, v_empty, index + 1);
+      if (is_loader) {
+        for (; loaded < num_n_blocks && loaded < index + kStages; ++loaded) {
+          load_block(&params.k_map, shared_k, k_full, k_empty, loaded);
+          load_block(&params.v_map, shared_v, v_full, v_empty, loaded);
+        }
       }
       transpose_v(index);
     }
