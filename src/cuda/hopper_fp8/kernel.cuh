@@ -39,8 +39,8 @@
 //    transpose writes key 32kp + pi(k') of V to byte 32kp + k' of each Vt row. The
 //    register packing is then 4 conversions per register and no shuffles; the
 //    accumulator keeps its usual layout, so the score/mask hooks (fragment.cuh) apply
-//    unchanged. (FA3 gets the same effect with byte permutes and shuffles of P because its
-//    V transpose goes through ldmatrix/stmatrix with a fixed layout; ours is hand-written.)
+//    unchanged. (FA3 reorders P's registers with byte permutes and shuffles instead and
+//    keeps V's key order; our transpose's byte permutes produce pi's order for free.)
 //
 // 3. Scales (as FA3): scores = softmax_scale · q_descale · k_descale · q·k (the descales
 //    of the tile's (batch, kv head) join the exponent scale, or the ScoreRule's scale
