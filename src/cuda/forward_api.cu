@@ -17,17 +17,9 @@
 #include "src/cuda/fwd/launch.hpp"
 #include "src/cuda/fwd/tile_config.hpp"
 #include "src/cuda/hopper/launch.hpp"
+#include "src/cuda/hopper_fp8/launch.hpp"
 #include "src/cuda/staging.hpp"
 
-// TEMPORARY DECLARATION, until branch fp8-hopper is merged: its
-// src/cuda/hopper_fp8/launch.hpp declares (and its launch.cu defines) exactly this;
-// replace these lines with #include "src/cuda/hopper_fp8/launch.hpp" at the merge.
-namespace flashattn::cuda::hopper_fp8 {
-// Runs the sm_90a FP8 forward on already validated params (params.is_fp8(): q/k/v
-// float8_e4m3 with the descales, out params.dtype = bfloat16 or float16) after
-// forward_fp8 below has checked the device and the problem.
-void forward(const AttentionParams& params, cudaStream_t stream);
-}  // namespace flashattn::cuda::hopper_fp8
 
 namespace flashattn::cuda {
 namespace {
@@ -226,23 +218,12 @@ void forward_staged(const AttentionParams& params, Algorithm algorithm, cudaStre
 // FP8 inputs: only the Hopper FP8 kernel takes them (issue 16). Everything it cannot
 // run is refused here, naming the argument; the CPU backend runs all of it.
 std::string why_fp8_unsupported(const AttentionParams& params, Algorithm algorithm) {
-  const std::string dtype = dtype_name(params.input_dtype);
   if (algorithm != Algorithm::automatic && algorithm != Algorithm::flash3)
-    return std::string("algorithm: ") + dtype + " inputs run on the flash3 (Hopper FP8) kernel only, got " + algorithm_name(algorithm);
-  if (!hopper::is_built())
-    return "q: " + dtype + " needs the Hopper FP8 kernel, and this library has none (sm_90a is not among CMAKE_CUDA_ARCHITECTURES)";
-  const int capability = hopper::device_compute_capability(params.device.index);
-  if (capability != 90)
-    return "q: " + dtype + " runs on compute capability 9.0 (Hopper) only; device " + std::to_string(params.device.index) +
-           " has " + std::to_string(capability / 10) + "." + std::to_string(capability % 10);
-  if (params.head_dim != 64 && params.head_dim != 128 && params.head_dim != 256)
-    return "q: head_dim must be 64, 128 or 256 for " + dtype + " inputs on the GPU, got " + std::to_string(params.head_dim);
-  if (params.has_dropout()) return "dropout_p: dropout is not supported with " + dtype + " inputs on the GPU";
-  if (params.has_alibi()) return "alibi_slopes: ALiBi is not supported with " + dtype + " inputs on the GPU";
-  if (params.has_attn_mask()) return "attn_mask: not supported with " + dtype + " inputs on the GPU";
-  if (params.has_block_mask()) return "block_mask: not supported with " + dtype + " inputs on the GPU";
-  if (params.is_paged()) return "block_table: a paged K/V is not supported with " + dtype + " inputs on the GPU";
-  // TMA rows: 16-byte aligned base and strides (16 one-byte elements).
+    return std::string("algorithm: ") + dtype_name(params.input_dtype) +
+           " inputs run on the flash3 (Hopper FP8) kernel only, got " + algorithm_name(algorithm);
+  // The kernel's own coverage (device, head dim, features, strides) ...
+  if (std::string why_not = hopper_fp8::why_unsupported(params); !why_not.empty()) return why_not;
+  // ... and the TMA's 16-byte aligned base addresses, which it takes for granted.
   const struct {
     const char* name;
     const void* data;
@@ -295,7 +276,7 @@ BackendLimits limits() noexcept {
   limits.supports_algorithm[static_cast<int>(Algorithm::flash3)] = hopper::is_built();
   // The Hopper FP8 kernel is built with the Hopper kernels (sm_90a); the device, head
   // dim and features are checked per call (why_fp8_unsupported).
-  limits.supports_fp8 = hopper::is_built();
+  limits.supports_fp8 = hopper_fp8::is_built();
   return limits;
 }
 
