@@ -11,7 +11,9 @@
 #   6. (step bench, not in the default list) the forward and backward harness
 #      (bench/gpu/bench_attention.py: ours beside SDPA FA2 and cuDNN, CSV + PNG;
 #      BENCH_PASSES="fwd bwd", HARNESS_ARGS);
-#   7. (step bwd_timing, not in the default list) flashattn_bwd_timing (bench/gpu/kernels) $BWD_TIMING_ARGS
+#   7. (step masks, not in the default list) bench/gpu/bench_masks.py (issue 15's table and
+#      the block-density sweep against FlexAttention; MASKS_ARGS);
+#   8. (step bwd_timing, not in the default list) flashattn_bwd_timing (bench/gpu/kernels) $BWD_TIMING_ARGS
 #      (e.g. "10 --configs 256": the backward's alternative tile configs) into bwd_timing.csv.
 # STEPS picks and orders the steps (default "build ctest sanitize python cli decode"), so
 # one check can span two device calls on the same warm machine, e.g.
@@ -119,6 +121,13 @@ for pass in ${BENCH_PASSES:-fwd bwd}; do
 done
 fi
 
+if wants masks; then
+step "mask benchmark (ours beside FlexAttention, SDPA dense mask, cuDNN bias)"
+# shellcheck disable=SC2086
+timeout "${MASKS_LIMIT:-300}" python3 bench/gpu/bench_masks.py --out-dir "$logs" ${MASKS_ARGS:-} > "$logs/masks.log" 2>&1
+note "bench_masks rc=$?"; grep -v '^$' "$logs/masks.log" | tail -60 | tee -a "$logs/summary.txt"
+fi
+
 if wants bwd_timing; then
 step "flashattn_bwd_timing ${BWD_TIMING_ARGS:-10 --configs}"
 # shellcheck disable=SC2086
@@ -129,4 +138,4 @@ fi
 step "done"
 tar -czf "$out/device.tar.gz" -C "$logs" . 2>/dev/null
 cp "$logs/summary.txt" "$out/"
-for f in gpu_decode.csv gpu_decode_anchor.csv python_overhead.csv gpu_forward.csv gpu_backward.csv bwd_timing.csv; do [ -f "$logs/$f" ] && cp "$logs/$f" "$out/"; done
+for f in gpu_decode.csv gpu_decode_anchor.csv python_overhead.csv gpu_forward.csv gpu_backward.csv bwd_timing.csv gpu_masks.csv gpu_masks.png; do [ -f "$logs/$f" ] && cp "$logs/$f" "$out/"; done

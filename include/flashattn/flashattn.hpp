@@ -4,6 +4,7 @@
 #include "flashattn/attention.hpp"
 #include "flashattn/config.hpp"
 #include "flashattn/error.hpp"
+#include "flashattn/fp8.hpp"
 #include "flashattn/kvcache.hpp"
 #include "flashattn/mask.hpp"
 #include "flashattn/online_softmax.hpp"

@@ -25,6 +25,7 @@ from flashattn.interface import (
     merge_attention_states,
 )
 
+from flashattn.fp8 import dequantize_fp8, quantize_fp8
 from flashattn.block_mask import BlockMask, block_mask_from_dense, block_mask_from_rule, create_block_mask
 from flashattn.sdpa import scaled_dot_product_attention
 
@@ -43,6 +44,8 @@ __all__ = [
     "flash_attn_varlen_kvpacked_func",
     "flash_attn_varlen_qkvpacked_func",
     "flash_attn_with_kvcache",
+    "dequantize_fp8",
+    "quantize_fp8",
     "manual_seed",
     "merge_attention_states",
     "scaled_dot_product_attention",

@@ -333,6 +333,68 @@ def _attention_with_variants(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, 
     return out, lse, seed_offset
 
 
+# --- FP8 (float8_e4m3fn) inputs: forward only --------------------------------------------------
+
+
+FLOAT8_E4M3 = getattr(torch, "float8_e4m3fn", None)  # torch >= 2.1
+_FP8_BACKWARD_MESSAGE = "flashattn: q: float8_e4m3fn: the backward pass does not support FP8"
+
+
+class _Fp8Attention(torch.autograd.Function):
+    """An FP8 forward inside an autograd graph: the output takes part in the graph (so a
+    loss can be built on it), and backpropagating into q/k/v raises, naming the dtype."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, run):
+        return run()
+
+    @staticmethod
+    def backward(ctx, *unused_grads):
+        raise NotImplementedError(_FP8_BACKWARD_MESSAGE)
+
+
+def _descale_tensor(value, name, device):
+    """A descale keyword as the native call takes it: a tensor as given, a Python number as
+    a float32 (1, 1) tensor on q's device (size-1 dimensions broadcast to [batch, heads_kv])."""
+    if value is None or isinstance(value, torch.Tensor):
+        return value
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"flashattn: {name}: expected a float32 torch.Tensor (batch, nheads_k) or a float, got "
+                        f"{type(value).__name__}")
+    return torch.full((1, 1), float(value), dtype=torch.float32, device=device)
+
+
+def fp8_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left,
+                  window_right, softcap, need_lse, q_descale, k_descale, v_descale, block_table=None,
+                  alibi_slopes=None, dropout_p=0.0):
+    """(out bfloat16, lse, seed_offset) for float8_e4m3fn q/k/v (FA3 returns bfloat16). The
+    codes reach the native call as uint8 views with fp8=True, whatever torch's DLPack says
+    about float8. Eager only (no torch.compile op)."""
+    for name, tensor in (("k", k), ("v", v)):
+        if not isinstance(tensor, torch.Tensor) or tensor.dtype != torch.float8_e4m3fn:
+            raise TypeError(f"flashattn: {name}: dtype mismatch: expected float8_e4m3fn (like q), got "
+                            f"{getattr(tensor, 'dtype', type(tensor).__name__)}")
+    is_varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
+    check_rank(q, "q", 3 if is_varlen else 4)
+    check_before_allocating(q)
+    descales = {name: _descale_tensor(value, name, q.device)
+                for name, value in (("q_descale", q_descale), ("k_descale", k_descale), ("v_descale", v_descale))}
+    seed_offset = draw_seed_offset(q.device) if dropout_p > 0.0 else None
+    out = torch.empty(q.shape, dtype=torch.bfloat16, device=q.device)
+    lse = torch.empty(lse_shape(q, is_varlen), dtype=torch.float32, device=q.device) if need_lse else None
+
+    def run():
+        _forward_native(q.view(torch.uint8), k.view(torch.uint8), v.view(torch.uint8), out, lse, cu_seqlens_q,
+                        cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left, window_right,
+                        softcap, "automatic", _get_num_threads(), _CURRENT_STREAM, block_table=block_table,
+                        fp8=True, **descales, **_variant_keywords(alibi_slopes, dropout_p, seed_offset))
+        return out
+
+    if _is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        return _Fp8Attention.apply(q, k, v, run), lse, seed_offset
+    return run(), lse, seed_offset
+
+
 def _kvcache_keywords(alibi_slopes, k_descale, v_descale, cache_is_fp8):
     """The native call's keywords past flash_attn 2's arguments, only those in use."""
     keywords = {}
@@ -347,8 +409,10 @@ def _kvcache_keywords(alibi_slopes, k_descale, v_descale, cache_is_fp8):
     return keywords
 
 
-def _as_descale(descale):
-    """One descale value (a 0-d or 1-element tensor) as the (1, 1) view the native side broadcasts."""
+def _as_descale(descale, name, device):
+    """A descale keyword (a tensor, a 0-d or 1-element one, or a float) as the native call
+    takes it: one value becomes the (1, 1) view the native side broadcasts."""
+    descale = _descale_tensor(descale, name, device)
     if isinstance(descale, torch.Tensor) and descale.ndim < 2 and descale.numel() == 1:
         return descale.reshape(1, 1)
     return descale
@@ -356,7 +420,7 @@ def _as_descale(descale):
 
 def _fp8_bytes(tensor):
     """A float8_e4m3fn cache (or new rows) as its bytes: not every DLPack exports float8."""
-    return tensor.view(torch.uint8) if isinstance(tensor, torch.Tensor) and tensor.dtype == torch.float8_e4m3fn else tensor
+    return tensor.view(torch.uint8) if isinstance(tensor, torch.Tensor) and tensor.dtype == FLOAT8_E4M3 else tensor
 
 
 def _kvcache_forward(*arguments, need_lse=True, alibi_slopes=None, k_descale=None, v_descale=None):
@@ -364,16 +428,17 @@ def _kvcache_forward(*arguments, need_lse=True, alibi_slopes=None, k_descale=Non
     check_rank(q, "q", 4)
     check_before_allocating(q)
     out, lse = _empty_outputs(q, False, need_lse)
-    cache_is_fp8 = k_cache.dtype == torch.float8_e4m3fn or v_cache.dtype == torch.float8_e4m3fn
+    cache_is_fp8 = FLOAT8_E4M3 is not None and (k_cache.dtype == FLOAT8_E4M3 or v_cache.dtype == FLOAT8_E4M3)
     if cache_is_fp8:
         if k_cache.dtype != v_cache.dtype:
-            name = "v_cache" if k_cache.dtype == torch.float8_e4m3fn else "k_cache"
+            name = "v_cache" if k_cache.dtype == FLOAT8_E4M3 else "k_cache"
             raise TypeError(f"flashattn: {name}: an FP8 cache has k_cache and v_cache both in float8_e4m3fn, "
                             f"got {k_cache.dtype} and {v_cache.dtype}")
         arguments = (q, _fp8_bytes(k_cache), _fp8_bytes(v_cache), _fp8_bytes(k), _fp8_bytes(v)) + tuple(arguments[5:])
     # The workspace callable is asked only on the GPU and only when the call splits.
     _kvcache_native(*kvcache_native_arguments(arguments, out, lse), _new_workspace_for(q.device), _get_num_threads(),
-                    _CURRENT_STREAM, **_kvcache_keywords(alibi_slopes, _as_descale(k_descale), _as_descale(v_descale),
+                    _CURRENT_STREAM, **_kvcache_keywords(alibi_slopes, _as_descale(k_descale, "k_descale", q.device),
+                                                         _as_descale(v_descale, "v_descale", q.device),
                                                          cache_is_fp8))
     return out, lse
 

@@ -97,8 +97,37 @@ def _numpy_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen
     return out, lse
 
 
+_DESCALE_NAMES = ("q_descale", "k_descale", "v_descale")
+
+
+def _fp8_attention(torch_ops, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale,
+                   causal, window_left, window_right, softcap, alibi_slopes, return_attn_probs, block_table, descales):
+    """flash_attn_func / flash_attn_varlen_func with float8_e4m3fn torch tensors (FA3's FP8
+    call): out bfloat16; descales float32 tensors (batch, nheads_k) or floats."""
+    if return_attn_probs and dropout_p > 0.0:
+        raise NotImplementedError("flashattn: return_attn_probs: S_dmask is not computed for float8_e4m3fn inputs; "
+                                  "call without return_attn_probs")
+    out, lse, _ = torch_ops.fp8_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                          softmax_scale, causal, window_left, window_right, softcap,
+                                          bool(return_attn_probs), *descales, block_table=block_table,
+                                          alibi_slopes=alibi_slopes, dropout_p=dropout_p)
+    return (out, lse, None) if return_attn_probs else out
+
+
+def _check_descales(q, descales):
+    """Descales belong to FP8 inputs only; NumPy FP8 codes go through flashattn.fp8."""
+    if isinstance(q, np.ndarray) and q.dtype == np.uint8:
+        raise TypeError("flashattn: q: uint8 arrays are not attention inputs; for float8_e4m3fn codes in NumPy "
+                        "use flashattn.fp8.flash_attn_func (NumPy has no float8 dtype)")
+    for name, value in zip(_DESCALE_NAMES, descales):
+        if value is not None:
+            raise ValueError(f"flashattn: {name}: given, but the inputs are not float8_e4m3fn (descales apply to FP8 "
+                             f"inputs only)")
+
+
 def _attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale, causal,
-               window_size, softcap, alibi_slopes, deterministic, return_attn_probs, block_table=None):
+               window_size, softcap, alibi_slopes, deterministic, return_attn_probs, block_table=None,
+               descales=(None, None, None)):
     if type(dropout_p) is not float or dropout_p != 0.0:
         dropout_p = _dropout.check_dropout_p(dropout_p)
     if type(window_size) is tuple and window_size == (-1, -1):  # the default, inline on the hot path
@@ -121,6 +150,13 @@ def _attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, 
     is_torch = (_torch_tensor_type is not None and isinstance(q, _torch_tensor_type)) or _is_torch_tensor(q)
     if is_torch:
         torch_ops = _torch_backend or _torch_ops()
+        if q.dtype is torch_ops.FLOAT8_E4M3:
+            return _fp8_attention(torch_ops, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
+                                  softmax_scale, causal, window_left, window_right, softcap, alibi_slopes,
+                                  return_attn_probs, block_table, descales)
+    if descales[0] is not None or descales[1] is not None or descales[2] is not None:
+        _check_descales(q, descales)
+    if is_torch:
         if dropout_p == 0.0 and alibi_slopes is None:
             out, lse = torch_ops.attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                            softmax_scale, causal, window_left, window_right, softcap, deterministic,
@@ -190,25 +226,35 @@ def _max_seqlen(value, name):
 
 
 def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
-                    alibi_slopes=None, deterministic=False, return_attn_probs=False):
+                    alibi_slopes=None, deterministic=False, return_attn_probs=False, q_descale=None, k_descale=None,
+                    v_descale=None):
     """Attention over q (batch, seqlen_q, nheads, headdim), k/v (batch, seqlen_k, nheads_k, headdim).
 
     softmax_scale defaults to 1/sqrt(headdim); window_size=(left, right), -1 = unbounded;
     softcap > 0 applies softcap * tanh(scores / softcap). Returns out (like q), or
     (out, softmax_lse, None) with return_attn_probs=True.
+
+    FP8 (FA3's): torch.float8_e4m3fn q/k/v with q_descale/k_descale/v_descale (float32
+    (batch, nheads_k) tensors, size-1 dimensions broadcast, or floats; None = 1); out is
+    bfloat16; forward only (see flashattn.fp8).
     """
-    return _attention(q, k, v, None, None, 0, 0, dropout_p, softmax_scale, causal, window_size, softcap,
-                      alibi_slopes, deterministic, return_attn_probs)
+    if q_descale is None and k_descale is None and v_descale is None:
+        return _attention(q, k, v, None, None, 0, 0, dropout_p, softmax_scale, causal, window_size, softcap,
+                          alibi_slopes, deterministic, return_attn_probs)
+    return _attention(q, k, v, None, None, 0, 0, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
+                      deterministic, return_attn_probs, descales=(q_descale, k_descale, v_descale))
 
 
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
                            softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
-                           deterministic=False, return_attn_probs=False, block_table=None):
+                           deterministic=False, return_attn_probs=False, block_table=None, q_descale=None,
+                           k_descale=None, v_descale=None):
     """Attention over packed variable-length sequences: q (total_q, nheads, headdim),
-    k/v (total_k, nheads_k, headdim), cu_seqlens_* int32 (batch + 1,)."""
+    k/v (total_k, nheads_k, headdim), cu_seqlens_* int32 (batch + 1,). FP8 as in
+    flash_attn_func (descales (batch, nheads_k): one per sequence and kv head)."""
     return _attention(q, k, v, cu_seqlens_q, cu_seqlens_k, _max_seqlen(max_seqlen_q, "max_seqlen_q"), _max_seqlen(max_seqlen_k, "max_seqlen_k"), dropout_p,
                       softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic, return_attn_probs,
-                      block_table)
+                      block_table, descales=(q_descale, k_descale, v_descale))
 
 
 def flash_attn_qkvpacked_func(qkv, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),

@@ -17,6 +17,7 @@
 #include "flashattn/config.hpp"
 #include "flashattn/dropout.hpp"
 #include "flashattn/error.hpp"
+#include "flashattn/fp8.hpp"
 #include "flashattn/kvcache.hpp"
 #include "python/src/array_arguments.hpp"
 #include "python/src/call_arguments.hpp"
@@ -86,13 +87,26 @@ ExecutionContext make_context(const ArrayArguments& arrays, int num_threads, std
   return ExecutionContext{arrays.stream(stream), num_threads};
 }
 
+// FP8 codes held in uint8 arrays (NumPy has no float8 dtype; torch tensors are handed
+// over as uint8 views): with fp8, a uint8 view is read as float8_e4m3 (flashattn.fp8
+// documents it). Arrays that arrive as float8_e4m3fn through DLPack need no flag.
+void as_float8_codes(TensorView& view) {
+  if (view.dtype == DType::uint8) view.dtype = DType::float8_e4m3;
+}
+
 void forward_binding(nb::handle q, nb::handle k, nb::handle v, nb::handle out, nb::handle maybe_lse,
                      nb::handle maybe_cu_seqlens_q, nb::handle maybe_cu_seqlens_k, std::int64_t max_seqlen_q,
                      std::int64_t max_seqlen_k, std::optional<double> softmax_scale, bool causal, std::int64_t window_left,
                      std::int64_t window_right, double softcap, const char* algorithm, int num_threads,
-                     std::optional<std::uintptr_t> stream, nb::handle maybe_block_table, FLASHATTN_VARIANT_PARAMETERS) {
+                     std::optional<std::uintptr_t> stream, nb::handle maybe_block_table, FLASHATTN_VARIANT_PARAMETERS,
+                     bool fp8, nb::handle maybe_q_descale, nb::handle maybe_k_descale, nb::handle maybe_v_descale) {
   ArrayArguments arrays;
   ForwardArgs args = forward_tensors(arrays, q, k, v, out, maybe_lse);
+  if (fp8) {
+    as_float8_codes(args.q);
+    as_float8_codes(args.k);
+    as_float8_codes(args.v);
+  }
   args.maybe_varlen = make_varlen(arrays, maybe_cu_seqlens_q, maybe_cu_seqlens_k, max_seqlen_q, max_seqlen_k);
   if (!maybe_block_table.is_none()) {  // paged K/V: varlen only (flash_attn_varlen_func)
     if (!args.maybe_varlen)
@@ -101,9 +115,26 @@ void forward_binding(nb::handle q, nb::handle k, nb::handle v, nb::handle out, n
   }
   args.options = make_options(softmax_scale, causal, window_left, window_right, softcap, false, algorithm);
   set_variants(args.options, arrays, FLASHATTN_VARIANT_ARGUMENTS);
+  args.options.maybe_q_descale = arrays.maybe_input(maybe_q_descale, "q_descale");
+  args.options.maybe_k_descale = arrays.maybe_input(maybe_k_descale, "k_descale");
+  args.options.maybe_v_descale = arrays.maybe_input(maybe_v_descale, "v_descale");
   const ExecutionContext context = make_context(arrays, num_threads, stream);
   nb::gil_scoped_release release;
   flashattn::forward(args, context);
+}
+
+// quantize_fp8 (flashattn/fp8.hpp) into preallocated out (uint8 or float8_e4m3fn codes)
+// and descale (float32 [batch | 1, groups]).
+void quantize_fp8_binding(nb::handle x, nb::handle out, nb::handle descale, bool incoherent, std::uint64_t seed,
+                          int num_threads, std::optional<std::uintptr_t> stream) {
+  ArrayArguments arrays;
+  const TensorView x_view = arrays.input(x, "x");
+  TensorView out_view = arrays.output(out, "out");
+  as_float8_codes(out_view);
+  const TensorView descale_view = arrays.output(descale, "descale");
+  const ExecutionContext context = make_context(arrays, num_threads, stream);
+  nb::gil_scoped_release release;
+  flashattn::quantize_fp8(x_view, out_view, descale_view, QuantizeFp8Options{incoherent, seed}, context);
 }
 
 BackwardArgs make_backward_args(ArrayArguments& arrays, nb::handle q, nb::handle k, nb::handle v, nb::handle out,
@@ -309,9 +340,17 @@ NB_MODULE(_C, m) {
   m.def("forward", &forward_binding, "q"_a, "k"_a, "v"_a, "out"_a, "lse"_a.none(), "cu_seqlens_q"_a.none(),
         "cu_seqlens_k"_a.none(), "max_seqlen_q"_a, "max_seqlen_k"_a, "softmax_scale"_a.none(), "causal"_a,
         "window_left"_a, "window_right"_a, "softcap"_a, "algorithm"_a, "num_threads"_a, "stream"_a.none(),
-        "block_table"_a.none() = nb::none(), FLASHATTN_VARIANT_NAMES,
+        "block_table"_a.none() = nb::none(), FLASHATTN_VARIANT_NAMES, "fp8"_a = false, "q_descale"_a = nb::none(),
+        "k_descale"_a = nb::none(), "v_descale"_a = nb::none(),
         "Attention forward into preallocated out (and lse, float32, when given); block_table (int32 [batch, "
-        "max_blocks]): k/v are paged [num_blocks, page_size, heads_kv, head_dim] (varlen only).");
+        "max_blocks]): k/v are paged [num_blocks, page_size, heads_kv, head_dim] (varlen only). fp8: uint8 q/k/v "
+        "hold float8_e4m3fn codes; q_descale/k_descale/v_descale: float32 [batch, heads_kv] (size-1 dimensions "
+        "broadcast), out bfloat16 or float16.");
+  m.def("quantize_fp8", &quantize_fp8_binding, "x"_a, "out"_a, "descale"_a, "incoherent"_a, "seed"_a, "num_threads"_a,
+        "stream"_a.none(),
+        "x (float32/float16/bfloat16, [batch, seqlen, heads, head_dim] or [total, heads, head_dim]) as e4m3 codes "
+        "into out (uint8 or float8_e4m3fn, x's shape) and descale (float32 [batch | 1, groups]) = amax / 448 per "
+        "(batch, group of heads); incoherent: rotated by a random-sign Hadamard matrix (seed) first.");
   m.def("backward", &backward_binding, "q"_a, "k"_a, "v"_a, "out"_a, "dout"_a, "lse"_a, "dq"_a, "dk"_a, "dv"_a,
         "workspace"_a.none(), "cu_seqlens_q"_a.none(), "cu_seqlens_k"_a.none(), "max_seqlen_q"_a, "max_seqlen_k"_a,
         "softmax_scale"_a.none(), "causal"_a, "window_left"_a, "window_right"_a, "softcap"_a, "deterministic"_a,

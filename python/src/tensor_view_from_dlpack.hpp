@@ -21,8 +21,9 @@ inline constexpr int kDLCUDA = 2;
 inline constexpr int kDLCUDAHost = 3;  // pinned host memory: the CPU backend can read it
 
 inline std::string dlpack_dtype_name(nb::dlpack::dtype dtype) {
-  static const char* const kCodeNames[] = {"int", "uint", "float", "opaque", "bfloat", "complex", "bool"};
-  const std::string code = dtype.code < 7 ? kCodeNames[dtype.code] : "code" + std::to_string(dtype.code);
+  static const char* const kCodeNames[] = {"int", "uint", "float", "opaque", "bfloat", "complex", "bool",
+                                           "float8_e3m4", "float8_e4m3", "float8_e4m3b11fnuz", "float8_e4m3fn"};
+  const std::string code = dtype.code < 11 ? kCodeNames[dtype.code] : "code" + std::to_string(dtype.code);
   std::string name = code + std::to_string(dtype.bits);
   if (dtype.lanes != 1) name += "x" + std::to_string(dtype.lanes);
   return name;
@@ -62,9 +63,10 @@ inline TensorView tensor_view_from_parts(void* data, nb::dlpack::dtype dt, int d
   else if (dt.lanes == 1 && code == Code::UInt && dt.bits == 8) view.dtype = DType::uint8;
   else if (dt.lanes == 1 && code == Code::Int && dt.bits == 64) view.dtype = DType::int64;
   else if (dt.lanes == 1 && code == Code::Bool && dt.bits == 8) view.dtype = DType::boolean;
+  else if (dt.lanes == 1 && code == Code::Float8_E4M3FN && dt.bits == 8) view.dtype = DType::float8_e4m3;
   else
-    throw nb::type_error(("flashattn: " + std::string(name) + ": unsupported dtype: expected float32, float16, bfloat16 "
-                          "(int32 for cu_seqlens, uint8 for the workspace, int64 for the dropout seed/offset, bool for attn_mask), got " + dlpack_dtype_name(dt)).c_str());
+    throw nb::type_error(("flashattn: " + std::string(name) + ": unsupported dtype: expected float32, float16, bfloat16, "
+                          "float8_e4m3fn (int32 for cu_seqlens, uint8 for the workspace, int64 for the dropout seed/offset, bool for attn_mask), got " + dlpack_dtype_name(dt)).c_str());
 
   if (device_type == kDLCPU || device_type == kDLCUDAHost) view.device = Device::cpu();
   else if (device_type == kDLCUDA) view.device = Device::cuda(device_id);

@@ -20,6 +20,10 @@ struct BackendLimits {
   // attn_mask, block masks and dBias (AttentionOptions::maybe_attn_mask/maybe_block_mask,
   // BackwardArgs::maybe_dbias). Off = refused with NotSupported naming the argument.
   bool supports_masks = false;
+  // q/k/v in float8_e4m3 (forward only; out bfloat16/float16). The CUDA backend says
+  // yes where the Hopper FP8 kernel is built; the device and problem are checked per
+  // call by its dispatch (NotSupported naming the argument it cannot take).
+  bool supports_fp8 = false;
 };
 
 // Plain description of a merge_attention_states call, shared by CPU and CUDA.

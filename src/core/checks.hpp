@@ -54,6 +54,14 @@ void check_num_threads(int num_threads);
 // Rank, non-negative sizes and strides, unit stride on the last dimension (for
 // non-empty tensors), element count and byte extent that fit int64.
 Extent check_layout(const TensorView& t, const std::string& name, int expected_rank);
+// check_layout without the unit last stride, for tensors read element by element
+// that may broadcast with zero strides anywhere (attn_mask, FP8 descales).
+Extent check_any_strides(const TensorView& t, const std::string& name, int expected_rank);
+// Each dimension equal to `full[d]` or 1 (broadcast); `what` names the full shape.
+void check_broadcast_shape(const TensorView& t, const std::string& name, const std::vector<std::int64_t>& full,
+                           const std::string& what);
+// The stride of dimension d as read: 0 where the size is 1 (broadcast).
+inline std::int64_t broadcast_stride(const TensorView& t, int d) { return t.size(d) == 1 ? 0 : t.stride(d); }
 void check_dtype(const TensorView& t, const std::string& name, DType expected, const std::string& why);
 void check_device(const TensorView& t, const std::string& name, Device expected);
 void check_shape(const TensorView& t, const std::string& name, const std::vector<std::int64_t>& expected,

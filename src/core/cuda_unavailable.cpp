@@ -3,6 +3,7 @@
 // available() first, so these throwing bodies are a second line of defence.
 #include "flashattn/error.hpp"
 #include "src/core/backend.hpp"
+#include "src/core/fp8_quantize_params.hpp"
 
 namespace flashattn::cuda {
 namespace {
@@ -17,5 +18,6 @@ void forward(const AttentionParams&, Algorithm, void*) { no_cuda(); }
 void backward(const BackwardParams&, void*) { no_cuda(); }
 std::size_t backward_workspace_bytes(const BackwardParams&) { no_cuda(); }
 void merge_attention_states(const MergeParams&, void*) { no_cuda(); }
+void quantize_fp8(const QuantizeFp8Params&, void*) { no_cuda(); }
 
 }  // namespace flashattn::cuda

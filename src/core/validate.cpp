@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <limits>
 #include <sstream>
+#include <utility>
 #include <vector>
 
 #include "flashattn/error.hpp"
@@ -37,12 +38,16 @@ void check_options(const AttentionOptions& options, std::int64_t head_dim, const
 
 void check_compute_dtype(const TensorView& q, const BackendLimits& limits) {
   const bool is_half = q.dtype == DType::float16 || q.dtype == DType::bfloat16;
-  const bool ok = (q.dtype == DType::float32 && limits.supports_float32) || (is_half && limits.supports_half);
+  const bool ok = (q.dtype == DType::float32 && limits.supports_float32) || (is_half && limits.supports_half) ||
+                  (q.dtype == DType::float8_e4m3 && limits.supports_fp8);
   if (ok) return;
   std::string accepted;
   if (limits.supports_float32) accepted += "float32";
   if (limits.supports_half) accepted += std::string(accepted.empty() ? "" : ", ") + "float16, bfloat16";
-  fail("q", "unsupported dtype: " + expected_got(accepted + " on the " + limits.name + " backend", dtype_name(q.dtype)));
+  if (limits.supports_fp8) accepted += std::string(accepted.empty() ? "" : ", ") + "float8_e4m3fn";
+  const std::string problem = "unsupported dtype: " + expected_got(accepted + " on the " + limits.name + " backend", dtype_name(q.dtype));
+  if (q.dtype == DType::float8_e4m3) unsupported("q", problem);  // valid input, no kernel for it here
+  fail("q", problem);
 }
 
 // Geometry shared by forward and backward, read off q/k/v (+ varlen).
@@ -174,6 +179,36 @@ void set_variant_params(AttentionParams& p, const AttentionOptions& options) {
   }
 }
 
+// FP8 descales: float32 [batch, heads_kv], size-1 dimensions broadcast (zero strides
+// anywhere), on q's device; only with float8_e4m3 inputs.
+void check_fp8_descales(const AttentionOptions& options, bool is_fp8, std::int64_t batch, std::int64_t heads_kv,
+                        Device device, std::vector<NamedExtent>& inputs) {
+  const std::pair<const TensorView*, const char*> descales[] = {
+      {&options.maybe_q_descale, "q_descale"}, {&options.maybe_k_descale, "k_descale"}, {&options.maybe_v_descale, "v_descale"}};
+  for (const auto& [descale, name] : descales) {
+    if (!descale->defined()) continue;
+    if (!is_fp8) fail(name, "given, but the inputs are not float8_e4m3fn (descales apply to FP8 inputs only)");
+    const Extent e = check_any_strides(*descale, name, 2);
+    check_dtype(*descale, name, DType::float32, "");
+    check_device(*descale, name, device);
+    check_broadcast_shape(*descale, name, {batch, heads_kv}, "[batch, heads_kv]");
+    inputs.push_back({name, e});
+  }
+}
+
+void set_fp8_params(AttentionParams& p, const AttentionOptions& options) {
+  const std::pair<const TensorView*, std::pair<const float**, std::int64_t*>> descales[] = {
+      {&options.maybe_q_descale, {&p.maybe_q_descale, p.q_descale_strides}},
+      {&options.maybe_k_descale, {&p.maybe_k_descale, p.k_descale_strides}},
+      {&options.maybe_v_descale, {&p.maybe_v_descale, p.v_descale_strides}}};
+  for (const auto& [descale, fields] : descales) {
+    if (!descale->defined()) continue;
+    *fields.first = static_cast<const float*>(descale->data);
+    fields.second[0] = broadcast_stride(*descale, 0);
+    fields.second[1] = broadcast_stride(*descale, 1);
+  }
+}
+
 namespace {
 
 Geometry check_inputs(const TensorView& q, const TensorView& k, const TensorView& v,
@@ -249,7 +284,12 @@ Geometry check_inputs(const TensorView& q, const TensorView& k, const TensorView
   checked_mul(checked_mul(g.batch, g.heads_kv, "k"), g.seqlen_k, g.is_varlen ? "max_seqlen_k" : "k");
   g.input_extents = {{"q", q_extent}, {"k", k_extent}, {"v", v_extent}};
   check_variant_tensors(options, g.batch, g.heads_q, q.device, g.input_extents);
-  check_mask_options(options, MaskGeometry{g.is_varlen, g.batch, g.heads_q, g.seqlen_q, g.seqlen_k, q.device, q.dtype}, limits,
+  const bool is_fp8 = q.dtype == DType::float8_e4m3;
+  check_fp8_descales(options, is_fp8, g.batch, g.heads_kv, q.device, g.input_extents);
+  // FP8 inputs are dequantised to float32 wherever a float bias meets them (CPU), so
+  // a float attn_mask is float32 there.
+  const DType mask_dtype = is_fp8 ? DType::float32 : q.dtype;
+  check_mask_options(options, MaskGeometry{g.is_varlen, g.batch, g.heads_q, g.seqlen_q, g.seqlen_k, q.device, mask_dtype}, limits,
                      g.input_extents);
   if (g.is_varlen) {
     g.input_extents.push_back({"cu_seqlens_q", check_layout(varlen->cu_seqlens_q, "cu_seqlens_q", 1)});
@@ -278,6 +318,16 @@ Extent check_like(const TensorView& t, const std::string& name, const TensorView
   check_dtype(t, name, model.dtype, " (like " + model_name + ")");
   check_device(t, name, model.device);
   check_shape(t, name, std::vector<std::int64_t>(model.shape.begin(), model.shape.begin() + model.rank), " (like " + model_name + ")");
+  return e;
+}
+
+// The output of FP8 inputs: q's shape, in bfloat16 or float16 (FA3 returns bfloat16).
+Extent check_fp8_out(const TensorView& out, const TensorView& q) {
+  const Extent e = check_layout(out, "out", q.rank);
+  if (out.dtype != DType::bfloat16 && out.dtype != DType::float16)
+    fail("out", "unsupported dtype: " + expected_got("bfloat16 or float16 (the output of float8_e4m3fn inputs)", dtype_name(out.dtype)));
+  check_device(out, "out", q.device);
+  check_shape(out, "out", std::vector<std::int64_t>(q.shape.begin(), q.shape.begin() + q.rank), " (like q)");
   return e;
 }
 
@@ -334,6 +384,7 @@ AttentionParams make_params(const Geometry& g, const TensorView& q, const Tensor
   p.window_left = options.window_left >= span ? -1 : options.window_left;
   p.window_right = options.causal ? 0 : (options.window_right >= span ? -1 : options.window_right);
   set_variant_params(p, options);
+  set_fp8_params(p, options);
   set_mask_params(p, options);
   return p;
 }
@@ -359,13 +410,15 @@ AttentionParams validate_forward(const ForwardArgs& args) {
   if (!args.q.defined()) fail("q", "missing tensor (rank 0)");
   const BackendLimits limits = limits_for(args.q.device);
   Geometry g = check_inputs(args.q, args.k, args.v, args.maybe_varlen, args.options, limits);
-  std::vector<NamedExtent> outputs{{"out", check_like(args.out, "out", args.q, "q")}};
+  const bool is_fp8 = args.q.dtype == DType::float8_e4m3;
+  std::vector<NamedExtent> outputs{{"out", is_fp8 ? check_fp8_out(args.out, args.q) : check_like(args.out, "out", args.q, "q")}};
   if (args.maybe_lse.defined()) outputs.push_back({"lse", check_lse(args.maybe_lse, "lse", g, args.q.device)});
   std::vector<NamedExtent> all = g.input_extents;
   all.insert(all.end(), outputs.begin(), outputs.end());
   check_no_overlap(outputs, all);
 
   AttentionParams p = make_params(g, args.q, args.k, args.v, args.options);
+  p.dtype = args.out.dtype;  // = q's, or bfloat16/float16 for FP8 inputs
   p.out = args.out.data;
   const Strides3 os = strides_of(args.out, g.is_varlen);
   p.out_batch_stride = os.batch, p.out_row_stride = os.row, p.out_head_stride = os.head;
@@ -378,6 +431,9 @@ AttentionParams validate_forward(const ForwardArgs& args) {
 
 BackwardParams validate_backward(const BackwardArgs& args) {
   if (!args.q.defined()) fail("q", "missing tensor (rank 0)");
+  for (const auto& [input, name] : {std::pair{&args.q, "q"}, std::pair{&args.k, "k"}, std::pair{&args.v, "v"}})
+    if (input->defined() && input->dtype == DType::float8_e4m3)
+      unsupported(name, std::string(dtype_name(DType::float8_e4m3)) + ": the backward pass does not support FP8");
   if (args.maybe_varlen && args.maybe_varlen->maybe_block_table.defined())
     unsupported("block_table", "a paged KV cache is forward only (no backward pass reads one, as in flash_attn)");
   const BackendLimits limits = limits_for(args.q.device);

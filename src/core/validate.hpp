@@ -24,6 +24,13 @@ void check_variant_tensors(const AttentionOptions& options, std::int64_t batch, 
                            std::vector<checks::NamedExtent>& inputs);
 void set_variant_params(AttentionParams& p, const AttentionOptions& options);
 
+// The FP8 descales of `options` (q_descale, k_descale, v_descale: float32 [batch,
+// heads_kv], size-1 dimensions broadcast, zero strides allowed; an error naming the
+// descale when given without FP8 inputs), then their params (pointers and strides).
+void check_fp8_descales(const AttentionOptions& options, bool is_fp8, std::int64_t batch, std::int64_t heads_kv,
+                        Device device, std::vector<checks::NamedExtent>& inputs);
+void set_fp8_params(AttentionParams& p, const AttentionOptions& options);
+
 // attn_mask and the block mask of `options` (validate_mask.cpp): checked against the
 // problem (appended to `inputs` for the overlap checks), then copied into params.
 struct MaskGeometry {

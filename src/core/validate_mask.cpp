@@ -15,44 +15,6 @@ namespace {
 
 using namespace checks;
 
-// check_layout without the unit last stride: masks are read element by element and
-// a broadcast mask may have zero strides anywhere.
-Extent check_any_strides(const TensorView& t, const std::string& name, int expected_rank) {
-  if (!t.defined()) fail(name, "missing tensor (rank 0)");
-  if (t.rank != expected_rank) fail(name, "wrong rank: " + expected_got(expected_rank, t.rank) + " " + shape_string(t));
-  bool is_empty = false;
-  for (int d = 0; d < t.rank; ++d) {
-    if (t.size(d) < 0) fail(name, "negative size in shape " + shape_string(t));
-    if (t.stride(d) < 0) fail(name, "negative stride " + std::to_string(t.stride(d)) + " in dimension " + std::to_string(d));
-    if (t.size(d) == 0) is_empty = true;
-  }
-  std::int64_t n = 1;
-  for (int d = 0; d < t.rank; ++d) n = checked_mul(n, t.size(d), name);
-  if (is_empty) return {};
-  if (t.data == nullptr) fail(name, "null data pointer for a non-empty tensor");
-  std::int64_t last = 0;
-  for (int d = 0; d < t.rank; ++d) last = checked_add(last, checked_mul(t.size(d) - 1, t.stride(d), name), name);
-  const std::int64_t bytes = checked_mul(checked_add(last, 1, name), static_cast<std::int64_t>(dtype_size(t.dtype)), name);
-  const auto begin = reinterpret_cast<std::uintptr_t>(t.data);
-  return {begin, begin + static_cast<std::uintptr_t>(bytes)};
-}
-
-std::string dims_string(const std::vector<std::int64_t>& dims) {
-  std::string s = "[";
-  for (std::size_t i = 0; i < dims.size(); ++i) s += (i ? ", " : "") + std::to_string(dims[i]);
-  return s + "]";
-}
-
-// Each dimension equal to `full[d]` or 1 (broadcast).
-void check_broadcast_shape(const TensorView& t, const std::string& name, const std::vector<std::int64_t>& full,
-                           const std::string& what) {
-  for (int d = 0; d < t.rank; ++d)
-    if (t.size(d) != full[static_cast<std::size_t>(d)] && t.size(d) != 1)
-      fail(name, "not broadcastable: " + expected_got(what + " = " + dims_string(full) + " with 1 on broadcast dimensions", shape_string(t)));
-}
-
-std::int64_t broadcast_stride(const TensorView& t, int d) { return t.size(d) == 1 ? 0 : t.stride(d); }
-
 std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
 
 struct ListNames {

@@ -16,7 +16,8 @@ namespace flashattn::cpu {
 
 BackendLimits limits() noexcept {
   // head_dim is bounded only to keep per-thread tiles small; the kernels are generic.
-  return BackendLimits{"cpu", 1024, 1, true, true, {true, true, true, true}, true};
+  // FP8 inputs are dequantised to float32 (fp8_forward.cpp): every feature applies.
+  return BackendLimits{"cpu", 1024, 1, true, true, {true, true, true, true}, true, true};
 }
 
 const TileKernels& tile_kernels() {
@@ -87,6 +88,10 @@ PackedKV gather_paged_kv(const AttentionParams& paged) {
 
 void forward(const AttentionParams& params, Algorithm algorithm, int num_threads) {
   require_float_dtype(params.dtype, "forward");
+  if (params.is_fp8()) {
+    fp8_forward(params, algorithm, num_threads);
+    return;
+  }
   if (params.is_paged()) {
     const PackedKV packed = gather_paged_kv(params);
     forward(packed.params, algorithm, num_threads);

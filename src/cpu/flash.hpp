@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "flashattn/attention.hpp"
 #include "src/core/params.hpp"
 #include "src/cpu/reference.hpp"
 
@@ -19,6 +20,9 @@ void flash2_forward(const AttentionParams& params, int num_threads);
 // FlashAttention-1 forward (flash1_forward.cpp): K/V blocks outer, Q blocks inner,
 // O/l/m rescaled and stored every step (seeds 000/003, Algorithm 1).
 void flash1_forward(const AttentionParams& params, int num_threads);
+
+// FP8 inputs (fp8_forward.cpp): dequantised to float32 scratch, then cpu::forward.
+void fp8_forward(const AttentionParams& params, Algorithm algorithm, int num_threads);
 
 // Flash backward by recomputation from the LSE (flash_backward.cpp).
 void flash_backward(const BackwardParams& params, int num_threads);

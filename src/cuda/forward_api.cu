@@ -17,7 +17,9 @@
 #include "src/cuda/fwd/launch.hpp"
 #include "src/cuda/fwd/tile_config.hpp"
 #include "src/cuda/hopper/launch.hpp"
+#include "src/cuda/hopper_fp8/launch.hpp"
 #include "src/cuda/staging.hpp"
+
 
 namespace flashattn::cuda {
 namespace {
@@ -213,6 +215,38 @@ void forward_staged(const AttentionParams& params, Algorithm algorithm, cudaStre
   }
 }
 
+// FP8 inputs: only the Hopper FP8 kernel takes them (issue 16). Everything it cannot
+// run is refused here, naming the argument; the CPU backend runs all of it.
+std::string why_fp8_unsupported(const AttentionParams& params, Algorithm algorithm) {
+  if (algorithm != Algorithm::automatic && algorithm != Algorithm::flash3)
+    return std::string("algorithm: ") + dtype_name(params.input_dtype) +
+           " inputs run on the flash3 (Hopper FP8) kernel only, got " + algorithm_name(algorithm);
+  // The kernel's own coverage (device, head dim, features, strides) ...
+  if (std::string why_not = hopper_fp8::why_unsupported(params); !why_not.empty()) return why_not;
+  // ... and the TMA's 16-byte aligned base addresses, which it takes for granted.
+  const struct {
+    const char* name;
+    const void* data;
+    std::int64_t batch, row, head;
+  } inputs[] = {{"q", params.q, params.q_batch_stride, params.q_row_stride, params.q_head_stride},
+                {"k", params.k, params.k_batch_stride, params.k_row_stride, params.k_head_stride},
+                {"v", params.v, params.v_batch_stride, params.v_row_stride, params.v_head_stride}};
+  for (const auto& t : inputs)
+    if (reinterpret_cast<std::uintptr_t>(t.data) % 16 != 0 || t.batch % 16 != 0 || t.row % 16 != 0 || t.head % 16 != 0)
+      return std::string(t.name) + ": the FP8 kernel needs 16-byte aligned rows (data pointer aligned to 16 bytes and " +
+             "batch/row/head strides multiples of 16 elements), got strides " + std::to_string(t.batch) + "/" +
+             std::to_string(t.row) + "/" + std::to_string(t.head);
+  return {};
+}
+
+void forward_fp8(const AttentionParams& params, Algorithm algorithm, cudaStream_t stream) {
+  const std::string why_not = why_fp8_unsupported(params, algorithm);
+  if (!why_not.empty()) throw NotSupported("flashattn: " + why_not);
+  require_16_byte_rows("out", params.out, params.out_batch_stride, params.out_row_stride, params.out_head_stride);
+  const DeviceGuard device_guard(params.device.index);
+  hopper_fp8::forward(params, stream);
+}
+
 }  // namespace
 
 bool available() noexcept {
@@ -240,6 +274,9 @@ BackendLimits limits() noexcept {
   limits.supports_algorithm[static_cast<int>(Algorithm::flash1)] = false;
   // flash3 needs an sm_90 device too: forward() says so per call (hopper::why_unsupported).
   limits.supports_algorithm[static_cast<int>(Algorithm::flash3)] = hopper::is_built();
+  // The Hopper FP8 kernel is built with the Hopper kernels (sm_90a); the device, head
+  // dim and features are checked per call (why_fp8_unsupported).
+  limits.supports_fp8 = hopper_fp8::is_built();
   return limits;
 }
 
@@ -248,6 +285,7 @@ BackendLimits limits() noexcept {
 // without more head-dim padding than the FA2 kernel would use (e.g. d96 stays on the
 // FA2 d96 kernel instead of the Hopper d128 one), else the FA2 kernel.
 void forward(const AttentionParams& params, Algorithm algorithm, void* stream) {
+  if (params.is_fp8()) return forward_fp8(params, algorithm, static_cast<cudaStream_t>(stream));
   if (algorithm != Algorithm::automatic && algorithm != Algorithm::flash2 && algorithm != Algorithm::flash3)
     throw NotSupported(std::string("flashattn: algorithm: the CUDA backend runs automatic, flash2 or flash3, got ") +
                        algorithm_name(algorithm));

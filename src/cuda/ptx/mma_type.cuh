@@ -9,6 +9,6 @@
 
 namespace flashattn::cuda::ptx {
 
-enum class MmaInput { f16, bf16 };
+enum class MmaInput { f16, bf16, e4m3 };  // e4m3: wgmma m64nNk32 only (wgmma_ss_e4m3 / wgmma_rs_e4m3)
 
 }  // namespace flashattn::cuda::ptx

@@ -18,6 +18,13 @@
 // A from registers (the "RS" form): warp w's rows [16w, 16w + 16) in the m16n8k16 A
 // fragment layout (see mma_sync.cuh), so two adjacent n8 column tiles of an
 // accumulator, converted to 16 bits, are the A fragment of one k16 step.
+// e4m3 inputs (m64nNk32, PTX ISA 9.7.15.5.1 "Register Fragments", .e4m3/.e5m2 A; CuTe's
+// GMMA::ALayout_64x32): four 32-bit registers of four e4m3 each, the lowest k in byte 0:
+//   a[0] = A[16w + group    ][4 quad_lane + {0..3}]
+//   a[1] = A[16w + group + 8][4 quad_lane + {0..3}]
+//   a[2] = A[16w + group    ][16 + 4 quad_lane + {0..3}]
+//   a[3] = A[16w + group + 8][16 + 4 quad_lane + {0..3}]
+// Both FP8 operands must be K-major in shared memory (no transpose bits for 8-bit types).
 //
 // Only compiled into sm_90a code: callers guard with FLASHATTN_HOPPER_DEVICE_CODE (arch.cuh).
 #pragma once

@@ -1,0 +1,600 @@
+// src/cuda/hopper_fp8/kernel.cuh — the FP8 (e4m3) forward kernel for Hopper (sm_90a):
+// TMA loads, FP8 wgmma (m64nNk32), warp-specialised producer/consumer warpgroups.
+//
+// The algorithm and schedule are those of the bf16 kernel (src/cuda/hopper/kernel.cuh:
+// same visit order, online_softmax::State, MaskRule, ScoreRule hooks, intra-warpgroup
+// overlap of S_j = Q K_j^T with O += P_(j-1) V_(j-1)); what FP8 changes:
+//
+// 1. Both wgmma operands must be K-major (8-bit types have no transpose bit). Q and K
+//    are (rows, d) with d contiguous: K-major for S = Q K^T as they arrive. For O += P V
+//    the B operand is V^T (N = d, K = keys) and must have keys contiguous, but V arrives
+//    (keys, d). So the producer warpgroup transposes every V tile in shared memory:
+//      thread 0 of warpgroup 0  TMA: Q, then K_j and V_j into kStages-deep rings, up to
+//                               kStages blocks ahead of the transpose;
+//      all 128 threads          wait for V_j, write Vt_j (d, 128 keys) = V_j^T in the
+//                               128-byte swizzle, fence the writes to the async proxy
+//                               (wgmma reads through it) and arrive on Vt_j's "full"
+//                               barrier and V_j's "empty" barrier (one arrival per thread).
+//    The consumer warpgroups never touch V_j, only Vt_j. The transpose moves 16-bit
+//    pairs of head-dim bytes with ldmatrix.trans, separates the bytes of two keys with
+//    byte permutes, and writes rows of Vt with stmatrix (transpose_v below; FA3 does the
+//    same with LDSM/STSM).
+//
+// 2. P (fp32 accumulator layout) must become the e4m3 A fragment of the k32 steps,
+//    whose layout differs (wgmma.cuh; PTX ISA "Register Fragments", CuTe
+//    GMMA::ALayout_64x32). Per thread (group = lane / 4, q = lane % 4), for one row:
+//      accumulator, key block kp of 32 keys: n8 tiles j = 4kp..4kp+3, each holding
+//        keys 8j' + 2q + {0, 1} (j' = j - 4kp)  →  keys 32kp + {2q, 2q+1, 8+2q, 9+2q,
+//        16+2q, 17+2q, 24+2q, 25+2q}: 8 values;
+//      A fragment of k32 step kp: a[0] (a[1] for row + 8) = k 4q + {0..3}, a[2] (a[3])
+//        = k 16 + 4q + {0..3}: 8 values.
+//    Same count, different k. Rather than exchanging values between lanes, we let A's
+//    k index mean a permuted key: the thread packs its 8 values in order, so A position
+//      k' = 16 h + 4 q + t   (h in {0,1}, q in 0..3, t in 0..3)
+//    holds key
+//      pi(k') = 16 h + 8 (t / 2) + 2 q + (t % 2)
+//    (h = which pair of n8 tiles, t / 2 = which tile of the pair, t % 2 = the column
+//    within the lane's pair; pi is a bijection of 0..31: every (h, t/2, q, t%2) once).
+//    P V sums over k, so it is unchanged when B's row k' holds V's key pi(k') too: the
+//    transpose writes key 32kp + pi(k') of V to byte 32kp + k' of each Vt row. The
+//    register packing is then 4 conversions per register and no shuffles; the
+//    accumulator keeps its usual layout, so the score/mask hooks (fragment.cuh) apply
+//    unchanged. (FA3 reorders P's registers with byte permutes and shuffles instead and
+//    keeps V's key order; our transpose's byte permutes produce pi's order for free.)
+//
+// 3. Scales (as FA3): scores = softmax_scale · q_descale · k_descale · q·k (the descales
+//    of the tile's (batch, kv head) join the exponent scale, or the ScoreRule's scale
+//    and softcap input scale); P is quantised as P' = 2^8 · P = exp2(s - m + 8) in
+//    [0, 256] (e4m3 saturates at 448), which keeps probabilities down to 2^-17 (the
+//    smallest e4m3 subnormal over 2^8) instead of flushing those below 2^-9; l sums the
+//    fp32 P' (before quantisation), so 2^8 cancels in O = v_descale · (P' V) / l and the
+//    LSE is ln l' + m ln 2 - 8 ln 2.
+//
+// Output: out in bfloat16 or float16 (params.dtype, a uniform runtime branch in the
+// epilogue: one kernel per head dim serves both), stored straight from the
+// accumulator registers (the Q tile in shared memory is 1 byte per element: too small
+// to stage a 2-byte O tile through). One CTA per tile.
+//
+// Shared-memory tiles: Q, K, V as panels of P = min(d, 128) bytes per row with the P-byte
+// swizzle (TMA and wgmma: 16-byte chunk c of row r at c ^ ((r * P / 128) % (P / 16)),
+// i.e. byte address bits 4.. XOR bits 7..; swizzle_offset below); Vt as one panel of
+// 128-byte rows (block_n = 128 keys).
+#pragma once
+
+#include <cuda.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <atomic>
+#include <climits>
+#include <cstdint>
+#include <cuda/ptx>
+#include <string>
+
+#include "flashattn/error.hpp"
+#include "flashattn/mask.hpp"
+#include "flashattn/online_softmax.hpp"
+#include "flashattn/score.hpp"
+#include "src/core/params.hpp"
+#include "src/cuda/common/check.cuh"
+#include "src/cuda/common/fragment.cuh"
+#include "src/cuda/common/numeric.cuh"
+#include "src/cuda/hopper_fp8/launch.hpp"
+#include "src/cuda/hopper_fp8/tile_config.hpp"
+#include "src/cuda/ptx/bulk_reduce.cuh"  // fence_proxy_async_shared
+#include "src/cuda/ptx/ldmatrix.cuh"
+#include "src/cuda/ptx/math.cuh"
+#include "src/cuda/ptx/mbarrier.cuh"
+#include "src/cuda/ptx/stmatrix.cuh"
+#include "src/cuda/ptx/warpgroup.cuh"
+#include "src/cuda/ptx/wgmma.cuh"
+
+namespace flashattn::cuda::hopper_fp8 {
+
+// P' = 2^kProbabilityLog2Offset · P: the exponent offset of the quantised probabilities.
+inline constexpr int kProbabilityLog2Offset = 8;
+// Every tile starts 1024-byte aligned: the largest swizzle atom (8 rows x 128 bytes).
+inline constexpr int kTileAlignment = 1024;
+
+// Byte offset, inside a panel of kRowBytes-byte rows (64 or 128) that starts at a multiple
+// of 8 * kRowBytes, of the byte at unswizzled offset `offset` (row * kRowBytes + column):
+// the TMA/wgmma swizzle XORs byte-address bits 4.. (the 16-byte chunk) with bits 7..
+// (the row's position in its 8-row, 128-bytes-per-row period): 3 bits for 128-byte rows
+// (chunk ^ row % 8), 2 bits for 64-byte rows (chunk ^ (row / 2) % 4).
+template <int kRowBytes>
+__device__ __forceinline__ int swizzle_offset(int offset) {
+  static_assert(kRowBytes == 64 || kRowBytes == 128, "64- or 128-byte swizzle");
+  return offset ^ ((offset >> 3) & ((kRowBytes / 16 - 1) << 4));
+}
+
+// Four floats as four e4m3 (round to nearest, saturating at ±448) in one register, `b0`
+// in byte 0. cvt.rn.satfinite.e4m3x2.f32 d, a, b puts a in the upper byte of d and b in
+// the lower (PTX ISA "cvt": for f8x2 destinations a goes to the upper half).
+__device__ __forceinline__ std::uint32_t pack_e4m3x4(float b0, float b1, float b2, float b3) {
+  std::uint32_t packed;
+  asm("{\n"
+      ".reg .b16 low, high;\n"
+      "cvt.rn.satfinite.e4m3x2.f32 low, %2, %1;\n"
+      "cvt.rn.satfinite.e4m3x2.f32 high, %4, %3;\n"
+      "mov.b32 %0, {low, high};\n"
+      "}\n"
+      : "=r"(packed)
+      : "f"(b0), "f"(b1), "f"(b2), "f"(b3));
+  return packed;
+}
+
+// The TMA copy of a (kRows, kPanels x kPanelBytes) e4m3 tile of one head into panels of
+// kRows rows, completing on `barrier` (whose expected bytes the caller has set).
+template <int kPanels, int kPanelBytes, int kRows>
+__device__ __forceinline__ void load_byte_panels(unsigned char* destination, const CUtensorMap* map, std::int32_t row,
+                                                 std::int32_t head, std::int32_t batch_coordinate,
+                                                 std::uint64_t* barrier) {
+#if FLASHATTN_HOPPER_DEVICE_CODE
+#pragma unroll
+  for (int panel = 0; panel < kPanels; ++panel) {
+    const std::int32_t coordinates[4] = {panel * kPanelBytes, row, head, batch_coordinate};
+    ::cuda::ptx::cp_async_bulk_tensor(::cuda::ptx::space_cluster, ::cuda::ptx::space_global,
+                                      destination + panel * kRows * kPanelBytes, map, coordinates, barrier);
+  }
+#endif
+}
+
+template <int kHeadDimArg, int kBlockMArg, int kStagesArg>
+__global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx::kWarpgroupRows), 1)
+    forward_kernel_fp8_sm90(const __grid_constant__ Fp8ForwardParams params) {
+#if FLASHATTN_HOPPER_DEVICE_CODE
+  constexpr Fp8TileConfig kConfig{kHeadDimArg, kBlockMArg, kBlockN, kStagesArg};
+  constexpr int kHeadDim = kConfig.head_dim;
+  constexpr int kBlockM = kConfig.block_m;
+  constexpr int kStages = kConfig.stages;
+  constexpr int kPanelBytes = kConfig.qkv_panel_bytes();
+  constexpr int kPanels = kConfig.qkv_panels();
+  constexpr int kQBytes = kConfig.q_bytes();
+  constexpr int kKVBytes = kConfig.kv_tile_bytes();
+  constexpr int kVtRowBytes = kBlockN;  // one 128-byte swizzle row of keys per head-dim index
+  constexpr int kConsumerWarpgroups = kConfig.consumer_warpgroups();
+  static_assert(kBlockM % ptx::kWarpgroupRows == 0 && kConsumerWarpgroups >= 1 &&
+                    kConsumerWarpgroups <= kMaxConsumerWarpgroups,
+                "each consumer warpgroup owns 64 query rows");
+  static_assert(ptx::kWarpgroupThreads * kConfig.producer_registers() +
+                    ptx::kWarpgroupThreads * kConsumerWarpgroups * kConfig.consumer_registers() <=
+                65536,
+                "register file: 64K 32-bit registers per SM");
+  static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256, "FP8 kernel head dims: 64, 128, 256");
+  static_assert(kVtRowBytes == 128, "Vt rows are one 128-byte swizzle row");
+  static_assert(kQBytes % kTileAlignment == 0 && kKVBytes % kTileAlignment == 0 &&
+                    (kBlockM * kPanelBytes) % kTileAlignment == 0 && (kBlockN * kPanelBytes) % kTileAlignment == 0,
+                "every tile and panel starts at a swizzle atom");
+  static_assert(kConfig.shared_bytes() <= kMaxSharedBytes, "tiles exceed 227 KB of shared memory");
+
+  const AttentionParams& attention = params.attention;
+  // Tiles: query tile fastest, the last query tiles (the most keys under a causal mask)
+  // first, as the bf16 kernel. One tile per CTA.
+  const std::int64_t num_m_blocks = (attention.seqlen_q + kBlockM - 1) / kBlockM;
+  struct Tile {
+    std::int64_t batch, head, m0, row_end, seqlen_q, seqlen_k, n_block_end;
+    int num_n_blocks;  // key blocks visited, from n_block_end - 1 down
+    MaskRule mask;
+  };
+  Tile tile{};
+  {
+    std::int64_t linear = blockIdx.x;
+    const std::int64_t m_block = num_m_blocks - 1 - linear % num_m_blocks;
+    linear /= num_m_blocks;
+    tile.head = linear % attention.heads_q;
+    tile.batch = linear / attention.heads_q;
+    tile.seqlen_q = attention.seqlen_q_of(tile.batch);
+    tile.m0 = m_block * kBlockM;
+    // A tile past its (varlen) sequence's end has no rows: every role skips it.
+    if (tile.m0 >= tile.seqlen_q) return;
+    tile.seqlen_k = attention.seqlen_k_of(tile.batch);
+    tile.row_end = tile.m0 + kBlockM < tile.seqlen_q ? tile.m0 + kBlockM : tile.seqlen_q;
+    tile.mask = attention.mask_of(tile.batch);
+    const MaskRule::ColumnRange columns = tile.mask.columns_of_rows(tile.m0, tile.row_end);
+    tile.n_block_end = (columns.end + kBlockN - 1) / kBlockN;
+    tile.num_n_blocks =
+        columns.end > columns.begin ? static_cast<int>(tile.n_block_end - columns.begin / kBlockN) : 0;
+  }
+  const std::int64_t head_kv = tile.head / attention.group_size;
+  const int num_n_blocks = tile.num_n_blocks;
+
+  extern __shared__ unsigned char shared_storage[];
+  const std::uint32_t raw_address = static_cast<std::uint32_t>(__cvta_generic_to_shared(shared_storage));
+  unsigned char* shared_q = shared_storage + ((kTileAlignment - raw_address % kTileAlignment) % kTileAlignment);
+  unsigned char* shared_k = shared_q + kQBytes;              // kStages x (kBlockN, kHeadDim) in panels
+  unsigned char* shared_v = shared_k + kStages * kKVBytes;   // kStages x (kBlockN, kHeadDim) in panels
+  unsigned char* shared_vt = shared_v + kStages * kKVBytes;  // kStages x (kHeadDim, kBlockN)
+  auto* barriers = reinterpret_cast<std::uint64_t*>(shared_vt + kStages * kKVBytes);
+  constexpr int kConsumerWarps = 4 * kConsumerWarpgroups;
+  // Producer roles: thread 0 issues every TMA copy; all 4 warps (thread 0 between its
+  // copies) transpose V. (A loader warp of its own, transposing with 3 warps, measured
+  // slower: the transpose sets the pace, TUNING.md.)
+  constexpr int kTransposeWarps = 4;
+  constexpr int kTransposeThreads = 32 * kTransposeWarps;
+  std::uint64_t* q_full = barriers;                        // Q landed
+  std::uint64_t* k_full = barriers + 1;                    // [kStages]: K stage landed (TMA)
+  std::uint64_t* v_full = barriers + 1 + kStages;          // [kStages]: V stage landed (TMA)
+  std::uint64_t* vt_full = barriers + 1 + 2 * kStages;     // [kStages]: Vt written by every transposing thread
+  std::uint64_t* k_empty = barriers + 1 + 3 * kStages;     // [kStages]: every consumer warp is done with K
+  std::uint64_t* v_empty = barriers + 1 + 4 * kStages;     // [kStages]: every transposing thread is done with V
+  std::uint64_t* vt_empty = barriers + 1 + 5 * kStages;    // [kStages]: every consumer warp is done with Vt
+  static_assert((1 + 6 * kStages) * 8 <= 256, "mbarriers exceed their 256 bytes");
+
+  if (threadIdx.x == 0) {
+    ::cuda::ptx::mbarrier_init(q_full, 1);
+    for (int stage = 0; stage < kStages; ++stage) {
+      ::cuda::ptx::mbarrier_init(&k_full[stage], 1);
+      ::cuda::ptx::mbarrier_init(&v_full[stage], 1);
+      ::cuda::ptx::mbarrier_init(&vt_full[stage], kTransposeThreads);
+      ::cuda::ptx::mbarrier_init(&k_empty[stage], kConsumerWarps);
+      ::cuda::ptx::mbarrier_init(&v_empty[stage], kTransposeThreads);
+      ::cuda::ptx::mbarrier_init(&vt_empty[stage], kConsumerWarps);
+    }
+    ::cuda::ptx::fence_mbarrier_init(::cuda::ptx::sem_release, ::cuda::ptx::scope_cluster);
+  }
+  __syncthreads();
+
+  const int warpgroup = threadIdx.x / ptx::kWarpgroupThreads;
+  const int lane = threadIdx.x % 32;
+  // Varlen tensors are one batch entry whose sequences are row ranges.
+  const bool is_varlen = attention.is_varlen();
+
+  if (warpgroup == 0) {
+    // ---- producer: TMA (thread 0) and the V transpose (all 128 threads) ---------------
+    ptx::setmaxnreg_decrease<kConfig.producer_registers()>();
+    const bool is_loader = threadIdx.x == 0;
+    const std::int32_t batch_coordinate = is_varlen ? 0 : static_cast<std::int32_t>(tile.batch);
+    const std::int64_t k_start = attention.k_start(tile.batch);
+    if (is_loader) {
+      ::cuda::ptx::mbarrier_arrive_expect_tx(::cuda::ptx::sem_release, ::cuda::ptx::scope_cta,
+                                             ::cuda::ptx::space_shared, q_full, kQBytes);
+      load_byte_panels<kPanels, kPanelBytes, kBlockM>(
+          shared_q, &params.q_map, static_cast<std::int32_t>(attention.q_start(tile.batch) + tile.m0),
+          static_cast<std::int32_t>(tile.head), batch_coordinate, q_full);
+    }
+    // Block `index` of the visit order into its stage of a ring (thread 0); waits until
+    // the stage's previous block has been released.
+    auto load_block = [&](const CUtensorMap* tensor_map, unsigned char* ring, std::uint64_t* full,
+                          std::uint64_t* empty, int index) {
+      const int stage = index % kStages;
+      if (index >= kStages) ptx::mbarrier_wait(&empty[stage], ((index / kStages) - 1) & 1);
+      ::cuda::ptx::mbarrier_arrive_expect_tx(::cuda::ptx::sem_release, ::cuda::ptx::scope_cta,
+                                             ::cuda::ptx::space_shared, &full[stage], kKVBytes);
+      const std::int32_t row = static_cast<std::int32_t>(k_start + (tile.n_block_end - 1 - index) * kBlockN);
+      load_byte_panels<kPanels, kPanelBytes, kBlockN>(ring + stage * kKVBytes, tensor_map, row,
+                                                      static_cast<std::int32_t>(head_kv), batch_coordinate,
+                                                      &full[stage]);
+    };
+    // Vt_index = V_index^T with keys permuted by pi within each 32-key block (header,
+    // point 2), with ldmatrix.trans / stmatrix on 16-bit elements (pairs of head-dim
+    // bytes). One warp step moves keys 16 g .. 16 g + 15 (g = 2 kp + h) x head-dim bytes
+    // 32 e .. 32 e + 31 (16-byte chunks 2e, 2e+1):
+    //   ldmatrix.x4.trans  matrices (keys 16g + 0..7 | 16g + 8..15) x (chunk 2e | 2e+1),
+    //                      8 key rows of 16 bytes each; lane t = 4 c + q receives, per
+    //                      matrix, b16 column c (head-dim bytes 2c, 2c+1 of the chunk) of
+    //                      key rows 2q, 2q+1: bytes (key 2q: d 2c, 2c+1; key 2q+1: d 2c, 2c+1);
+    //   byte permutes      from the two key halves, head-dim row 2c gets
+    //                      (key 2q, 2q+1, 2q+8, 2q+9) at d 2c and row 2c+1 likewise: exactly
+    //                      Vt bytes 16g + 4q + {0..3} (pi's order) of those two rows;
+    //   stmatrix.x4        lane t's register goes to row c, bytes 4q..4q+3 of its matrix:
+    //                      4 matrices of 8 head-dim rows x 16 key bytes (16g..16g+15).
+    // A matrix's 8 rows should be distinct modulo 8 (the 128-byte swizzle then spreads
+    // them over 8 chunks: no bank conflict), so the lanes with c >= 4 swap their even and
+    // odd rows: matrix 2i' + j of a chunk holds rows 2c + (j xor [c >= 4]) (residues
+    // 0,2,4,6,1,3,5,7). The ldmatrix rows (8 consecutive keys at one chunk) are conflict
+    // free through the same swizzle (64- or 128-byte).
+    const int transpose_warp = threadIdx.x / 32;
+    const int matrix = lane / 8;     // ldmatrix / stmatrix: the matrix this lane addresses
+    const int matrix_row = lane % 8;  // and its row
+    constexpr int kKeyGroups = kBlockN / 16;                       // g: 16 keys each
+    constexpr int kSteps = kKeyGroups * (kHeadDim / 32);           // (g, e) per tile
+    const bool is_swapped = lane / 4 >= 4;  // lane's c >= 4: its even/odd head-dim rows trade places
+    auto transpose_v = [&](int index) {
+      const int stage = index % kStages;
+      ptx::mbarrier_wait(&v_full[stage], (index / kStages) & 1);
+      if (index >= kStages) ptx::mbarrier_wait(&vt_empty[stage], ((index / kStages) - 1) & 1);
+      __syncwarp();  // ldmatrix/stmatrix are .aligned: the whole warp, converged
+      // 32-bit shared-window addresses (the producer has 24-32 registers).
+      const std::uint32_t v_tile = ptx::shared_address(shared_v + stage * kKVBytes);    // (kBlockN, kHeadDim) in panels
+      const std::uint32_t vt_tile = ptx::shared_address(shared_vt + stage * kKVBytes);  // (kHeadDim, kBlockN)
+#pragma unroll 1
+      for (int step = transpose_warp; step < kSteps; step += kTransposeWarps) {
+        const int g = step % kKeyGroups;
+        const int e = step / kKeyGroups;
+        // This lane's ldmatrix row: key 16g + 8 (matrix % 2) + row, chunk 2e + matrix / 2.
+        const int key = 16 * g + 8 * (matrix % 2) + matrix_row;
+        const int d_byte = 16 * (2 * e + matrix / 2);
+        const std::uint32_t v_row = v_tile + (d_byte / kPanelBytes) * (kBlockN * kPanelBytes) +
+                                    swizzle_offset<kPanelBytes>(key * kPanelBytes + d_byte % kPanelBytes);
+        std::uint32_t low_a, high_a, low_b, high_b;  // (keys 0..7 | 8..15) x (chunk 2e | 2e+1)
+        ptx::ldmatrix_x4_trans(low_a, high_a, low_b, high_b, v_row);
+        // Head-dim rows 2c (even) and 2c+1 (odd) of each chunk: bytes (2q, 2q+1, 2q+8, 2q+9).
+        const std::uint32_t even_a = __byte_perm(low_a, high_a, 0x6420);
+        const std::uint32_t odd_a = __byte_perm(low_a, high_a, 0x7531);
+        const std::uint32_t even_b = __byte_perm(low_b, high_b, 0x6420);
+        const std::uint32_t odd_b = __byte_perm(low_b, high_b, 0x7531);
+        // This lane's stmatrix row: head-dim row 32e + 16 (matrix / 2) + 2 row + parity.
+        const int parity = (matrix % 2) ^ (matrix_row >= 4 ? 1 : 0);
+        const int d_row = 32 * e + 16 * (matrix / 2) + 2 * matrix_row + parity;
+        const std::uint32_t vt_row = vt_tile + swizzle_offset<kVtRowBytes>(d_row * kVtRowBytes + 16 * g);
+        ptx::stmatrix_x4(vt_row, is_swapped ? odd_a : even_a, is_swapped ? even_a : odd_a,
+                         is_swapped ? odd_b : even_b, is_swapped ? even_b : odd_b);
+      }
+      // The Vt writes before the consumers' wgmma (async proxy) reads them, and the V
+      // reads before the next TMA write of the stage.
+      ptx::fence_proxy_async_shared();
+      ::cuda::ptx::mbarrier_arrive(&vt_full[stage]);
+      ::cuda::ptx::mbarrier_arrive(&v_empty[stage]);
+    };
+    // Before transposing V_i, thread 0 issues every K_j, V_j with j < i + kStages (each
+    // waits for its stage). No cycle: V_j's stage waits for the transpose of V_(j-kStages),
+    // j - kStages < i, done by this warpgroup already; K_j's for the consumers' S_(j-kStages),
+    // which needs Vt only up to j - kStages - 1 < i.
+    int loaded = 0;  // K/V blocks issued so far (thread 0)
+    for (int index = 0; index < num_n_blocks; ++index) {
+      if (is_loader) {
+        for (; loaded < num_n_blocks && loaded < index + kStages; ++loaded) {
+          load_block(&params.k_map, shared_k, k_full, k_empty, loaded);
+          load_block(&params.v_map, shared_v, v_full, v_empty, loaded);
+        }
+      }
+      transpose_v(index);
+    }
+    return;
+  }
+
+  // ---- consumers -------------------------------------------------------------------
+  ptx::setmaxnreg_increase<kConfig.consumer_registers()>();
+  const int consumer = warpgroup - 1;
+  const int thread_in_warpgroup = threadIdx.x % ptx::kWarpgroupThreads;
+  const int group = lane / 4;      // accumulator row within an 8-row half
+  const int quad_lane = lane % 4;  // accumulator column pair
+  const int warpgroup_row0 = consumer * ptx::kWarpgroupRows;
+  const int thread_row0 = warpgroup_row0 + (thread_in_warpgroup / 32) * 16 + group;  // + 8 * half
+
+  // Descriptors (wgmma.cuh), all K-major with the swizzle of their row width: the
+  // stride offset is one 8-row atom (8 x row bytes), the leading offset unused (16).
+  constexpr ptx::SwizzleMode kQkvSwizzle = kPanelBytes == 128 ? ptx::SwizzleMode::bytes128 : ptx::SwizzleMode::bytes64;
+  const std::uint32_t q_address = static_cast<std::uint32_t>(__cvta_generic_to_shared(shared_q));
+  const std::uint32_t k_address = static_cast<std::uint32_t>(__cvta_generic_to_shared(shared_k));
+  const std::uint32_t vt_address = static_cast<std::uint32_t>(__cvta_generic_to_shared(shared_vt));
+  const std::uint64_t q_descriptor =
+      ptx::make_smem_descriptor(q_address + warpgroup_row0 * kPanelBytes, 16, 8 * kPanelBytes, kQkvSwizzle);
+  const std::uint64_t k_descriptor = ptx::make_smem_descriptor(k_address, 16, 8 * kPanelBytes, kQkvSwizzle);
+  const std::uint64_t vt_descriptor =
+      ptx::make_smem_descriptor(vt_address, 16, 8 * kVtRowBytes, ptx::SwizzleMode::bytes128);
+  // k32 step kk of a (rows, d) tile in panels: byte 32 kk of the row = panel 32 kk / P,
+  // byte (32 kk) % P in it; the hardware applies the swizzle to the final address, so
+  // advancing the start address inside the row stays valid. Descriptor units: bytes >> 4.
+  auto k_step_offset = [](int kk, int rows) {
+    return (((32 * kk) / kPanelBytes) * rows * kPanelBytes + (32 * kk) % kPanelBytes) >> 4;
+  };
+
+  // Descales of the tile's (batch, kv head); null = 1.
+  auto descale_of = [&](const float* maybe_descale, const std::int64_t (&strides)[2]) {
+    return maybe_descale == nullptr ? 1.0f : maybe_descale[tile.batch * strides[0] + head_kv * strides[1]];
+  };
+  const float qk_descale = descale_of(attention.maybe_q_descale, attention.q_descale_strides) *
+                           descale_of(attention.maybe_k_descale, attention.k_descale_strides);
+  const float v_descale = descale_of(attention.maybe_v_descale, attention.v_descale_strides);
+  // Fast path (no softcap, no ALiBi, a positive descale product): scores stay raw q.k
+  // until the exponent, one FFMA + one MUFU per element. Otherwise the ScoreRule, its
+  // scale and softcap input scale multiplied by the descales, maps them to log2 units
+  // first (a zero or negative product would not commute with the row max).
+  const bool is_positive_scale = attention.score_is_positive_scale() && qk_descale > 0.0f;
+  const float exp_scale = is_positive_scale ? attention.softmax_scale_log2 * qk_descale : 1.0f;
+  ScoreRule score_rule{};
+  if (!is_positive_scale) {
+    score_rule = attention.score_of(tile.batch, tile.head, tile.mask);
+    score_rule.scale_log2 *= qk_descale;
+    if (score_rule.has_softcap()) score_rule.softcap_input_scale *= qk_descale;
+  }
+
+  float o[kHeadDim / 2];                      // (64, kHeadDim) per warpgroup, fp32 accumulator
+  float s[kBlockN / 2];                       // (64, kBlockN) per warpgroup: S, then P' in fp32
+  std::uint32_t p[kBlockN / 32][4];           // (64, kBlockN) per warpgroup: P' as e4m3 A fragments
+  online_softmax::State<float> row_state[2];  // rows thread_row0 and thread_row0 + 8; l is this
+                                              // thread's partial sum until the end
+  float row_factor[2];                        // rescale of O for the block just exponentiated
+  constexpr int kNTiles = kBlockN / 8;        // n8 tiles of S per warp (the fragment.cuh hooks' unit)
+
+  // S = Q K^T for block `index` (issued and committed, not waited for).
+  auto issue_qk = [&](int index) {
+    const std::uint64_t stage_k_descriptor = k_descriptor + (((index % kStages) * kKVBytes) >> 4);
+    ptx::wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kHeadDim / 32; ++kk) {
+      ptx::wgmma_ss_e4m3<kBlockN>(s, q_descriptor + k_step_offset(kk, kBlockM),
+                                  stage_k_descriptor + k_step_offset(kk, kBlockN), kk > 0 ? 1 : 0);
+    }
+    ptx::wgmma_commit_group();
+  };
+  // O += P' V for block `index`: k32 step kp reads bytes [32 kp, 32 kp + 32) of every Vt
+  // row (keys 32 kp + pi(0..31)).
+  auto issue_pv = [&](int index) {
+    const std::uint64_t stage_vt_descriptor = vt_descriptor + (((index % kStages) * kKVBytes) >> 4);
+    ptx::fence_operands(o);
+    ptx::wgmma_fence();
+#pragma unroll
+    for (int kp = 0; kp < kBlockN / 32; ++kp) {
+      ptx::wgmma_rs_e4m3<kHeadDim>(o, p[kp], stage_vt_descriptor + ((32 * kp) >> 4), 1);
+    }
+    ptx::wgmma_commit_group();
+  };
+  // Score rule, element mask, online softmax of block `index` (S complete in registers):
+  // S becomes P' = 2^8 P (fp32) and row_factor the rescale O still needs.
+  auto softmax_block = [&](int index) {
+    ptx::fence_operands(s);
+    const std::int64_t n0 = (tile.n_block_end - 1 - index) * kBlockN;
+    if (!is_positive_scale) fragment::apply_score_rule<kNTiles>(s, score_rule, tile.m0 + thread_row0, n0);
+    // Element mask only where the block crosses a mask edge or the end of the keys.
+    const bool needs_mask =
+        n0 + kBlockN > tile.seqlen_k || !tile.mask.tile_fully_allowed(tile.m0, tile.row_end, n0, n0 + kBlockN);
+    if (needs_mask) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const std::int64_t row = tile.m0 + thread_row0 + 8 * half;
+        const int begin = static_cast<int>(MaskRule::clamp(tile.mask.col_begin(row) - n0, 0, kBlockN));
+        const int end = static_cast<int>(MaskRule::clamp(tile.mask.col_end(row) - n0, 0, kBlockN));
+#pragma unroll
+        for (int j = 0; j < kBlockN / 8; ++j)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int col = j * 8 + 2 * quad_lane + e;
+            if (col < begin || col >= end) s[4 * j + 2 * half + e] = online_softmax::negative_infinity<float>();
+          }
+      }
+    }
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      float block_max = online_softmax::negative_infinity<float>();
+#pragma unroll
+      for (int j = 0; j < kBlockN / 8; ++j)
+        block_max = fmaxf(block_max, fmaxf(s[4 * j + 2 * half], s[4 * j + 2 * half + 1]));
+      // The 4 lanes of a quad hold the row's columns: reduce across them.
+      block_max = fmaxf(block_max, __shfl_xor_sync(0xffffffffu, block_max, 1));
+      block_max = fmaxf(block_max, __shfl_xor_sync(0xffffffffu, block_max, 2));
+      online_softmax::State<float>& state = row_state[half];
+      row_factor[half] = state.raise_max(block_max * exp_scale);  // -inf stays -inf
+      // exp2(s - m + 8): the base is 0 while the row has seen no key (masked scores are
+      // -inf, their P' 0), as State::base() guarantees.
+      const float shifted_base = state.base() - static_cast<float>(kProbabilityLog2Offset);
+      float block_sum = 0.0f;
+#pragma unroll
+      for (int j = 0; j < kBlockN / 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const float probability = ptx::exp2_approx_ftz(fmaf(s[4 * j + 2 * half + e], exp_scale, -shifted_base));
+          s[4 * j + 2 * half + e] = probability;
+          block_sum += probability;
+        }
+      state.add(block_sum);
+    }
+  };
+  auto rescale_o = [&]() {
+#pragma unroll
+    for (int j = 0; j < kHeadDim / 8; ++j)
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        o[4 * j + 2 * half] *= row_factor[half];
+        o[4 * j + 2 * half + 1] *= row_factor[half];
+      }
+  };
+  // P' to the e4m3 A fragments in the key order pi (header, point 2): for k32 step kp,
+  // n8 tiles 4kp, 4kp+1 give a[0] (row) and a[1] (row + 8), tiles 4kp+2, 4kp+3 give a[2]
+  // and a[3]; within a register, tile by tile, the lane's two columns in order.
+  auto convert_p = [&]() {
+#pragma unroll
+    for (int kp = 0; kp < kBlockN / 32; ++kp) {
+      const float* tiles = s + 16 * kp;  // s[4j + 2 half + e] for j = 4kp..4kp+3
+      p[kp][0] = pack_e4m3x4(tiles[0], tiles[1], tiles[4], tiles[5]);
+      p[kp][1] = pack_e4m3x4(tiles[2], tiles[3], tiles[6], tiles[7]);
+      p[kp][2] = pack_e4m3x4(tiles[8], tiles[9], tiles[12], tiles[13]);
+      p[kp][3] = pack_e4m3x4(tiles[10], tiles[11], tiles[14], tiles[15]);
+    }
+  };
+  // This warp no longer reads the stage of block `index`: the producer may refill it.
+  auto release = [&](std::uint64_t* empty, int index) {
+    if (lane == 0) ::cuda::ptx::mbarrier_arrive(&empty[index % kStages]);
+  };
+  auto wait_full = [&](std::uint64_t* full, int index) {
+    ptx::mbarrier_wait(&full[index % kStages], (index / kStages) & 1);
+  };
+
+#pragma unroll
+  for (int i = 0; i < kHeadDim / 2; ++i) o[i] = 0.0f;
+  ptx::mbarrier_wait(q_full, 0);
+  // Software pipeline (FA3 section 3.2), as the bf16 kernel: S_j = Q K_j^T is issued
+  // with O += P'_(j-1) V_(j-1), and the softmax of block j runs while that PV GEMM does.
+  if (num_n_blocks > 0) {
+    wait_full(k_full, 0);
+    issue_qk(0);
+    ptx::wgmma_wait_group<0>();
+    release(k_empty, 0);
+    softmax_block(0);
+    rescale_o();
+    convert_p();
+  }
+  for (int index = 1; index < num_n_blocks; ++index) {
+    wait_full(k_full, index);
+    wait_full(vt_full, index - 1);
+    issue_qk(index);
+    issue_pv(index - 1);
+    ptx::wgmma_wait_group<1>();  // S_index done, O += P' V still running
+    release(k_empty, index);
+    softmax_block(index);
+    ptx::wgmma_wait_group<0>();
+    ptx::fence_operands(o);
+    release(vt_empty, index - 1);
+    rescale_o();
+    convert_p();
+  }
+  if (num_n_blocks > 0) {
+    wait_full(vt_full, num_n_blocks - 1);
+    issue_pv(num_n_blocks - 1);
+    ptx::wgmma_wait_group<0>();
+    ptx::fence_operands(o);
+    release(vt_empty, num_n_blocks - 1);
+  }
+
+  // ---- epilogue: normalise once (v_descale / l'), LSE, O straight from registers -------
+  const bool is_bf16_out = attention.dtype == DType::bfloat16;
+  unsigned char* out = static_cast<unsigned char*>(attention.out) +
+                       2 * (attention.out_offset(tile.batch, tile.head) + tile.m0 * attention.out_row_stride);
+  float* maybe_lse = attention.maybe_lse;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    online_softmax::State<float> state = row_state[half];
+    state.l += __shfl_xor_sync(0xffffffffu, state.l, 1);
+    state.l += __shfl_xor_sync(0xffffffffu, state.l, 2);
+    const int tile_row = thread_row0 + 8 * half;
+    if (tile_row >= tile.row_end - tile.m0) continue;
+    const float output_scale = state.inverse_sum(v_descale);
+    if (maybe_lse != nullptr && quad_lane == 0)
+      maybe_lse[attention.lse_offset(tile.batch, tile.head) + (tile.m0 + tile_row) * attention.lse_row_stride] =
+          state.lse() - static_cast<float>(kProbabilityLog2Offset * online_softmax::kLn2);
+    unsigned char* out_row = out + 2 * tile_row * attention.out_row_stride;
+#pragma unroll
+    for (int j = 0; j < kHeadDim / 8; ++j) {
+      const int column = 8 * j + 2 * quad_lane;
+      if (column < attention.head_dim) {
+        const float low = o[4 * j + 2 * half] * output_scale;
+        const float high = o[4 * j + 2 * half + 1] * output_scale;
+        *reinterpret_cast<std::uint32_t*>(out_row + 2 * column) =
+            is_bf16_out ? pack_pair<__nv_bfloat16>(low, high) : pack_pair<__half>(low, high);
+      }
+    }
+  }
+#endif
+}
+
+// Launches forward_kernel_fp8_sm90 for already validated params: one CTA per (query
+// tile, head, batch). No allocation, no synchronisation; launch errors throw CudaError.
+template <int kHeadDim>
+void run_forward_fp8(const Fp8ForwardParams& params, cudaStream_t stream) {
+  constexpr Fp8TileConfig kConfig = fp8_tile_config(kHeadDim);
+  static_assert(kConfig.head_dim == kHeadDim, "no FP8 tile config for this head dim");
+  const AttentionParams& attention = params.attention;
+  const std::int64_t num_m_blocks = (attention.seqlen_q + kConfig.block_m - 1) / kConfig.block_m;
+  const std::int64_t num_tiles = num_m_blocks * attention.heads_q * attention.batch;
+  if (num_tiles == 0) return;
+  if (num_tiles > INT_MAX)
+    throw NotSupported("flashattn: q: too many query tiles x heads x batch for one launch (" +
+                       std::to_string(num_tiles) + " > 2^31 - 1)");
+  int device = 0;
+  FLASHATTN_CUDA_CHECK(cudaGetDevice(&device));
+  constexpr int kSharedBytes = kConfig.shared_bytes();
+  auto* kernel = forward_kernel_fp8_sm90<kConfig.head_dim, kConfig.block_m, kConfig.stages>;
+  // Above 48 KB of dynamic shared memory a kernel must opt in, once per device.
+  static std::atomic<std::uint64_t> opted_in_devices{0};
+  const std::uint64_t device_bit = device < 64 ? (std::uint64_t{1} << device) : 0;
+  if (device_bit == 0 || (opted_in_devices.load(std::memory_order_acquire) & device_bit) == 0) {
+    FLASHATTN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSharedBytes));
+    opted_in_devices.fetch_or(device_bit, std::memory_order_release);
+  }
+  kernel<<<static_cast<unsigned>(num_tiles), kConfig.threads(), kSharedBytes, stream>>>(params);
+  FLASHATTN_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace flashattn::cuda::hopper_fp8

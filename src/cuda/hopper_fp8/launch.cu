@@ -1,0 +1,192 @@
+// src/cuda/hopper_fp8/launch.cu — host side of the FP8 Hopper forward: the support
+// predicate, the e4m3 TMA tensor maps, and the dispatch to the generated head-dim kernels.
+#include <cuda.h>
+#include <cuda_runtime.h>
+#include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled
+
+#include <cstdint>
+#include <string>
+
+#include "flashattn/error.hpp"
+#include "src/cuda/common/check.cuh"
+#include "src/cuda/hopper/launch.hpp"  // device_compute_capability, is_tma_encodable_stride
+#include "src/cuda/hopper_fp8/launch.hpp"
+#include "src/cuda/hopper_fp8/tile_config.hpp"
+
+namespace flashattn::cuda::hopper_fp8 {
+namespace {
+
+// Kernel head dims compiled into this library (CMake: the 64/128/256 entries of
+// FLASHATTN_CUDA_HEAD_DIMS, and only when sm_90a is among the CUDA architectures).
+constexpr int kBuiltHeadDims[] = {
+#ifdef FLASHATTN_CUDA_HOPPER_FP8_HDIM_64
+    64,
+#endif
+#ifdef FLASHATTN_CUDA_HOPPER_FP8_HDIM_128
+    128,
+#endif
+#ifdef FLASHATTN_CUDA_HOPPER_FP8_HDIM_256
+    256,
+#endif
+    0,  // sentinel
+};
+constexpr int kBuiltCount = static_cast<int>(sizeof(kBuiltHeadDims) / sizeof(int)) - 1;
+
+PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
+  // The driver's entry point through the runtime (libcuda is never linked), as in
+  // hopper/launch.cu.
+  static const PFN_cuTensorMapEncodeTiled_v12000 encoder = [] {
+    void* function = nullptr;
+    cudaDriverEntryPointQueryResult status = cudaDriverEntryPointSymbolNotFound;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &function, 12000, cudaEnableDefault, &status) !=
+            cudaSuccess ||
+        status != cudaDriverEntryPointSuccess) {
+      (void)cudaGetLastError();
+      return static_cast<PFN_cuTensorMapEncodeTiled_v12000>(nullptr);
+    }
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(function);
+  }();
+  return encoder;
+}
+
+// A stride (elements = bytes for e4m3) the tensor map can encode: a positive multiple of
+// 16 bytes below 2^40. A dimension of extent 1 is never stepped over, so its stride is free.
+bool is_encodable_stride(std::int64_t stride_bytes, std::int64_t extent) {
+  if (extent <= 1) return true;
+  return stride_bytes > 0 && stride_bytes % 16 == 0 && stride_bytes < (std::int64_t{1} << 40);
+}
+
+std::uint64_t encodable_stride_bytes(std::int64_t stride_bytes, std::int64_t extent) {
+  return extent <= 1 ? 16 : static_cast<std::uint64_t>(stride_bytes);
+}
+
+// 4-D map (head_dim, rows, heads, batch) over one e4m3 tensor (as bytes); box
+// (panel_bytes, box_rows, 1, 1) with the swizzle of the panel width (64 or 128 bytes).
+CUtensorMap make_tensor_map(const char* name, const void* data, std::int64_t head_dim, std::int64_t rows,
+                            std::int64_t heads, std::int64_t batch, std::int64_t row_stride, std::int64_t head_stride,
+                            std::int64_t batch_stride, int panel_bytes, int box_rows) {
+  const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
+  if (encode == nullptr) throw NotSupported("flashattn: q: the FP8 forward needs the driver's cuTensorMapEncodeTiled");
+  const cuuint64_t extents[4] = {static_cast<cuuint64_t>(head_dim), static_cast<cuuint64_t>(rows > 0 ? rows : 1),
+                                 static_cast<cuuint64_t>(heads > 0 ? heads : 1),
+                                 static_cast<cuuint64_t>(batch > 0 ? batch : 1)};
+  const cuuint64_t strides[3] = {encodable_stride_bytes(row_stride, rows), encodable_stride_bytes(head_stride, heads),
+                                 encodable_stride_bytes(batch_stride, batch)};
+  const cuuint32_t box[4] = {static_cast<cuuint32_t>(panel_bytes), static_cast<cuuint32_t>(box_rows), 1, 1};
+  const cuuint32_t element_strides[4] = {1, 1, 1, 1};
+  CUtensorMap map;
+  const CUresult result =
+      encode(&map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 4, const_cast<void*>(data), extents, strides, box, element_strides,
+             CU_TENSOR_MAP_INTERLEAVE_NONE, panel_bytes == 128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B,
+             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (result != CUDA_SUCCESS)
+    throw NotSupported(std::string("flashattn: ") + name + ": cuTensorMapEncodeTiled failed (CUresult " +
+                       std::to_string(static_cast<int>(result)) + ") for the FP8 forward's TMA tensor map");
+  return map;
+}
+
+Fp8ForwardParams make_forward_params(const AttentionParams& params, const Fp8TileConfig& config) {
+  const bool is_varlen = params.is_varlen();
+  const std::int64_t rows_q = is_varlen ? params.total_q : params.seqlen_q;
+  const std::int64_t rows_k = is_varlen ? params.total_k : params.seqlen_k;
+  const std::int64_t batch = is_varlen ? 1 : params.batch;
+  Fp8ForwardParams fp8_params{};
+  fp8_params.attention = params;
+  if (rows_q == 0 || batch == 0 || params.heads_q == 0) return fp8_params;
+  const int panel_bytes = config.qkv_panel_bytes();
+  fp8_params.q_map = make_tensor_map("q", params.q, params.head_dim, rows_q, params.heads_q, batch, params.q_row_stride,
+                                     params.q_head_stride, params.q_batch_stride, panel_bytes, config.block_m);
+  if (rows_k == 0) return fp8_params;
+  fp8_params.k_map = make_tensor_map("k", params.k, params.head_dim, rows_k, params.heads_kv, batch, params.k_row_stride,
+                                     params.k_head_stride, params.k_batch_stride, panel_bytes, config.block_n);
+  fp8_params.v_map = make_tensor_map("v", params.v, params.head_dim, rows_k, params.heads_kv, batch, params.v_row_stride,
+                                     params.v_head_stride, params.v_batch_stride, panel_bytes, config.block_n);
+  return fp8_params;
+}
+
+void run_for_head_dim(int kernel_head_dim, const Fp8ForwardParams& params, cudaStream_t stream) {
+  switch (kernel_head_dim) {
+#ifdef FLASHATTN_CUDA_HOPPER_FP8_HDIM_64
+    case 64: return run_forward_fp8<64>(params, stream);
+#endif
+#ifdef FLASHATTN_CUDA_HOPPER_FP8_HDIM_128
+    case 128: return run_forward_fp8<128>(params, stream);
+#endif
+#ifdef FLASHATTN_CUDA_HOPPER_FP8_HDIM_256
+    case 256: return run_forward_fp8<256>(params, stream);
+#endif
+    default:
+      throw NotSupported("flashattn: q: head_dim " + std::to_string(params.attention.head_dim) +
+                         ": no FP8 Hopper kernel was built for it (kernel head dim " +
+                         std::to_string(kernel_head_dim) + ")");
+  }
+}
+
+}  // namespace
+
+bool is_built() { return kBuiltCount > 0; }
+
+int kernel_head_dim_for(std::int64_t head_dim) {
+  int best = 0;
+  for (int i = 0; i < kBuiltCount; ++i)
+    if (kBuiltHeadDims[i] >= head_dim && (best == 0 || kBuiltHeadDims[i] < best)) best = kBuiltHeadDims[i];
+  return best;
+}
+
+// Each refusal starts with the argument it is about (the API's names).
+std::string why_unsupported(const AttentionParams& params) {
+  if (!params.is_fp8())
+    return std::string("q: the FP8 forward runs float8_e4m3fn q/k/v, got ") + dtype_name(params.input_dtype);
+  if (params.dtype != DType::bfloat16 && params.dtype != DType::float16)
+    return std::string("out: the FP8 forward writes bfloat16 or float16, got ") + dtype_name(params.dtype);
+  if (!is_built())
+    return "q: this library has no FP8 Hopper kernel (it needs sm_90a among CMAKE_CUDA_ARCHITECTURES and head dim "
+           "64, 128 or 256 in FLASHATTN_CUDA_HEAD_DIMS)";
+  const int capability = hopper::device_compute_capability(params.device.index);
+  if (capability != 90)
+    return "q: the FP8 forward runs on compute capability 9.0 (Hopper) only; device " +
+           std::to_string(params.device.index) + " has " + std::to_string(capability / 10) + "." +
+           std::to_string(capability % 10);
+  if (params.head_dim % 16 != 0 || kernel_head_dim_for(params.head_dim) == 0)
+    return "q: the FP8 forward has no kernel for head_dim " + std::to_string(params.head_dim) +
+           " in this build (multiples of 16 up to the largest built of 64, 128, 256)";
+  if (params.has_dropout()) return "dropout_p: the FP8 forward has no dropout";
+  if (params.has_attn_mask()) return "attn_mask: the FP8 forward takes no dense mask";
+  if (params.has_block_mask()) return "block_mask: the FP8 forward takes no block-sparse mask";
+  if (params.is_paged()) return "block_table: the FP8 forward takes no paged K/V";
+  const bool is_varlen = params.is_varlen();
+  const std::int64_t rows_q = is_varlen ? params.total_q : params.seqlen_q;
+  const std::int64_t rows_k = is_varlen ? params.total_k : params.seqlen_k;
+  const std::int64_t batch = is_varlen ? 1 : params.batch;
+  // An empty tensor is never read, so its strides (often 0) need not be encodable.
+  const bool is_q_empty = rows_q == 0 || batch == 0 || params.heads_q == 0;
+  const bool is_k_empty = is_q_empty || rows_k == 0;
+  if (!is_q_empty && !(is_encodable_stride(params.q_row_stride, rows_q) &&
+                       is_encodable_stride(params.q_head_stride, params.heads_q) &&
+                       is_encodable_stride(params.q_batch_stride, batch)))
+    return "q: the FP8 forward's TMA needs positive strides that are multiples of 16 bytes";
+  if (!is_k_empty && !(is_encodable_stride(params.k_row_stride, rows_k) &&
+                       is_encodable_stride(params.k_head_stride, params.heads_kv) &&
+                       is_encodable_stride(params.k_batch_stride, batch)))
+    return "k: the FP8 forward's TMA needs positive strides that are multiples of 16 bytes";
+  if (!is_k_empty && !(is_encodable_stride(params.v_row_stride, rows_k) &&
+                       is_encodable_stride(params.v_head_stride, params.heads_kv) &&
+                       is_encodable_stride(params.v_batch_stride, batch)))
+    return "v: the FP8 forward's TMA needs positive strides that are multiples of 16 bytes";
+  const std::int64_t int32_limit = std::int64_t{1} << 31;
+  if (rows_q + 256 >= int32_limit || rows_k + 256 >= int32_limit)
+    return "q: the FP8 forward's TMA coordinates are 32-bit: too many rows";
+  return {};
+}
+
+bool supports(const AttentionParams& params) { return why_unsupported(params).empty(); }
+
+void forward(const AttentionParams& params, cudaStream_t stream) {
+  const std::string why_not = why_unsupported(params);
+  if (!why_not.empty()) throw NotSupported("flashattn: " + why_not);
+  if (params.batch == 0 || params.seqlen_q == 0 || params.heads_q == 0) return;
+  const int kernel_head_dim = kernel_head_dim_for(params.head_dim);
+  run_for_head_dim(kernel_head_dim, make_forward_params(params, fp8_tile_config(kernel_head_dim)), stream);
+}
+
+}  // namespace flashattn::cuda::hopper_fp8
