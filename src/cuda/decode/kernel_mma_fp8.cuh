@@ -25,11 +25,9 @@
 // Descales: k_descale of (b, kv head) scales the scores — folded into the score rule's
 // scale (exact in real arithmetic: the rule is linear in the dot product) —, v_descale
 // the normalised output (store_split_rows' output_scale); each is read once per CTA.
-// Layout: K and V (kStageKeys, kHeadDim) bytes per stage, 16-byte chunks XOR-swizzled
+// Layout: K and V tiles (kTileN, kHeadDim) bytes per stage, 16-byte chunks XOR-swizzled
 // per row (k_swizzle / v_swizzle) so the loads above are free of bank conflicts at
-// d >= 128 (d = 64: V loads 2-way). A stage holds two 64-key tiles: a byte tile moves
-// half the bytes of a 16-bit one for the same per-stage costs (the wait, the CTA
-// barrier, the copy issue), so the stage doubles to keep them per byte where they were.
+// d >= 128 (d = 64: V loads 2-way).
 #pragma once
 
 #include <cooperative_groups.h>
@@ -61,15 +59,13 @@ struct MmaFp8DecodeConfig {
   static constexpr int kWarps = 4;
   static constexpr int kThreads = kWarps * 32;
   static constexpr int kKeysPerWarp = 16;
-  static constexpr int kTileN = kWarps * kKeysPerWarp;  // 64: the keys of one compute step
-  static constexpr int kSubTiles = 2;                   // compute tiles per pipeline stage
-  static constexpr int kStageKeys = kSubTiles * kTileN;  // 128: keys per stage (and per split block)
+  static constexpr int kTileN = kWarps * kKeysPerWarp;  // 64
   static constexpr int kRowChunks = kHeadDim / 16;      // 16-byte chunks of one cached row
-  static constexpr int kTileBytes = kTileN * kHeadDim;  // one 64-key K (or V) tile
-  static constexpr int kStageTileBytes = kStageKeys * kHeadDim;  // K (or V) of one stage
-  static constexpr int kStageBytes = 2 * kStageTileBytes;
-  // Two CTAs per SM up to d128 (~100 KB each); d256 one, within sm_80's 163 KB.
-  static constexpr int kStages = kHeadDim <= 64 ? 6 : (kHeadDim <= 128 ? 3 : 2);
+  static constexpr int kTileBytes = kTileN * kHeadDim;  // one K (or V) tile
+  static constexpr int kStageBytes = 2 * kTileBytes;
+  // Half the bytes of a 16-bit stage, so more stages in flight for the same shared memory
+  // as kernel_mma.cuh (two CTAs per SM up to d128). Not tuned on a GPU yet.
+  static constexpr int kStages = kHeadDim <= 64 ? 8 : (kHeadDim <= 128 ? 5 : 3);
   static constexpr int kMinBlocksPerSm = kHeadDim <= 128 ? 2 : 1;
   using QTile = SwizzledTile<kRows, kHeadDim>;  // (kRows, kHeadDim) of q's dtype, columns permuted
   static constexpr int kKSteps = kHeadDim / 16;
@@ -81,7 +77,6 @@ struct MmaFp8DecodeConfig {
   static constexpr int kSharedBytes = kPipelineBytes > kMergeBytes ? kPipelineBytes : kMergeBytes;
   static_assert(kHeadDim % 64 == 0, "whole 64-feature rounds of the V loads");
   static_assert(kMinBlocksPerSm == 1 || kSharedBytes <= 113 * 1024, "two CTAs per SM");
-  static_assert(kSharedBytes <= 163 * 1024, "shared memory per CTA on sm_80");
 
   // P's column n (0..7) of an 8-key half is key key_of_column(n) of it. At d >= 128 the
   // 8 lanes of a 16-byte-load phase (columns 0 and 1) read keys 0 and 4, whose chunks
@@ -125,10 +120,10 @@ __global__ void __launch_bounds__(Config::kThreads, Config::kMinBlocksPerSm)
   using Numeric = Numeric<T>;
   using QTile = typename Config::QTile;
   constexpr int kRows = Config::kRows, kTileN = Config::kTileN, kStages = Config::kStages, kThreads = Config::kThreads;
-  constexpr int kRowChunks = Config::kRowChunks, kHeadDim = Config::kHeadDim, kStageKeys = Config::kStageKeys;
+  constexpr int kRowChunks = Config::kRowChunks, kHeadDim = Config::kHeadDim;
   extern __shared__ __align__(128) unsigned char shared[];
   T* q_tile = reinterpret_cast<T*>(shared);                     // (kRows, kHeadDim), swizzled, columns permuted
-  unsigned char* kv_tiles = shared + Config::kQBytes;           // [stage][K|V] (kStageKeys, kHeadDim) bytes, swizzled
+  unsigned char* kv_tiles = shared + Config::kQBytes;           // [stage][K|V] (kTileN, kHeadDim) bytes, swizzled
 
   wait_for_prior_grids();  // everything below reads what earlier kernels wrote (the append's bytes included)
   allow_dependent_launch();
@@ -155,20 +150,20 @@ __global__ void __launch_bounds__(Config::kThreads, Config::kMinBlocksPerSm)
   const std::int64_t first_position = params.leftpad(b);
   const std::int64_t position_begin = row_begin / group, position_end = (row_end - 1) / group + 1;
 
-  // Keys this CTA visits: the rows' mask columns, intersected with the split's stages.
+  // Keys this CTA visits: the rows' mask columns, intersected with the split's tiles.
   const MaskRule::ColumnRange seen = mask.columns_of_rows(position_begin, position_end);
-  const std::int64_t key_blocks = (mask.seqlen_k + kStageKeys - 1) / kStageKeys;
+  const std::int64_t key_blocks = (mask.seqlen_k + kTileN - 1) / kTileN;
   const std::int64_t blocks_per_split = (key_blocks + num_splits - 1) / num_splits;
-  std::int64_t key_begin = split * blocks_per_split * kStageKeys, key_end = key_begin + blocks_per_split * kStageKeys;
+  std::int64_t key_begin = split * blocks_per_split * kTileN, key_end = key_begin + blocks_per_split * kTileN;
   if (key_begin < seen.begin) key_begin = seen.begin;
   if (key_end > seen.end) key_end = seen.end;
-  const int num_tiles = key_end > key_begin ? static_cast<int>((key_end - key_begin + kStageKeys - 1) / kStageKeys) : 0;  // stages
+  const int num_tiles = key_end > key_begin ? static_cast<int>((key_end - key_begin + kTileN - 1) / kTileN) : 0;
 
   // Copies: each thread a fixed 16-byte chunk of kPasses key rows, kRowsPerPass apart.
   // Rows past the key range and chunks past head_dim are zero-filled (decode(0) = 0:
   // such V rows add 0 * 0, such K columns meet zero q columns).
   constexpr int kRowsPerPass = kThreads / kRowChunks;
-  constexpr int kPasses = kStageKeys / kRowsPerPass;
+  constexpr int kPasses = kTileN / kRowsPerPass;
   const int copy_chunk = tid % kRowChunks, copy_row = tid / kRowChunks;
   const bool has_chunk = copy_chunk * 16 < a.head_dim;
   const auto* k_base = static_cast<const unsigned char*>(a.k) + h_kv * a.k_head_stride + copy_chunk * 16;
@@ -185,9 +180,9 @@ __global__ void __launch_bounds__(Config::kThreads, Config::kMinBlocksPerSm)
   const std::uint32_t kv_tiles_address = ptx::shared_address(kv_tiles);
   const auto load_tile = [&](int tile, int stage) {
     const std::uint32_t k_tile = kv_tiles_address + stage * Config::kStageBytes;
-    const std::uint32_t v_tile = k_tile + Config::kStageTileBytes;
-    const std::int64_t tile_rows_left = key_end - key_begin - static_cast<std::int64_t>(tile) * kStageKeys;
-    const std::int64_t tile_position = range_position + static_cast<std::int64_t>(tile) * kStageKeys;
+    const std::uint32_t v_tile = k_tile + Config::kTileBytes;
+    const std::int64_t tile_rows_left = key_end - key_begin - static_cast<std::int64_t>(tile) * kTileN;
+    const std::int64_t tile_position = range_position + static_cast<std::int64_t>(tile) * kTileN;
     // Paged: the page of this thread's first row (one division per tile), then advanced
     // row by row (kRowsPerPass may exceed page_size: a while, at most two steps).
     int page = 0, in_page = 0;
@@ -310,65 +305,57 @@ __global__ void __launch_bounds__(Config::kThreads, Config::kMinBlocksPerSm)
     __syncthreads();                          // ... everyone's (q's staging too); everyone is done with tile - 1
     if (tile + kStages - 1 < num_tiles) load_tile(tile + kStages - 1, (tile + kStages - 1) % kStages);
     ptx::cp_async_commit_group();
-    const unsigned char* k_stage = kv_tiles + (tile % kStages) * Config::kStageBytes;
-    const unsigned char* v_stage = k_stage + Config::kStageTileBytes;
-#pragma unroll 1
-    for (int sub = 0; sub < Config::kSubTiles; ++sub) {
-      // 64-key tile `sub_tile` of the range: rows sub * 64.. of the stage (the swizzles repeat every 8 rows).
-      const int sub_tile = tile * Config::kSubTiles + sub;
-      if (static_cast<std::int64_t>(sub_tile) * kTileN >= key_end - key_begin) break;  // past the range: CTA-uniform
-      const unsigned char* k_tile = k_stage + sub * Config::kTileBytes;
-      const unsigned char* v_tile = v_stage + sub * Config::kTileBytes;
+    const unsigned char* k_tile = kv_tiles + (tile % kStages) * Config::kStageBytes;
+    const unsigned char* v_tile = k_tile + Config::kTileBytes;
 
-      // S = Q K^T for the warp's 16 keys: per 4 k steps one 16-byte load per n-tile.
-      float s[2][4] = {};
+    // S = Q K^T for the warp's 16 keys: per 4 k steps one 16-byte load per n-tile.
+    float s[2][4] = {};
 #pragma unroll
-      for (int u = 0; u < Config::kRowChunks / 4; ++u) {
-        uint4 k_bytes[2];
+    for (int u = 0; u < Config::kRowChunks / 4; ++u) {
+      uint4 k_bytes[2];
 #pragma unroll
-        for (int t = 0; t < 2; ++t) k_bytes[t] = *reinterpret_cast<const uint4*>(k_tile + k_row_offsets[t][u]);
+      for (int t = 0; t < 2; ++t) k_bytes[t] = *reinterpret_cast<const uint4*>(k_tile + k_row_offsets[t][u]);
 #pragma unroll
-        for (int m = 0; m < 4; ++m) {
-          const int k_step = 4 * u + m;
-          std::uint32_t q_fragment[4];
-          ptx::ldmatrix_x4(q_fragment[0], q_fragment[1], q_fragment[2], q_fragment[3], q_offsets[k_step % 4] + (k_step / 4) * 128);
+      for (int m = 0; m < 4; ++m) {
+        const int k_step = 4 * u + m;
+        std::uint32_t q_fragment[4];
+        ptx::ldmatrix_x4(q_fragment[0], q_fragment[1], q_fragment[2], q_fragment[3], q_offsets[k_step % 4] + (k_step / 4) * 128);
 #pragma unroll
-          for (int t = 0; t < 2; ++t) {
-            const std::uint32_t word = m == 0 ? k_bytes[t].x : m == 1 ? k_bytes[t].y : m == 2 ? k_bytes[t].z : k_bytes[t].w;
-            const std::uint32_t k_fragment[2] = {e4m3_pair_to<T>(word), e4m3_pair_to<T>(word >> 16)};
-            ptx::mma_m16n8k16<Numeric::kMmaInput>(s[t], q_fragment, k_fragment);
-          }
+        for (int t = 0; t < 2; ++t) {
+          const std::uint32_t word = m == 0 ? k_bytes[t].x : m == 1 ? k_bytes[t].y : m == 2 ? k_bytes[t].z : k_bytes[t].w;
+          const std::uint32_t k_fragment[2] = {e4m3_pair_to<T>(word), e4m3_pair_to<T>(word >> 16)};
+          ptx::mma_m16n8k16<Numeric::kMmaInput>(s[t], q_fragment, k_fragment);
         }
       }
+    }
 
-      // Scores in log2 units (the permuted keys: pair stride kPairStride); whole tiles skip the mask.
-      const bool is_full_tile = whole.contains(sub_tile);
-      score_tile<Config::kPairStride>(s, rows, is_full_tile && is_scale, is_full_tile, sub_tile * kTileN + lane_key);
+    // Scores in log2 units (the permuted keys: pair stride kPairStride); whole tiles skip the mask.
+    const bool is_full_tile = whole.contains(tile);
+    score_tile<Config::kPairStride>(s, rows, is_full_tile && is_scale, is_full_tile, tile * kTileN + lane_key);
 
-      std::uint32_t p_fragment[4];
-      softmax_tile<T>(s, state, o, p_fragment);
+    std::uint32_t p_fragment[4];
+    softmax_tile<T>(s, state, o, p_fragment);
 
-      // O += P V: per 64 features, 8 bytes of each of the lane's 4 key rows; byte_perm pairs
-      // the keys of one feature ({slot 0, slot 1} -> b0, {slot 2, slot 3} -> b1).
+    // O += P V: per 64 features, 8 bytes of each of the lane's 4 key rows; byte_perm pairs
+    // the keys of one feature ({slot 0, slot 1} -> b0, {slot 2, slot 3} -> b1).
 #pragma unroll
-      for (int v = 0; v < kHeadDim / 64; ++v) {
-        uint2 v_bytes[4];
+    for (int v = 0; v < kHeadDim / 64; ++v) {
+      uint2 v_bytes[4];
 #pragma unroll
-        for (int slot = 0; slot < 4; ++slot) v_bytes[slot] = *reinterpret_cast<const uint2*>(v_tile + v_row_offsets[slot][v]);
+      for (int slot = 0; slot < 4; ++slot) v_bytes[slot] = *reinterpret_cast<const uint2*>(v_tile + v_row_offsets[slot][v]);
 #pragma unroll
-        for (int half_word = 0; half_word < 2; ++half_word) {
-          const std::uint32_t w0 = half_word ? v_bytes[0].y : v_bytes[0].x, w1 = half_word ? v_bytes[1].y : v_bytes[1].x;
-          const std::uint32_t w2 = half_word ? v_bytes[2].y : v_bytes[2].x, w3 = half_word ? v_bytes[3].y : v_bytes[3].x;
-          // Bytes {w0.j, w1.j, w0.j+1, w1.j+1}: features j, j + 1 of keys slot 0 | slot 1.
-          const std::uint32_t low01 = __byte_perm(w0, w1, 0x5140), high01 = __byte_perm(w0, w1, 0x7362);
-          const std::uint32_t low23 = __byte_perm(w2, w3, 0x5140), high23 = __byte_perm(w2, w3, 0x7362);
-          const std::uint32_t pairs01[4] = {low01, low01 >> 16, high01, high01 >> 16};
-          const std::uint32_t pairs23[4] = {low23, low23 >> 16, high23, high23 >> 16};
+      for (int half_word = 0; half_word < 2; ++half_word) {
+        const std::uint32_t w0 = half_word ? v_bytes[0].y : v_bytes[0].x, w1 = half_word ? v_bytes[1].y : v_bytes[1].x;
+        const std::uint32_t w2 = half_word ? v_bytes[2].y : v_bytes[2].x, w3 = half_word ? v_bytes[3].y : v_bytes[3].x;
+        // Bytes {w0.j, w1.j, w0.j+1, w1.j+1}: features j, j + 1 of keys slot 0 | slot 1.
+        const std::uint32_t low01 = __byte_perm(w0, w1, 0x5140), high01 = __byte_perm(w0, w1, 0x7362);
+        const std::uint32_t low23 = __byte_perm(w2, w3, 0x5140), high23 = __byte_perm(w2, w3, 0x7362);
+        const std::uint32_t pairs01[4] = {low01, low01 >> 16, high01, high01 >> 16};
+        const std::uint32_t pairs23[4] = {low23, low23 >> 16, high23, high23 >> 16};
 #pragma unroll
-          for (int j = 0; j < 4; ++j) {
-            const std::uint32_t v_fragment[2] = {e4m3_pair_to<T>(pairs01[j]), e4m3_pair_to<T>(pairs23[j])};
-            ptx::mma_m16n8k16<Numeric::kMmaInput>(o[8 * v + 4 * half_word + j], p_fragment, v_fragment);
-          }
+        for (int j = 0; j < 4; ++j) {
+          const std::uint32_t v_fragment[2] = {e4m3_pair_to<T>(pairs01[j]), e4m3_pair_to<T>(pairs23[j])};
+          ptx::mma_m16n8k16<Numeric::kMmaInput>(o[8 * v + 4 * half_word + j], p_fragment, v_fragment);
         }
       }
     }

@@ -54,10 +54,10 @@ bool run_decode(const KVCacheParams& params, cudaStream_t stream, DecodeKernelCh
 // sm_80+ GPU; returns like run_decode. Instantiations: instantiations/decode_fp8_*.cu.
 template <class T, int kHeadDim>
 bool run_decode_fp8(const KVCacheParams& params, cudaStream_t stream);
-// Its geometry for the split heuristic (MmaFp8DecodeConfig): 16 packed rows, splits in
-// blocks of its 128-key stages, two CTAs per SM up to d128.
+// Its geometry for the split heuristic (MmaFp8DecodeConfig): 16 packed rows, 64-key
+// tiles, two CTAs per SM up to d128.
 inline constexpr int kFp8RowsPerCta = 16;
-inline constexpr int kFp8TileKeys = 128;
+inline constexpr int kFp8TileKeys = 64;
 constexpr int fp8_ctas_per_sm(int kernel_head_dim) { return kernel_head_dim <= 128 ? 2 : 1; }
 
 // Writes k_new/v_new (k rotated) into the cache at positions cache_seqlen(b) + j; an FP8

@@ -11,7 +11,7 @@ namespace flashattn::cuda::decode {
 template <class T, int kHeadDim>
 bool run_decode_fp8(const KVCacheParams& params, cudaStream_t stream) {
   using Config = MmaFp8DecodeConfig<kHeadDim>;
-  static_assert(Config::kRows == kFp8RowsPerCta && Config::kStageKeys == kFp8TileKeys && Config::kMinBlocksPerSm == fp8_ctas_per_sm(kHeadDim),
+  static_assert(Config::kRows == kFp8RowsPerCta && Config::kTileN == kFp8TileKeys && Config::kMinBlocksPerSm == fp8_ctas_per_sm(kHeadDim),
                 "the split heuristic's view of the kernel (launch.hpp)");
   return launch_decode_config<T, Config>(&mma_fp8_decode_kernel<T, Config>, params, stream, true);
 }
