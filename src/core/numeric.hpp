@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "flashattn/tensor.hpp"
+#include "src/core/float8.hpp"
 
 namespace flashattn::numeric {
 
@@ -62,44 +63,20 @@ inline std::uint16_t float_to_float16(float x) {
   return static_cast<std::uint16_t>(sign | ((rebased + rounding) >> 13));
 }
 
-// E4M3: 1 sign, 4 exponent (bias 7), 3 mantissa bits; no infinities; S.1111.111
-// (0x7f, 0xff) is NaN, so the largest finite value is 1.75 * 2^8 = 448; exponent 0
-// holds the subnormals m * 2^-9.
-inline float float8_e4m3_to_float(std::uint8_t code) {
-  const std::uint32_t sign = static_cast<std::uint32_t>(code & 0x80u) << 24;
-  const std::uint32_t exponent = (code >> 3) & 0xfu;
-  const std::uint32_t mantissa = code & 0x7u;
-  if (exponent == 0xf && mantissa == 0x7) return bits_float(sign | 0x7fc00000u);
-  if (exponent == 0) {
-    const float magnitude = static_cast<float>(mantissa) * 0.001953125f;  // * 2^-9, exact
-    return sign ? -magnitude : magnitude;
-  }
-  return bits_float(sign | ((exponent + 120u) << 23) | (mantissa << 20));  // rebias 7 -> 127
-}
+// E4M3 (src/core/float8.hpp holds the one codec, host and device).
+inline float float8_e4m3_to_float(std::uint8_t code) { return float8::decode_e4m3(code); }
 
 // float -> E4M3 rounded to nearest, ties to even, exactly as PyTorch's
 // x.to(torch.float8_e4m3fn) (c10 fp8e4m3fn_from_fp32_value): it does NOT saturate. A
 // magnitude that rounds past 448 (> 464, the midpoint between 448 and the NaN code's
-// 480) and Inf become NaN (0x7f with the sign); NaN stays NaN. Quantisers scale by
-// amax / 448 first, so they never reach that branch.
+// 480) and Inf become NaN (0x7f with the sign); NaN stays NaN. In range it is the
+// cache's saturating encoder (float8::encode_e4m3). Quantisers scale by amax / 448
+// first, so they never reach the NaN branch.
 inline std::uint8_t float_to_float8_e4m3(float x) {
   const std::uint32_t u = float_bits(x);
-  const auto sign = static_cast<std::uint8_t>((u >> 24) & 0x80u);
-  const std::uint32_t abs = u & 0x7fffffffu;
   constexpr std::uint32_t kFirstOverflow = 0x43e80001u;  // the float just above 464
-  if (abs >= kFirstOverflow) return static_cast<std::uint8_t>(sign | 0x7fu);  // NaN, Inf, > 464
-  if (abs < 0x3c800000u) {
-    // Below 2^-6 the result is subnormal (or zero): count units of 2^-9, rounded by
-    // the float unit's own round-to-nearest-even (exact: the product needs no rounding).
-    const float units = bits_float(abs) * 512.0f;
-    return static_cast<std::uint8_t>(sign | static_cast<std::uint32_t>(__builtin_nearbyintf(units)));
-  }
-  // Normal: rebias exponent 127 -> 7 and round the 20 dropped mantissa bits to even.
-  // A carry out of the mantissa increments the exponent, as it should (464 -> 448
-  // stays even; (464, 480) was sent to NaN above).
-  const std::uint32_t rebased = abs - (120u << 23);
-  const std::uint32_t rounding = 0x7ffffu + ((rebased >> 20) & 1u);
-  return static_cast<std::uint8_t>(sign | ((rebased + rounding) >> 20));
+  if ((u & 0x7fffffffu) >= kFirstOverflow) return static_cast<std::uint8_t>(((u >> 24) & 0x80u) | 0x7fu);
+  return float8::encode_e4m3(x);
 }
 
 // Element load/store by dtype, for the portable (non-hot) paths and tests.
