@@ -240,6 +240,8 @@ BackendLimits limits() noexcept {
   limits.supports_algorithm[static_cast<int>(Algorithm::flash1)] = false;
   // flash3 needs an sm_90 device too: forward() says so per call (hopper::why_unsupported).
   limits.supports_algorithm[static_cast<int>(Algorithm::flash3)] = hopper::is_built();
+  // attn_mask, block masks, dBias: the kernels walk the tile lists of src/cuda/masks.
+  limits.supports_masks = true;
   return limits;
 }
 
