@@ -72,6 +72,35 @@ __device__ __forceinline__ void apply_mask(float (&s)[4 * kNTiles], const Attent
   });
 }
 
+// apply_mask as a real call (not inlined), for kernels whose registers are full: the
+// element pass inlined into an unrolled loop (a few 64-bit offsets and loads per
+// element, 32-64 elements per thread) made the hdim-128 sm80 forward spill ~700 bytes
+// and run up to 2x slower even on calls without masks (H100). Called, it costs a
+// save/restore of the live registers around the call on partial tiles only. The
+// fragment travels by value (a reference would put the caller's array in local memory).
+template <int kNTiles>
+struct ScoreFragment {
+  float values[4 * kNTiles];
+};
+template <int kNTiles, bool kTransposed = false>
+__device__ __noinline__ ScoreFragment<kNTiles> masked_fragment(ScoreFragment<kNTiles> s, const AttentionParams& params,
+                                                               const MaskRule mask, std::int64_t b, std::int64_t h,
+                                                               std::int64_t row0, std::int64_t col0, float bias_factor) {
+  apply_mask<kNTiles, kTransposed>(s.values, params, mask, b, h, row0, col0, bias_factor);
+  return s;
+}
+template <int kNTiles, bool kTransposed = false>
+__device__ __forceinline__ void apply_mask_outlined(float (&s)[4 * kNTiles], const AttentionParams& params,
+                                                    const MaskRule& mask, std::int64_t b, std::int64_t h,
+                                                    std::int64_t row0, std::int64_t col0, float bias_factor) {
+  ScoreFragment<kNTiles> fragment;
+#pragma unroll
+  for (int i = 0; i < 4 * kNTiles; ++i) fragment.values[i] = s[i];
+  fragment = masked_fragment<kNTiles, kTransposed>(fragment, params, mask, b, h, row0, col0, bias_factor);
+#pragma unroll
+  for (int i = 0; i < 4 * kNTiles; ++i) s[i] = fragment.values[i];
+}
+
 // dBias += dS for each element inside the sequences (dS in natural-log units =
 // ds[index] * ds_factor; masked elements have dS = 0 and are skipped, as are zeros).
 template <int kNTiles, bool kTransposed = false>

@@ -29,8 +29,10 @@
 // tile's list (descending, the interval rule folded in) instead of the interval
 // range; the cp.async ring loads the same list in the same order. A partial entry
 // gets fragment::apply_mask (sequence ends, interval rule, block mask, attn_mask) and
-// nothing else; a full one no masking at all. A runtime branch, uniform per CTA: no
-// extra instantiations.
+// nothing else; a full one no masking at all. The list-driven loop is its own
+// instantiation (kIsListDriven): as a runtime branch, the element pass inlined or even
+// called made the interval kernel spill (ptxas: 32 -> 256..712 bytes of stack at d128)
+// and run 5-18% (d64) and 15-90% (d128) slower on H100 without any mask.
 //
 // Variable-length batches: sequence b's rows start at cu_seqlens_q[b] / cu_seqlens_k[b]
 // (params' offset helpers). What the kernel assumes and cannot check on the device
@@ -116,7 +118,8 @@ __device__ __forceinline__ void load_tile_async(T* shared_tile, const T* global_
 
 // The tile shape arrives as plain ints (nvcc's host stubs cannot spell class-type
 // template arguments); kConfig rebuilds the TileConfig.
-template <class T, int kHeadDimArg, int kBlockMArg, int kBlockNArg, int kWarpsArg, int kStagesArg, int kMinBlocksArg>
+template <class T, int kHeadDimArg, int kBlockMArg, int kBlockNArg, int kWarpsArg, int kStagesArg, int kMinBlocksArg,
+          bool kIsListDriven>
 __global__ void __launch_bounds__(kWarpsArg * 32, kMinBlocksArg)
     forward_kernel(const __grid_constant__ AttentionParams params) {
   constexpr TileConfig kConfig{kHeadDimArg, kBlockMArg, kBlockNArg, kWarpsArg, kStagesArg, kMinBlocksArg};
@@ -154,17 +157,17 @@ __global__ void __launch_bounds__(kWarpsArg * 32, kMinBlocksArg)
   const MaskRule::ColumnRange columns = mask.columns_of_rows(m0, row_end);
   const std::int64_t n_block_begin = columns.begin / kBlockN;
   const std::int64_t n_block_end = (columns.end + kBlockN - 1) / kBlockN;
-  // List-driven (masks beyond MaskRule) or the interval range [n_block_begin, n_block_end).
+  // List-driven (masks beyond MaskRule; launch_forward checks the lists are present)
+  // or the interval range [n_block_begin, n_block_end).
   const TileLists& tile_lists = params.device_mask.by_query_tile;
-  const bool is_list_driven = tile_lists.present();
-  const std::int64_t tile_list = is_list_driven ? tile_lists.list(batch, head, m_block) : 0;
-  const int num_n_blocks = is_list_driven ? tile_lists.count(tile_list)
+  const std::int64_t tile_list = kIsListDriven ? tile_lists.list(batch, head, m_block) : 0;
+  const int num_n_blocks = kIsListDriven ? tile_lists.count(tile_list)
                            : columns.end > columns.begin ? static_cast<int>(n_block_end - n_block_begin)
                                                          : 0;
   // First key of the `iteration`-th visited block (a list entry is an L2-resident load).
   auto key_block_start = [&](int iteration) -> std::int64_t {
-    const std::int64_t n_block = is_list_driven ? tile_lists.entry(tile_list, iteration).tile : n_block_end - 1 - iteration;
-    return n_block * kBlockN;
+    if constexpr (kIsListDriven) return std::int64_t{tile_lists.entry(tile_list, iteration).tile} * kBlockN;
+    return (n_block_end - 1 - iteration) * kBlockN;
   };
 
   const std::int64_t head_kv = head / params.group_size;  // GQA/MQA: K/V shared, never copied
@@ -277,16 +280,17 @@ __global__ void __launch_bounds__(kWarpsArg * 32, kMinBlocksArg)
         fragment::apply_score_rule<kNTiles>(fragment::flat(s[mi]), score_rule, m0 + warp_row0 + mi * 16 + group, n0);
     }
 
-    if (is_list_driven) {
+    if constexpr (kIsListDriven) {
       // The list says whether this block needs the element pass (it includes the end of
       // the keys). Bias units: log2 scores after the score rule, else raw q.k, which the
-      // exponent scales by softmax_scale * log2(e).
+      // exponent scales by softmax_scale * log2(e). Called, not inlined: the pass only
+      // runs on partial tiles, and inlined it makes the whole loop spill.
       if (tile_lists.entry(tile_list, iteration).partial) {
         const float bias_factor = is_positive_scale ? 1.0f / params.softmax_scale : static_cast<float>(online_softmax::kLog2e);
 #pragma unroll
         for (int mi = 0; mi < kMTiles; ++mi)
-          fragment::apply_mask<kNTiles>(fragment::flat(s[mi]), params, mask, batch, head,
-                                        m0 + warp_row0 + mi * 16 + group, n0, bias_factor);
+          fragment::apply_mask_outlined<kNTiles>(fragment::flat(s[mi]), params, mask, batch, head,
+                                                 m0 + warp_row0 + mi * 16 + group, n0, bias_factor);
       }
     } else if (n0 + kBlockN > seqlen_k || !mask.tile_fully_allowed(m0, row_end, n0, n0 + kBlockN)) {
       // Element mask only where the block crosses a mask edge or the end of the keys.
@@ -418,6 +422,25 @@ __global__ void __launch_bounds__(kWarpsArg * 32, kMinBlocksArg)
   }
 }
 
+// One launch of forward_kernel (the interval or the list-driven instantiation).
+template <class T, TileConfig kConfig, bool kIsListDriven>
+void launch_forward_kernel(const AttentionParams& params, std::int64_t num_ctas, cudaStream_t stream) {
+  constexpr int kSharedBytes = kConfig.shared_bytes();
+  auto* kernel = forward_kernel<T, kConfig.kernel_head_dim, kConfig.block_m, kConfig.block_n, kConfig.warps,
+                                kConfig.stages, kConfig.min_blocks_per_sm, kIsListDriven>;
+  // Above 48 KB of dynamic shared memory a kernel must opt in, once per device.
+  static std::atomic<std::uint64_t> opted_in_devices{0};
+  int device = 0;
+  FLASHATTN_CUDA_CHECK(cudaGetDevice(&device));
+  const std::uint64_t device_bit = device < 64 ? (std::uint64_t{1} << device) : 0;
+  if (device_bit == 0 || (opted_in_devices.load(std::memory_order_acquire) & device_bit) == 0) {
+    FLASHATTN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSharedBytes));
+    opted_in_devices.fetch_or(device_bit, std::memory_order_release);
+  }
+  kernel<<<static_cast<unsigned>(num_ctas), kConfig.threads(), kSharedBytes, stream>>>(params);
+  FLASHATTN_CUDA_CHECK_LAUNCH();
+}
+
 // Launches forward_kernel with kConfig's tile shape for already validated params on `stream`.
 // No synchronisation; launch errors throw CudaError. No allocation without masks; with
 // masks beyond MaskRule, first builds this kernel's tile lists on `stream` (src/cuda/masks:
@@ -434,20 +457,8 @@ void launch_forward(const AttentionParams& params, cudaStream_t stream) {
       masks::prepare(params, masks::KernelTiles{kConfig.block_m, kConfig.block_n, /*by_query_tile=*/true, false}, stream);
   AttentionParams launch_params = params;
   launch_params.device_mask = tables.view();
-  constexpr int kSharedBytes = kConfig.shared_bytes();
-  auto* kernel = forward_kernel<T, kConfig.kernel_head_dim, kConfig.block_m, kConfig.block_n, kConfig.warps,
-                                kConfig.stages, kConfig.min_blocks_per_sm>;
-  // Above 48 KB of dynamic shared memory a kernel must opt in, once per device.
-  static std::atomic<std::uint64_t> opted_in_devices{0};
-  int device = 0;
-  FLASHATTN_CUDA_CHECK(cudaGetDevice(&device));
-  const std::uint64_t device_bit = device < 64 ? (std::uint64_t{1} << device) : 0;
-  if (device_bit == 0 || (opted_in_devices.load(std::memory_order_acquire) & device_bit) == 0) {
-    FLASHATTN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSharedBytes));
-    opted_in_devices.fetch_or(device_bit, std::memory_order_release);
-  }
-  kernel<<<static_cast<unsigned>(num_ctas), kConfig.threads(), kSharedBytes, stream>>>(launch_params);
-  FLASHATTN_CUDA_CHECK_LAUNCH();
+  if (launch_params.device_mask.by_query_tile.present()) return launch_forward_kernel<T, kConfig, true>(launch_params, num_ctas, stream);
+  launch_forward_kernel<T, kConfig, false>(launch_params, num_ctas, stream);
 }
 
 // What a generated translation unit instantiates (see src/cuda/generate_kernels.py).
