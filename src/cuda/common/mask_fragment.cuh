@@ -72,12 +72,13 @@ __device__ __forceinline__ void apply_mask(float (&s)[4 * kNTiles], const Attent
   });
 }
 
-// apply_mask as a real call (not inlined), for kernels whose registers are full: the
-// element pass inlined into an unrolled loop (a few 64-bit offsets and loads per
-// element, 32-64 elements per thread) made the hdim-128 sm80 forward spill ~700 bytes
-// and run up to 2x slower even on calls without masks (H100). Called, it costs a
-// save/restore of the live registers around the call on partial tiles only. The
-// fragment travels by value (a reference would put the caller's array in local memory).
+// apply_mask as a real call (not inlined), for kernels whose registers are full: inlined
+// into the unrolled loop of the hdim-128 sm80 forward (a few 64-bit offsets and loads per
+// element, 32 elements per call), the element pass raised ptxas' stack from 32 to 248
+// bytes of spills; called, to 176, paid around the call on partial tiles. Keep the
+// list-driven loop a separate instantiation either way: as a runtime branch of the
+// interval kernel even the call cost 15% at d128 on H100 without masks. The fragment
+// travels by value (a reference would put the caller's array in local memory).
 template <int kNTiles>
 struct ScoreFragment {
   float values[4 * kNTiles];

@@ -32,7 +32,7 @@
 // nothing else; a full one no masking at all. The list-driven loop is its own
 // instantiation (kIsListDriven): as a runtime branch, the element pass inlined or even
 // called made the interval kernel spill (ptxas: 32 -> 256..712 bytes of stack at d128)
-// and run 5-18% (d64) and 15-90% (d128) slower on H100 without any mask.
+// and run 5-18% (d64) and 15-100% (d128) slower on H100 without any mask.
 //
 // Variable-length batches: sequence b's rows start at cu_seqlens_q[b] / cu_seqlens_k[b]
 // (params' offset helpers). What the kernel assumes and cannot check on the device
