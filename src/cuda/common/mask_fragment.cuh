@@ -40,19 +40,21 @@ __device__ __forceinline__ bool rule_allows(const ElementRule& rule, std::int64_
   bool allowed = true;
   if (rule.has_band) {
     const bool in_prefix =
-        rule.maybe_prefix_lengths != nullptr && col < rule.maybe_prefix_lengths[b * rule.prefix_batch_stride];
-    allowed = rule.in_band(row, col) || in_prefix;
+        rule.maybe_prefix_lengths != nullptr ? col < rule.maybe_prefix_lengths[b * rule.prefix_batch_stride] : false;
+    allowed = rule.in_band(row, col) | in_prefix;
   }
-  if (rule.maybe_q_document_ids != nullptr)
-    allowed = allowed && rule.maybe_q_document_ids[b * rule.q_document_batch_stride + row] ==
-                             rule.maybe_k_document_ids[b * rule.k_document_batch_stride + col];
+  if (rule.maybe_q_document_ids != nullptr) {
+    const std::int32_t q_document = rule.maybe_q_document_ids[b * rule.q_document_batch_stride + row];
+    const std::int32_t k_document = rule.maybe_k_document_ids[b * rule.k_document_batch_stride + col];
+    allowed = allowed & (q_document == k_document);
+  }
   if (rule.has_bits()) {
     const bool is_id_valid = partial_id >= 0 && partial_id < rule.partial_block_count;
     if (rule.partial_block_count == 0) return false;  // no bits to read: every partial element denied
     const std::int64_t id = is_id_valid ? partial_id : 0;
     const std::int64_t r = row & (rule.block_m - 1), c = col & (rule.block_n - 1);  // powers of two
     const std::uint32_t word = rule.maybe_partial_bits[(id * rule.block_m + r) * rule.words_per_row + (c >> 5)];
-    allowed = allowed && is_id_valid && ((word >> (c & 31)) & 1u) != 0;
+    allowed = allowed & is_id_valid & (((word >> (c & 31)) & 1u) != 0);
   }
   return allowed;
 }
@@ -66,18 +68,22 @@ __device__ __forceinline__ float mask_offset(const AttentionParams& params, cons
                                              std::int64_t h, std::int64_t row, std::int64_t col) {
   const bool is_inside = row < mask.seqlen_q && col < mask.seqlen_k;
   const std::int64_t r = is_inside ? row : 0, c = is_inside ? col : 0;
-  bool allowed = is_inside && mask.allowed(row, col);
+  bool allowed = is_inside & mask.allowed(row, col);
   const DeviceMask& device_mask = params.device_mask;
   if (device_mask.maybe_block_codes != nullptr) {
     const std::int32_t code = device_mask.block_code(params.block_mask, b, h, r, c);
     const bool rule_ok = rule_allows(params.block_mask.rule, b, r, c, code);
-    allowed = allowed && code != DeviceMask::kEmptyBlock && (code == DeviceMask::kFullBlock || rule_ok);
+    allowed = allowed & (code != DeviceMask::kEmptyBlock) & ((code == DeviceMask::kFullBlock) | rule_ok);
   }
   float offset = 0.0f;
   if (params.has_attn_mask()) {
     const std::int64_t index = params.attn_mask_offset(b, h, r, c);
-    if (!params.attn_mask_is_bias) allowed = allowed && static_cast<const std::uint8_t*>(params.maybe_attn_mask)[index] != 0;
-    else offset = load_bias(params.maybe_attn_mask, params.attn_mask_dtype, index);
+    if (!params.attn_mask_is_bias) {
+      const std::uint8_t keep = static_cast<const std::uint8_t*>(params.maybe_attn_mask)[index];
+      allowed = allowed & (keep != 0);
+    } else {
+      offset = load_bias(params.maybe_attn_mask, params.attn_mask_dtype, index);
+    }
   }
   return allowed ? offset : -INFINITY;
 }
