@@ -51,6 +51,16 @@ inline constexpr std::int64_t kMaxMaskBlock = 1024;
 FLASHATTN_HOST_DEVICE bool is_valid_mask_block_size(std::int64_t size) {
   return size >= kMinMaskBlock && size <= kMaxMaskBlock && (size & (size - 1)) == 0;
 }
+// log2 of a valid (power-of-two) block size: x / size = x >> shift and x % size =
+// x & (size - 1) for x >= 0, never a 64-bit division (a subroutine call on the GPU,
+// whose stack frame made the kernels that inline the element rule spill).
+FLASHATTN_HOST_DEVICE int mask_block_shift(std::int64_t size) {
+#ifdef __CUDA_ARCH__
+  return __ffsll(size) - 1;
+#else
+  return __builtin_ctzll(static_cast<unsigned long long>(size));
+#endif
+}
 
 // One row of a block list: `count` block indices, bounds-safe.
 struct BlockList {
@@ -126,7 +136,7 @@ struct ElementRule {
       return false;
     if (has_bits()) {
       if (partial_id < 0 || partial_id >= partial_block_count) return false;
-      const std::int64_t r = row % block_m, c = col % block_n;
+      const std::int64_t r = row & (block_m - 1), c = col & (block_n - 1);  // powers of two
       const std::uint32_t word = maybe_partial_bits[(partial_id * block_m + r) * words_per_row + c / 32];
       if (((word >> (c % 32)) & 1u) == 0) return false;
     }

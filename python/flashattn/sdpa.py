@@ -19,7 +19,8 @@ Differences: a row that sees no key returns 0 (PyTorch returns NaN) and gets zer
 gradients. block_mask (flashattn.BlockMask or a torch BlockMask) restricts attention
 to its blocks (block_mask.py). A boolean attn_mask of at least 256 x 256 is converted to
 block-sparse form when at least a quarter of its 128 x 128 blocks are empty or full:
-the result is the same, empty blocks are skipped (not under torch.compile).
+the result is the same, empty blocks are skipped (host masks only, not under
+torch.compile: a GPU mask goes to the kernels as it is, never copied to the host).
 """
 
 import sys
@@ -57,6 +58,10 @@ def _mask_rules(L, S, is_causal):
 def _convert_dense(mask4, L, S):
     """The block-sparse form of a boolean mask when that pays (module docstring), else None."""
     if L < _CONVERT_MIN_LENGTH or S < _CONVERT_MIN_LENGTH:
+        return None
+    if _is_torch(mask4) and mask4.device.type != "cpu":
+        # The kernels read a device mask as it is; converting would copy it to the host
+        # (a synchronisation, and no CUDA graph capture) every call.
         return None
     dense = mask4.detach().cpu().numpy() if _is_torch(mask4) else np.asarray(mask4)
     dense = np.broadcast_to(dense, dense.shape[:2] + (L, S)).astype(np.bool_)

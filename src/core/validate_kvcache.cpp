@@ -38,6 +38,9 @@ void check_options(const AttentionOptions& options) {
   if (!(options.dropout_p == 0.0)) unsupported("dropout_p", "forward_with_kvcache has no dropout (only 0 is accepted)");
   if (options.algorithm != Algorithm::automatic)
     unsupported("algorithm", std::string("forward_with_kvcache has one algorithm (automatic), got ") + algorithm_name(options.algorithm));
+  // No decode kernel (CPU or CUDA) reads them: refused rather than silently ignored.
+  if (options.maybe_attn_mask.defined()) unsupported("attn_mask", "forward_with_kvcache takes no attn_mask");
+  if (options.maybe_block_mask.has_value()) unsupported("block_mask", "forward_with_kvcache takes no block mask");
 }
 
 // An FP8 cache's descale (k_descale / v_descale): float32 [batch, heads_kv] with any

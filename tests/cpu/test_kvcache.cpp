@@ -207,6 +207,8 @@ TEST(KVCacheCpuValidation, RejectsBadArgumentsWithoutWriting) {
       {"out overlaps the cache", "out", [](DecodeProblem& p, KVCacheArgs& a) { a.out.data = p.k_cache.data(); }},
       {"num_splits too large", "num_splits", [](DecodeProblem&, KVCacheArgs& a) { a.num_splits = kMaxKVCacheSplits + 1; }},
       {"new keys with the wrong head count", "k", [](DecodeProblem&, KVCacheArgs& a) { a.maybe_k_new.shape[2] = 1; }},
+      {"attn_mask", "attn_mask", [](DecodeProblem&, KVCacheArgs& a) { a.options.maybe_attn_mask = a.q; }},
+      {"block_mask", "block_mask", [](DecodeProblem&, KVCacheArgs& a) { a.options.maybe_block_mask = BlockMaskArgs{}; }},
   };
   for (const auto& c : cases) {
     DecodeShape s;

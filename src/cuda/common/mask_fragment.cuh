@@ -32,16 +32,60 @@ __device__ __forceinline__ float load_bias(const void* base, DType dtype, std::i
   return __bfloat162float(static_cast<const __nv_bfloat16*>(base)[offset]);
 }
 
-// The natural-log offset of (b, h, row, col): -inf when masked, else the bias (0 without one).
+// ElementRule::allowed (flashattn/block_mask.hpp) for a (row, col) inside the sequences,
+// with every load unconditional (a bad partial id reads block 0 and is denied): no
+// data-dependent branch stands between the loads of the elements of a fragment.
+__device__ __forceinline__ bool rule_allows(const ElementRule& rule, std::int64_t b, std::int64_t row, std::int64_t col,
+                                            std::int32_t partial_id) {
+  bool allowed = true;
+  if (rule.has_band) {
+    const bool in_prefix =
+        rule.maybe_prefix_lengths != nullptr ? col < rule.maybe_prefix_lengths[b * rule.prefix_batch_stride] : false;
+    allowed = rule.in_band(row, col) | in_prefix;
+  }
+  if (rule.maybe_q_document_ids != nullptr) {
+    const std::int32_t q_document = rule.maybe_q_document_ids[b * rule.q_document_batch_stride + row];
+    const std::int32_t k_document = rule.maybe_k_document_ids[b * rule.k_document_batch_stride + col];
+    allowed = allowed & (q_document == k_document);
+  }
+  if (rule.has_bits()) {
+    const bool is_id_valid = partial_id >= 0 && partial_id < rule.partial_block_count;
+    if (rule.partial_block_count == 0) return false;  // no bits to read: every partial element denied
+    const std::int64_t id = is_id_valid ? partial_id : 0;
+    const std::int64_t r = row & (rule.block_m - 1), c = col & (rule.block_n - 1);  // powers of two
+    const std::uint32_t word = rule.maybe_partial_bits[(id * rule.block_m + r) * rule.words_per_row + (c >> 5)];
+    allowed = allowed & is_id_valid & (((word >> (c & 31)) & 1u) != 0);
+  }
+  return allowed;
+}
+
+// The natural-log offset of (b, h, row, col): -inf when masked, else the bias (0 without
+// one). Branch-free in the data: the indices are clamped into the sequences so every
+// load is in range and an unrolled caller issues the loads of all its elements before
+// the first use (short-circuited per element, they ran one after another: a partial tile
+// cost ~15x a full one on H100).
 __device__ __forceinline__ float mask_offset(const AttentionParams& params, const MaskRule& mask, std::int64_t b,
                                              std::int64_t h, std::int64_t row, std::int64_t col) {
-  if (row >= mask.seqlen_q || col >= mask.seqlen_k || !mask.allowed(row, col) ||
-      !params.device_mask.block_allows(params.block_mask, b, h, row, col))
-    return -INFINITY;
-  if (!params.has_attn_mask()) return 0.0f;
-  const std::int64_t offset = params.attn_mask_offset(b, h, row, col);
-  if (!params.attn_mask_is_bias) return static_cast<const std::uint8_t*>(params.maybe_attn_mask)[offset] != 0 ? 0.0f : -INFINITY;
-  return load_bias(params.maybe_attn_mask, params.attn_mask_dtype, offset);
+  const bool is_inside = row < mask.seqlen_q && col < mask.seqlen_k;
+  const std::int64_t r = is_inside ? row : 0, c = is_inside ? col : 0;
+  bool allowed = is_inside & mask.allowed(row, col);
+  const DeviceMask& device_mask = params.device_mask;
+  if (device_mask.maybe_block_codes != nullptr) {
+    const std::int32_t code = device_mask.block_code(params.block_mask, b, h, r, c);
+    const bool rule_ok = rule_allows(params.block_mask.rule, b, r, c, code);
+    allowed = allowed & (code != DeviceMask::kEmptyBlock) & ((code == DeviceMask::kFullBlock) | rule_ok);
+  }
+  float offset = 0.0f;
+  if (params.has_attn_mask()) {
+    const std::int64_t index = params.attn_mask_offset(b, h, r, c);
+    if (!params.attn_mask_is_bias) {
+      const std::uint8_t keep = static_cast<const std::uint8_t*>(params.maybe_attn_mask)[index];
+      allowed = allowed & (keep != 0);
+    } else {
+      offset = load_bias(params.maybe_attn_mask, params.attn_mask_dtype, index);
+    }
+  }
+  return allowed ? offset : -INFINITY;
 }
 
 // Calls f(index, query row, key column) for each element of a 16 x 8·kNTiles fragment.
@@ -70,6 +114,36 @@ __device__ __forceinline__ void apply_mask(float (&s)[4 * kNTiles], const Attent
     const float offset = mask_offset(params, mask, b, h, row, col);
     s[index] = offset == -INFINITY ? -INFINITY : s[index] + offset * bias_factor;
   });
+}
+
+// apply_mask as a real call (not inlined), for kernels whose registers are full: inlined
+// into the unrolled loop of the hdim-128 sm80 forward (a few 64-bit offsets and loads per
+// element, 32 elements per call), the element pass raised ptxas' stack from 32 to 248
+// bytes of spills; called, to 176, paid around the call on partial tiles. Keep the
+// list-driven loop a separate instantiation either way: as a runtime branch of the
+// interval kernel even the call cost 15% at d128 on H100 without masks. The fragment
+// travels by value (a reference would put the caller's array in local memory).
+template <int kNTiles>
+struct ScoreFragment {
+  float values[4 * kNTiles];
+};
+template <int kNTiles, bool kTransposed = false>
+__device__ __noinline__ ScoreFragment<kNTiles> masked_fragment(ScoreFragment<kNTiles> s, const AttentionParams& params,
+                                                               const MaskRule mask, std::int64_t b, std::int64_t h,
+                                                               std::int64_t row0, std::int64_t col0, float bias_factor) {
+  apply_mask<kNTiles, kTransposed>(s.values, params, mask, b, h, row0, col0, bias_factor);
+  return s;
+}
+template <int kNTiles, bool kTransposed = false>
+__device__ __forceinline__ void apply_mask_outlined(float (&s)[4 * kNTiles], const AttentionParams& params,
+                                                    const MaskRule& mask, std::int64_t b, std::int64_t h,
+                                                    std::int64_t row0, std::int64_t col0, float bias_factor) {
+  ScoreFragment<kNTiles> fragment;
+#pragma unroll
+  for (int i = 0; i < 4 * kNTiles; ++i) fragment.values[i] = s[i];
+  fragment = masked_fragment<kNTiles, kTransposed>(fragment, params, mask, b, h, row0, col0, bias_factor);
+#pragma unroll
+  for (int i = 0; i < 4 * kNTiles; ++i) s[i] = fragment.values[i];
 }
 
 // dBias += dS for each element inside the sequences (dS in natural-log units =

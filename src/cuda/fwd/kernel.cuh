@@ -24,6 +24,16 @@
 // visiting the diagonal block first means the running max is set by real scores
 // early (as FA2 does); every other block takes the mask-free path.
 //
+// Masks beyond MaskRule (attn_mask, a block mask; src/core/mask_tables.hpp): when
+// params.device_mask.by_query_tile is present, the key blocks are those of this query
+// tile's list (descending, the interval rule folded in) instead of the interval
+// range; the cp.async ring loads the same list in the same order. A partial entry
+// gets fragment::apply_mask (sequence ends, interval rule, block mask, attn_mask) and
+// nothing else; a full one no masking at all. The list-driven loop is its own
+// instantiation (kIsListDriven): as a runtime branch, the element pass inlined or even
+// called made the interval kernel spill (ptxas: 32 -> 256..712 bytes of stack at d128)
+// and run 5-18% (d64) and 15-100% (d128) slower on H100 without any mask.
+//
 // Variable-length batches: sequence b's rows start at cu_seqlens_q[b] / cu_seqlens_k[b]
 // (params' offset helpers). What the kernel assumes and cannot check on the device
 // without a host synchronisation (validate.cpp checks it when cu_seqlens are host
@@ -46,9 +56,11 @@
 #include "src/core/params.hpp"
 #include "src/cuda/common/check.cuh"
 #include "src/cuda/common/fragment.cuh"
+#include "src/cuda/common/mask_fragment.cuh"
 #include "src/cuda/common/numeric.cuh"
 #include "src/cuda/common/swizzle.cuh"
 #include "src/cuda/fwd/tile_config.hpp"
+#include "src/cuda/masks/device_mask.hpp"
 #include "src/cuda/ptx/cp_async.cuh"
 #include "src/cuda/ptx/ldmatrix.cuh"
 #include "src/cuda/ptx/math.cuh"
@@ -106,7 +118,8 @@ __device__ __forceinline__ void load_tile_async(T* shared_tile, const T* global_
 
 // The tile shape arrives as plain ints (nvcc's host stubs cannot spell class-type
 // template arguments); kConfig rebuilds the TileConfig.
-template <class T, int kHeadDimArg, int kBlockMArg, int kBlockNArg, int kWarpsArg, int kStagesArg, int kMinBlocksArg>
+template <class T, int kHeadDimArg, int kBlockMArg, int kBlockNArg, int kWarpsArg, int kStagesArg, int kMinBlocksArg,
+          bool kIsListDriven>
 __global__ void __launch_bounds__(kWarpsArg * 32, kMinBlocksArg)
     forward_kernel(const __grid_constant__ AttentionParams params) {
   constexpr TileConfig kConfig{kHeadDimArg, kBlockMArg, kBlockNArg, kWarpsArg, kStagesArg, kMinBlocksArg};
@@ -144,7 +157,18 @@ __global__ void __launch_bounds__(kWarpsArg * 32, kMinBlocksArg)
   const MaskRule::ColumnRange columns = mask.columns_of_rows(m0, row_end);
   const std::int64_t n_block_begin = columns.begin / kBlockN;
   const std::int64_t n_block_end = (columns.end + kBlockN - 1) / kBlockN;
-  const int num_n_blocks = columns.end > columns.begin ? static_cast<int>(n_block_end - n_block_begin) : 0;
+  // List-driven (masks beyond MaskRule; launch_forward checks the lists are present)
+  // or the interval range [n_block_begin, n_block_end).
+  const TileLists& tile_lists = params.device_mask.by_query_tile;
+  const std::int64_t tile_list = kIsListDriven ? tile_lists.list(batch, head, m_block) : 0;
+  const int num_n_blocks = kIsListDriven ? tile_lists.count(tile_list)
+                           : columns.end > columns.begin ? static_cast<int>(n_block_end - n_block_begin)
+                                                         : 0;
+  // First key of the `iteration`-th visited block (a list entry is an L2-resident load).
+  auto key_block_start = [&](int iteration) -> std::int64_t {
+    if constexpr (kIsListDriven) return std::int64_t{tile_lists.entry(tile_list, iteration).tile} * kBlockN;
+    return (n_block_end - 1 - iteration) * kBlockN;
+  };
 
   const std::int64_t head_kv = head / params.group_size;  // GQA/MQA: K/V shared, never copied
   const T* q = static_cast<const T*>(params.q) + params.q_offset(batch, head) + m0 * params.q_row_stride;
@@ -163,7 +187,7 @@ __global__ void __launch_bounds__(kWarpsArg * 32, kMinBlocksArg)
   const int warp_row0 = (thread / 32) * 16 * kMTiles;
 
   auto load_kv_block = [&](int iteration, int stage) {
-    const std::int64_t n0 = (n_block_end - 1 - iteration) * kBlockN;
+    const std::int64_t n0 = key_block_start(iteration);
     const std::int64_t rows_valid = seqlen_k - n0;
     load_tile_async<kBlockN, kHeadDim, kThreads>(shared_k + stage * KVTile::kElements, k + n0 * params.k_row_stride,
                                                  params.k_row_stride, rows_valid, params.head_dim, thread);
@@ -222,7 +246,7 @@ __global__ void __launch_bounds__(kWarpsArg * 32, kMinBlocksArg)
     const int stage = iteration % kStages;
     const std::uint32_t stage_k_address = k_fragment_address + stage * KVTile::kBytes;  // (kBlockN, kHeadDim)
     const std::uint32_t stage_v_address = v_fragment_address + stage * KVTile::kBytes;  // (kBlockN, kHeadDim)
-    const std::int64_t n0 = (n_block_end - 1 - iteration) * kBlockN;
+    const std::int64_t n0 = key_block_start(iteration);
 
     // S = Q K^T: (16 * kMTiles, kBlockN) per warp.
     float s[kMTiles][kNTiles][4] = {};
@@ -256,9 +280,20 @@ __global__ void __launch_bounds__(kWarpsArg * 32, kMinBlocksArg)
         fragment::apply_score_rule<kNTiles>(fragment::flat(s[mi]), score_rule, m0 + warp_row0 + mi * 16 + group, n0);
     }
 
-    // Element mask only where the block crosses a mask edge or the end of the keys.
-    const bool needs_mask = n0 + kBlockN > seqlen_k || !mask.tile_fully_allowed(m0, row_end, n0, n0 + kBlockN);
-    if (needs_mask) {
+    if constexpr (kIsListDriven) {
+      // The list says whether this block needs the element pass (it includes the end of
+      // the keys). Bias units: log2 scores after the score rule, else raw q.k, which the
+      // exponent scales by softmax_scale * log2(e). Called, not inlined: the pass only
+      // runs on partial tiles, and inlined it makes the whole loop spill.
+      if (tile_lists.entry(tile_list, iteration).partial) {
+        const float bias_factor = is_positive_scale ? 1.0f / params.softmax_scale : static_cast<float>(online_softmax::kLog2e);
+#pragma unroll
+        for (int mi = 0; mi < kMTiles; ++mi)
+          fragment::apply_mask_outlined<kNTiles>(fragment::flat(s[mi]), params, mask, batch, head,
+                                                 m0 + warp_row0 + mi * 16 + group, n0, bias_factor);
+      }
+    } else if (n0 + kBlockN > seqlen_k || !mask.tile_fully_allowed(m0, row_end, n0, n0 + kBlockN)) {
+      // Element mask only where the block crosses a mask edge or the end of the keys.
 #pragma unroll
       for (int mi = 0; mi < kMTiles; ++mi)
 #pragma unroll
@@ -387,19 +422,12 @@ __global__ void __launch_bounds__(kWarpsArg * 32, kMinBlocksArg)
   }
 }
 
-// Launches forward_kernel with kConfig's tile shape for already validated params on `stream`.
-// No allocation, no synchronisation; launch errors throw CudaError.
-template <class T, TileConfig kConfig>
-void launch_forward(const AttentionParams& params, cudaStream_t stream) {
-  const std::int64_t num_m_blocks = (params.seqlen_q + kConfig.block_m - 1) / kConfig.block_m;
-  const std::int64_t num_ctas = num_m_blocks * params.heads_q * params.batch;
-  if (num_ctas == 0) return;
-  if (num_ctas > INT_MAX)
-    throw NotSupported("flashattn: q: too many query tiles x heads x batch for one launch (" +
-                       std::to_string(num_ctas) + " > 2^31 - 1)");
+// One launch of forward_kernel (the interval or the list-driven instantiation).
+template <class T, TileConfig kConfig, bool kIsListDriven>
+void launch_forward_kernel(const AttentionParams& params, std::int64_t num_ctas, cudaStream_t stream) {
   constexpr int kSharedBytes = kConfig.shared_bytes();
   auto* kernel = forward_kernel<T, kConfig.kernel_head_dim, kConfig.block_m, kConfig.block_n, kConfig.warps,
-                                kConfig.stages, kConfig.min_blocks_per_sm>;
+                                kConfig.stages, kConfig.min_blocks_per_sm, kIsListDriven>;
   // Above 48 KB of dynamic shared memory a kernel must opt in, once per device.
   static std::atomic<std::uint64_t> opted_in_devices{0};
   int device = 0;
@@ -411,6 +439,26 @@ void launch_forward(const AttentionParams& params, cudaStream_t stream) {
   }
   kernel<<<static_cast<unsigned>(num_ctas), kConfig.threads(), kSharedBytes, stream>>>(params);
   FLASHATTN_CUDA_CHECK_LAUNCH();
+}
+
+// Launches forward_kernel with kConfig's tile shape for already validated params on `stream`.
+// No synchronisation; launch errors throw CudaError. No allocation without masks; with
+// masks beyond MaskRule, first builds this kernel's tile lists on `stream` (src/cuda/masks:
+// stream-ordered scratch, freed on the stream after the launch).
+template <class T, TileConfig kConfig>
+void launch_forward(const AttentionParams& params, cudaStream_t stream) {
+  const std::int64_t num_m_blocks = (params.seqlen_q + kConfig.block_m - 1) / kConfig.block_m;
+  const std::int64_t num_ctas = num_m_blocks * params.heads_q * params.batch;
+  if (num_ctas == 0) return;
+  if (num_ctas > INT_MAX)
+    throw NotSupported("flashattn: q: too many query tiles x heads x batch for one launch (" +
+                       std::to_string(num_ctas) + " > 2^31 - 1)");
+  const masks::MaskTables tables =
+      masks::prepare(params, masks::KernelTiles{kConfig.block_m, kConfig.block_n, /*by_query_tile=*/true, false}, stream);
+  AttentionParams launch_params = params;
+  launch_params.device_mask = tables.view();
+  if (launch_params.device_mask.by_query_tile.present()) return launch_forward_kernel<T, kConfig, true>(launch_params, num_ctas, stream);
+  launch_forward_kernel<T, kConfig, false>(launch_params, num_ctas, stream);
 }
 
 // What a generated translation unit instantiates (see src/cuda/generate_kernels.py).

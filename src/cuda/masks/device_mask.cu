@@ -1,0 +1,353 @@
+// src/cuda/masks/device_mask.cu — the table-building kernels of device_mask.hpp and
+// the dBias conversion. Tiny work (a few µs per call): one warp per block-code row or
+// per tile list, no tuning.
+#include "src/cuda/masks/device_mask.hpp"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <climits>
+#include <cstdint>
+#include <string>
+#include <utility>
+
+#include "flashattn/error.hpp"
+#include "flashattn/mask.hpp"
+#include "src/cuda/common/check.cuh"
+
+namespace flashattn::cuda::masks {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kWarpsPerBlock = kThreads / 32;
+constexpr std::int64_t kMaxBlocks = 65535 * 16;  // grid-stride beyond this
+// The code of a partial block whose stored id is negative (hostile memory): an id no
+// partial block has, so ElementRule::allowed denies its elements with bits (a code
+// must stay >= 0: -1 and -2 mean full and empty).
+constexpr std::int32_t kBadPartialId = INT32_MAX;
+
+unsigned blocks_for_threads(std::int64_t threads) {
+  const std::int64_t blocks = (threads + kThreads - 1) / kThreads;
+  return static_cast<unsigned>(blocks < kMaxBlocks ? (blocks > 0 ? blocks : 1) : kMaxBlocks);
+}
+
+std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
+
+// Byte size rounded up to 256 (cudaMallocAsync's alignment is kept for every section).
+std::size_t section_bytes(std::int64_t elements, std::size_t element_size) {
+  return (static_cast<std::size_t>(elements) * element_size + 255) / 256 * 256;
+}
+
+// Block codes (mask_tables.hpp), one warp per (b, h, query block m) row of
+// kv_blocks codes: all empty, then the full list's blocks, then the partial list's
+// (a block listed in both — invalid input — ends partial). BlockList clamps counts and
+// maps out-of-range indices to -1, which are skipped.
+__global__ void block_codes_kernel(const __grid_constant__ BlockMaskView view, std::int32_t* codes, std::int64_t batches,
+                                   std::int64_t heads) {
+  const std::int64_t rows = batches * heads * view.q_blocks;
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  const std::int64_t first_warp = (static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+  const std::int64_t warp_count = static_cast<std::int64_t>(gridDim.x) * kWarpsPerBlock;
+  for (std::int64_t row = first_warp; row < rows; row += warp_count) {
+    const std::int64_t m = row % view.q_blocks;
+    const std::int64_t h = (row / view.q_blocks) % heads;
+    const std::int64_t b = row / (view.q_blocks * heads);
+    std::int32_t* row_codes = codes + row * view.kv_blocks;  // (kv_blocks)
+    for (std::int64_t n = lane; n < view.kv_blocks; n += 32) row_codes[n] = DeviceMask::kEmptyBlock;
+    __syncwarp();
+    const BlockList full = view.full_key_blocks(b, h, m);
+    for (std::int32_t i = lane; i < full.count; i += 32) {
+      const std::int32_t n = full.at(i);
+      if (n >= 0) row_codes[n] = DeviceMask::kFullBlock;
+    }
+    __syncwarp();
+    const BlockList partial = view.partial_key_blocks(b, h, m);
+    for (std::int32_t i = lane; i < partial.count; i += 32) {
+      const std::int32_t n = partial.at(i);
+      if (n < 0) continue;
+      const std::int32_t id = partial.maybe_ids ? partial.id_at(i) : 0;
+      row_codes[n] = id >= 0 ? id : kBadPartialId;
+    }
+    __syncwarp();  // the next row's stores must not overtake this row's reads of the lists
+  }
+}
+
+// Which lists a list kernel writes and at which tile sizes.
+struct ListGeometry {
+  std::int32_t* counts = nullptr;   // [list_batches, list_heads, outer_tiles]
+  std::int32_t* entries = nullptr;  // [list_batches, list_heads, outer_tiles, inner_tiles]
+  std::int64_t lists = 0;           // list_batches * list_heads * outer_tiles
+  std::int64_t list_heads = 0;
+  std::int64_t outer_tiles = 0;
+  std::int32_t inner_tiles = 0;
+  std::int32_t query_tile = 0;
+  std::int32_t key_tile = 0;
+  bool is_outer_query = true;  // by query tile (inner = key tiles) or by key tile (inner = query tiles)
+};
+
+struct TileVisit {
+  bool is_listed;
+  bool is_partial;
+};
+
+// Whether a kernel visits query tile mt x key tile nt of (b, h), and whether it needs
+// the element pass there (see mask_tables.hpp). A tile sticking out of either sequence
+// is partial: the pass masks the keys past seqlen_k (the kernels load them
+// zero-filled, score 0) and the query rows past seqlen_q, whose recomputed P a
+// backward kernel must not keep.
+__device__ TileVisit visit_of(const AttentionParams& params, std::int64_t b, std::int64_t h, std::int64_t mt,
+                              std::int64_t nt, std::int64_t query_tile, std::int64_t key_tile) {
+  const MaskRule mask = params.mask_of(0);  // no varlen with masks: one geometry for every batch item
+  const std::int64_t row_begin = mt * query_tile, col_begin = nt * key_tile;
+  const std::int64_t row_end = row_begin + query_tile < mask.seqlen_q ? row_begin + query_tile : mask.seqlen_q;
+  const std::int64_t col_end = col_begin + key_tile < mask.seqlen_k ? col_begin + key_tile : mask.seqlen_k;
+  const TileKind interval = mask.tile_kind(row_begin, row_end, col_begin, col_end);
+  if (interval == TileKind::empty) return {false, false};
+  bool is_partial = interval == TileKind::partial || row_begin + query_tile > mask.seqlen_q ||
+                    col_begin + key_tile > mask.seqlen_k || params.has_attn_mask();
+  const DeviceMask& device_mask = params.device_mask;
+  if (device_mask.maybe_block_codes != nullptr) {
+    const BlockMaskView& view = params.block_mask;
+    const std::int32_t* codes = device_mask.maybe_block_codes + b * device_mask.code_batch_stride + h * device_mask.code_head_stride;
+    bool is_any_allowed = false, is_all_full = true;
+    // Mask blocks and kernel tiles are powers of two: a tile overlaps 1 x 1 blocks, or
+    // (tile / block)^2 of them (at most 64 for 128-tiles of 16-blocks).
+    for (std::int64_t qb = row_begin / view.block_m; qb <= (row_end - 1) / view.block_m; ++qb)
+      for (std::int64_t kb = col_begin / view.block_n; kb <= (col_end - 1) / view.block_n; ++kb) {
+        const std::int32_t code = codes[qb * view.kv_blocks + kb];
+        is_any_allowed = is_any_allowed || code != DeviceMask::kEmptyBlock;
+        is_all_full = is_all_full && code == DeviceMask::kFullBlock;
+      }
+    if (!is_any_allowed) return {false, false};
+    is_partial = is_partial || !is_all_full;
+  }
+  return {true, is_partial};
+}
+
+// One warp per list: the lanes classify 32 inner tiles at a time, from the last one
+// down, and a ballot compacts the listed ones in that (descending) order.
+__global__ void tile_lists_kernel(const __grid_constant__ AttentionParams params, const ListGeometry geometry) {
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  const std::uint32_t lanes_below = (1u << lane) - 1u;
+  const std::int64_t first_warp = (static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+  const std::int64_t warp_count = static_cast<std::int64_t>(gridDim.x) * kWarpsPerBlock;
+  for (std::int64_t list = first_warp; list < geometry.lists; list += warp_count) {
+    const std::int64_t outer = list % geometry.outer_tiles;
+    const std::int64_t h = (list / geometry.outer_tiles) % geometry.list_heads;
+    const std::int64_t b = list / (geometry.outer_tiles * geometry.list_heads);
+    std::int32_t* list_entries = geometry.entries + list * geometry.inner_tiles;  // (inner_tiles)
+    std::int32_t count = 0;
+    for (std::int32_t chunk = 0; chunk < geometry.inner_tiles; chunk += 32) {
+      const std::int32_t inner = geometry.inner_tiles - 1 - (chunk + lane);
+      TileVisit visit{false, false};
+      if (inner >= 0) {
+        visit = geometry.is_outer_query
+                    ? visit_of(params, b, h, outer, inner, geometry.query_tile, geometry.key_tile)
+                    : visit_of(params, b, h, inner, outer, geometry.query_tile, geometry.key_tile);
+      }
+      const std::uint32_t listed = __ballot_sync(0xffffffffu, visit.is_listed);
+      if (visit.is_listed)
+        list_entries[count + __popc(listed & lanes_below)] = inner << 1 | (visit.is_partial ? 1 : 0);
+      count += __popc(listed);
+    }
+    if (lane == 0) geometry.counts[list] = count;
+  }
+}
+
+// dbias[b, h, r, c] (its dtype and strides) = the float32 accumulator, one thread per element.
+__global__ void finish_dbias_kernel(const float* sum, DeviceMask device_mask, void* dbias, DType dtype,
+                                    const std::int64_t shape0, const std::int64_t shape1, const std::int64_t shape2,
+                                    const std::int64_t shape3, const std::int64_t stride0, const std::int64_t stride1,
+                                    const std::int64_t stride2, const std::int64_t stride3) {
+  const std::int64_t elements = shape0 * shape1 * shape2 * shape3;
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < elements;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    const std::int64_t c = i % shape3;
+    const std::int64_t r = (i / shape3) % shape2;
+    const std::int64_t h = (i / (shape3 * shape2)) % shape1;
+    const std::int64_t b = i / (shape3 * shape2 * shape1);
+    const float value = sum[device_mask.dbias_offset(b, h, r, c)];
+    const std::int64_t offset = b * stride0 + h * stride1 + r * stride2 + c * stride3;
+    if (dtype == DType::float32) static_cast<float*>(dbias)[offset] = value;
+    else if (dtype == DType::float16) static_cast<__half*>(dbias)[offset] = __float2half_rn(value);
+    else static_cast<__nv_bfloat16*>(dbias)[offset] = __float2bfloat16_rn(value);
+  }
+}
+
+// Whether the block mask's forward lists vary over dimension `dim` (0 batch, 1 head):
+// a size-1 (or zero-stride) dimension is broadcast, so one set of codes serves all.
+bool block_mask_varies(const BlockMaskView& view, int dim) {
+  for (const BlockListTensor* list : {&view.partial_kv, &view.full_kv}) {
+    if (!list->present()) continue;
+    if (list->num_strides[dim] != 0 || list->index_strides[dim] != 0) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+MaskTables::MaskTables(MaskTables&& other) noexcept
+    : view_(other.view_), scratch_(std::exchange(other.scratch_, nullptr)), stream_(other.stream_) {
+  other.view_ = DeviceMask{};
+}
+
+MaskTables& MaskTables::operator=(MaskTables&& other) noexcept {
+  if (this != &other) {
+    release();
+    view_ = std::exchange(other.view_, DeviceMask{});
+    scratch_ = std::exchange(other.scratch_, nullptr);
+    stream_ = other.stream_;
+  }
+  return *this;
+}
+
+MaskTables::~MaskTables() { release(); }
+
+void MaskTables::release() noexcept {
+  // A destructor cannot throw: a failing free here reports at the next checked call.
+  if (scratch_ != nullptr) (void)cudaFreeAsync(scratch_, stream_);
+  scratch_ = nullptr;
+  view_ = DeviceMask{};
+}
+
+MaskTables MaskTables::build(const AttentionParams& params, const BackwardParams* maybe_backward, const KernelTiles& tiles,
+                             cudaStream_t stream) {
+  MaskTables tables;
+  if (!params.has_attn_mask() && !params.has_block_mask()) return tables;
+  if ((!tiles.by_query_tile && !tiles.by_key_tile) || tiles.query_tile <= 0 || tiles.key_tile <= 0)
+    throw NotSupported("flashattn: attn_mask: internal error: mask tables requested for no list or a tile size <= 0 (" +
+                       std::to_string(tiles.query_tile) + " x " + std::to_string(tiles.key_tile) + ")");
+  if (params.is_varlen())
+    throw NotSupported(std::string("flashattn: ") + (params.has_attn_mask() ? "attn_mask" : "block_mask") +
+                       ": masks are not supported with variable-length (varlen) batches");
+  const BlockMaskView& view = params.block_mask;
+  const bool has_block_mask = params.has_block_mask();
+  const bool has_dbias = maybe_backward != nullptr && maybe_backward->maybe_dbias != nullptr;
+
+  // The lists depend on (b, h) through the block codes only (the interval rule is one
+  // for all without varlen; a dense attn_mask makes every visited tile partial).
+  const std::int64_t code_batches = has_block_mask && block_mask_varies(view, 0) ? params.batch : 1;
+  const std::int64_t code_heads = has_block_mask && block_mask_varies(view, 1) ? params.heads_q : 1;
+  const std::int64_t code_row = has_block_mask ? view.q_blocks * view.kv_blocks : 0;
+  const std::int64_t query_tiles = ceil_div(params.seqlen_q, tiles.query_tile);
+  const std::int64_t key_tiles = ceil_div(params.seqlen_k, tiles.key_tile);
+  if (query_tiles > INT32_MAX / 2 || key_tiles > INT32_MAX / 2)
+    throw NotSupported("flashattn: q: too many tiles for the mask tables' int32 entries");
+  const std::int64_t list_sets = code_batches * code_heads;  // sets of lists, one per distinct (b|1, h|1)
+  const std::int64_t dbias_elements =
+      has_dbias ? maybe_backward->dbias_shape[0] * maybe_backward->dbias_shape[1] * maybe_backward->dbias_shape[2] *
+                      maybe_backward->dbias_shape[3]
+                : 0;
+
+  // Never-empty sections: present() reads a non-null counts pointer even with 0 tiles,
+  // and a block mask has codes even over an empty sequence.
+  const std::size_t codes_bytes = has_block_mask ? section_bytes(list_sets * code_row + 1, sizeof(std::int32_t)) : 0;
+  const std::size_t query_counts_bytes =
+      tiles.by_query_tile ? section_bytes(list_sets * query_tiles + 1, sizeof(std::int32_t)) : 0;
+  const std::size_t query_entries_bytes =
+      tiles.by_query_tile ? section_bytes(list_sets * query_tiles * key_tiles + 1, sizeof(std::int32_t)) : 0;
+  const std::size_t key_counts_bytes = tiles.by_key_tile ? section_bytes(list_sets * key_tiles + 1, sizeof(std::int32_t)) : 0;
+  const std::size_t key_entries_bytes =
+      tiles.by_key_tile ? section_bytes(list_sets * key_tiles * query_tiles + 1, sizeof(std::int32_t)) : 0;
+  const std::size_t dbias_bytes = has_dbias ? section_bytes(dbias_elements, sizeof(float)) : 0;
+  const std::size_t total =
+      codes_bytes + query_counts_bytes + query_entries_bytes + key_counts_bytes + key_entries_bytes + dbias_bytes;
+
+  FLASHATTN_CUDA_CHECK(cudaMallocAsync(&tables.scratch_, total, stream));
+  tables.stream_ = stream;
+  unsigned char* cursor = static_cast<unsigned char*>(tables.scratch_);
+  auto take = [&](std::size_t bytes) {
+    unsigned char* section = bytes ? cursor : nullptr;
+    cursor += bytes;
+    return section;
+  };
+  auto* codes = reinterpret_cast<std::int32_t*>(take(codes_bytes));
+  auto* query_counts = reinterpret_cast<std::int32_t*>(take(query_counts_bytes));
+  auto* query_entries = reinterpret_cast<std::int32_t*>(take(query_entries_bytes));
+  auto* key_counts = reinterpret_cast<std::int32_t*>(take(key_counts_bytes));
+  auto* key_entries = reinterpret_cast<std::int32_t*>(take(key_entries_bytes));
+  auto* dbias_sum = reinterpret_cast<float*>(take(dbias_bytes));
+
+  DeviceMask& mask = tables.view_;
+  if (has_block_mask) {
+    mask.maybe_block_codes = codes;
+    mask.code_batch_stride = code_batches > 1 ? code_heads * code_row : 0;
+    mask.code_head_stride = code_heads > 1 ? code_row : 0;
+    const std::int64_t code_rows = list_sets * view.q_blocks;
+    if (code_rows > 0 && view.kv_blocks > 0) {
+      block_codes_kernel<<<blocks_for_threads(code_rows * 32), kThreads, 0, stream>>>(view, codes, code_batches,
+                                                                                      code_heads);
+      FLASHATTN_CUDA_CHECK_LAUNCH();
+    }
+  }
+
+  // The list kernels read the codes through params.device_mask (visit_of).
+  AttentionParams list_params = params;
+  list_params.device_mask = mask;
+  auto build_lists = [&](TileLists& lists, std::int32_t* counts, std::int32_t* entries, bool is_outer_query) {
+    const std::int64_t outer_tiles = is_outer_query ? query_tiles : key_tiles;
+    const std::int64_t inner_tiles = is_outer_query ? key_tiles : query_tiles;
+    lists.counts = counts;
+    lists.entries = entries;
+    lists.batch_stride = code_batches > 1 ? code_heads * outer_tiles : 0;
+    lists.head_stride = code_heads > 1 ? outer_tiles : 0;
+    lists.outer_tiles = outer_tiles;
+    lists.capacity = inner_tiles;
+    lists.inner_tiles = static_cast<std::int32_t>(inner_tiles);
+    lists.outer_tile_size = is_outer_query ? tiles.query_tile : tiles.key_tile;
+    lists.inner_tile_size = is_outer_query ? tiles.key_tile : tiles.query_tile;
+    ListGeometry geometry;
+    geometry.counts = counts;
+    geometry.entries = entries;
+    geometry.lists = list_sets * outer_tiles;
+    geometry.list_heads = code_heads;
+    geometry.outer_tiles = outer_tiles;
+    geometry.inner_tiles = static_cast<std::int32_t>(inner_tiles);
+    geometry.query_tile = tiles.query_tile;
+    geometry.key_tile = tiles.key_tile;
+    geometry.is_outer_query = is_outer_query;
+    if (geometry.lists == 0) return;
+    tile_lists_kernel<<<blocks_for_threads(geometry.lists * 32), kThreads, 0, stream>>>(list_params, geometry);
+    FLASHATTN_CUDA_CHECK_LAUNCH();
+  };
+  if (tiles.by_query_tile) build_lists(mask.by_query_tile, query_counts, query_entries, true);
+  if (tiles.by_key_tile) build_lists(mask.by_key_tile, key_counts, key_entries, false);
+
+  if (has_dbias) {
+    // Dense float32 in dbias's shape, stride 0 on size-1 dimensions: broadcast dimensions sum.
+    std::int64_t stride = 1;
+    for (int d = 3; d >= 0; --d) {
+      mask.dbias_sum_strides[d] = maybe_backward->dbias_shape[d] > 1 ? stride : 0;
+      stride *= maybe_backward->dbias_shape[d];
+    }
+    mask.maybe_dbias_sum = dbias_sum;
+    FLASHATTN_CUDA_CHECK(cudaMemsetAsync(dbias_sum, 0, dbias_bytes, stream));
+  }
+  return tables;
+}
+
+MaskTables prepare(const AttentionParams& params, const KernelTiles& tiles, cudaStream_t stream) {
+  return MaskTables::build(params, nullptr, tiles, stream);
+}
+
+MaskTables prepare(const BackwardParams& params, const KernelTiles& tiles, cudaStream_t stream) {
+  return MaskTables::build(params, &params, tiles, stream);
+}
+
+void finish_dbias(const BackwardParams& params, const MaskTables& tables, cudaStream_t stream) {
+  const DeviceMask& mask = tables.view();
+  if (params.maybe_dbias == nullptr) return;
+  if (mask.maybe_dbias_sum == nullptr)
+    throw NotSupported("flashattn: dbias: internal error: no dBias accumulator (prepare() was not given the BackwardParams)");
+  const std::int64_t* shape = params.dbias_shape;
+  const std::int64_t* strides = params.dbias_strides;
+  const std::int64_t elements = shape[0] * shape[1] * shape[2] * shape[3];
+  if (elements == 0) return;
+  finish_dbias_kernel<<<blocks_for_threads(elements), kThreads, 0, stream>>>(
+      mask.maybe_dbias_sum, mask, params.maybe_dbias, params.attn_mask_dtype, shape[0], shape[1], shape[2], shape[3],
+      strides[0], strides[1], strides[2], strides[3]);
+  FLASHATTN_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace flashattn::cuda::masks
