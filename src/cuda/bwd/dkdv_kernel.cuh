@@ -40,6 +40,7 @@
 #include "src/cuda/bwd/tile_config.hpp"
 #include "src/cuda/bwd/workspace.hpp"
 #include "src/cuda/common/fragment.cuh"
+#include "src/cuda/common/mask_fragment.cuh"
 #include "src/cuda/common/numeric.cuh"
 #include "src/cuda/common/swizzle.cuh"
 #include "src/cuda/ptx/bulk_reduce.cuh"
@@ -162,16 +163,50 @@ __device__ __forceinline__ void exponentiate(float (&s)[T::kSdpMTiles][T::kSdpNT
     }
 }
 
+// The element pass of a listed partial tile (src/core/mask_tables.hpp) on the plain
+// path, before exponentiate: S is raw Q K^T there, scaled by softmax_scale·log2(e) in
+// the exponent, so an attn_mask bias enters divided by softmax_scale.
+template <class T>
+__device__ __forceinline__ void mask_raw_scores(float (&s)[T::kSdpMTiles][T::kSdpNTiles][4],
+                                                const BackwardParams& params, const MaskRule& mask, std::int64_t b,
+                                                std::int64_t h_q, std::int64_t m0, std::int64_t n0, int warp_m0,
+                                                int warp_n0, int lane) {
+  const float bias_factor = 1.0f / params.softmax_scale;
+#pragma unroll
+  for (int mi = 0; mi < T::kSdpMTiles; ++mi)
+    fragment::apply_mask<T::kSdpNTiles>(fragment::flat(s[mi]), params, mask, b, h_q, m0 + warp_m0 + 16 * mi + lane / 4,
+                                        n0 + warp_n0, bias_factor);
+}
+
+// dBias += dS (w.r.t. the score, natural-log units) of a warp's fragments: write_p_and_ds
+// with keeps_ds left it in dp.
+template <class T>
+__device__ __forceinline__ void accumulate_warp_dbias(float (&ds)[T::kSdpMTiles][T::kSdpNTiles][4],
+                                                      const BackwardParams& params, const MaskRule& mask,
+                                                      std::int64_t b, std::int64_t h_q, std::int64_t m0,
+                                                      std::int64_t n0, int warp_m0, int warp_n0, int lane) {
+#pragma unroll
+  for (int mi = 0; mi < T::kSdpMTiles; ++mi)
+    fragment::accumulate_dbias<T::kSdpNTiles>(fragment::flat(ds[mi]), params, mask, b, h_q,
+                                              m0 + warp_m0 + 16 * mi + lane / 4, n0 + warp_n0, 1.0f);
+}
+
 // From a warp's S (kIsPlain: P from exponentiate; else raw Q K^T, mapped here by the
 // score rule of (sequence b, query head h_q)) and dP = dO V^T fragments: P with the
 // element mask and dropout, dS = P ∘ (Z ∘ dP / (1-p) - D) ∘ gradient factor, both written
 // to shared memory as Element (P only if kWritesP: the dQ kernel needs dS alone). The
 // written P is P ∘ Z, unscaled: dV takes the 1/(1-p) at its store.
+// needs_mask: the interval rule's columns (MaskRule). has_element_pass: a partial tile
+// of a list-driven step (src/core/mask_tables.hpp) on the general path, whose attn_mask
+// bias joins the log2 score after the score rule (the plain path applies the mask to
+// S before exponentiate instead). keeps_ds: dp is overwritten with dS w.r.t. the score
+// (before the gradient factor; natural-log units) for the dBias accumulation.
 template <class T, bool kIsPlain, bool kWritesP = true>
 __device__ __forceinline__ void write_p_and_ds(const float (&s)[T::kSdpMTiles][T::kSdpNTiles][4],
-                                               const float (&dp)[T::kSdpMTiles][T::kSdpNTiles][4],
+                                               float (&dp)[T::kSdpMTiles][T::kSdpNTiles][4],
                                                const BackwardParams& params, std::int64_t b, std::int64_t h_q,
-                                               const MaskRule& mask, bool needs_mask, std::int64_t m0, std::int64_t n0,
+                                               const MaskRule& mask, bool needs_mask, bool has_element_pass,
+                                               bool keeps_ds, std::int64_t m0, std::int64_t n0,
                                                const float* lse_tile, const float* dsum_tile, int warp_m0, int warp_n0,
                                                int lane, typename T::Element* p_tile, typename T::Element* ds_tile) {
   using Element = typename T::Element;
@@ -225,7 +260,11 @@ __device__ __forceinline__ void write_p_and_ds(const float (&s)[T::kSdpMTiles][T
               const ScoreRule::ScoreAndGradient score =
                   score_rule.log2_score_and_gradient_at_distance(s[mi][j][2 * half + e],
                                                                  distance0 - static_cast<float>(8 * j + e));
-              p[e] = ptx::exp2_approx_ftz(score.log2_score - lse_log2);
+              float log2_score = score.log2_score;
+              if (has_element_pass)
+                log2_score += static_cast<float>(online_softmax::kLog2e) *
+                              fragment::mask_offset(params, mask, b, h_q, m0 + row, n0 + col + e);
+              p[e] = ptx::exp2_approx_ftz(log2_score - lse_log2);
               gradient_factor = score.gradient_factor;
             }
             if (col + e < begin || col + e >= end) p[e] = 0.0f;
@@ -238,6 +277,7 @@ __device__ __forceinline__ void write_p_and_ds(const float (&s)[T::kSdpMTiles][T
             } else {
               ds[e] = p[e] * (dp_kept - dsum);
             }
+            if (keeps_ds) dp[mi][j][2 * half + e] = ds[e];
             if constexpr (!kIsPlain) ds[e] *= gradient_factor;
           }
           const int offset = ScoreTile::offset(row, col);
@@ -298,17 +338,48 @@ __device__ __forceinline__ void dkdv_block(const BackwardParams& params, const W
       v_smem, static_cast<const Element*>(params.v) + params.v_offset(b, h_kv) + n0 * params.v_row_stride,
       params.v_row_stride, kv_rows, head_dim, is_aligned, tid);
 
-  // Steps: every query head of the group x every query block that sees this key block.
+  // Steps: every query head of the group x every query block that sees this key block:
+  // the interval rule's row range, or with a block mask / attn_mask each head's list of
+  // this key tile (the interval rule folded in; src/core/mask_tables.hpp), in list order.
+  const TileLists& query_lists = params.device_mask.by_key_tile;
+  const bool is_listed = query_lists.present();
+  const bool accumulates_dbias = params.device_mask.maybe_dbias_sum != nullptr;
+  const std::int64_t h_q_begin = h_kv * params.group_size, h_q_end = h_q_begin + params.group_size;
   const MaskRule::RowRange rows = mask.rows_of_columns(n0, n0 + kv_rows);
   const int m_block_begin = static_cast<int>(rows.begin / kBlockM);
   const int m_blocks = rows.end > rows.begin ? static_cast<int>((rows.end + kBlockM - 1) / kBlockM) - m_block_begin : 0;
-  const int steps = m_blocks * static_cast<int>(params.group_size);
+  int steps = m_blocks * static_cast<int>(params.group_size);
+  if (is_listed) {
+    steps = 0;
+    for (std::int64_t h_q = h_q_begin; h_q < h_q_end; ++h_q)
+      steps += query_lists.count(query_lists.list(b, h_q, n_block));
+  }
   const std::int64_t stats_start = Workspace::stats_start(params, b);
 
-  auto step_head = [&](int step) { return h_kv * params.group_size + step / m_blocks; };
-  auto step_m0 = [&](int step) { return static_cast<std::int64_t>(m_block_begin + step % m_blocks) * kBlockM; };
+  // A step's query head and first query row; is_partial: a listed tile that needs the
+  // element pass.
+  struct StepTile {
+    std::int64_t h_q, m0;
+    bool is_partial;
+  };
+  auto step_tile = [&](int step) -> StepTile {
+    if (!is_listed)
+      return {h_q_begin + step / m_blocks, static_cast<std::int64_t>(m_block_begin + step % m_blocks) * kBlockM, false};
+    // The group's lists one after another (step < steps: one of them holds it).
+    std::int64_t h_q = h_q_begin;
+    int index = step;
+    for (;;) {
+      const int count = query_lists.count(query_lists.list(b, h_q, n_block));
+      if (index < count || h_q + 1 >= h_q_end) break;
+      index -= count;
+      ++h_q;
+    }
+    const TileEntry entry = query_lists.entry(query_lists.list(b, h_q, n_block), index);
+    return {h_q, static_cast<std::int64_t>(entry.tile) * kBlockM, entry.partial};
+  };
   auto issue_step_loads = [&](int step, int stage) {
-    const std::int64_t h_q = step_head(step), m0 = step_m0(step);
+    const StepTile tile = step_tile(step);
+    const std::int64_t h_q = tile.h_q, m0 = tile.m0;
     load_swizzled_tile<kBlockM, kHeadDim, T::kThreads>(
         q_smem + stage * QTile::kElements,
         static_cast<const Element*>(params.q) + params.q_offset(b, h_q) + m0 * params.q_row_stride,
@@ -332,7 +403,8 @@ __device__ __forceinline__ void dkdv_block(const BackwardParams& params, const W
   // The fp32 dQ of the previous step (staging tile) is added to the accumulator.
   // Called after a barrier that follows the staging writes and their proxy fence.
   auto flush_dq = [&](int step) {
-    const std::int64_t h_q = step_head(step), m0 = step_m0(step);
+    const StepTile tile = step_tile(step);
+    const std::int64_t h_q = tile.h_q, m0 = tile.m0;
     float* dq_rows = workspace.dq_accum + workspace.dq_offset(params, b, m0, h_q);
 #if FLASHATTN_SM90_DEVICE_CODE
     if (head_dim == kHeadDim) {
@@ -389,8 +461,12 @@ __device__ __forceinline__ void dkdv_block(const BackwardParams& params, const W
       if (step + 1 < steps) issue_step_loads(step + 1, stage ^ 1);
       ptx::cp_async_commit_group();
     }
-    const std::int64_t m0 = step_m0(step);
+    const StepTile tile = step_tile(step);
+    const std::int64_t h_q = tile.h_q, m0 = tile.m0;
     const std::uint32_t stage_bytes = stage * QTile::kBytes;
+    // Listed: the element pass on partial tiles and on the key tail (its zero K rows
+    // must give P = 0: exp2(0 - LSE) may overflow and 0 · inf in dQ is NaN).
+    const bool has_element_pass = is_listed && (tile.is_partial || n0 + kBlockN > seqlen_k);
 
     // S = Q K^T, dP = dO V^T: (kSdpWarpRows, kSdpWarpCols) per warp
     float s[T::kSdpMTiles][T::kSdpNTiles][4] = {};
@@ -401,15 +477,21 @@ __device__ __forceinline__ void dkdv_block(const BackwardParams& params, const W
         [&](int kk, int nj, auto& r) { load_fragment(r, k_as_b.at(16 * nj, 2 * kk)); });
     const float* lse_tile = lse_smem + stage * kBlockM;
     const float* dsum_tile = dsum_smem + stage * kBlockM;
-    if constexpr (kIsPlain) exponentiate<T>(s, params, lse_tile, sdp_m0, lane);
+    if constexpr (kIsPlain) {
+      if (has_element_pass) mask_raw_scores<T>(s, params, mask, b, h_q, m0, n0, sdp_m0, sdp_n0, lane);
+      exponentiate<T>(s, params, lse_tile, sdp_m0, lane);
+    }
     warp_gemm<kHeadSteps, T::kSdpMTiles, T::kSdpNTiles, kInput, T::kPrefetch>(
         dp, [&](int kk, int mi, auto& r) { load_fragment(r, q_as_a.at(16 * mi, 2 * kk) + stage_bytes + kDoMinusQ); },
         [&](int kk, int nj, auto& r) { load_fragment(r, k_as_b.at(16 * nj, 2 * kk) + kVMinusK); });
 
     const std::int64_t q_rows_end = m0 + kBlockM < seqlen_q ? m0 + kBlockM : seqlen_q;
-    const bool needs_mask = n0 + kBlockN > seqlen_k || !mask.tile_fully_allowed(m0, q_rows_end, n0, n0 + kBlockN);
-    write_p_and_ds<T, kIsPlain>(s, dp, params, b, step_head(step), mask, needs_mask, m0, n0, lse_tile, dsum_tile,
-                                     sdp_m0, sdp_n0, lane, p_smem, ds_smem);
+    const bool needs_mask =
+        !is_listed && (n0 + kBlockN > seqlen_k || !mask.tile_fully_allowed(m0, q_rows_end, n0, n0 + kBlockN));
+    write_p_and_ds<T, kIsPlain>(s, dp, params, b, h_q, mask, needs_mask, has_element_pass, accumulates_dbias, m0, n0,
+                                lse_tile, dsum_tile, sdp_m0, sdp_n0, lane, p_smem, ds_smem);
+    // dBias here only (the deterministic dQ kernel recomputes the same dS).
+    if (accumulates_dbias) accumulate_warp_dbias<T>(dp, params, mask, b, h_q, m0, n0, sdp_m0, sdp_n0, lane);
 #if FLASHATTN_SM90_DEVICE_CODE
     // The TMA has read the previous step's staging tile before anyone rewrites it.
     if (kUsesStaging && has_dq && warp == 0) ptx::bulk_wait_group_read<0>();
@@ -453,7 +535,7 @@ __device__ __forceinline__ void dkdv_block(const BackwardParams& params, const W
 #endif
       } else {
         // Rows past the sequence hold zeros and stay inside the head's accumulator rows.
-        float* dq_rows = workspace.dq_accum + workspace.dq_offset(params, b, m0, step_head(step));
+        float* dq_rows = workspace.dq_accum + workspace.dq_offset(params, b, m0, h_q);
 #pragma unroll
         for (int mi = 0; mi < T::kDqMTiles; ++mi)
 #pragma unroll
