@@ -163,21 +163,6 @@ __device__ __forceinline__ void exponentiate(float (&s)[T::kSdpMTiles][T::kSdpNT
     }
 }
 
-// The element pass of a listed partial tile (src/core/mask_tables.hpp) on the plain
-// path, before exponentiate: S is raw Q K^T there, scaled by softmax_scale·log2(e) in
-// the exponent, so an attn_mask bias enters divided by softmax_scale.
-template <class T>
-__device__ __forceinline__ void mask_raw_scores(float (&s)[T::kSdpMTiles][T::kSdpNTiles][4],
-                                                const BackwardParams& params, const MaskRule& mask, std::int64_t b,
-                                                std::int64_t h_q, std::int64_t m0, std::int64_t n0, int warp_m0,
-                                                int warp_n0, int lane) {
-  const float bias_factor = 1.0f / params.softmax_scale;
-#pragma unroll
-  for (int mi = 0; mi < T::kSdpMTiles; ++mi)
-    fragment::apply_mask<T::kSdpNTiles>(fragment::flat(s[mi]), params, mask, b, h_q, m0 + warp_m0 + 16 * mi + lane / 4,
-                                        n0 + warp_n0, bias_factor);
-}
-
 // dBias += dS (w.r.t. the score, natural-log units) of a warp's fragments: write_p_and_ds
 // with keeps_ds left it in dp.
 template <class T>
@@ -191,17 +176,27 @@ __device__ __forceinline__ void accumulate_warp_dbias(float (&ds)[T::kSdpMTiles]
                                               m0 + warp_m0 + 16 * mi + lane / 4, n0 + warp_n0, 1.0f);
 }
 
+// The instantiations of each backward kernel (launch_main.cuh: kernel_variant):
+//  - plain: no softcap, no ALiBi, no dropout, no masks; the exponentials and the dP
+//    product share one basic block (the compiler interleaves them) and no feature code
+//    competes for the registers (the kernels sit at 255);
+//  - general: the score rule per element, dropout as a uniform runtime branch;
+//  - masked: general + a block mask / attn_mask: the steps from the tile lists
+//    (src/core/mask_tables.hpp), the element pass on partial tiles, dBias. Its own
+//    instantiation: in the general one, the element pass (int64 divisions, per-element
+//    loads) took the loop to 32 spill stores per step at 255 registers (d128, sm_80).
+enum class KernelVariant { plain, general, masked };
+
 // From a warp's S (kIsPlain: P from exponentiate; else raw Q K^T, mapped here by the
 // score rule of (sequence b, query head h_q)) and dP = dO V^T fragments: P with the
 // element mask and dropout, dS = P ∘ (Z ∘ dP / (1-p) - D) ∘ gradient factor, both written
 // to shared memory as Element (P only if kWritesP: the dQ kernel needs dS alone). The
 // written P is P ∘ Z, unscaled: dV takes the 1/(1-p) at its store.
-// needs_mask: the interval rule's columns (MaskRule). has_element_pass: a partial tile
-// of a list-driven step (src/core/mask_tables.hpp) on the general path, whose attn_mask
-// bias joins the log2 score after the score rule (the plain path applies the mask to
-// S before exponentiate instead). keeps_ds: dp is overwritten with dS w.r.t. the score
+// needs_mask: the interval rule's columns (MaskRule). Masked variant only: has_element_pass,
+// a partial tile of a list-driven step: the element pass, its attn_mask bias joining the
+// log2 score after the score rule; keeps_ds: dp is overwritten with dS w.r.t. the score
 // (before the gradient factor; natural-log units) for the dBias accumulation.
-template <class T, bool kIsPlain, bool kWritesP = true>
+template <class T, KernelVariant kVariant, bool kWritesP = true>
 __device__ __forceinline__ void write_p_and_ds(const float (&s)[T::kSdpMTiles][T::kSdpNTiles][4],
                                                float (&dp)[T::kSdpMTiles][T::kSdpNTiles][4],
                                                const BackwardParams& params, std::int64_t b, std::int64_t h_q,
@@ -211,6 +206,7 @@ __device__ __forceinline__ void write_p_and_ds(const float (&s)[T::kSdpMTiles][T
                                                int lane, typename T::Element* p_tile, typename T::Element* ds_tile) {
   using Element = typename T::Element;
   using ScoreTile = typename T::ScoreTile;
+  constexpr bool kIsPlain = kVariant == KernelVariant::plain, kIsMasked = kVariant == KernelVariant::masked;
   const int group = lane / 4, quad_lane = lane % 4;
   // Built per tile (the ALiBi slope and the dropout seed may be loads): nothing of
   // them stays live across the kernel's loop.
@@ -261,7 +257,7 @@ __device__ __forceinline__ void write_p_and_ds(const float (&s)[T::kSdpMTiles][T
                   score_rule.log2_score_and_gradient_at_distance(s[mi][j][2 * half + e],
                                                                  distance0 - static_cast<float>(8 * j + e));
               float log2_score = score.log2_score;
-              if (has_element_pass)
+              if (kIsMasked && has_element_pass)
                 log2_score += static_cast<float>(online_softmax::kLog2e) *
                               fragment::mask_offset(params, mask, b, h_q, m0 + row, n0 + col + e);
               p[e] = ptx::exp2_approx_ftz(log2_score - lse_log2);
@@ -277,7 +273,7 @@ __device__ __forceinline__ void write_p_and_ds(const float (&s)[T::kSdpMTiles][T
             } else {
               ds[e] = p[e] * (dp_kept - dsum);
             }
-            if (keeps_ds) dp[mi][j][2 * half + e] = ds[e];
+            if (kIsMasked && keeps_ds) dp[mi][j][2 * half + e] = ds[e];
             if constexpr (!kIsPlain) ds[e] *= gradient_factor;
           }
           const int offset = ScoreTile::offset(row, col);
@@ -297,7 +293,7 @@ __device__ __forceinline__ void write_p_and_ds(const float (&s)[T::kSdpMTiles][T
 }
 
 // One CTA's work (dkdv_kernel below).
-template <class T, bool kIsPlain>
+template <class T, KernelVariant kVariant>
 __device__ __forceinline__ void dkdv_block(const BackwardParams& params, const Workspace& workspace, int num_n_blocks,
                                            bool is_aligned) {
   using Element = typename T::Element;
@@ -306,6 +302,7 @@ __device__ __forceinline__ void dkdv_block(const BackwardParams& params, const W
   using ScoreTile = typename T::ScoreTile;
   constexpr int kBlockM = T::kBlockM, kBlockN = T::kBlockN, kHeadDim = T::kHeadDim, kStages = T::kStages;
   constexpr ptx::MmaInput kInput = Numeric<Element>::kMmaInput;
+  constexpr bool kIsPlain = kVariant == KernelVariant::plain, kIsMasked = kVariant == KernelVariant::masked;
   extern __shared__ __align__(128) unsigned char shared_bytes[];
   Element* k_smem = reinterpret_cast<Element*>(shared_bytes + T::kKOffset);    // (kBlockN, kHeadDim)
   Element* v_smem = reinterpret_cast<Element*>(shared_bytes + T::kVOffset);    // (kBlockN, kHeadDim)
@@ -339,11 +336,12 @@ __device__ __forceinline__ void dkdv_block(const BackwardParams& params, const W
       params.v_row_stride, kv_rows, head_dim, is_aligned, tid);
 
   // Steps: every query head of the group x every query block that sees this key block:
-  // the interval rule's row range, or with a block mask / attn_mask each head's list of
-  // this key tile (the interval rule folded in; src/core/mask_tables.hpp), in list order.
+  // the interval rule's row range, or with a block mask / attn_mask (the masked variant)
+  // each head's list of this key tile (the interval rule folded in;
+  // src/core/mask_tables.hpp), in list order.
   const TileLists& query_lists = params.device_mask.by_key_tile;
-  const bool is_listed = query_lists.present();
-  const bool accumulates_dbias = params.device_mask.maybe_dbias_sum != nullptr;
+  const bool is_listed = kIsMasked && query_lists.present();
+  const bool accumulates_dbias = kIsMasked && params.device_mask.maybe_dbias_sum != nullptr;
   const std::int64_t h_q_begin = h_kv * params.group_size, h_q_end = h_q_begin + params.group_size;
   const MaskRule::RowRange rows = mask.rows_of_columns(n0, n0 + kv_rows);
   const int m_block_begin = static_cast<int>(rows.begin / kBlockM);
@@ -477,10 +475,7 @@ __device__ __forceinline__ void dkdv_block(const BackwardParams& params, const W
         [&](int kk, int nj, auto& r) { load_fragment(r, k_as_b.at(16 * nj, 2 * kk)); });
     const float* lse_tile = lse_smem + stage * kBlockM;
     const float* dsum_tile = dsum_smem + stage * kBlockM;
-    if constexpr (kIsPlain) {
-      if (has_element_pass) mask_raw_scores<T>(s, params, mask, b, h_q, m0, n0, sdp_m0, sdp_n0, lane);
-      exponentiate<T>(s, params, lse_tile, sdp_m0, lane);
-    }
+    if constexpr (kIsPlain) exponentiate<T>(s, params, lse_tile, sdp_m0, lane);
     warp_gemm<kHeadSteps, T::kSdpMTiles, T::kSdpNTiles, kInput, T::kPrefetch>(
         dp, [&](int kk, int mi, auto& r) { load_fragment(r, q_as_a.at(16 * mi, 2 * kk) + stage_bytes + kDoMinusQ); },
         [&](int kk, int nj, auto& r) { load_fragment(r, k_as_b.at(16 * nj, 2 * kk) + kVMinusK); });
@@ -488,7 +483,7 @@ __device__ __forceinline__ void dkdv_block(const BackwardParams& params, const W
     const std::int64_t q_rows_end = m0 + kBlockM < seqlen_q ? m0 + kBlockM : seqlen_q;
     const bool needs_mask =
         !is_listed && (n0 + kBlockN > seqlen_k || !mask.tile_fully_allowed(m0, q_rows_end, n0, n0 + kBlockN));
-    write_p_and_ds<T, kIsPlain>(s, dp, params, b, h_q, mask, needs_mask, has_element_pass, accumulates_dbias, m0, n0,
+    write_p_and_ds<T, kVariant>(s, dp, params, b, h_q, mask, needs_mask, has_element_pass, accumulates_dbias, m0, n0,
                                 lse_tile, dsum_tile, sdp_m0, sdp_n0, lane, p_smem, ds_smem);
     // dBias here only (the deterministic dQ kernel recomputes the same dS).
     if (accumulates_dbias) accumulate_warp_dbias<T>(dp, params, mask, b, h_q, m0, n0, sdp_m0, sdp_n0, lane);
@@ -579,14 +574,10 @@ __device__ __forceinline__ void dkdv_block(const BackwardParams& params, const W
   }
 }
 
-// kIsPlain (no softcap, no ALiBi, no dropout: is_plain_backward): a template parameter
-// so that on this default path the exponentials and the dP product share one basic
-// block (the compiler interleaves them) and no feature code competes for its
-// registers (the kernels sit at 255). The other instantiation runs every variant:
-// the score rule per element, dropout as a uniform runtime branch.
+// kVariant: see KernelVariant.
 // Staged dQ (config dq_atomics = false) needs the sm_90 bulk reductions: for older
 // targets its body is not compiled and traps; select.hpp never picks it there.
-template <class T, bool kIsPlain>
+template <class T, KernelVariant kVariant>
 __global__ void __launch_bounds__(T::kThreads, 1)
     dkdv_kernel(const __grid_constant__ BackwardParams params, const Workspace workspace, int num_n_blocks,
                 bool is_aligned) {
@@ -596,7 +587,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   constexpr bool kIsCompiled = true;
 #endif
   if constexpr (kIsCompiled) {
-    dkdv_block<T, kIsPlain>(params, workspace, num_n_blocks, is_aligned);
+    dkdv_block<T, kVariant>(params, workspace, num_n_blocks, is_aligned);
   } else {
     __trap();
   }

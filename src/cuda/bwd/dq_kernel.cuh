@@ -30,8 +30,8 @@
 
 namespace flashattn::cuda::bwd {
 
-// kIsPlain: a template parameter, as in dkdv_kernel.
-template <class T, bool kIsPlain>
+// kVariant: see KernelVariant (dkdv_kernel.cuh).
+template <class T, KernelVariant kVariant>
 __global__ void __launch_bounds__(T::kThreads, 1)
     dq_kernel(const __grid_constant__ BackwardParams params, const Workspace workspace, int num_m_blocks,
               bool is_aligned) {
@@ -41,6 +41,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   using ScoreTile = typename T::ScoreTile;
   constexpr int kBlockM = T::kBlockM, kBlockN = T::kBlockN, kHeadDim = T::kHeadDim, kStages = T::kStages;
   constexpr ptx::MmaInput kInput = Numeric<Element>::kMmaInput;
+  constexpr bool kIsPlain = kVariant == KernelVariant::plain, kIsMasked = kVariant == KernelVariant::masked;
   extern __shared__ __align__(128) unsigned char shared_bytes[];
   Element* q_smem = reinterpret_cast<Element*>(shared_bytes + T::kQOffset);    // (kBlockM, kHeadDim)
   Element* do_smem = reinterpret_cast<Element*>(shared_bytes + T::kDoOffset);  // (kBlockM, kHeadDim)
@@ -82,10 +83,10 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   }
 
   // Steps: the key blocks this query block sees: the interval rule's column range, or
-  // with a block mask / attn_mask this query tile's list (the interval rule folded in;
-  // src/core/mask_tables.hpp), in list order.
+  // with a block mask / attn_mask (the masked variant) this query tile's list (the
+  // interval rule folded in; src/core/mask_tables.hpp), in list order.
   const TileLists& key_lists = params.device_mask.by_query_tile;
-  const bool is_listed = key_lists.present();
+  const bool is_listed = kIsMasked && key_lists.present();
   const std::int64_t list = is_listed ? key_lists.list(b, h_q, m_block) : 0;
   const MaskRule::ColumnRange columns = mask.columns_of_rows(m0, m0 + q_rows);
   const std::int64_t n_block_begin = columns.begin / kBlockN;
@@ -149,17 +150,14 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     warp_gemm<kHeadSteps, T::kSdpMTiles, T::kSdpNTiles, kInput, T::kPrefetch>(
         s, [&](int kk, int mi, auto& r) { load_fragment(r, q_as_a.at(16 * mi, 2 * kk)); },
         [&](int kk, int nj, auto& r) { load_fragment(r, k_as_b.at(16 * nj, 2 * kk) + stage_bytes); });
-    if constexpr (kIsPlain) {
-      if (has_element_pass) mask_raw_scores<T>(s, params, mask, b, h_q, m0, n0, sdp_m0, sdp_n0, lane);
-      exponentiate<T>(s, params, lse_smem, sdp_m0, lane);
-    }
+    if constexpr (kIsPlain) exponentiate<T>(s, params, lse_smem, sdp_m0, lane);
     warp_gemm<kHeadSteps, T::kSdpMTiles, T::kSdpNTiles, kInput, T::kPrefetch>(
         dp, [&](int kk, int mi, auto& r) { load_fragment(r, q_as_a.at(16 * mi, 2 * kk) + kDoMinusQ); },
         [&](int kk, int nj, auto& r) { load_fragment(r, k_as_b.at(16 * nj, 2 * kk) + stage_bytes + kVMinusK); });
     const bool needs_mask =
         !is_listed && (n0 + kBlockN > seqlen_k || !mask.tile_fully_allowed(m0, m0 + q_rows, n0, n0 + kBlockN));
     // No dBias here: the dK/dV kernel sums it.
-    write_p_and_ds<T, kIsPlain, false>(s, dp, params, b, h_q, mask, needs_mask, has_element_pass, false, m0, n0,
+    write_p_and_ds<T, kVariant, false>(s, dp, params, b, h_q, mask, needs_mask, has_element_pass, false, m0, n0,
                                        lse_smem, dsum_smem, sdp_m0, sdp_n0, lane, nullptr, ds_smem);
     __syncthreads();
 

@@ -38,10 +38,12 @@ void allow_shared_memory(Kernel kernel, std::size_t bytes) {
   FLASHATTN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
 }
 
-// The plain path (no softcap, no ALiBi, no dropout) has its own instantiation of each
-// kernel; every other variant runs the general one (dkdv_kernel.cuh).
-inline bool is_plain_backward(const BackwardParams& params) {
-  return params.score_is_positive_scale() && !params.has_dropout();
+// Which instantiation of each kernel runs (KernelVariant, dkdv_kernel.cuh), from the
+// params the kernel gets (device_mask filled in).
+inline KernelVariant kernel_variant(const BackwardParams& params) {
+  if (params.device_mask.present()) return KernelVariant::masked;
+  if (params.score_is_positive_scale() && !params.has_dropout()) return KernelVariant::plain;
+  return KernelVariant::general;
 }
 
 // With a block mask / attn_mask (masks/device_mask.hpp) each kernel reads tile lists
@@ -56,7 +58,10 @@ void launch_dkdv(const BackwardParams& params, const Workspace& workspace, bool 
   if (dkdv_grid > 0) {
     BackwardParams launch_params = params;
     launch_params.device_mask = tables.view();
-    const auto kernel = is_plain_backward(params) ? dkdv_kernel<T, true> : dkdv_kernel<T, false>;
+    const KernelVariant variant = kernel_variant(launch_params);
+    const auto kernel = variant == KernelVariant::plain     ? dkdv_kernel<T, KernelVariant::plain>
+                        : variant == KernelVariant::general ? dkdv_kernel<T, KernelVariant::general>
+                                                            : dkdv_kernel<T, KernelVariant::masked>;
     allow_shared_memory(kernel, T::kSmemBytes);
     kernel<<<dkdv_grid, T::kThreads, T::kSmemBytes, stream>>>(launch_params, workspace,
                                                               static_cast<int>(num_n_blocks), is_aligned);
@@ -75,7 +80,10 @@ void launch_dq(const BackwardParams& params, const Workspace& workspace, bool is
       masks::prepare(static_cast<const AttentionParams&>(params), {D::kBlockM, D::kBlockN, true, false}, stream);
   BackwardParams launch_params = params;
   launch_params.device_mask = tables.view();
-  const auto kernel = is_plain_backward(params) ? dq_kernel<D, true> : dq_kernel<D, false>;
+  const KernelVariant variant = kernel_variant(launch_params);
+  const auto kernel = variant == KernelVariant::plain     ? dq_kernel<D, KernelVariant::plain>
+                      : variant == KernelVariant::general ? dq_kernel<D, KernelVariant::general>
+                                                          : dq_kernel<D, KernelVariant::masked>;
   allow_shared_memory(kernel, D::kDqSmemBytes);
   kernel<<<dq_grid, D::kThreads, D::kDqSmemBytes, stream>>>(launch_params, workspace, static_cast<int>(num_m_blocks),
                                                             is_aligned);
