@@ -23,6 +23,9 @@
 //                                    op per tile) while the next step computes; or
 //                                    vector atomics from registers (config dq_atomics).
 // Q, dO, LSE and D of the next step stream in through cp.async during this one.
+// With a block mask / attn_mask (KernelVariant::masked) the steps are the key block's
+// tile lists (src/core/mask_tables.hpp), partial tiles get the element pass
+// (common/mask_fragment.cuh) and dBias sums dS here.
 // Every 16-bit tile is swizzled (common/swizzle.cuh): ldmatrix and cp.async without
 // bank conflicts and without padding. Deterministic mode skips dQ here (dq_kernel).
 #pragma once
