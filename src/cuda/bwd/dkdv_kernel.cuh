@@ -215,18 +215,22 @@ __device__ __forceinline__ void write_p_and_ds(const float (&s)[T::kSdpMTiles][T
   // them stays live across the kernel's loop.
   ScoreRule score_rule;
   if constexpr (!kIsPlain) score_rule = params.score_of(b, h_q, mask);
-  // One body, compiled with and without dropout (a uniform branch).
+  // One body, compiled with and without dropout (has_dropout: std::true_type or
+  // std::false_type, a uniform branch between the copies), or once with dropout as a
+  // runtime flag (a bool: the masked variant, whose element pass would double the code).
   auto write_rows = [&](auto has_dropout) {
-    constexpr bool kHasDropout = decltype(has_dropout)::value;
+    constexpr bool kHasDropout = !std::is_same_v<decltype(has_dropout), std::false_type>;
+    const bool is_dropout = has_dropout;  // a constant but in the masked variant
     [[maybe_unused]] DropoutRule dropout;
     [[maybe_unused]] std::uint32_t batch_head = 0;
-    if constexpr (kHasDropout) dropout = params.dropout(), batch_head = params.dropout_head(b, h_q);
+    if constexpr (kHasDropout)
+      if (is_dropout) dropout = params.dropout(), batch_head = params.dropout_head(b, h_q);
 #pragma unroll
     for (int mi = 0; mi < T::kSdpMTiles; ++mi) {
       // Keep bits of this lane's elements of the (16, kSdpWarpCols) block at sequence
       // row m0 + warp_m0 + 16 mi (+ group, half 0), bit 4j + 2 half + e.
       [[maybe_unused]] std::uint32_t keep = 0;
-      if constexpr (kHasDropout)
+      if (kHasDropout && is_dropout)
         keep = fragment::dropout_keep_bits<T::kSdpNTiles>(dropout, batch_head, m0 + warp_m0 + mi * 16 + group,
                                                           n0 + warp_n0);
 #pragma unroll
@@ -268,7 +272,7 @@ __device__ __forceinline__ void write_p_and_ds(const float (&s)[T::kSdpMTiles][T
             }
             if (col + e < begin || col + e >= end) p[e] = 0.0f;
             float dp_kept = dp[mi][j][2 * half + e];
-            if constexpr (kHasDropout) {
+            if (kHasDropout && is_dropout) {
               const bool is_kept = (keep >> (4 * j + 2 * half + e)) & 1u;
               dp_kept = is_kept ? dp_kept * dropout.inverse_keep : 0.0f;
               ds[e] = p[e] * (dp_kept - dsum);
@@ -288,6 +292,8 @@ __device__ __forceinline__ void write_p_and_ds(const float (&s)[T::kSdpMTiles][T
   };
   if constexpr (kIsPlain) {
     write_rows(std::false_type{});
+  } else if constexpr (kIsMasked) {
+    write_rows(params.has_dropout());
   } else if (params.has_dropout()) {
     write_rows(std::true_type{});
   } else {
