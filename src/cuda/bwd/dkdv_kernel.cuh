@@ -186,8 +186,10 @@ __device__ __forceinline__ void accumulate_warp_dbias(float (&ds)[T::kSdpMTiles]
 //  - general: the score rule per element, dropout as a uniform runtime branch;
 //  - masked: general + a block mask / attn_mask: the steps from the tile lists
 //    (src/core/mask_tables.hpp), the element pass on partial tiles, dBias. Its own
-//    instantiation: in the general one, the element pass (int64 divisions, per-element
-//    loads) took the loop to 32 spill stores per step at 255 registers (d128, sm_80).
+//    instantiation: inlined into the general one, the element pass (per-element offsets
+//    and loads) raised ptxas' spills of the d128 sm_80 64 x 128 kernel from 100/164 to
+//    164/300 bytes (444/692 with 64-bit divisions: spill stores in the loop of every
+//    step). Called out of line instead (masked_fragment) it spilled more than inlined.
 enum class KernelVariant { plain, general, masked };
 
 // From a warp's S (kIsPlain: P from exponentiate; else raw Q K^T, mapped here by the
