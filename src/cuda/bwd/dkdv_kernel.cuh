@@ -23,6 +23,9 @@
 //                                    op per tile) while the next step computes; or
 //                                    vector atomics from registers (config dq_atomics).
 // Q, dO, LSE and D of the next step stream in through cp.async during this one.
+// With a block mask / attn_mask (KernelVariant::masked) the steps are the key block's
+// tile lists (src/core/mask_tables.hpp), partial tiles get the element pass
+// (common/mask_fragment.cuh) and dBias sums dS here.
 // Every 16-bit tile is swizzled (common/swizzle.cuh): ldmatrix and cp.async without
 // bank conflicts and without padding. Deterministic mode skips dQ here (dq_kernel).
 #pragma once
@@ -40,6 +43,7 @@
 #include "src/cuda/bwd/tile_config.hpp"
 #include "src/cuda/bwd/workspace.hpp"
 #include "src/cuda/common/fragment.cuh"
+#include "src/cuda/common/mask_fragment.cuh"
 #include "src/cuda/common/numeric.cuh"
 #include "src/cuda/common/swizzle.cuh"
 #include "src/cuda/ptx/bulk_reduce.cuh"
@@ -162,37 +166,73 @@ __device__ __forceinline__ void exponentiate(float (&s)[T::kSdpMTiles][T::kSdpNT
     }
 }
 
+// dBias += dS (w.r.t. the score, natural-log units) of a warp's fragments: write_p_and_ds
+// with keeps_ds left it in dp.
+template <class T>
+__device__ __forceinline__ void accumulate_warp_dbias(float (&ds)[T::kSdpMTiles][T::kSdpNTiles][4],
+                                                      const BackwardParams& params, const MaskRule& mask,
+                                                      std::int64_t b, std::int64_t h_q, std::int64_t m0,
+                                                      std::int64_t n0, int warp_m0, int warp_n0, int lane) {
+#pragma unroll
+  for (int mi = 0; mi < T::kSdpMTiles; ++mi)
+    fragment::accumulate_dbias<T::kSdpNTiles>(fragment::flat(ds[mi]), params, mask, b, h_q,
+                                              m0 + warp_m0 + 16 * mi + lane / 4, n0 + warp_n0, 1.0f);
+}
+
+// The instantiations of each backward kernel (launch_main.cuh: kernel_variant):
+//  - plain: no softcap, no ALiBi, no dropout, no masks; the exponentials and the dP
+//    product share one basic block (the compiler interleaves them) and no feature code
+//    competes for the registers (the kernels sit at 255);
+//  - general: the score rule per element, dropout as a uniform runtime branch;
+//  - masked: general + a block mask / attn_mask: the steps from the tile lists
+//    (src/core/mask_tables.hpp), the element pass on partial tiles, dBias. Its own
+//    instantiation: inlined into the general one, the element pass (per-element offsets
+//    and loads) raised ptxas' spills of the d128 sm_80 64 x 128 kernel from 100/164 to
+//    164/300 bytes (444/692 with 64-bit divisions: spill stores in the loop of every
+//    step). Called out of line instead (masked_fragment) it spilled more than inlined.
+enum class KernelVariant { plain, general, masked };
+
 // From a warp's S (kIsPlain: P from exponentiate; else raw Q K^T, mapped here by the
 // score rule of (sequence b, query head h_q)) and dP = dO V^T fragments: P with the
 // element mask and dropout, dS = P ∘ (Z ∘ dP / (1-p) - D) ∘ gradient factor, both written
 // to shared memory as Element (P only if kWritesP: the dQ kernel needs dS alone). The
 // written P is P ∘ Z, unscaled: dV takes the 1/(1-p) at its store.
-template <class T, bool kIsPlain, bool kWritesP = true>
+// needs_mask: the interval rule's columns (MaskRule). Masked variant only: has_element_pass,
+// a partial tile of a list-driven step: the element pass, its attn_mask bias joining the
+// log2 score after the score rule; keeps_ds: dp is overwritten with dS w.r.t. the score
+// (before the gradient factor; natural-log units) for the dBias accumulation.
+template <class T, KernelVariant kVariant, bool kWritesP = true>
 __device__ __forceinline__ void write_p_and_ds(const float (&s)[T::kSdpMTiles][T::kSdpNTiles][4],
-                                               const float (&dp)[T::kSdpMTiles][T::kSdpNTiles][4],
+                                               float (&dp)[T::kSdpMTiles][T::kSdpNTiles][4],
                                                const BackwardParams& params, std::int64_t b, std::int64_t h_q,
-                                               const MaskRule& mask, bool needs_mask, std::int64_t m0, std::int64_t n0,
+                                               const MaskRule& mask, bool needs_mask, bool has_element_pass,
+                                               bool keeps_ds, std::int64_t m0, std::int64_t n0,
                                                const float* lse_tile, const float* dsum_tile, int warp_m0, int warp_n0,
                                                int lane, typename T::Element* p_tile, typename T::Element* ds_tile) {
   using Element = typename T::Element;
   using ScoreTile = typename T::ScoreTile;
+  constexpr bool kIsPlain = kVariant == KernelVariant::plain, kIsMasked = kVariant == KernelVariant::masked;
   const int group = lane / 4, quad_lane = lane % 4;
   // Built per tile (the ALiBi slope and the dropout seed may be loads): nothing of
   // them stays live across the kernel's loop.
   ScoreRule score_rule;
   if constexpr (!kIsPlain) score_rule = params.score_of(b, h_q, mask);
-  // One body, compiled with and without dropout (a uniform branch).
+  // One body, compiled with and without dropout (has_dropout: std::true_type or
+  // std::false_type, a uniform branch between the copies), or once with dropout as a
+  // runtime flag (a bool: the masked variant, whose element pass would double the code).
   auto write_rows = [&](auto has_dropout) {
-    constexpr bool kHasDropout = decltype(has_dropout)::value;
+    constexpr bool kHasDropout = !std::is_same_v<decltype(has_dropout), std::false_type>;
+    const bool is_dropout = has_dropout;  // a constant but in the masked variant
     [[maybe_unused]] DropoutRule dropout;
     [[maybe_unused]] std::uint32_t batch_head = 0;
-    if constexpr (kHasDropout) dropout = params.dropout(), batch_head = params.dropout_head(b, h_q);
+    if constexpr (kHasDropout)
+      if (is_dropout) dropout = params.dropout(), batch_head = params.dropout_head(b, h_q);
 #pragma unroll
     for (int mi = 0; mi < T::kSdpMTiles; ++mi) {
       // Keep bits of this lane's elements of the (16, kSdpWarpCols) block at sequence
       // row m0 + warp_m0 + 16 mi (+ group, half 0), bit 4j + 2 half + e.
       [[maybe_unused]] std::uint32_t keep = 0;
-      if constexpr (kHasDropout)
+      if (kHasDropout && is_dropout)
         keep = fragment::dropout_keep_bits<T::kSdpNTiles>(dropout, batch_head, m0 + warp_m0 + mi * 16 + group,
                                                           n0 + warp_n0);
 #pragma unroll
@@ -225,12 +265,16 @@ __device__ __forceinline__ void write_p_and_ds(const float (&s)[T::kSdpMTiles][T
               const ScoreRule::ScoreAndGradient score =
                   score_rule.log2_score_and_gradient_at_distance(s[mi][j][2 * half + e],
                                                                  distance0 - static_cast<float>(8 * j + e));
-              p[e] = ptx::exp2_approx_ftz(score.log2_score - lse_log2);
+              float log2_score = score.log2_score;
+              if (kIsMasked && has_element_pass)
+                log2_score += static_cast<float>(online_softmax::kLog2e) *
+                              fragment::mask_offset(params, mask, b, h_q, m0 + row, n0 + col + e);
+              p[e] = ptx::exp2_approx_ftz(log2_score - lse_log2);
               gradient_factor = score.gradient_factor;
             }
             if (col + e < begin || col + e >= end) p[e] = 0.0f;
             float dp_kept = dp[mi][j][2 * half + e];
-            if constexpr (kHasDropout) {
+            if (kHasDropout && is_dropout) {
               const bool is_kept = (keep >> (4 * j + 2 * half + e)) & 1u;
               dp_kept = is_kept ? dp_kept * dropout.inverse_keep : 0.0f;
               ds[e] = p[e] * (dp_kept - dsum);
@@ -238,6 +282,7 @@ __device__ __forceinline__ void write_p_and_ds(const float (&s)[T::kSdpMTiles][T
             } else {
               ds[e] = p[e] * (dp_kept - dsum);
             }
+            if (kIsMasked && keeps_ds) dp[mi][j][2 * half + e] = ds[e];
             if constexpr (!kIsPlain) ds[e] *= gradient_factor;
           }
           const int offset = ScoreTile::offset(row, col);
@@ -249,6 +294,8 @@ __device__ __forceinline__ void write_p_and_ds(const float (&s)[T::kSdpMTiles][T
   };
   if constexpr (kIsPlain) {
     write_rows(std::false_type{});
+  } else if constexpr (kIsMasked) {
+    write_rows(params.has_dropout());
   } else if (params.has_dropout()) {
     write_rows(std::true_type{});
   } else {
@@ -257,7 +304,7 @@ __device__ __forceinline__ void write_p_and_ds(const float (&s)[T::kSdpMTiles][T
 }
 
 // One CTA's work (dkdv_kernel below).
-template <class T, bool kIsPlain>
+template <class T, KernelVariant kVariant>
 __device__ __forceinline__ void dkdv_block(const BackwardParams& params, const Workspace& workspace, int num_n_blocks,
                                            bool is_aligned) {
   using Element = typename T::Element;
@@ -266,6 +313,7 @@ __device__ __forceinline__ void dkdv_block(const BackwardParams& params, const W
   using ScoreTile = typename T::ScoreTile;
   constexpr int kBlockM = T::kBlockM, kBlockN = T::kBlockN, kHeadDim = T::kHeadDim, kStages = T::kStages;
   constexpr ptx::MmaInput kInput = Numeric<Element>::kMmaInput;
+  constexpr bool kIsPlain = kVariant == KernelVariant::plain, kIsMasked = kVariant == KernelVariant::masked;
   extern __shared__ __align__(128) unsigned char shared_bytes[];
   Element* k_smem = reinterpret_cast<Element*>(shared_bytes + T::kKOffset);    // (kBlockN, kHeadDim)
   Element* v_smem = reinterpret_cast<Element*>(shared_bytes + T::kVOffset);    // (kBlockN, kHeadDim)
@@ -298,17 +346,49 @@ __device__ __forceinline__ void dkdv_block(const BackwardParams& params, const W
       v_smem, static_cast<const Element*>(params.v) + params.v_offset(b, h_kv) + n0 * params.v_row_stride,
       params.v_row_stride, kv_rows, head_dim, is_aligned, tid);
 
-  // Steps: every query head of the group x every query block that sees this key block.
+  // Steps: every query head of the group x every query block that sees this key block:
+  // the interval rule's row range, or with a block mask / attn_mask (the masked variant)
+  // each head's list of this key tile (the interval rule folded in;
+  // src/core/mask_tables.hpp), in list order.
+  const TileLists& query_lists = params.device_mask.by_key_tile;
+  const bool is_listed = kIsMasked && query_lists.present();
+  const bool accumulates_dbias = kIsMasked && params.device_mask.maybe_dbias_sum != nullptr;
+  const std::int64_t h_q_begin = h_kv * params.group_size, h_q_end = h_q_begin + params.group_size;
   const MaskRule::RowRange rows = mask.rows_of_columns(n0, n0 + kv_rows);
   const int m_block_begin = static_cast<int>(rows.begin / kBlockM);
   const int m_blocks = rows.end > rows.begin ? static_cast<int>((rows.end + kBlockM - 1) / kBlockM) - m_block_begin : 0;
-  const int steps = m_blocks * static_cast<int>(params.group_size);
+  int steps = m_blocks * static_cast<int>(params.group_size);
+  if (is_listed) {
+    steps = 0;
+    for (std::int64_t h_q = h_q_begin; h_q < h_q_end; ++h_q)
+      steps += query_lists.count(query_lists.list(b, h_q, n_block));
+  }
   const std::int64_t stats_start = Workspace::stats_start(params, b);
 
-  auto step_head = [&](int step) { return h_kv * params.group_size + step / m_blocks; };
-  auto step_m0 = [&](int step) { return static_cast<std::int64_t>(m_block_begin + step % m_blocks) * kBlockM; };
+  // A step's query head and first query row; is_partial: a listed tile that needs the
+  // element pass.
+  struct StepTile {
+    std::int64_t h_q, m0;
+    bool is_partial;
+  };
+  auto step_tile = [&](int step) -> StepTile {
+    if (!is_listed)
+      return {h_q_begin + step / m_blocks, static_cast<std::int64_t>(m_block_begin + step % m_blocks) * kBlockM, false};
+    // The group's lists one after another (step < steps: one of them holds it).
+    std::int64_t h_q = h_q_begin;
+    int index = step;
+    for (;;) {
+      const int count = query_lists.count(query_lists.list(b, h_q, n_block));
+      if (index < count || h_q + 1 >= h_q_end) break;
+      index -= count;
+      ++h_q;
+    }
+    const TileEntry entry = query_lists.entry(query_lists.list(b, h_q, n_block), index);
+    return {h_q, static_cast<std::int64_t>(entry.tile) * kBlockM, entry.partial};
+  };
   auto issue_step_loads = [&](int step, int stage) {
-    const std::int64_t h_q = step_head(step), m0 = step_m0(step);
+    const StepTile tile = step_tile(step);
+    const std::int64_t h_q = tile.h_q, m0 = tile.m0;
     load_swizzled_tile<kBlockM, kHeadDim, T::kThreads>(
         q_smem + stage * QTile::kElements,
         static_cast<const Element*>(params.q) + params.q_offset(b, h_q) + m0 * params.q_row_stride,
@@ -332,7 +412,8 @@ __device__ __forceinline__ void dkdv_block(const BackwardParams& params, const W
   // The fp32 dQ of the previous step (staging tile) is added to the accumulator.
   // Called after a barrier that follows the staging writes and their proxy fence.
   auto flush_dq = [&](int step) {
-    const std::int64_t h_q = step_head(step), m0 = step_m0(step);
+    const StepTile tile = step_tile(step);
+    const std::int64_t h_q = tile.h_q, m0 = tile.m0;
     float* dq_rows = workspace.dq_accum + workspace.dq_offset(params, b, m0, h_q);
 #if FLASHATTN_SM90_DEVICE_CODE
     if (head_dim == kHeadDim) {
@@ -389,8 +470,12 @@ __device__ __forceinline__ void dkdv_block(const BackwardParams& params, const W
       if (step + 1 < steps) issue_step_loads(step + 1, stage ^ 1);
       ptx::cp_async_commit_group();
     }
-    const std::int64_t m0 = step_m0(step);
+    const StepTile tile = step_tile(step);
+    const std::int64_t h_q = tile.h_q, m0 = tile.m0;
     const std::uint32_t stage_bytes = stage * QTile::kBytes;
+    // Listed: the element pass on partial tiles and on the key tail (its zero K rows
+    // must give P = 0: exp2(0 - LSE) may overflow and 0 · inf in dQ is NaN).
+    const bool has_element_pass = is_listed && (tile.is_partial || n0 + kBlockN > seqlen_k);
 
     // S = Q K^T, dP = dO V^T: (kSdpWarpRows, kSdpWarpCols) per warp
     float s[T::kSdpMTiles][T::kSdpNTiles][4] = {};
@@ -407,9 +492,12 @@ __device__ __forceinline__ void dkdv_block(const BackwardParams& params, const W
         [&](int kk, int nj, auto& r) { load_fragment(r, k_as_b.at(16 * nj, 2 * kk) + kVMinusK); });
 
     const std::int64_t q_rows_end = m0 + kBlockM < seqlen_q ? m0 + kBlockM : seqlen_q;
-    const bool needs_mask = n0 + kBlockN > seqlen_k || !mask.tile_fully_allowed(m0, q_rows_end, n0, n0 + kBlockN);
-    write_p_and_ds<T, kIsPlain>(s, dp, params, b, step_head(step), mask, needs_mask, m0, n0, lse_tile, dsum_tile,
-                                     sdp_m0, sdp_n0, lane, p_smem, ds_smem);
+    const bool needs_mask =
+        !is_listed && (n0 + kBlockN > seqlen_k || !mask.tile_fully_allowed(m0, q_rows_end, n0, n0 + kBlockN));
+    write_p_and_ds<T, kVariant>(s, dp, params, b, h_q, mask, needs_mask, has_element_pass, accumulates_dbias, m0, n0,
+                                lse_tile, dsum_tile, sdp_m0, sdp_n0, lane, p_smem, ds_smem);
+    // dBias here only (the deterministic dQ kernel recomputes the same dS).
+    if (accumulates_dbias) accumulate_warp_dbias<T>(dp, params, mask, b, h_q, m0, n0, sdp_m0, sdp_n0, lane);
 #if FLASHATTN_SM90_DEVICE_CODE
     // The TMA has read the previous step's staging tile before anyone rewrites it.
     if (kUsesStaging && has_dq && warp == 0) ptx::bulk_wait_group_read<0>();
@@ -453,7 +541,7 @@ __device__ __forceinline__ void dkdv_block(const BackwardParams& params, const W
 #endif
       } else {
         // Rows past the sequence hold zeros and stay inside the head's accumulator rows.
-        float* dq_rows = workspace.dq_accum + workspace.dq_offset(params, b, m0, step_head(step));
+        float* dq_rows = workspace.dq_accum + workspace.dq_offset(params, b, m0, h_q);
 #pragma unroll
         for (int mi = 0; mi < T::kDqMTiles; ++mi)
 #pragma unroll
@@ -497,14 +585,10 @@ __device__ __forceinline__ void dkdv_block(const BackwardParams& params, const W
   }
 }
 
-// kIsPlain (no softcap, no ALiBi, no dropout: is_plain_backward): a template parameter
-// so that on this default path the exponentials and the dP product share one basic
-// block (the compiler interleaves them) and no feature code competes for its
-// registers (the kernels sit at 255). The other instantiation runs every variant:
-// the score rule per element, dropout as a uniform runtime branch.
+// kVariant: see KernelVariant.
 // Staged dQ (config dq_atomics = false) needs the sm_90 bulk reductions: for older
 // targets its body is not compiled and traps; select.hpp never picks it there.
-template <class T, bool kIsPlain>
+template <class T, KernelVariant kVariant>
 __global__ void __launch_bounds__(T::kThreads, 1)
     dkdv_kernel(const __grid_constant__ BackwardParams params, const Workspace workspace, int num_n_blocks,
                 bool is_aligned) {
@@ -514,7 +598,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   constexpr bool kIsCompiled = true;
 #endif
   if constexpr (kIsCompiled) {
-    dkdv_block<T, kIsPlain>(params, workspace, num_n_blocks, is_aligned);
+    dkdv_block<T, kVariant>(params, workspace, num_n_blocks, is_aligned);
   } else {
     __trap();
   }

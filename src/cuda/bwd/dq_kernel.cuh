@@ -9,8 +9,9 @@
 // fragment prefetch. Q, dO, LSE and D stay in shared memory for the whole CTA; K and V
 // of the next step stream in through cp.async during this one. One step:
 //   S = Q K^T, dP = dO V^T     registers, warp grid over (block_m, block_n)
-//   dS -> shared memory         (the element mask only on boundary tiles; score rule and
-//                                dropout as in dkdv_kernel's write_p_and_ds)
+//   dS -> shared memory         (the element mask only on boundary tiles, or with a block
+//                                mask / attn_mask on the listed partial tiles; score rule
+//                                and dropout as in dkdv_kernel's write_p_and_ds)
 //   dQ += dS K                  warp grid over (block_m, head_dim), ldmatrix.trans for K
 #pragma once
 
@@ -29,8 +30,8 @@
 
 namespace flashattn::cuda::bwd {
 
-// kIsPlain: a template parameter, as in dkdv_kernel.
-template <class T, bool kIsPlain>
+// kVariant: see KernelVariant (dkdv_kernel.cuh).
+template <class T, KernelVariant kVariant>
 __global__ void __launch_bounds__(T::kThreads, 1)
     dq_kernel(const __grid_constant__ BackwardParams params, const Workspace workspace, int num_m_blocks,
               bool is_aligned) {
@@ -40,6 +41,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   using ScoreTile = typename T::ScoreTile;
   constexpr int kBlockM = T::kBlockM, kBlockN = T::kBlockN, kHeadDim = T::kHeadDim, kStages = T::kStages;
   constexpr ptx::MmaInput kInput = Numeric<Element>::kMmaInput;
+  constexpr bool kIsPlain = kVariant == KernelVariant::plain, kIsMasked = kVariant == KernelVariant::masked;
   extern __shared__ __align__(128) unsigned char shared_bytes[];
   Element* q_smem = reinterpret_cast<Element*>(shared_bytes + T::kQOffset);    // (kBlockM, kHeadDim)
   Element* do_smem = reinterpret_cast<Element*>(shared_bytes + T::kDoOffset);  // (kBlockM, kHeadDim)
@@ -80,15 +82,26 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     }
   }
 
+  // Steps: the key blocks this query block sees: the interval rule's column range, or
+  // with a block mask / attn_mask (the masked variant) this query tile's list (the
+  // interval rule folded in; src/core/mask_tables.hpp), in list order.
+  const TileLists& key_lists = params.device_mask.by_query_tile;
+  const bool is_listed = kIsMasked && key_lists.present();
+  const std::int64_t list = is_listed ? key_lists.list(b, h_q, m_block) : 0;
   const MaskRule::ColumnRange columns = mask.columns_of_rows(m0, m0 + q_rows);
   const std::int64_t n_block_begin = columns.begin / kBlockN;
-  const int steps =
+  const int interval_steps =
       columns.end > columns.begin ? static_cast<int>((columns.end + kBlockN - 1) / kBlockN - n_block_begin) : 0;
+  const int steps = is_listed ? key_lists.count(list) : interval_steps;
   const Element* k_base = static_cast<const Element*>(params.k) + params.k_offset(b, h_kv);
   const Element* v_base = static_cast<const Element*>(params.v) + params.v_offset(b, h_kv);
-  auto step_n0 = [&](int step) { return (n_block_begin + step) * kBlockN; };
+  // A step's key block; partial: a listed tile that needs the element pass.
+  auto step_block = [&](int step) -> TileEntry {
+    if (is_listed) return key_lists.entry(list, step);
+    return {static_cast<std::int32_t>(n_block_begin + step), false};
+  };
   auto issue_step_loads = [&](int step, int stage) {
-    const std::int64_t n0 = step_n0(step);
+    const std::int64_t n0 = static_cast<std::int64_t>(step_block(step).tile) * kBlockN;
     load_swizzled_tile<kBlockN, kHeadDim, T::kThreads>(k_smem + stage * KvTile::kElements,
                                                         k_base + n0 * params.k_row_stride, params.k_row_stride,
                                                         seqlen_k - n0, head_dim, is_aligned, tid);
@@ -124,8 +137,11 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       if (step + 1 < steps) issue_step_loads(step + 1, stage ^ 1);
       ptx::cp_async_commit_group();
     }
-    const std::int64_t n0 = step_n0(step);
+    const TileEntry block = step_block(step);
+    const std::int64_t n0 = static_cast<std::int64_t>(block.tile) * kBlockN;
     const std::uint32_t stage_bytes = stage * KvTile::kBytes;
+    // Listed: the element pass on partial tiles and on the key tail (as in dkdv_kernel).
+    const bool has_element_pass = is_listed && (block.partial || n0 + kBlockN > seqlen_k);
 
     // S = Q K^T, dP = dO V^T: (kSdpWarpRows, kSdpWarpCols) per warp
     float s[T::kSdpMTiles][T::kSdpNTiles][4] = {};
@@ -138,9 +154,11 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     warp_gemm<kHeadSteps, T::kSdpMTiles, T::kSdpNTiles, kInput, T::kPrefetch>(
         dp, [&](int kk, int mi, auto& r) { load_fragment(r, q_as_a.at(16 * mi, 2 * kk) + kDoMinusQ); },
         [&](int kk, int nj, auto& r) { load_fragment(r, k_as_b.at(16 * nj, 2 * kk) + stage_bytes + kVMinusK); });
-    const bool needs_mask = n0 + kBlockN > seqlen_k || !mask.tile_fully_allowed(m0, m0 + q_rows, n0, n0 + kBlockN);
-    write_p_and_ds<T, kIsPlain, false>(s, dp, params, b, h_q, mask, needs_mask, m0, n0, lse_smem, dsum_smem,
-                                            sdp_m0, sdp_n0, lane, nullptr, ds_smem);
+    const bool needs_mask =
+        !is_listed && (n0 + kBlockN > seqlen_k || !mask.tile_fully_allowed(m0, m0 + q_rows, n0, n0 + kBlockN));
+    // No dBias here: the dK/dV kernel sums it.
+    write_p_and_ds<T, kVariant, false>(s, dp, params, b, h_q, mask, needs_mask, has_element_pass, false, m0, n0,
+                                       lse_smem, dsum_smem, sdp_m0, sdp_n0, lane, nullptr, ds_smem);
     __syncthreads();
 
     // dQ += dS K: (kDqWarpRows, kDqWarpCols) per warp, depth kBlockN

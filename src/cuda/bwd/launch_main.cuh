@@ -14,6 +14,7 @@
 #include "src/cuda/bwd/dq_kernel.cuh"
 #include "src/cuda/bwd/launch.hpp"
 #include "src/cuda/common/check.cuh"
+#include "src/cuda/masks/device_mask.hpp"
 
 namespace flashattn::cuda::bwd {
 
@@ -37,22 +38,36 @@ void allow_shared_memory(Kernel kernel, std::size_t bytes) {
   FLASHATTN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
 }
 
-// The plain path (no softcap, no ALiBi, no dropout) has its own instantiation of each
-// kernel; every other variant runs the general one (dkdv_kernel.cuh).
-inline bool is_plain_backward(const BackwardParams& params) {
-  return params.score_is_positive_scale() && !params.has_dropout();
+// Which instantiation of each kernel runs (KernelVariant, dkdv_kernel.cuh), from the
+// params the kernel gets (device_mask filled in).
+inline KernelVariant kernel_variant(const BackwardParams& params) {
+  if (params.device_mask.present()) return KernelVariant::masked;
+  if (params.score_is_positive_scale() && !params.has_dropout()) return KernelVariant::plain;
+  return KernelVariant::general;
 }
 
+// With a block mask / attn_mask (masks/device_mask.hpp) each kernel reads tile lists
+// built for its own tile sizes (the two kernels' differ), so each launch builds its
+// tables; the dBias accumulator belongs to the dK/dV kernel's, which alone sums dS.
 template <class T>
 void launch_dkdv(const BackwardParams& params, const Workspace& workspace, bool is_aligned, cudaStream_t stream) {
   const std::int64_t num_n_blocks = (params.seqlen_k + T::kBlockN - 1) / T::kBlockN;
   const unsigned int dkdv_grid = flat_grid(num_n_blocks, params.heads_kv, params.batch);
-  if (dkdv_grid == 0) return;
-  const auto kernel = is_plain_backward(params) ? dkdv_kernel<T, true> : dkdv_kernel<T, false>;
-  allow_shared_memory(kernel, T::kSmemBytes);
-  kernel<<<dkdv_grid, T::kThreads, T::kSmemBytes, stream>>>(params, workspace, static_cast<int>(num_n_blocks),
-                                                            is_aligned);
-  FLASHATTN_CUDA_CHECK_LAUNCH();
+  // Built (and dBias finished) even without a grid: dBias is then the zeros of no visited tile.
+  const masks::MaskTables tables = masks::prepare(params, {T::kBlockM, T::kBlockN, false, true}, stream);
+  if (dkdv_grid > 0) {
+    BackwardParams launch_params = params;
+    launch_params.device_mask = tables.view();
+    const KernelVariant variant = kernel_variant(launch_params);
+    const auto kernel = variant == KernelVariant::plain     ? dkdv_kernel<T, KernelVariant::plain>
+                        : variant == KernelVariant::general ? dkdv_kernel<T, KernelVariant::general>
+                                                            : dkdv_kernel<T, KernelVariant::masked>;
+    allow_shared_memory(kernel, T::kSmemBytes);
+    kernel<<<dkdv_grid, T::kThreads, T::kSmemBytes, stream>>>(launch_params, workspace,
+                                                              static_cast<int>(num_n_blocks), is_aligned);
+    FLASHATTN_CUDA_CHECK_LAUNCH();
+  }
+  masks::finish_dbias(params, tables, stream);
 }
 
 template <class D>
@@ -60,9 +75,17 @@ void launch_dq(const BackwardParams& params, const Workspace& workspace, bool is
   const std::int64_t num_m_blocks = (params.seqlen_q + D::kBlockM - 1) / D::kBlockM;
   const unsigned int dq_grid = flat_grid(num_m_blocks, params.heads_q, params.batch);
   if (dq_grid == 0) return;
-  const auto kernel = is_plain_backward(params) ? dq_kernel<D, true> : dq_kernel<D, false>;
+  // The AttentionParams overload: lists only, no second dBias accumulator.
+  const masks::MaskTables tables =
+      masks::prepare(static_cast<const AttentionParams&>(params), {D::kBlockM, D::kBlockN, true, false}, stream);
+  BackwardParams launch_params = params;
+  launch_params.device_mask = tables.view();
+  const KernelVariant variant = kernel_variant(launch_params);
+  const auto kernel = variant == KernelVariant::plain     ? dq_kernel<D, KernelVariant::plain>
+                      : variant == KernelVariant::general ? dq_kernel<D, KernelVariant::general>
+                                                          : dq_kernel<D, KernelVariant::masked>;
   allow_shared_memory(kernel, D::kDqSmemBytes);
-  kernel<<<dq_grid, D::kThreads, D::kDqSmemBytes, stream>>>(params, workspace, static_cast<int>(num_m_blocks),
+  kernel<<<dq_grid, D::kThreads, D::kDqSmemBytes, stream>>>(launch_params, workspace, static_cast<int>(num_m_blocks),
                                                             is_aligned);
   FLASHATTN_CUDA_CHECK_LAUNCH();
 }
