@@ -31,6 +31,15 @@ struct HopperForwardParams {
 template <class T, int kHeadDim>
 void run_forward_sm90(const HopperForwardParams& params, cudaStream_t stream);
 
+// The problem class that picks the tile config (tile_config.hpp), one rule for the
+// tensor maps, the mask lists and the launch: tiles of unequal work are "masked" —
+// causal, local, or a block mask (its lists differ in length per query tile, and the
+// persistent grid's static round-robin loses on unequal tiles). A dense attn_mask alone
+// leaves every tile the same keys.
+inline ProblemClass problem_class_of(const AttentionParams& params) {
+  return problem_class_of(params.is_causal || params.is_local() || params.has_block_mask(), params.seqlen_q);
+}
+
 // The one predicate: empty when the Hopper kernel runs these (already validated)
 // params on their device, else why not (for NotSupported messages).
 std::string why_unsupported(const AttentionParams& params);
