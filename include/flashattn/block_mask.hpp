@@ -126,7 +126,7 @@ struct ElementRule {
       return false;
     if (has_bits()) {
       if (partial_id < 0 || partial_id >= partial_block_count) return false;
-      const std::int64_t r = row % block_m, c = col % block_n;
+      const std::int64_t r = index_remainder(row, block_m), c = index_remainder(col, block_n);
       const std::uint32_t word = maybe_partial_bits[(partial_id * block_m + r) * words_per_row + c / 32];
       if (((word >> (c % 32)) & 1u) == 0) return false;
     }

@@ -16,6 +16,26 @@
 #define FLASHATTN_UNROLL
 #endif
 
+#include <cstdint>
+
+namespace flashattn {
+// a / b and a % b for an index a >= 0 and a block size b > 0 (mask blocks). Device code
+// divides in 32 bits and so needs a, b < 2^31 (the CUDA kernels' rows and columns; the
+// Hopper kernels' TMA coordinates are 32-bit anyway): a 64-bit division is a subroutine
+// call there, and its clobbered registers spilled ~40 registers of the Hopper forward's
+// mainloop wherever the call was compiled in, taken or not.
+FLASHATTN_HOST_DEVICE std::int64_t index_quotient(std::int64_t a, std::int64_t b) {
+#if defined(__CUDA_ARCH__)
+  return static_cast<std::uint32_t>(a) / static_cast<std::uint32_t>(b);
+#else
+  return a / b;
+#endif
+}
+FLASHATTN_HOST_DEVICE std::int64_t index_remainder(std::int64_t a, std::int64_t b) {
+  return a - index_quotient(a, b) * b;
+}
+}  // namespace flashattn
+
 #define FLASHATTN_VERSION_MAJOR 0
 #define FLASHATTN_VERSION_MINOR 1
 #define FLASHATTN_VERSION_PATCH 0

@@ -89,8 +89,8 @@ struct DeviceMask {
   FLASHATTN_HOST_DEVICE bool present() const { return by_query_tile.present() || by_key_tile.present(); }
   FLASHATTN_HOST_DEVICE std::int32_t block_code(const BlockMaskView& view, std::int64_t b, std::int64_t h,
                                                 std::int64_t row, std::int64_t col) const {
-    return maybe_block_codes[b * code_batch_stride + h * code_head_stride + (row / view.block_m) * view.kv_blocks +
-                             col / view.block_n];
+    return maybe_block_codes[b * code_batch_stride + h * code_head_stride +
+                             index_quotient(row, view.block_m) * view.kv_blocks + index_quotient(col, view.block_n)];
   }
   // Whether the block mask allows (row, col) of (b, h) (true without a block mask).
   FLASHATTN_HOST_DEVICE bool block_allows(const BlockMaskView& view, std::int64_t b, std::int64_t h, std::int64_t row,
