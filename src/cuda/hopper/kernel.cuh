@@ -46,8 +46,11 @@
 // producer and the consumers alike: both read the same entry `index` of the same list,
 // so the rings stay in lock-step. Partial entries take fragment::apply_mask (the whole
 // element pass: sequence ends, interval rule, block mask, attn_mask); full ones no mask
-// at all. A runtime branch per tile, not a template flag: the mask pass is per element
-// loads anyway, and the default kernel keeps its one instantiation per schedule.
+// at all. A runtime branch per tile, not a template flag (no new instantiations): masks
+// run the one-CTA-per-tile kernels with two consumer warpgroups (ProblemClass::
+// mask_lists), and only those compile the path (HopperTileConfig::has_mask_lists). The
+// others sit at the register limit (persistent loops; d64's three consumer warpgroups at
+// 160 registers spill already): without the path they stay exactly as they were.
 //
 // Variable-length batches: the tensor maps span the packed rows; a sequence's tile
 // starts at its cu_seqlens offset. Rows of the next sequence that a tile reaches are
@@ -132,7 +135,9 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
   // blockIdx.x + gridDim.x, ...: one tile, or several when the launch is persistent.
   const std::int64_t num_m_blocks = (attention.seqlen_q + kBlockM - 1) / kBlockM;
   const std::int64_t num_tiles = num_m_blocks * attention.heads_q * attention.batch;
-  // The device mask's key-tile lists (absent without attn_mask / block mask).
+  // The device mask's key-tile lists (absent without attn_mask / block mask; read only
+  // by the kernels of ProblemClass::mask_lists, see the header).
+  constexpr bool kHasDeviceMask = kConfig.has_mask_lists();
   const TileLists& key_lists = attention.device_mask.by_query_tile;
   struct Tile {
     std::int64_t batch, head, m0, row_end, seqlen_q, seqlen_k, n_block_end;
@@ -157,7 +162,7 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
     tile.num_n_blocks =
         columns.end > columns.begin ? static_cast<int>(tile.n_block_end - columns.begin / kBlockN) : 0;
     tile.key_list = -1;
-    if (key_lists.present()) {
+    if (kHasDeviceMask && key_lists.present()) {
       // The list was built for (block_m, block_n) (launch_forward_sm90 checks) with the
       // interval rule folded in; an empty one is a tile without keys (O = 0, LSE -inf).
       tile.key_list = key_lists.list(tile.batch, tile.head, m_block);
@@ -165,17 +170,20 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
     }
     return true;
   };
-  // Key block `index` of a tile's visit order: its first key row, and whether the list
-  // marks it partial (the device mask's element pass; unused on the interval range,
-  // where softmax_block tests the block against the mask edges itself).
+  // Key block `index` of a tile's visit order: its first key row, and whether it takes
+  // the device mask's element pass — listed partial, or past the end of the keys, where
+  // TMA delivers zero rows whose scores must not count. Always false on the interval
+  // range: softmax_block tests those blocks against the mask edges itself.
   struct KeyBlock {
     std::int64_t n0;
     bool is_partial;
   };
+  auto is_listed = [&](const Tile& tile) { return kHasDeviceMask && tile.key_list >= 0; };
   auto key_block = [&](const Tile& tile, int index) {
-    if (tile.key_list >= 0) {
+    if (is_listed(tile)) {
       const TileEntry entry = key_lists.entry(tile.key_list, index);
-      return KeyBlock{static_cast<std::int64_t>(entry.tile) * kBlockN, entry.partial};
+      const std::int64_t n0 = static_cast<std::int64_t>(entry.tile) * kBlockN;
+      return KeyBlock{n0, entry.partial || n0 + kBlockN > tile.seqlen_k};
     }
     return KeyBlock{(tile.n_block_end - 1 - index) * kBlockN, false};
   };
@@ -355,23 +363,26 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
     for (int i = 0; i < kBlockN / 2; ++i)
       if (((keep[i / 32] >> (i % 32)) & 1u) == 0) s[i] = 0.0f;
   };
-  // The device mask's element pass (fragment::apply_mask) on a partial listed block, one
-  // n8 column tile at a time in a rolled loop: S rotates by one tile per step, so the
-  // tile in s[0..3] is always the next one and all indices stay compile-time. Unrolled
-  // over the whole block, the pass (block codes, element rule, attn_mask: 64-bit index
-  // math per element) spilled ~30 registers of the overlapped mainloop — the default
-  // path's too — and multiplied the kernel's code; rolled, it costs 4 * kNTiles moves
-  // per step, little beside its loads.
+  // The device mask's element pass (fragment::apply_mask) on a partial listed block,
+  // kMaskStepTiles n8 column tiles per step of a rolled loop: S rotates by one step per
+  // step, so the step's tiles are always s[0 .. 4 kMaskStepTiles) and all indices stay
+  // compile-time. Unrolled over the whole block, the pass (block codes, element rule,
+  // attn_mask loads per element) spilled the mainloop's registers and multiplied the
+  // kernel's code.
+  constexpr int kMaskStepTiles = 1;  // 2 and 4 spilled more (d64 with 3 consumer warpgroups)
+  static_assert(kNTiles % kMaskStepTiles == 0, "whole steps");
   auto apply_device_mask = [&](std::int64_t n0) {
 #pragma unroll 1
-    for (int j = 0; j < kNTiles; ++j) {
-      float column_tile[4] = {s[0], s[1], s[2], s[3]};  // columns n0 + 8 j ..
-      fragment::apply_mask<1>(column_tile, attention, tile.mask, tile.batch, tile.head, tile.m0 + thread_row0,
-                              n0 + 8 * j, mask_bias_factor);
+    for (int j = 0; j < kNTiles; j += kMaskStepTiles) {
+      float step_s[4 * kMaskStepTiles];  // columns n0 + 8 j ..
 #pragma unroll
-      for (int i = 0; i < 4 * kNTiles - 4; ++i) s[i] = s[i + 4];
+      for (int i = 0; i < 4 * kMaskStepTiles; ++i) step_s[i] = s[i];
+      fragment::apply_mask<kMaskStepTiles>(step_s, attention, tile.mask, tile.batch, tile.head, tile.m0 + thread_row0,
+                                           n0 + 8 * j, mask_bias_factor);
 #pragma unroll
-      for (int i = 0; i < 4; ++i) s[4 * kNTiles - 4 + i] = column_tile[i];
+      for (int i = 0; i < 4 * (kNTiles - kMaskStepTiles); ++i) s[i] = s[i + 4 * kMaskStepTiles];
+#pragma unroll
+      for (int i = 0; i < 4 * kMaskStepTiles; ++i) s[4 * (kNTiles - kMaskStepTiles) + i] = step_s[i];
     }
   };
   // Score rule, element mask, online softmax of `block` (S complete in registers):
@@ -380,11 +391,8 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
     ptx::fence_operands(s);
     const std::int64_t n0 = block.n0;
     if (!is_positive_scale) fragment::apply_score_rule<kNTiles>(s, score_rule, tile.m0 + thread_row0, n0);
-    if (tile.key_list >= 0) {
-      // Listed block: the element pass on partial blocks only. The key end is tested
-      // here too: past it TMA delivers zero rows, whose scores must not count.
-      if (block.is_partial || n0 + kBlockN > tile.seqlen_k)
-        apply_device_mask(n0);
+    if (is_listed(tile)) {
+      if (block.is_partial) apply_device_mask(n0);  // listed full blocks: no mask at all
     } else if (n0 + kBlockN > tile.seqlen_k || !tile.mask.tile_fully_allowed(tile.m0, tile.row_end, n0, n0 + kBlockN)) {
       // Interval range: the element mask only where the block crosses a mask edge or
       // the end of the keys.
@@ -587,7 +595,14 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
         issue_pv(index - 1);
         end_turn();
         if constexpr (kHasDropout) draw_keep(block);
-        ptx::wgmma_wait_group<1>();  // S_(index) done, O += P V still running
+        // S_(index) done, O += P V still running — except before the device mask's element
+        // pass, which waits for both: P's registers then free up for the pass (the
+        // persistent dropout kernel spilled without), and the pass outlasts the GEMM.
+        if (block.is_partial) {
+          ptx::wgmma_wait_group<0>();
+        } else {
+          ptx::wgmma_wait_group<1>();
+        }
         release(k_empty, index);
         softmax_block(block);
         if constexpr (kHasDropout) drop_p();
@@ -673,12 +688,13 @@ template <class T, HopperTileConfig kConfig, bool kHasDropout>
 void launch_forward_sm90(const HopperForwardParams& params, cudaStream_t stream) {
   const AttentionParams& attention = params.attention;
   const TileLists& key_lists = attention.device_mask.by_query_tile;
-  if (key_lists.present() &&
-      (key_lists.outer_tile_size != kConfig.block_m || key_lists.inner_tile_size != kConfig.block_n))
-    throw std::logic_error("flashattn: flash3 forward: the mask lists were built for tiles (" +
+  if (key_lists.present() && (!kConfig.has_mask_lists() || key_lists.outer_tile_size != kConfig.block_m ||
+                              key_lists.inner_tile_size != kConfig.block_n))
+    throw std::logic_error("flashattn: flash3 forward: mask lists built for tiles (" +
                            std::to_string(key_lists.outer_tile_size) + ", " +
-                           std::to_string(key_lists.inner_tile_size) + "), the kernel runs (" +
-                           std::to_string(kConfig.block_m) + ", " + std::to_string(kConfig.block_n) + ")");
+                           std::to_string(key_lists.inner_tile_size) + ") reached the kernel of tiles (" +
+                           std::to_string(kConfig.block_m) + ", " + std::to_string(kConfig.block_n) +
+                           (kConfig.has_mask_lists() ? ")" : "), which has no mask path"));
   const std::int64_t num_m_blocks = (attention.seqlen_q + kConfig.block_m - 1) / kConfig.block_m;
   const std::int64_t num_tiles = num_m_blocks * attention.heads_q * attention.batch;
   if (num_tiles == 0) return;
@@ -713,10 +729,14 @@ void launch_forward_sm90_for(ProblemClass problem_class, const HopperForwardPara
   constexpr HopperTileConfig kShortMasked = hopper_tile_config(kHeadDim, ProblemClass::short_masked, kHasDropout);
   static_assert(kUnmasked.kernel_head_dim == kHeadDim && kMasked.kernel_head_dim == kHeadDim,
                 "no Hopper tile config for this head dim");
+  constexpr HopperTileConfig kMaskLists = hopper_tile_config(kHeadDim, ProblemClass::mask_lists, kHasDropout);
+  static_assert(kMaskLists.has_mask_lists(), "attn_mask / block masks need a kernel with the mask lists' path");
   switch (problem_class) {
     case ProblemClass::unmasked: return launch_forward_sm90<T, kUnmasked, kHasDropout>(params, stream);
     case ProblemClass::masked: return launch_forward_sm90<T, kMasked, kHasDropout>(params, stream);
     case ProblemClass::short_masked: return launch_forward_sm90<T, kShortMasked, kHasDropout>(params, stream);
+    // The config of masked or short_masked problems (tile_config.hpp): no new kernel.
+    case ProblemClass::mask_lists: return launch_forward_sm90<T, kMaskLists, kHasDropout>(params, stream);
   }
 }
 

@@ -32,12 +32,12 @@ template <class T, int kHeadDim>
 void run_forward_sm90(const HopperForwardParams& params, cudaStream_t stream);
 
 // The problem class that picks the tile config (tile_config.hpp), one rule for the
-// tensor maps, the mask lists and the launch: tiles of unequal work are "masked" —
-// causal, local, or a block mask (its lists differ in length per query tile, and the
-// persistent grid's static round-robin loses on unequal tiles). A dense attn_mask alone
-// leaves every tile the same keys.
+// tensor maps, the mask lists and the launch. attn_mask / block mask: mask_lists, the
+// kernels with the lists' path (one CTA per tile: a block mask's lists make tiles of
+// unequal work, on which the persistent grid's static round-robin loses, TUNING.md).
 inline ProblemClass problem_class_of(const AttentionParams& params) {
-  return problem_class_of(params.is_causal || params.is_local() || params.has_block_mask(), params.seqlen_q);
+  if (params.has_attn_mask() || params.has_block_mask()) return ProblemClass::mask_lists;
+  return problem_class_of(params.is_causal || params.is_local(), params.seqlen_q);
 }
 
 // The one predicate: empty when the Hopper kernel runs these (already validated)
