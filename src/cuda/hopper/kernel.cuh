@@ -364,11 +364,11 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
       if (((keep[i / 32] >> (i % 32)) & 1u) == 0) s[i] = 0.0f;
   };
   // The device mask's element pass (fragment::apply_mask) on a partial listed block,
-  // kMaskStepTiles n8 column tiles per step of a rolled loop: S rotates by one step per
-  // step, so the step's tiles are always s[0 .. 4 kMaskStepTiles) and all indices stay
-  // compile-time. Unrolled over the whole block, the pass (block codes, element rule,
-  // attn_mask loads per element) spilled the mainloop's registers and multiplied the
-  // kernel's code.
+  // kMaskStepTiles n8 column tiles per step of a rolled loop: each step masks s[0 ..
+  // 4 kMaskStepTiles) and rotates S left by that much, so all indices stay compile-time
+  // and after the last step S is back in place. Unrolled over the whole block, the pass
+  // (block codes, element rule, attn_mask: loads per element) spilled registers of the
+  // kernels at their limit and made the d128 object file 8x slower to compile.
   constexpr int kMaskStepTiles = 1;  // 2 and 4 spilled more (d64 with 3 consumer warpgroups)
   static_assert(kNTiles % kMaskStepTiles == 0, "whole steps");
   auto apply_device_mask = [&](std::int64_t n0) {
