@@ -105,7 +105,9 @@ MaskCase with_mask(ProblemShape shape, MaskKind kind, Pattern pattern = Pattern:
 MaskCase blocks(MaskCase c, std::int64_t block_q, std::int64_t block_k) {
   return c.block_q = block_q, c.block_k = block_k, c;
 }
-MaskCase broadcast(MaskCase c, bool batch, bool heads) { return c.broadcast_batch = batch, c.broadcast_heads = heads, c; }
+MaskCase broadcast(MaskCase c, bool batch, bool heads) {
+  return c.broadcast_batch = batch, c.broadcast_heads = heads, c;
+}
 
 // The problem, its masks on the host (run and oracle), and their device mirrors.
 class MaskedRun {
@@ -228,11 +230,11 @@ class MaskedRun {
     auto* full_indices = static_cast<std::int32_t*>(full_kv_indices.data());
     auto* ids = static_cast<std::int32_t*>(partial_ids.data());
     std::vector<std::int32_t> bits;
-    for (std::int64_t list = 0; list < mask_batch_ * mask_heads_ * q_blocks; ++list) {
-      num[list] = full_num[list] = 0;
-      for (std::int64_t n = 0; n < kv_blocks; ++n) indices[list * kv_blocks + n] = full_indices[list * kv_blocks + n] =
-                                                       ids[list * kv_blocks + n] = -7;  // unused slots
-    }
+    std::fill_n(num, kv_num.numel(), 0);
+    std::fill_n(full_num, full_kv_num.numel(), 0);
+    std::fill_n(indices, kv_indices.numel(), -7);  // unused slots: never read
+    std::fill_n(full_indices, full_kv_indices.numel(), -7);
+    std::fill_n(ids, partial_ids.numel(), -7);
     for (std::int64_t b = 0; b < mask_batch_; ++b)
       for (std::int64_t h = 0; h < mask_heads_; ++h)
         for (std::int64_t m = 0; m < q_blocks; ++m) {
