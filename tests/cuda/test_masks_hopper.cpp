@@ -112,7 +112,7 @@ MaskCase broadcast(MaskCase c, bool batch, bool heads) {
 // The problem, its masks on the host (run and oracle), and their device mirrors.
 class MaskedRun {
  public:
-  explicit MaskedRun(const MaskCase& c) : case_(c), problem(c.shape) {
+  explicit MaskedRun(const MaskCase& c) : problem(c.shape), case_(c) {
     const ProblemShape& s = c.shape;
     mask_batch_ = c.broadcast_batch ? 1 : s.batch;
     mask_heads_ = c.broadcast_heads ? 1 : s.heads_q;
