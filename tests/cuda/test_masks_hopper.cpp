@@ -204,7 +204,9 @@ class MaskedRun {
     }
     EXPECT_EQ(wrong_rows, 0) << label << ": rows without keys must give out 0 and LSE -inf (" << empty_rows
                              << " such rows)";
-    if (case_.pattern == Pattern::empty_query_tile) EXPECT_GT(empty_rows, 0) << label << ": the empty tile is missing";
+    if (case_.pattern == Pattern::empty_query_tile) {
+      EXPECT_GT(empty_rows, 0) << label << ": the empty tile is missing";
+    }
   }
 
   AttentionProblem problem;
