@@ -64,9 +64,9 @@ enum class ProblemClass : int {
   unmasked,      // every tile visits the same number of key blocks
   masked,        // causal or local: tiles of unequal work
   short_masked,  // masked with seqlen_q <= kShortMaskedSeqlen
-  mask_lists,    // attn_mask or block mask: the kernel iterates the masks' tile lists, so
-                 // the entry has_mask_lists(); the entries are those of masked or
-                 // short_masked problems, so no kernel is added.
+  mask_lists,    // attn_mask or block mask: entries whose kernels have the mask lists'
+                 // path (has_mask_lists()), each equal to a masked or short_masked entry
+                 // of its head dim, so no kernel is added.
 };
 inline constexpr int kShortMaskedSeqlen = 1024;
 
