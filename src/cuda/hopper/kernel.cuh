@@ -367,9 +367,10 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
   // kMaskStepTiles n8 column tiles per step of a rolled loop: each step masks s[0 ..
   // 4 kMaskStepTiles) and rotates S left by that much, so all indices stay compile-time
   // and after the last step S is back in place. Unrolled over the whole block, the pass
-  // (block codes, element rule, attn_mask: loads per element) spilled registers of the
-  // kernels at their limit and made the d128 object file 8x slower to compile.
-  constexpr int kMaskStepTiles = 1;  // 2 and 4 spilled more (d64 with 3 consumer warpgroups)
+  // (block codes, element rule, attn_mask: loads per element) made the d128 object
+  // compile in 148 s instead of 9; 4 tiles per step (16 elements' loads in flight)
+  // compile in 14.5 s, without spills (ptxas -v; 8 did not spill either, 23 s).
+  constexpr int kMaskStepTiles = kNTiles % 4 == 0 ? 4 : 2;  // block_n 80: 10 tiles
   static_assert(kNTiles % kMaskStepTiles == 0, "whole steps");
   auto apply_device_mask = [&](std::int64_t n0) {
 #pragma unroll 1
@@ -595,14 +596,7 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
         issue_pv(index - 1);
         end_turn();
         if constexpr (kHasDropout) draw_keep(block);
-        // S_(index) done, O += P V still running — except before the device mask's element
-        // pass, which waits for both: P's registers then free up for the pass (the
-        // persistent dropout kernel spilled without), and the pass outlasts the GEMM.
-        if (block.is_partial) {
-          ptx::wgmma_wait_group<0>();
-        } else {
-          ptx::wgmma_wait_group<1>();
-        }
+        ptx::wgmma_wait_group<1>();  // S_(index) done, O += P V still running
         release(k_empty, index);
         softmax_block(block);
         if constexpr (kHasDropout) drop_p();
