@@ -4,3 +4,6 @@ target_link_libraries(test_cuda_forward_hopper PRIVATE CUDA::cudart_static)
 # The Hopper forward with ALiBi and dropout (needs the CPU reference's ALiBi/dropout).
 flashattn_add_test(test_cuda_forward_hopper_variants test_forward_hopper_variants.cpp)
 target_link_libraries(test_cuda_forward_hopper_variants PRIVATE CUDA::cudart_static)
+# attn_mask and block masks on the Hopper forward: its tile sizes against the masks' blocks.
+flashattn_add_test(test_cuda_masks_hopper test_masks_hopper.cpp)
+target_link_libraries(test_cuda_masks_hopper PRIVATE CUDA::cudart_static)

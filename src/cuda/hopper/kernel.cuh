@@ -40,6 +40,18 @@
 // 128-byte swizzle: 16-byte chunk c of row r lives at chunk c ^ (r % 8) of its 1024-byte
 // 8-row atom); panel p of a (rows, d) tile starts at p * rows * 128 bytes.
 //
+// Masks beyond MaskRule (attn_mask, block mask; src/core/mask_tables.hpp): when the
+// launch passes the device mask's tile lists, a tile's key blocks are its list (in list
+// order, descending like the interval range) instead of the interval range, for the
+// producer and the consumers alike: both read the same entry `index` of the same list,
+// so the rings stay in lock-step. Partial entries take fragment::apply_mask (the whole
+// element pass: sequence ends, interval rule, block mask, attn_mask); full ones no mask
+// at all. A runtime branch per tile, not a template flag (no new instantiations): masks
+// run the one-CTA-per-tile kernels with two consumer warpgroups (ProblemClass::
+// mask_lists), and only those compile the path (HopperTileConfig::has_mask_lists). The
+// others sit at the register limit (persistent loops; d64's three consumer warpgroups at
+// 160 registers spill already): without the path they stay exactly as they were.
+//
 // Variable-length batches: the tensor maps span the packed rows; a sequence's tile
 // starts at its cu_seqlens offset. Rows of the next sequence that a tile reaches are
 // masked (keys: n0 + kBlockN > seqlen_k takes the element mask) or not stored
@@ -54,6 +66,7 @@
 #include <climits>
 #include <cstdint>
 #include <cuda/ptx>
+#include <stdexcept>
 #include <string>
 #include <utility>
 
@@ -65,6 +78,7 @@
 #include "src/core/params.hpp"
 #include "src/cuda/common/check.cuh"
 #include "src/cuda/common/fragment.cuh"
+#include "src/cuda/common/mask_fragment.cuh"
 #include "src/cuda/common/named_barriers.hpp"
 #include "src/cuda/common/numeric.cuh"
 #include "src/cuda/common/swizzle.cuh"
@@ -121,9 +135,14 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
   // blockIdx.x + gridDim.x, ...: one tile, or several when the launch is persistent.
   const std::int64_t num_m_blocks = (attention.seqlen_q + kBlockM - 1) / kBlockM;
   const std::int64_t num_tiles = num_m_blocks * attention.heads_q * attention.batch;
+  // The device mask's key-tile lists (absent without attn_mask / block mask; read only
+  // by the kernels of ProblemClass::mask_lists, see the header).
+  constexpr bool kHasDeviceMask = kConfig.has_mask_lists();
+  const TileLists& key_lists = attention.device_mask.by_query_tile;
   struct Tile {
     std::int64_t batch, head, m0, row_end, seqlen_q, seqlen_k, n_block_end;
-    int num_n_blocks;  // key blocks visited, from n_block_end - 1 down
+    std::int64_t key_list;  // the tile's list in key_lists, -1: the interval range
+    int num_n_blocks;  // key blocks visited, from n_block_end - 1 down (or the list's)
     MaskRule mask;
   };
   // False for a tile past its (varlen) sequence's end: it has no rows, every role skips it.
@@ -142,7 +161,31 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
     tile.n_block_end = (columns.end + kBlockN - 1) / kBlockN;
     tile.num_n_blocks =
         columns.end > columns.begin ? static_cast<int>(tile.n_block_end - columns.begin / kBlockN) : 0;
+    tile.key_list = -1;
+    if (kHasDeviceMask && key_lists.present()) {
+      // The list was built for (block_m, block_n) (launch_forward_sm90 checks) with the
+      // interval rule folded in; an empty one is a tile without keys (O = 0, LSE -inf).
+      tile.key_list = key_lists.list(tile.batch, tile.head, m_block);
+      tile.num_n_blocks = key_lists.count(tile.key_list);
+    }
     return true;
+  };
+  // Key block `index` of a tile's visit order: its first key row, and whether it takes
+  // the device mask's element pass — listed partial, or past the end of the keys, where
+  // TMA delivers zero rows whose scores must not count. Always false on the interval
+  // range: softmax_block tests those blocks against the mask edges itself.
+  struct KeyBlock {
+    std::int64_t n0;
+    bool is_partial;
+  };
+  auto is_listed = [&](const Tile& tile) { return kHasDeviceMask && tile.key_list >= 0; };
+  auto key_block = [&](const Tile& tile, int index) {
+    if (is_listed(tile)) {
+      const TileEntry entry = key_lists.entry(tile.key_list, index);
+      const std::int64_t n0 = static_cast<std::int64_t>(entry.tile) * kBlockN;
+      return KeyBlock{n0, entry.partial || n0 + kBlockN > tile.seqlen_k};
+    }
+    return KeyBlock{(tile.n_block_end - 1 - index) * kBlockN, false};
   };
 
   // Tiles 1024-byte aligned (the swizzle atom; the descriptors' base offset is 0).
@@ -210,7 +253,7 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
         if (position >= kStages) ptx::mbarrier_wait(&empty[stage], ((position / kStages) - 1) & 1);
         ::cuda::ptx::mbarrier_arrive_expect_tx(::cuda::ptx::sem_release, ::cuda::ptx::scope_cta,
                                                ::cuda::ptx::space_shared, &full[stage], kKVBytes);
-        const std::int32_t row = static_cast<std::int32_t>(k_start + (tile.n_block_end - 1 - index) * kBlockN);
+        const std::int32_t row = static_cast<std::int32_t>(k_start + key_block(tile, index).n0);
         load_panels<kPanels, kBlockN>(ring + stage * kBlockN * kHeadDim, tensor_map, row, head_kv, batch_coordinate,
                                       &full[stage]);
       };
@@ -259,6 +302,10 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
   // bias moves the row max).
   const bool is_positive_scale = attention.score_is_positive_scale();
   const float exp_scale = is_positive_scale ? attention.softmax_scale_log2 : 1.0f;
+  // A float attn_mask's bias (natural log) in the unit of S: raw q.k on the fast path
+  // (exp_scale = softmax_scale log2(e) applies to the sum), else log2 units.
+  const float mask_bias_factor =
+      is_positive_scale ? 1.0f / attention.softmax_scale : static_cast<float>(online_softmax::kLog2e);
   // Dropout: seed and offset may be device memory (a graph replays fresh ones), read
   // once per CTA. Without dropout inverse_keep is 1.
   const DropoutRule dropout = kHasDropout ? attention.dropout() : DropoutRule{};
@@ -301,13 +348,13 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
     }
     ptx::wgmma_commit_group();
   };
-  // Dropout keep bits of block `index` (coordinates only, no S): the draws are integer
+  // Dropout keep bits of `block` (coordinates only, no S): the draws are integer
   // work that runs while S = Q K^T is still on the tensor cores. One draw per 16 of the
   // lane's elements (a 32-column block; n0 may be ≡ 16 mod 32 with block_n 80: the
   // straddling draws are made once, fragment::dropout_keep_words).
-  auto draw_keep = [&](int index) {
-    const std::int64_t n0 = (tile.n_block_end - 1 - index) * kBlockN;
-    fragment::dropout_keep_words<kNTiles, kBlockN % 32 == 0>(dropout, dropout_head, tile.m0 + thread_row0, n0, fragment::quad_lane(), keep);
+  auto draw_keep = [&](const KeyBlock& block) {
+    fragment::dropout_keep_words<kNTiles, kBlockN % 32 == 0>(dropout, dropout_head, tile.m0 + thread_row0, block.n0,
+                                                             fragment::quad_lane(), keep);
   };
   // Dropout on P (after softmax_block has added the undropped P to l): dropped entries
   // become 0 before P is packed; 1/(1 - p) is applied with 1/l in finish_rows.
@@ -316,16 +363,40 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
     for (int i = 0; i < kBlockN / 2; ++i)
       if (((keep[i / 32] >> (i % 32)) & 1u) == 0) s[i] = 0.0f;
   };
-  // Score rule, element mask, online softmax of block `index` (S complete in registers):
+  // The device mask's element pass (fragment::apply_mask) on a partial listed block,
+  // kMaskStepTiles n8 column tiles per step of a rolled loop: each step masks s[0 ..
+  // 4 kMaskStepTiles) and rotates S left by that much, so all indices stay compile-time
+  // and after the last step S is back in place. Unrolled over the whole block, the pass
+  // (block codes, element rule, attn_mask: loads per element) made the d128 object
+  // compile in 148 s instead of 9; 4 tiles per step (16 elements' loads in flight)
+  // compile in 14.5 s, without spills (ptxas -v; 8 did not spill either, 23 s).
+  constexpr int kMaskStepTiles = kNTiles % 4 == 0 ? 4 : 2;  // block_n 80: 10 tiles
+  static_assert(kNTiles % kMaskStepTiles == 0, "whole steps");
+  auto apply_device_mask = [&](std::int64_t n0) {
+#pragma unroll 1
+    for (int j = 0; j < kNTiles; j += kMaskStepTiles) {
+      float step_s[4 * kMaskStepTiles];  // columns n0 + 8 j ..
+#pragma unroll
+      for (int i = 0; i < 4 * kMaskStepTiles; ++i) step_s[i] = s[i];
+      fragment::apply_mask<kMaskStepTiles>(step_s, attention, tile.mask, tile.batch, tile.head, tile.m0 + thread_row0,
+                                           n0 + 8 * j, mask_bias_factor);
+#pragma unroll
+      for (int i = 0; i < 4 * (kNTiles - kMaskStepTiles); ++i) s[i] = s[i + 4 * kMaskStepTiles];
+#pragma unroll
+      for (int i = 0; i < 4 * kMaskStepTiles; ++i) s[4 * (kNTiles - kMaskStepTiles) + i] = step_s[i];
+    }
+  };
+  // Score rule, element mask, online softmax of `block` (S complete in registers):
   // S becomes P (fp32) and row_factor the rescale O still needs.
-  auto softmax_block = [&](int index) {
+  auto softmax_block = [&](const KeyBlock& block) {
     ptx::fence_operands(s);
-    const std::int64_t n0 = (tile.n_block_end - 1 - index) * kBlockN;
+    const std::int64_t n0 = block.n0;
     if (!is_positive_scale) fragment::apply_score_rule<kNTiles>(s, score_rule, tile.m0 + thread_row0, n0);
-    // Element mask only where the block crosses a mask edge or the end of the keys.
-    const bool needs_mask =
-        n0 + kBlockN > tile.seqlen_k || !tile.mask.tile_fully_allowed(tile.m0, tile.row_end, n0, n0 + kBlockN);
-    if (needs_mask) {
+    if (is_listed(tile)) {
+      if (block.is_partial) apply_device_mask(n0);  // listed full blocks: no mask at all
+    } else if (n0 + kBlockN > tile.seqlen_k || !tile.mask.tile_fully_allowed(tile.m0, tile.row_end, n0, n0 + kBlockN)) {
+      // Interval range: the element mask only where the block crosses a mask edge or
+      // the end of the keys.
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
         const std::int64_t row = tile.m0 + thread_row0 + 8 * half;
@@ -501,30 +572,33 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
     if constexpr (kIntraOverlapArg) {
       // Software pipeline (FA3 section 3.2): S_(j) = Q K_j^T is issued before the softmax
       // of block j-1 finishes being used, so that softmax overlaps O += P_(j-1) V_(j-1).
+      // Each block's list entry is read before its K wait: the load hides behind it.
       if (num_n_blocks > 0) {
+        const KeyBlock block = key_block(tile, 0);
         wait_k(0);
         begin_turn();
         issue_qk(0);
         end_turn();
-        if constexpr (kHasDropout) draw_keep(0);
+        if constexpr (kHasDropout) draw_keep(block);
         ptx::wgmma_wait_group<0>();
         release(k_empty, 0);
-        softmax_block(0);
+        softmax_block(block);
         if constexpr (kHasDropout) drop_p();
         rescale_o();
         convert_p();
       }
       for (int index = 1; index < num_n_blocks; ++index) {
+        const KeyBlock block = key_block(tile, index);
         wait_k(index);
         wait_v(index - 1);
         begin_turn();
         issue_qk(index);
         issue_pv(index - 1);
         end_turn();
-        if constexpr (kHasDropout) draw_keep(index);
+        if constexpr (kHasDropout) draw_keep(block);
         ptx::wgmma_wait_group<1>();  // S_(index) done, O += P V still running
         release(k_empty, index);
-        softmax_block(index);
+        softmax_block(block);
         if constexpr (kHasDropout) drop_p();
         ptx::wgmma_wait_group<0>();
         ptx::fence_operands(o);
@@ -543,12 +617,13 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
       }
     } else {
       for (int index = 0; index < num_n_blocks; ++index) {
+        const KeyBlock block = key_block(tile, index);
         wait_k(index);
         issue_qk(index);
-        if constexpr (kHasDropout) draw_keep(index);
+        if constexpr (kHasDropout) draw_keep(block);
         ptx::wgmma_wait_group<0>();
         release(k_empty, index);
-        softmax_block(index);
+        softmax_block(block);
         if constexpr (kHasDropout) drop_p();
         rescale_o();
         convert_p();
@@ -600,11 +675,20 @@ inline int multiprocessor_count(int device) {
   return count;
 }
 
-// Launches forward_kernel_sm90 with kConfig's tile shape for already validated params.
+// Launches forward_kernel_sm90 with kConfig's tile shape for already validated params
+// (their device mask's lists, if any, built for kConfig's tiles: hopper::forward).
 // No allocation, no synchronisation; launch errors throw CudaError.
 template <class T, HopperTileConfig kConfig, bool kHasDropout>
 void launch_forward_sm90(const HopperForwardParams& params, cudaStream_t stream) {
   const AttentionParams& attention = params.attention;
+  const TileLists& key_lists = attention.device_mask.by_query_tile;
+  if (key_lists.present() && (!kConfig.has_mask_lists() || key_lists.outer_tile_size != kConfig.block_m ||
+                              key_lists.inner_tile_size != kConfig.block_n))
+    throw std::logic_error("flashattn: flash3 forward: mask lists built for tiles (" +
+                           std::to_string(key_lists.outer_tile_size) + ", " +
+                           std::to_string(key_lists.inner_tile_size) + ") reached the kernel of tiles (" +
+                           std::to_string(kConfig.block_m) + ", " + std::to_string(kConfig.block_n) +
+                           (kConfig.has_mask_lists() ? ")" : "), which has no mask path"));
   const std::int64_t num_m_blocks = (attention.seqlen_q + kConfig.block_m - 1) / kConfig.block_m;
   const std::int64_t num_tiles = num_m_blocks * attention.heads_q * attention.batch;
   if (num_tiles == 0) return;
@@ -639,10 +723,14 @@ void launch_forward_sm90_for(ProblemClass problem_class, const HopperForwardPara
   constexpr HopperTileConfig kShortMasked = hopper_tile_config(kHeadDim, ProblemClass::short_masked, kHasDropout);
   static_assert(kUnmasked.kernel_head_dim == kHeadDim && kMasked.kernel_head_dim == kHeadDim,
                 "no Hopper tile config for this head dim");
+  constexpr HopperTileConfig kMaskLists = hopper_tile_config(kHeadDim, ProblemClass::mask_lists, kHasDropout);
+  static_assert(kMaskLists.has_mask_lists(), "attn_mask / block masks need a kernel with the mask lists' path");
   switch (problem_class) {
     case ProblemClass::unmasked: return launch_forward_sm90<T, kUnmasked, kHasDropout>(params, stream);
     case ProblemClass::masked: return launch_forward_sm90<T, kMasked, kHasDropout>(params, stream);
     case ProblemClass::short_masked: return launch_forward_sm90<T, kShortMasked, kHasDropout>(params, stream);
+    // The config of masked or short_masked problems (tile_config.hpp): no new kernel.
+    case ProblemClass::mask_lists: return launch_forward_sm90<T, kMaskLists, kHasDropout>(params, stream);
   }
 }
 
@@ -651,8 +739,8 @@ void launch_forward_sm90_for(ProblemClass problem_class, const HopperForwardPara
 template <class T, int kHeadDim>
 void run_forward_sm90(const HopperForwardParams& params, cudaStream_t stream) {
   const AttentionParams& attention = params.attention;
-  // The same choice as make_forward_params' (the tensor maps' box rows are block_m).
-  const ProblemClass problem_class = problem_class_of(attention.is_causal || attention.is_local(), attention.seqlen_q);
+  // The same choice as hopper::forward's (the tensor maps' box rows and the mask lists).
+  const ProblemClass problem_class = problem_class_of(attention);
   if (attention.has_dropout()) {
     launch_forward_sm90_for<T, kHeadDim, true>(problem_class, params, stream);
   } else {

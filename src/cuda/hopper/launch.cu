@@ -14,6 +14,7 @@
 #include "src/cuda/common/check.cuh"
 #include "src/cuda/hopper/launch.hpp"
 #include "src/cuda/hopper/tile_config.hpp"
+#include "src/cuda/masks/device_mask.hpp"
 
 namespace flashattn::cuda::hopper {
 namespace {
@@ -207,10 +208,18 @@ HopperForwardParams make_forward_params(const AttentionParams& params, const Hop
 void forward(const AttentionParams& params, cudaStream_t stream) {
   if (params.batch == 0 || params.seqlen_q == 0 || params.heads_q == 0) return;
   const int kernel_head_dim = kernel_head_dim_for(params.head_dim);
-  const HopperForwardParams hopper_params = make_forward_params(
-      params,
-      hopper_tile_config(kernel_head_dim, problem_class_of(params.is_causal || params.is_local(), params.seqlen_q),
-                         params.has_dropout()));
+  const HopperTileConfig config = hopper_tile_config(kernel_head_dim, problem_class_of(params), params.has_dropout());
+  HopperForwardParams hopper_params = make_forward_params(params, config);
+  // attn_mask / block mask: the key-tile lists of each query tile at the kernel's tiles
+  // (the kernel then visits them instead of the interval range). Freed stream-ordered
+  // after the launch below, so they only need to outlive the enqueue. Without masks the
+  // dispatch does nothing more than before.
+  masks::MaskTables tables;
+  if (params.has_attn_mask() || params.has_block_mask()) {
+    tables = masks::prepare(params, {config.block_m, config.block_n, /*by_query_tile=*/true, /*by_key_tile=*/false},
+                            stream);
+    hopper_params.attention.device_mask = tables.view();
+  }
   if (params.dtype == DType::bfloat16) {
     run_for_head_dim<__nv_bfloat16>(kernel_head_dim, hopper_params, stream);
   } else {

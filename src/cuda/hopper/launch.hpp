@@ -31,6 +31,15 @@ struct HopperForwardParams {
 template <class T, int kHeadDim>
 void run_forward_sm90(const HopperForwardParams& params, cudaStream_t stream);
 
+// The problem class that picks the tile config (tile_config.hpp), one rule for the
+// tensor maps, the mask lists and the launch. attn_mask / block mask: mask_lists, the
+// kernels with the lists' path (one CTA per tile: a block mask's lists make tiles of
+// unequal work, on which the persistent grid's static round-robin loses, TUNING.md).
+inline ProblemClass problem_class_of(const AttentionParams& params) {
+  if (params.has_attn_mask() || params.has_block_mask()) return ProblemClass::mask_lists;
+  return problem_class_of(params.is_causal || params.is_local(), params.seqlen_q);
+}
+
 // The one predicate: empty when the Hopper kernel runs these (already validated)
 // params on their device, else why not (for NotSupported messages).
 std::string why_unsupported(const AttentionParams& params);

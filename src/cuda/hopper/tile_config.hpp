@@ -29,6 +29,9 @@ struct HopperTileConfig {
                           // the producer loads the next tile
 
   constexpr int consumer_warpgroups() const { return block_m / 64; }
+  // Whether the kernel compiles the attn_mask / block mask path (kernel.cuh): one CTA
+  // per tile and 240-register consumers; the other kernels sit at their register limit.
+  constexpr bool has_mask_lists() const { return !is_persistent && consumer_warpgroups() == 2; }
   constexpr int threads() const { return 128 * (1 + consumer_warpgroups()); }
   // setmaxnreg split of the 64K registers: the producer keeps few, consumers get the rest.
   constexpr int producer_registers() const { return consumer_warpgroups() == 2 ? 24 : 32; }
@@ -61,6 +64,9 @@ enum class ProblemClass : int {
   unmasked,      // every tile visits the same number of key blocks
   masked,        // causal or local: tiles of unequal work
   short_masked,  // masked with seqlen_q <= kShortMaskedSeqlen
+  mask_lists,    // attn_mask or block mask: entries whose kernels have the mask lists'
+                 // path (has_mask_lists()), each equal to a masked or short_masked entry
+                 // of its head dim, so no kernel is added.
 };
 inline constexpr int kShortMaskedSeqlen = 1024;
 
@@ -74,6 +80,7 @@ inline constexpr HopperTileEntry kHopperTileTable[] = {
     {ProblemClass::unmasked,     {64, 192, 128, 2, true, false, true}},
     {ProblemClass::masked,       {64, 192, 128, 2, true, false, false}},
     {ProblemClass::short_masked, {64, 128, 128, 2, true, false, false}},
+    {ProblemClass::mask_lists,   {64, 128, 128, 2, true, false, false}},
     {ProblemClass::unmasked,     {128, 128, 128, 2, true, false, true}},
     {ProblemClass::masked,       {128, 128, 128, 2, true, false, false}},
     {ProblemClass::unmasked,     {256, 128, 80, 2, true, false, true}},
@@ -98,8 +105,8 @@ constexpr ProblemClass problem_class_of(bool is_masked, long long seqlen_q) {
 
 // The tile config that runs a problem of this class with this kernel head dim, with or
 // without dropout (the one selection: the tensor maps in launch.cu and the launch in
-// kernel.cuh read it). short_masked falls back to masked where the table has no entry
-// of its own; dropout falls back to the entries without it.
+// kernel.cuh read it). short_masked and mask_lists fall back to masked where the table
+// has no entry of their own; dropout falls back to the entries without it.
 constexpr HopperTileConfig hopper_tile_config(int kernel_head_dim, ProblemClass problem_class,
                                               bool has_dropout = false) {
   if (has_dropout)
@@ -108,7 +115,7 @@ constexpr HopperTileConfig hopper_tile_config(int kernel_head_dim, ProblemClass 
         return entry.config;
   for (const HopperTileEntry& entry : kHopperTileTable)
     if (entry.config.kernel_head_dim == kernel_head_dim && entry.problem_class == problem_class) return entry.config;
-  if (problem_class == ProblemClass::short_masked)
+  if (problem_class == ProblemClass::short_masked || problem_class == ProblemClass::mask_lists)
     return hopper_tile_config(kernel_head_dim, ProblemClass::masked, has_dropout);
   return HopperTileConfig{0, 0, 0, 0, false, false, false};
 }
