@@ -384,8 +384,7 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
           }
         }
       if (is_partial)
-        fragment::apply_mask<kBlockM / 8, true>(s, attention, mask, batch, head_q, n0 + key_row0, m0,
-                                                static_cast<float>(online_softmax::kLog2e));
+        apply_mask_out_of_line<kBlockM / 8, true>(s, attention, batch, head_q, n0 + key_row0, m0);
 #pragma unroll
       for (int i = 0; i < kBlockM / 2; ++i) s[i] = ptx::exp2_approx_ftz(s[i]);
       if (needs_mask) apply_mask(s);
@@ -433,10 +432,10 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
         const int query = 8 * (index / 4) + 2 * quad_lane + index % 2;  // of the block
         const std::int64_t key = n0 + key_row0 + 8 * ((index / 2) % 2);
         float log2_p = score - lse[query];
-        if (is_partial) log2_p = masked_log2_probability(log2_p, attention, mask, batch, head_q, m0 + query, key);
+        if (is_partial) log2_p = masked_log2_probability(log2_p, attention, batch, head_q, m0 + query, key);
         s[index] = ptx::exp2_approx_ftz(log2_p);
         const float dp_minus_d = (has_dropout ? dropped_dp(index) : dp[index]) - dsum[query];
-        if (has_dbias) add_dbias(attention, mask, batch, head_q, m0 + query, key, s[index] * dp_minus_d);
+        if (has_dbias) add_dbias(attention, batch, head_q, m0 + query, key, s[index] * dp_minus_d);
         dp[index] = dp_minus_d * factor;
       });
       if (needs_mask) apply_mask(s);

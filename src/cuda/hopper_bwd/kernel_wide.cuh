@@ -350,8 +350,7 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
             value = fmaf(value, scale_log2, -row_lse[half]);
           }
       if (is_partial)
-        fragment::apply_mask<kKeys / 8, false>(s, attention, mask, batch, head_q, m0 + warp_row0, n0 + key_column0,
-                                               static_cast<float>(online_softmax::kLog2e));
+        apply_mask_out_of_line<kKeys / 8, false>(s, attention, batch, head_q, m0 + warp_row0, n0 + key_column0);
 #pragma unroll
       for (int i = 0; i < kKeys / 2; ++i) s[i] = ptx::exp2_approx_ftz(s[i]);
       if (needs_mask) apply_mask(s);
@@ -398,10 +397,10 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
         const std::int64_t query = m0 + warp_row0 + 8 * half;
         const std::int64_t key = n0 + key_column0 + 8 * (index / 4) + 2 * quad_lane + index % 2;
         float log2_p = score - row_lse[half];
-        if (is_partial) log2_p = masked_log2_probability(log2_p, attention, mask, batch, head_q, query, key);
+        if (is_partial) log2_p = masked_log2_probability(log2_p, attention, batch, head_q, query, key);
         s[index] = ptx::exp2_approx_ftz(log2_p);
         const float dp_minus_d = (has_dropout ? dropped_dp(index) : dp[index]) - row_dsum[half];
-        if (has_dbias) add_dbias(attention, mask, batch, head_q, query, key, s[index] * dp_minus_d);
+        if (has_dbias) add_dbias(attention, batch, head_q, query, key, s[index] * dp_minus_d);
         dp[index] = dp_minus_d * factor;
       });
       if (needs_mask) apply_mask(s);
