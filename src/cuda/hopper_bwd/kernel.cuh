@@ -527,8 +527,9 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
       }
     } else {
       if (is_issuer)
-        ordered_reduce_add<kBlockM, kBlockN>(attention, workspace, mask, batch, head_q, m0, n_block,
-                                             address_of(shared_dq), kBlockM * kHeadDim * 4);
+        ordered_reduce_add<kBlockM, kBlockN, /*kTurnOutOfLine=*/true>(attention, workspace, mask, batch, head_q, m0,
+                                                                       n_block, address_of(shared_dq),
+                                                                       kBlockM * kHeadDim * 4);
       // The issuer rejoins its warp before the next step's warpgroup-wide wgmma.
       __syncwarp();
     }

@@ -181,8 +181,8 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
                                  kConfig.dq_staging_bytes());
         ptx::bulk_commit_group();
       } else {
-        ordered_reduce_add<kBlockM, kBlockN>(attention, workspace, mask, batch, head_q, m0, n_block, source,
-                                             kConfig.dq_staging_bytes());
+        ordered_reduce_add<kBlockM, kBlockN, /*kTurnOutOfLine=*/false>(attention, workspace, mask, batch, head_q, m0,
+                                                                        n_block, source, kConfig.dq_staging_bytes());
       }
     };
     ListedSteps listed_steps(key_tile_lists, batch, head_kv * attention.group_size, attention.group_size, n_block);

@@ -148,9 +148,8 @@ __device__ __noinline__ void add_dbias(const AttentionParams& params, std::int64
 // m_block of head_q = how many key tiles its by_query_tile list names above n_block (the
 // lists are sorted by descending tile, the order of the interval turns). The two lists
 // are built from one classification of the tile pairs, so n_block is there; if it were
-// not, the semaphore protocol would hang: trap instead. Out of line (as
-// apply_mask_out_of_line: inlined, the search spilled loop state).
-__device__ __noinline__ std::int32_t listed_turn(const TileLists& by_query_tile, std::int64_t batch,
+// not, the semaphore protocol would hang: trap instead.
+__device__ __forceinline__ std::int32_t listed_turn(const TileLists& by_query_tile, std::int64_t batch,
                                                     std::int64_t head_q, std::int64_t m_block, std::int64_t n_block) {
   const std::int64_t list = by_query_tile.list(batch, head_q, m_block);
   std::int32_t low = 0, high = by_query_tile.count(list);  // the first index whose tile <= n_block
@@ -163,6 +162,14 @@ __device__ __noinline__ std::int32_t listed_turn(const TileLists& by_query_tile,
   if (low == count || by_query_tile.entry(list, low).tile != n_block) __trap();
   return low;
 }
+// Out of line: kernel.cuh's issuer is a consumer thread, and inlined beside the
+// accumulators the search spilled loop state (44 bytes at d128). kernel_wide.cuh's issuer
+// is the producer thread, whose 24 registers do not hold a call's ABI: inline there.
+__device__ __noinline__ std::int32_t listed_turn_out_of_line(const TileLists& by_query_tile, std::int64_t batch,
+                                                            std::int64_t head_q, std::int64_t m_block,
+                                                            std::int64_t n_block) {
+  return listed_turn(by_query_tile, batch, head_q, m_block, n_block);
+}
 
 // Deterministic mode (the order and why it cannot deadlock: the top of kernel.cuh): one
 // thread adds the staged dQ tile of query rows [m0, m0 + kBlockM) of head_q to dq_accum
@@ -170,8 +177,8 @@ __device__ __noinline__ std::int32_t listed_turn(const TileLists& by_query_tile,
 // (the last visiting key block - n_block, dq_order.hpp; under a device mask the number of
 // listed key tiles above n_block, listed_turn), adds, waits until the addition is
 // performed in global memory (not only read from shared memory) and publishes the next
-// turn (release).
-template <int kBlockM, int kBlockN>
+// turn (release). kTurnOutOfLine: see listed_turn_out_of_line.
+template <int kBlockM, int kBlockN, bool kTurnOutOfLine>
 __device__ __forceinline__ void ordered_reduce_add(const BackwardParams& attention, const bwd::Workspace& workspace,
                                                    const MaskRule& mask, std::int64_t batch, std::int64_t head_q,
                                                    std::int64_t m0, std::int64_t n_block, std::uint32_t source,
@@ -180,7 +187,8 @@ __device__ __forceinline__ void ordered_reduce_add(const BackwardParams& attenti
   const TileLists& by_query_tile = attention.device_mask.by_query_tile;
   std::int32_t turn;
   if (by_query_tile.present()) {
-    turn = listed_turn(by_query_tile, batch, head_q, m_block, n_block);
+    turn = kTurnOutOfLine ? listed_turn_out_of_line(by_query_tile, batch, head_q, m_block, n_block)
+                          : listed_turn(by_query_tile, batch, head_q, m_block, n_block);
   } else {
     const KeyBlockRange visitors = key_blocks_of_query_block(mask, m_block, kBlockM, kBlockN);
     turn = static_cast<std::int32_t>(visitors.first + visitors.count - 1 - n_block);
