@@ -64,8 +64,9 @@
 // params.device_mask.by_key_tile is present the steps are, per query head of the group,
 // the query tiles the key tile's list names (ListedSteps, pipeline.cuh: the producer walks
 // the lists and hands each step to the consumers through the stage's slot); a partial
-// tile's S^T gets the element pass (fragment::apply_mask, transposed) on the log2 scores
-// before the exponential, a full one nothing (the lists hold the interval rule too).
+// tile's S^T gets the element pass (fragment::mask_offset per element, in the score loop
+// of softcap/ALiBi, which partial tiles always take) on the log2 scores before the
+// exponential, a full one nothing (the lists hold the interval rule too).
 // Rows with LSE = -inf (they see no key) have +inf in the workspace (preprocess), so
 // P = exp2(-inf or finite - inf) = 0, never NaN. dBias: dS^T before the softcap factor
 // (natural-log units: S^T's gradient w.r.t. scale·q·k + bias) atomically added per
@@ -367,9 +368,11 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
     // Z ∘ dP / (1 - p) (Algorithm 2: dS = P ∘ (Z ∘ dP / (1 - p) - D)).
     auto dropped_dp = [&](int index) { return is_kept(index) ? dp[index] * inverse_keep : 0.0f; };
 
-    if (rule.is_positive_scale()) {
-      // P^T = exp2(S^T scale_log2 - LSE) while dP^T is still being computed; a listed
-      // partial tile's element pass on the log2 scores in between (bias in log2 units).
+    // A listed partial tile takes the score loop below whatever the rule: its element
+    // pass runs there, per element, after both products (beside dP^T's accumulators in
+    // flight it spilled loop state in every step, masks or not: 72 bytes at d128).
+    if (rule.is_positive_scale() && !is_partial) {
+      // P^T = exp2(S^T scale_log2 - LSE) while dP^T is still being computed.
       ptx::wgmma_wait_group<1>();
       ptx::fence_operands(s);
 #pragma unroll
@@ -380,13 +383,9 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
 #pragma unroll
           for (int half = 0; half < 2; ++half) {
             float& value = s[4 * j + 2 * half + e];
-            value = fmaf(value, scale_log2, -lse_log2);
+            value = ptx::exp2_approx_ftz(fmaf(value, scale_log2, -lse_log2));
           }
         }
-      if (is_partial)
-        apply_mask_out_of_line<kBlockM / 8, true>(s, attention, batch, head_q, n0 + key_row0, m0);
-#pragma unroll
-      for (int i = 0; i < kBlockM / 2; ++i) s[i] = ptx::exp2_approx_ftz(s[i]);
       if (needs_mask) apply_mask(s);
       ptx::wgmma_wait_group<0>();
       ptx::fence_operands(dp);
@@ -421,8 +420,9 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
       if (has_dbias)
         fragment::accumulate_dbias<kBlockM / 8, true>(dp, attention, mask, batch, head_q, n0 + key_row0, m0, 1.0f);
     } else {
-      // Softcap and/or ALiBi: P^T = exp2(score - LSE); dS^T also needs the rule's
-      // gradient factor (softcap: 1 - tanh²), taken from the same dot product.
+      // Softcap and/or ALiBi (and listed partial tiles): P^T = exp2(score - LSE); dS^T
+      // also needs the rule's gradient factor (softcap: 1 - tanh²), taken from the same
+      // dot product.
       ptx::wgmma_wait_group<0>();
       ptx::fence_operands(s);
       ptx::fence_operands(dp);
@@ -432,10 +432,10 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
         const int query = 8 * (index / 4) + 2 * quad_lane + index % 2;  // of the block
         const std::int64_t key = n0 + key_row0 + 8 * ((index / 2) % 2);
         float log2_p = score - lse[query];
-        if (is_partial) log2_p = masked_log2_probability(log2_p, attention, batch, head_q, m0 + query, key);
+        if (is_partial) log2_p = masked_log2_probability(log2_p, attention, mask, batch, head_q, m0 + query, key);
         s[index] = ptx::exp2_approx_ftz(log2_p);
         const float dp_minus_d = (has_dropout ? dropped_dp(index) : dp[index]) - dsum[query];
-        if (has_dbias) add_dbias(attention, batch, head_q, m0 + query, key, s[index] * dp_minus_d);
+        if (has_dbias) add_dbias(attention, mask, batch, head_q, m0 + query, key, s[index] * dp_minus_d);
         dp[index] = dp_minus_d * factor;
       });
       if (needs_mask) apply_mask(s);

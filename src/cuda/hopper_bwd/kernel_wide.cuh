@@ -31,8 +31,8 @@
 // which issues the reductions here: it waits for the tile's turn, adds, waits for the
 // addition to complete and publishes the next turn, then refills the stage.
 // Device masks: as kernel.cuh (listed steps through the stages' slots, the element pass
-// of partial tiles on the log2 scores, dBias, listed deterministic turns); S is in the
-// plain layout here (fragment::apply_mask without transposition).
+// of partial tiles on the log2 scores in the score loop, dBias, listed deterministic
+// turns); S is in the plain layout here.
 #pragma once
 
 #include <cuda.h>
@@ -335,9 +335,9 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
     // Z ∘ dP / (1 - p) (Algorithm 2: dS = P ∘ (Z ∘ dP / (1 - p) - D)).
     auto dropped_dp = [&](int index) { return is_kept(index) ? dp[index] * inverse_keep : 0.0f; };
 
-    if (rule.is_positive_scale()) {
-      // P = exp2(S scale_log2 - LSE) while dP is still being computed; a listed partial
-      // tile's element pass on the log2 scores in between (bias in log2 units).
+    // A listed partial tile takes the score loop below whatever the rule (as kernel.cuh).
+    if (rule.is_positive_scale() && !is_partial) {
+      // P = exp2(S scale_log2 - LSE) while dP is still being computed.
       ptx::wgmma_wait_group<1>();
       ptx::fence_operands(s);
 #pragma unroll
@@ -347,12 +347,8 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
             float& value = s[4 * j + 2 * half + e];
-            value = fmaf(value, scale_log2, -row_lse[half]);
+            value = ptx::exp2_approx_ftz(fmaf(value, scale_log2, -row_lse[half]));
           }
-      if (is_partial)
-        apply_mask_out_of_line<kKeys / 8, false>(s, attention, batch, head_q, m0 + warp_row0, n0 + key_column0);
-#pragma unroll
-      for (int i = 0; i < kKeys / 2; ++i) s[i] = ptx::exp2_approx_ftz(s[i]);
       if (needs_mask) apply_mask(s);
       ptx::wgmma_wait_group<0>();
       ptx::fence_operands(dp);
@@ -384,8 +380,9 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
         fragment::accumulate_dbias<kKeys / 8, false>(dp, attention, mask, batch, head_q, m0 + warp_row0,
                                                      n0 + key_column0, 1.0f);
     } else {
-      // Softcap and/or ALiBi: P = exp2(score - LSE); dS also needs the rule's gradient
-      // factor (softcap: 1 - tanh²), taken from the same dot product.
+      // Softcap and/or ALiBi (and listed partial tiles): P = exp2(score - LSE); dS also
+      // needs the rule's gradient factor (softcap: 1 - tanh²), taken from the same dot
+      // product.
       ptx::wgmma_wait_group<0>();
       ptx::fence_operands(s);
       ptx::fence_operands(dp);
@@ -397,10 +394,10 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
         const std::int64_t query = m0 + warp_row0 + 8 * half;
         const std::int64_t key = n0 + key_column0 + 8 * (index / 4) + 2 * quad_lane + index % 2;
         float log2_p = score - row_lse[half];
-        if (is_partial) log2_p = masked_log2_probability(log2_p, attention, batch, head_q, query, key);
+        if (is_partial) log2_p = masked_log2_probability(log2_p, attention, mask, batch, head_q, query, key);
         s[index] = ptx::exp2_approx_ftz(log2_p);
         const float dp_minus_d = (has_dropout ? dropped_dp(index) : dp[index]) - row_dsum[half];
-        if (has_dbias) add_dbias(attention, batch, head_q, query, key, s[index] * dp_minus_d);
+        if (has_dbias) add_dbias(attention, mask, batch, head_q, query, key, s[index] * dp_minus_d);
         dp[index] = dp_minus_d * factor;
       });
       if (needs_mask) apply_mask(s);

@@ -109,38 +109,21 @@ class ListedSteps {
   std::int32_t count_ = 0, index_ = 0;
 };
 
-// fragment::apply_mask on a listed partial tile, out of line: inlined beside the live
-// accumulators (dV, dK, S^T, and dP^T in flight) its per-element index arithmetic did
-// not fit the registers, and ptxas spilled loop state in every step (without masks
-// too). Here the tile goes through local memory on partial tiles only.
-template <int kNTiles, bool kTransposed>
-__device__ __noinline__ void apply_mask_out_of_line(float* s, const AttentionParams& params, std::int64_t batch,
-                                                    std::int64_t head_q, std::int64_t row0, std::int64_t col0) {
-  float values[4 * kNTiles];
-#pragma unroll
-  for (int i = 0; i < 4 * kNTiles; ++i) values[i] = s[i];
-  fragment::apply_mask<kNTiles, kTransposed>(values, params, params.mask_of(batch), batch, head_q, row0, col0,
-                                             static_cast<float>(online_softmax::kLog2e));
-#pragma unroll
-  for (int i = 0; i < 4 * kNTiles; ++i) s[i] = values[i];
-}
-
 // One element of a partial tile of the non-positive-scale path (softcap, ALiBi), whose
 // element loop computes the log2 score itself: the log2 P before the exponential with
 // the mask applied (-inf when masked; a float attn_mask's bias added in log2 units).
-// Out of line, as apply_mask_out_of_line (called on partial tiles only).
-__device__ __noinline__ float masked_log2_probability(float log2_p, const AttentionParams& params, std::int64_t batch,
-                                                      std::int64_t head_q, std::int64_t query, std::int64_t key) {
-  const float offset = fragment::mask_offset(params, params.mask_of(batch), batch, head_q, query, key);
+__device__ __forceinline__ float masked_log2_probability(float log2_p, const AttentionParams& params,
+                                                         const MaskRule& mask, std::int64_t batch, std::int64_t head_q,
+                                                         std::int64_t query, std::int64_t key) {
+  const float offset = fragment::mask_offset(params, mask, batch, head_q, query, key);
   return offset == -INFINITY ? -INFINITY : log2_p + offset * static_cast<float>(online_softmax::kLog2e);
 }
 
 // dBias += ds for one element (ds in natural-log units; as fragment::accumulate_dbias).
-// Out of line, as above (called with dBias only).
-__device__ __noinline__ void add_dbias(const AttentionParams& params, std::int64_t batch, std::int64_t head_q,
-                                       std::int64_t query, std::int64_t key, float ds) {
+__device__ __forceinline__ void add_dbias(const AttentionParams& params, const MaskRule& mask, std::int64_t batch,
+                                          std::int64_t head_q, std::int64_t query, std::int64_t key, float ds) {
   const DeviceMask& device_mask = params.device_mask;
-  if (query < params.seqlen_q && key < params.seqlen_k && ds != 0.0f)
+  if (query < mask.seqlen_q && key < mask.seqlen_k && ds != 0.0f)
     atomicAdd(device_mask.maybe_dbias_sum + device_mask.dbias_offset(batch, head_q, query, key), ds);
 }
 
@@ -163,8 +146,8 @@ __device__ __forceinline__ std::int32_t listed_turn(const TileLists& by_query_ti
   return low;
 }
 // Out of line: kernel.cuh's issuer is a consumer thread, and inlined beside the
-// accumulators the search spilled loop state (44 bytes at d128). kernel_wide.cuh's issuer
-// is the producer thread, whose 24 registers do not hold a call's ABI: inline there.
+// accumulators the search spilled loop state (d64: 40 bytes, d128: 16). kernel_wide.cuh's
+// issuer is the producer thread, whose 24 registers do not hold a call's ABI: inline there.
 __device__ __noinline__ std::int32_t listed_turn_out_of_line(const TileLists& by_query_tile, std::int64_t batch,
                                                             std::int64_t head_q, std::int64_t m_block,
                                                             std::int64_t n_block) {
