@@ -60,7 +60,7 @@ __device__ __forceinline__ void load_statistics(float* lse, float* dsum, const b
 struct ListedStep {
   std::int32_t head_q;
   std::int32_t m_block;
-  std::int32_t is_partial;  // the tile's scores need the element pass (fragment::apply_mask)
+  std::int32_t is_partial;  // the tile's scores need the element pass (masked_log2_probability)
   std::int32_t padding;
 };
 // The slots live in the 256 bytes reserved for the mbarriers, from this offset.
@@ -109,9 +109,11 @@ class ListedSteps {
   std::int32_t count_ = 0, index_ = 0;
 };
 
-// One element of a partial tile of the non-positive-scale path (softcap, ALiBi), whose
-// element loop computes the log2 score itself: the log2 P before the exponential with
-// the mask applied (-inf when masked; a float attn_mask's bias added in log2 units).
+// One element of a listed partial tile, in the kernels' score loop (softcap/ALiBi; partial
+// tiles take it whatever the rule): the log2 P before the exponential with the element
+// pass of fragment::mask_offset applied (-inf when masked; a float attn_mask's bias added
+// in log2 units). Not fragment::apply_mask on the positive-scale path beside dP^T in
+// flight: there its index arithmetic spilled loop state in every step (72 bytes at d128).
 __device__ __forceinline__ float masked_log2_probability(float log2_p, const AttentionParams& params,
                                                          const MaskRule& mask, std::int64_t batch, std::int64_t head_q,
                                                          std::int64_t query, std::int64_t key) {
