@@ -20,3 +20,6 @@ target_link_libraries(test_cuda_backward_small_smem PRIVATE CUDA::cudart_static)
 # The sm80 backward kernels with ALiBi and dropout (the Hopper backward switched off).
 flashattn_add_test(test_cuda_backward_variants test_backward_variants.cpp)
 target_link_libraries(test_cuda_backward_variants PRIVATE CUDA::cudart_static)
+# The Hopper backward kernels under device masks (attn_mask, dBias, deterministic turns).
+flashattn_add_test(test_cuda_masks_hopper_bwd test_masks_hopper_bwd.cpp)
+target_link_libraries(test_cuda_masks_hopper_bwd PRIVATE CUDA::cudart_static)

@@ -59,6 +59,20 @@
 //     does the same for causal masks). Without a mask every CTA arrives at once and
 //     the adds of a query block serialize either way.
 // CTAs that return early (keys past the sequence, no query block) take no turn.
+//
+// Device masks (attn_mask, block masks: src/core/mask_tables.hpp). When
+// params.device_mask.by_key_tile is present the steps are, per query head of the group,
+// the query tiles the key tile's list names (ListedSteps, pipeline.cuh: the producer walks
+// the lists and hands each step to the consumers through the stage's slot); a partial
+// tile's S^T gets the element pass (fragment::mask_offset per element, in the score loop
+// of softcap/ALiBi, which partial tiles always take) on the log2 scores before the
+// exponential, a full one nothing (the lists hold the interval rule too).
+// Rows with LSE = -inf (they see no key) have +inf in the workspace (preprocess), so
+// P = exp2(-inf or finite - inf) = 0, never NaN. dBias: dS^T before the softcap factor
+// (natural-log units: S^T's gradient w.r.t. scale·q·k + bias) atomically added per
+// element. dQ: only listed query tiles are reduced into. Deterministic: the turns come
+// from the by_query_tile lists (listed_turn: the number of listed key tiles above this
+// one, the same descending order, so the deadlock argument above holds unchanged).
 #pragma once
 
 #include <cuda.h>
@@ -118,7 +132,9 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
   static_assert(kConfig.shared_bytes() <= kMaxSharedBytes, "tiles exceed 227 KB of shared memory");
   static_assert(128 * kConfig.producer_registers() + kConsumerThreads * kConfig.consumer_registers() <= 65536,
                 "register file: 64K 32-bit registers per SM");
-  static_assert((1 + 2 * kStages) * 8 <= 256, "mbarriers exceed their 256 bytes");
+  static_assert((1 + 2 * kStages) * 8 <= kListedStepSlotsOffset &&
+                    kListedStepSlotsOffset + kStages * static_cast<int>(sizeof(ListedStep)) <= 256,
+                "mbarriers and step slots exceed their 256 bytes");
 
   const BackwardParams& attention = params.backward;
   const bwd::Workspace& workspace = params.workspace;
@@ -140,7 +156,12 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
   const QueryBlockRange query_blocks = query_blocks_of_key_block(mask, n0, kv_rows, kBlockM);
   const int m_block_begin = query_blocks.begin;
   const int m_blocks = query_blocks.count;
-  const int steps = m_blocks * static_cast<int>(attention.group_size);
+  // Under a device mask: the listed query tiles instead (see the top of the file).
+  const TileLists& key_tile_lists = attention.device_mask.by_key_tile;
+  const bool is_listed = key_tile_lists.present();
+  const int steps = is_listed ? ListedSteps::total(key_tile_lists, batch, head_kv * attention.group_size,
+                                                   attention.group_size, n_block)
+                              : m_blocks * static_cast<int>(attention.group_size);
   auto step_head = [&](int step) { return head_kv * attention.group_size + step / m_blocks; };
   auto step_m0 = [&](int step) { return static_cast<std::int64_t>(m_block_begin + step % m_blocks) * kBlockM; };
 
@@ -161,6 +182,8 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
   std::uint64_t* kv_full = barriers;                // K and V landed
   std::uint64_t* full = barriers + 1;               // [kStages]: Q, dO, LSE, D of a step landed
   std::uint64_t* empty = barriers + 1 + kStages;    // [kStages]: every consumer warp is done with it
+  // [kStages]: a listed step (device mask), written by the producer before the stage's loads.
+  auto* step_slots = reinterpret_cast<ListedStep*>(shared_base + kConfig.barrier_offset() + kListedStepSlotsOffset);
 
   if (threadIdx.x == 0) {
     ::cuda::ptx::mbarrier_init(kv_full, 1);
@@ -185,10 +208,21 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
                                            ::cuda::ptx::space_shared, kv_full, 2 * kKVBytes);
     load_panels<kPanels, kBlockN>(shared_k, &params.k_map, k_row, static_cast<std::int32_t>(head_kv), batch_coordinate, kv_full);
     load_panels<kPanels, kBlockN>(shared_v, &params.v_map, k_row, static_cast<std::int32_t>(head_kv), batch_coordinate, kv_full);
+    ListedSteps listed_steps(key_tile_lists, batch, head_kv * attention.group_size, attention.group_size, n_block);
     for (int step = 0; step < steps; ++step) {
       const int stage = step % kStages;
       if (step >= kStages) ptx::mbarrier_wait(&empty[stage], ((step / kStages) - 1) & 1);
-      const std::int64_t head_q = step_head(step), m0 = step_m0(step);
+      std::int64_t head_q, m0;
+      if (is_listed) {
+        // The slot is released to the consumers by the arrival below.
+        const ListedStep listed = listed_steps.next();
+        step_slots[stage] = listed;
+        head_q = listed.head_q;
+        m0 = static_cast<std::int64_t>(listed.m_block) * kBlockM;
+      } else {
+        head_q = step_head(step);
+        m0 = step_m0(step);
+      }
       ::cuda::ptx::mbarrier_arrive_expect_tx(::cuda::ptx::sem_release, ::cuda::ptx::scope_cta,
                                              ::cuda::ptx::space_shared, &full[stage],
                                              2 * kQBytes + 2 * kStatsBytes);
@@ -248,6 +282,8 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
 
   const bool has_dropout = attention.has_dropout();
   const float scale_log2 = attention.softmax_scale_log2;
+  // dBias needs a float attn_mask, hence lists (the interval path never accumulates it).
+  const bool has_dbias = is_listed && attention.device_mask.maybe_dbias_sum != nullptr;
 
   float dv[kHeadDim / 2];  // (64 keys, kHeadDim) per consumer, fp32
   float dk[kHeadDim / 2];  // (64 keys, kHeadDim) per consumer, unscaled
@@ -257,9 +293,21 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
   if (steps > 0) ptx::mbarrier_wait(kv_full, 0);
   for (int step = 0; step < steps; ++step) {
     const int stage = step % kStages;
-    const std::int64_t head_q = step_head(step), m0 = step_m0(step);
     const std::uint64_t stage_offset = (stage * kQBytes) >> 4;
     ptx::mbarrier_wait(&full[stage], (step / kStages) & 1);
+    // The step: its stage's slot under a device mask (is_partial: the tile needs the
+    // element pass), else the interval's.
+    std::int64_t head_q, m0;
+    bool is_partial = false;
+    if (is_listed) {
+      const ListedStep listed = step_slots[stage];
+      head_q = listed.head_q;
+      m0 = static_cast<std::int64_t>(listed.m_block) * kBlockM;
+      is_partial = listed.is_partial != 0;
+    } else {
+      head_q = step_head(step);
+      m0 = step_m0(step);
+    }
 
     // S^T = K_w Q^T and dP^T = V_w dO^T: (64 keys, kBlockM queries) each.
     float s[kBlockM / 2];
@@ -279,7 +327,9 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
     const float* lse = shared_lse + stage * kBlockM;
     const float* dsum = shared_dsum + stage * kBlockM;
     const std::int64_t q_rows_end = m0 + kBlockM < seqlen_q ? m0 + kBlockM : seqlen_q;
-    const bool needs_mask = n0 + kBlockN > seqlen_k || !mask.tile_fully_allowed(m0, q_rows_end, n0, n0 + kBlockN);
+    // The interval path's boundary tiles (listed tiles: is_partial instead).
+    const bool needs_mask =
+        !is_listed && (n0 + kBlockN > seqlen_k || !mask.tile_fully_allowed(m0, q_rows_end, n0, n0 + kBlockN));
     // Element mask: key rows key_row0 (+8) against query column `column` of the tile.
     auto apply_mask = [&](float (&p)[kBlockM / 2]) {
 #pragma unroll
@@ -318,7 +368,10 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
     // Z ∘ dP / (1 - p) (Algorithm 2: dS = P ∘ (Z ∘ dP / (1 - p) - D)).
     auto dropped_dp = [&](int index) { return is_kept(index) ? dp[index] * inverse_keep : 0.0f; };
 
-    if (rule.is_positive_scale()) {
+    // A listed partial tile takes the score loop below whatever the rule: its element
+    // pass runs there, per element, after both products (beside dP^T's accumulators in
+    // flight it spilled loop state in every step, masks or not: 72 bytes at d128).
+    if (rule.is_positive_scale() && !is_partial) {
       // P^T = exp2(S^T scale_log2 - LSE) while dP^T is still being computed.
       ptx::wgmma_wait_group<1>();
       ptx::fence_operands(s);
@@ -363,16 +416,27 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
             }
           }
       }
+      // dS^T is the gradient w.r.t. scale·q·k + bias here: natural-log units.
+      if (has_dbias)
+        fragment::accumulate_dbias<kBlockM / 8, true>(dp, attention, mask, batch, head_q, n0 + key_row0, m0, 1.0f);
     } else {
-      // Softcap and/or ALiBi: P^T = exp2(score - LSE); dS^T also needs the rule's
-      // gradient factor (softcap: 1 - tanh²), taken from the same dot product.
+      // Softcap and/or ALiBi (and listed partial tiles): P^T = exp2(score - LSE); dS^T
+      // also needs the rule's gradient factor (softcap: 1 - tanh²), taken from the same
+      // dot product.
       ptx::wgmma_wait_group<0>();
       ptx::fence_operands(s);
       ptx::fence_operands(dp);
+      // A listed partial tile's element pass and dBias per element here: dBias takes dS
+      // before the softcap factor (the bias is added after the softcap).
       fragment::for_each_score<kBlockM / 8, true>(s, rule, n0 + key_row0, m0, [&](int index, float score, float factor) {
         const int query = 8 * (index / 4) + 2 * quad_lane + index % 2;  // of the block
-        s[index] = ptx::exp2_approx_ftz(score - lse[query]);
-        dp[index] = ((has_dropout ? dropped_dp(index) : dp[index]) - dsum[query]) * factor;
+        const std::int64_t key = n0 + key_row0 + 8 * ((index / 2) % 2);
+        float log2_p = score - lse[query];
+        if (is_partial) log2_p = masked_log2_probability(log2_p, attention, mask, batch, head_q, m0 + query, key);
+        s[index] = ptx::exp2_approx_ftz(log2_p);
+        const float dp_minus_d = (has_dropout ? dropped_dp(index) : dp[index]) - dsum[query];
+        if (has_dbias) add_dbias(attention, mask, batch, head_q, m0 + query, key, s[index] * dp_minus_d);
+        dp[index] = dp_minus_d * factor;
       });
       if (needs_mask) apply_mask(s);
 #pragma unroll
@@ -463,8 +527,9 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
       }
     } else {
       if (is_issuer)
-        ordered_reduce_add<kBlockM, kBlockN>(attention, workspace, mask, batch, head_q, m0, n_block,
-                                             address_of(shared_dq), kBlockM * kHeadDim * 4);
+        ordered_reduce_add<kBlockM, kBlockN, /*kTurnOutOfLine=*/true>(attention, workspace, mask, batch, head_q, m0,
+                                                                       n_block, address_of(shared_dq),
+                                                                       kBlockM * kHeadDim * 4);
       // The issuer rejoins its warp before the next step's warpgroup-wide wgmma.
       __syncwarp();
     }

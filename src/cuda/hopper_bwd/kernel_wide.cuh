@@ -30,6 +30,9 @@
 // semaphore per (sequence, query head, query block)), done by the producer thread,
 // which issues the reductions here: it waits for the tile's turn, adds, waits for the
 // addition to complete and publishes the next turn, then refills the stage.
+// Device masks: as kernel.cuh (listed steps through the stages' slots, the element pass
+// of partial tiles on the log2 scores in the score loop, dBias, listed deterministic
+// turns); S is in the plain layout here.
 #pragma once
 
 #include <cuda.h>
@@ -86,7 +89,9 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
   static_assert(kConfig.shared_bytes() <= kMaxSharedBytes, "tiles exceed 227 KB of shared memory");
   static_assert(128 * kConfig.producer_registers() + kConsumerThreads * kConfig.consumer_registers() <= 65536,
                 "register file: 64K 32-bit registers per SM");
-  static_assert((1 + 2 * kStages) * 8 <= 256, "mbarriers exceed their 256 bytes");
+  static_assert((1 + 2 * kStages) * 8 <= kListedStepSlotsOffset &&
+                    kListedStepSlotsOffset + kStages * static_cast<int>(sizeof(ListedStep)) <= 256,
+                "mbarriers and step slots exceed their 256 bytes");
 
   const BackwardParams& attention = params.backward;
   const bwd::Workspace& workspace = params.workspace;
@@ -106,7 +111,12 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
   const QueryBlockRange query_blocks = query_blocks_of_key_block(mask, n0, kv_rows, kBlockM);
   const int m_block_begin = query_blocks.begin;
   const int m_blocks = query_blocks.count;
-  const int steps = m_blocks * static_cast<int>(attention.group_size);
+  // Under a device mask: the listed query tiles instead (kernel.cuh, pipeline.cuh).
+  const TileLists& key_tile_lists = attention.device_mask.by_key_tile;
+  const bool is_listed = key_tile_lists.present();
+  const int steps = is_listed ? ListedSteps::total(key_tile_lists, batch, head_kv * attention.group_size,
+                                                   attention.group_size, n_block)
+                              : m_blocks * static_cast<int>(attention.group_size);
   auto step_head = [&](int step) { return head_kv * attention.group_size + step / m_blocks; };
   auto step_m0 = [&](int step) { return static_cast<std::int64_t>(m_block_begin + step % m_blocks) * kBlockM; };
 
@@ -127,6 +137,8 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
   std::uint64_t* kv_full = barriers;                 // K and V landed
   std::uint64_t* full = barriers + 1;                // [kStages]: Q, dO, LSE, D of a step landed
   std::uint64_t* dq_staged = barriers + 1 + kStages;  // [kStages]: every consumer warp wrote its dQ rows there
+  // [kStages]: a listed step (device mask), written by the producer before the stage's loads.
+  auto* step_slots = reinterpret_cast<ListedStep*>(shared_base + kConfig.barrier_offset() + kListedStepSlotsOffset);
 
   if (threadIdx.x == 0) {
     ::cuda::ptx::mbarrier_init(kv_full, 1);
@@ -152,27 +164,37 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
     load_panels<kPanels, kBlockN>(shared_k, &params.k_map, k_row, static_cast<std::int32_t>(head_kv), batch_coordinate, kv_full);
     load_panels<kPanels, kBlockN>(shared_v, &params.v_map, k_row, static_cast<std::int32_t>(head_kv), batch_coordinate, kv_full);
     // The dQ tile of `step`, staged over its stage: added to dq_accum in one reduction.
+    // The step's query rows and head: its slot (still the step's until the stage is refilled) or the interval's.
+    auto step_m0_of = [&](int step) {
+      return is_listed ? static_cast<std::int64_t>(step_slots[step % kStages].m_block) * kBlockM : step_m0(step);
+    };
+    auto step_head_of = [&](int step) {
+      return is_listed ? static_cast<std::int64_t>(step_slots[step % kStages].head_q) : step_head(step);
+    };
     auto reduce_dq = [&](int step) {
       const int stage = step % kStages;
       ptx::mbarrier_wait(&dq_staged[stage], (step / kStages) & 1);
-      const std::int64_t m0 = step_m0(step), head_q = step_head(step);
+      const std::int64_t m0 = step_m0_of(step), head_q = step_head_of(step);
       const auto source = static_cast<std::uint32_t>(__cvta_generic_to_shared(shared_dq(stage)));
       if constexpr (!kDeterministic) {
         ptx::bulk_reduce_add_f32(workspace.dq_accum + workspace.dq_offset(attention, batch, m0, head_q), source,
                                  kConfig.dq_staging_bytes());
         ptx::bulk_commit_group();
       } else {
-        ordered_reduce_add<kBlockM, kBlockN>(attention, workspace, mask, batch, head_q, m0, n_block, source,
-                                             kConfig.dq_staging_bytes());
+        ordered_reduce_add<kBlockM, kBlockN, /*kTurnOutOfLine=*/false>(attention, workspace, mask, batch, head_q, m0,
+                                                                        n_block, source, kConfig.dq_staging_bytes());
       }
     };
+    ListedSteps listed_steps(key_tile_lists, batch, head_kv * attention.group_size, attention.group_size, n_block);
     for (int step = 0; step < steps; ++step) {
       const int stage = step % kStages;
       if (step >= kStages) {
         reduce_dq(step - kStages);
         ptx::bulk_wait_group_read<0>();  // the stage's bytes are read: it may be refilled
       }
-      const std::int64_t head_q = step_head(step), m0 = step_m0(step);
+      // The slot is released to the consumers by the arrival below.
+      if (is_listed) step_slots[stage] = listed_steps.next();
+      const std::int64_t head_q = step_head_of(step), m0 = step_m0_of(step);
       ::cuda::ptx::mbarrier_arrive_expect_tx(::cuda::ptx::sem_release, ::cuda::ptx::scope_cta,
                                              ::cuda::ptx::space_shared, &full[stage],
                                              2 * kQBytes + 2 * kStatsBytes);
@@ -228,6 +250,8 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
 
   const bool has_dropout = attention.has_dropout();
   const float scale_log2 = attention.softmax_scale_log2;
+  // dBias needs a float attn_mask, hence lists (the interval path never accumulates it).
+  const bool has_dbias = is_listed && attention.device_mask.maybe_dbias_sum != nullptr;
 
   float dv[kColumns / 2];  // (kBlockN keys, kColumns) per consumer, fp32
   float dk[kColumns / 2];  // unscaled
@@ -237,9 +261,21 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
   if (steps > 0) ptx::mbarrier_wait(kv_full, 0);
   for (int step = 0; step < steps; ++step) {
     const int stage = step % kStages;
-    const std::int64_t head_q = step_head(step), m0 = step_m0(step);
     const std::uint32_t q_address = address_of(shared_q(stage)), do_address = address_of(shared_do(stage));
     ptx::mbarrier_wait(&full[stage], (step / kStages) & 1);
+    // The step: its stage's slot under a device mask (is_partial: the tile needs the
+    // element pass), else the interval's.
+    std::int64_t head_q, m0;
+    bool is_partial = false;
+    if (is_listed) {
+      const ListedStep listed = step_slots[stage];
+      head_q = listed.head_q;
+      m0 = static_cast<std::int64_t>(listed.m_block) * kBlockM;
+      is_partial = listed.is_partial != 0;
+    } else {
+      head_q = step_head(step);
+      m0 = step_m0(step);
+    }
 
     // S_w = Q K_w^T and dP_w = dO V_w^T: (64 queries, 32 keys) each, depth kHeadDim.
     const std::uint64_t q_as_a = make_smem_descriptor(q_address, 16, 1024, SwizzleMode::bytes128);
@@ -264,7 +300,9 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
     const float row_lse[2] = {lse[warp_row0], lse[warp_row0 + 8]};
     const float row_dsum[2] = {dsum[warp_row0], dsum[warp_row0 + 8]};
     const std::int64_t q_rows_end = m0 + kBlockM < seqlen_q ? m0 + kBlockM : seqlen_q;
-    const bool needs_mask = n0 + kBlockN > seqlen_k || !mask.tile_fully_allowed(m0, q_rows_end, n0, n0 + kBlockN);
+    // The interval path's boundary tiles (listed tiles: is_partial instead).
+    const bool needs_mask =
+        !is_listed && (n0 + kBlockN > seqlen_k || !mask.tile_fully_allowed(m0, q_rows_end, n0, n0 + kBlockN));
     // Element mask: query rows warp_row0 (+8) against this consumer's key columns.
     auto apply_mask = [&](float (&p)[kKeys / 2]) {
 #pragma unroll
@@ -297,7 +335,8 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
     // Z ∘ dP / (1 - p) (Algorithm 2: dS = P ∘ (Z ∘ dP / (1 - p) - D)).
     auto dropped_dp = [&](int index) { return is_kept(index) ? dp[index] * inverse_keep : 0.0f; };
 
-    if (rule.is_positive_scale()) {
+    // A listed partial tile takes the score loop below whatever the rule (as kernel.cuh).
+    if (rule.is_positive_scale() && !is_partial) {
       // P = exp2(S scale_log2 - LSE) while dP is still being computed.
       ptx::wgmma_wait_group<1>();
       ptx::fence_operands(s);
@@ -336,19 +375,31 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
               dp[index] = s[index] * (dropped_dp(index) - row_dsum[half]);
             }
       }
+      // dS is the gradient w.r.t. scale·q·k + bias here: natural-log units.
+      if (has_dbias)
+        fragment::accumulate_dbias<kKeys / 8, false>(dp, attention, mask, batch, head_q, m0 + warp_row0,
+                                                     n0 + key_column0, 1.0f);
     } else {
-      // Softcap and/or ALiBi: P = exp2(score - LSE); dS also needs the rule's gradient
-      // factor (softcap: 1 - tanh²), taken from the same dot product.
+      // Softcap and/or ALiBi (and listed partial tiles): P = exp2(score - LSE); dS also
+      // needs the rule's gradient factor (softcap: 1 - tanh²), taken from the same dot
+      // product.
       ptx::wgmma_wait_group<0>();
       ptx::fence_operands(s);
       ptx::fence_operands(dp);
+      // A listed partial tile's element pass and dBias per element here: dBias takes dS
+      // before the softcap factor (the bias is added after the softcap).
       fragment::for_each_score<kKeys / 8, false>(s, rule, m0 + warp_row0, n0 + key_column0,
                                                  [&](int index, float score, float factor) {
-                                                   const int half = (index / 2) % 2;
-                                                   s[index] = ptx::exp2_approx_ftz(score - row_lse[half]);
-                                                   dp[index] = ((has_dropout ? dropped_dp(index) : dp[index]) -
-                                                                row_dsum[half]) * factor;
-                                                 });
+        const int half = (index / 2) % 2;
+        const std::int64_t query = m0 + warp_row0 + 8 * half;
+        const std::int64_t key = n0 + key_column0 + 8 * (index / 4) + 2 * quad_lane + index % 2;
+        float log2_p = score - row_lse[half];
+        if (is_partial) log2_p = masked_log2_probability(log2_p, attention, mask, batch, head_q, query, key);
+        s[index] = ptx::exp2_approx_ftz(log2_p);
+        const float dp_minus_d = (has_dropout ? dropped_dp(index) : dp[index]) - row_dsum[half];
+        if (has_dbias) add_dbias(attention, mask, batch, head_q, query, key, s[index] * dp_minus_d);
+        dp[index] = dp_minus_d * factor;
+      });
       if (needs_mask) apply_mask(s);
 #pragma unroll
       for (int i = 0; i < kKeys / 2; ++i) dp[i] *= s[i];

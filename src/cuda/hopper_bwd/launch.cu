@@ -12,6 +12,7 @@
 #include "src/cuda/hopper/launch.hpp"
 #include "src/cuda/hopper_bwd/launch.hpp"
 #include "src/cuda/hopper_bwd/tile_config.hpp"
+#include "src/cuda/masks/device_mask.hpp"
 
 namespace flashattn::cuda::hopper_bwd {
 namespace {
@@ -149,14 +150,28 @@ HopperBackwardParams make_backward_params(const BackwardParams& params, const bw
 }
 
 void backward_main(const BackwardParams& params, const bwd::Workspace& workspace, cudaStream_t stream) {
-  // No keys: no dK/dV to write, dQ stays the zeroed accumulator. No query rows: the
-  // kernel runs no step and writes dK = dV = 0.
+  // No keys: no dK/dV to write, dQ stays the zeroed accumulator (a dBias, whose rows may
+  // broadcast over the keys, is still written: zeros; masks are never varlen, so no
+  // CTA runs then). No query rows: the kernel runs no step and writes dK = dV = 0.
   const std::int64_t rows_k = params.is_varlen() ? params.total_k : params.seqlen_k;
-  if (rows_k == 0) return;
+  if (rows_k == 0 && params.maybe_dbias == nullptr) return;
   const int head_dim = static_cast<int>(params.head_dim);
-  const HopperBackwardParams hopper_params =
-      is_wide_head_dim(head_dim) ? make_backward_params(params, workspace, hopper_bwd_wide_tile_config(head_dim))
-                                 : make_backward_params(params, workspace, hopper_bwd_tile_config(head_dim));
+  const bool is_wide = is_wide_head_dim(head_dim);
+  HopperBackwardParams hopper_params =
+      is_wide ? make_backward_params(params, workspace, hopper_bwd_wide_tile_config(head_dim))
+              : make_backward_params(params, workspace, hopper_bwd_tile_config(head_dim));
+  // Masks beyond MaskRule: the key tiles' lists of query tiles at the kernel's tiles; the
+  // deterministic turns also need the query tiles' lists (kernel.cuh). The tables are
+  // freed stream-ordered after the kernels.
+  const int block_m = is_wide ? hopper_bwd_wide_tile_config(head_dim).block_m : hopper_bwd_tile_config(head_dim).block_m;
+  const int block_n = is_wide ? hopper_bwd_wide_tile_config(head_dim).block_n : hopper_bwd_tile_config(head_dim).block_n;
+  const masks::MaskTables tables =
+      masks::prepare(params, {block_m, block_n, /*by_query_tile=*/params.deterministic, /*by_key_tile=*/true}, stream);
+  hopper_params.backward.device_mask = tables.view();
+  const DeviceMask& device_mask = hopper_params.backward.device_mask;
+  if (device_mask.present() && (!device_mask.by_key_tile.present() ||
+                                (params.deterministic && !device_mask.by_query_tile.present())))
+    throw Error("flashattn: cuda backward: the Hopper kernels' mask tables lack the lists they walk");
   if (params.deterministic) {
     if (params.dtype == DType::bfloat16) {
       run_for_head_dim<__nv_bfloat16, true>(hopper_params, stream);
@@ -168,6 +183,7 @@ void backward_main(const BackwardParams& params, const bwd::Workspace& workspace
   } else {
     run_for_head_dim<__half, false>(hopper_params, stream);
   }
+  masks::finish_dbias(params, tables, stream);
 }
 
 }  // namespace flashattn::cuda::hopper_bwd

@@ -1,6 +1,7 @@
 // src/cuda/hopper_bwd/pipeline.cuh — what both Hopper backward kernels (kernel.cuh,
 // kernel_wide.cuh) share of their hardware mapping: the producer's TMA loads (LSE/D
-// rows; the K/V block and a step's Q/dO tiles through common/tma_panels.cuh), the deterministic
+// rows; the K/V block and a step's Q/dO tiles through common/tma_panels.cuh), the walk of
+// a key block's query tiles under a device mask (src/core/mask_tables.hpp), the deterministic
 // mode's ordered dQ addition, and the launch (one CTA per key block x kv head x
 // sequence, with the shared-memory opt-in).
 #pragma once
@@ -16,8 +17,12 @@
 
 #include "flashattn/error.hpp"
 #include "flashattn/mask.hpp"
+#include "flashattn/online_softmax.hpp"
+#include "src/core/mask_tables.hpp"
+#include "src/core/params.hpp"
 #include "src/cuda/bwd/workspace.hpp"
 #include "src/cuda/common/check.cuh"
+#include "src/cuda/common/mask_fragment.cuh"
 #include "src/cuda/common/tma_panels.cuh"
 #include "src/cuda/hopper_bwd/dq_order.hpp"
 #include "src/cuda/hopper_bwd/launch.hpp"
@@ -42,20 +47,137 @@ __device__ __forceinline__ void load_statistics(float* lse, float* dsum, const b
                              bytes, barrier);
 }
 
+// ---- a device mask: the steps come from the key tile's lists -----------------------
+// With params.device_mask.by_key_tile present a CTA's steps are, for each query head of
+// its group (ascending), the query tiles its key tile's list names (in list order:
+// descending), instead of an interval of query blocks. The producer walks the lists
+// (ListedSteps) and writes each step into its stage's slot before the stage's loads; the
+// consumers read the slot after waiting on the stage's "full" mbarrier (whose arrival
+// releases the write), so both sides see the same steps without the consumers holding a
+// cursor in registers. A slot is rewritten only after the stage is released again
+// (kernel.cuh: "empty"; kernel_wide.cuh: "dq_staged", after the producer's reduction of
+// the step, which reads the slot too).
+struct ListedStep {
+  std::int32_t head_q;
+  std::int32_t m_block;
+  std::int32_t is_partial;  // the tile's scores need the element pass (masked_log2_probability)
+  std::int32_t padding;
+};
+// The slots live in the 256 bytes reserved for the mbarriers, from this offset.
+inline constexpr int kListedStepSlotsOffset = 128;
+
+class ListedSteps {
+ public:
+  // The steps of key tile n_block for query heads [first_head, first_head + heads) of `batch`.
+  __device__ ListedSteps(const TileLists& lists, std::int64_t batch, std::int64_t first_head, std::int64_t heads,
+                         std::int64_t n_block)
+      : lists_(lists), batch_(batch), first_head_(first_head), heads_(lists.present() ? heads : 0), n_block_(n_block) {
+    if (heads_ == 0) return;  // no lists (the interval path): inert, never read
+    list_ = lists_.list(batch_, first_head_, n_block_);
+    count_ = lists_.count(list_);
+    skip_finished_lists();
+  }
+  // How many steps the walk has (the producer and every consumer compute it alike).
+  __device__ static int total(const TileLists& lists, std::int64_t batch, std::int64_t first_head, std::int64_t heads,
+                              std::int64_t n_block) {
+    int steps = 0;
+    for (std::int64_t head = 0; head < heads; ++head) steps += lists.count(lists.list(batch, first_head + head, n_block));
+    return steps;
+  }
+  // The current step, then moves to the next; call at most total() times.
+  __device__ ListedStep next() {
+    const TileEntry entry = lists_.entry(list_, index_);
+    const ListedStep step{static_cast<std::int32_t>(first_head_ + head_), entry.tile, entry.partial ? 1 : 0, 0};
+    ++index_;
+    skip_finished_lists();
+    return step;
+  }
+
+ private:
+  __device__ void skip_finished_lists() {
+    while (index_ >= count_ && head_ + 1 < heads_) {
+      ++head_;
+      list_ = lists_.list(batch_, first_head_ + head_, n_block_);
+      count_ = lists_.count(list_);
+      index_ = 0;
+    }
+  }
+  const TileLists& lists_;
+  std::int64_t batch_, first_head_, heads_, n_block_;
+  std::int64_t head_ = 0;  // of the group
+  std::int64_t list_ = 0;
+  std::int32_t count_ = 0, index_ = 0;
+};
+
+// One element of a listed partial tile, in the kernels' score loop (softcap/ALiBi; partial
+// tiles take it whatever the rule): the log2 P before the exponential with the element
+// pass of fragment::mask_offset applied (-inf when masked; a float attn_mask's bias added
+// in log2 units). Not fragment::apply_mask on the positive-scale path beside dP^T in
+// flight: there its index arithmetic spilled loop state in every step (72 bytes at d128).
+__device__ __forceinline__ float masked_log2_probability(float log2_p, const AttentionParams& params,
+                                                         const MaskRule& mask, std::int64_t batch, std::int64_t head_q,
+                                                         std::int64_t query, std::int64_t key) {
+  const float offset = fragment::mask_offset(params, mask, batch, head_q, query, key);
+  return offset == -INFINITY ? -INFINITY : log2_p + offset * static_cast<float>(online_softmax::kLog2e);
+}
+
+// dBias += ds for one element (ds in natural-log units; as fragment::accumulate_dbias).
+__device__ __forceinline__ void add_dbias(const AttentionParams& params, const MaskRule& mask, std::int64_t batch,
+                                          std::int64_t head_q, std::int64_t query, std::int64_t key, float ds) {
+  const DeviceMask& device_mask = params.device_mask;
+  if (query < mask.seqlen_q && key < mask.seqlen_k && ds != 0.0f)
+    atomicAdd(device_mask.maybe_dbias_sum + device_mask.dbias_offset(batch, head_q, query, key), ds);
+}
+
+// Deterministic mode under a device mask: the turn of key tile n_block in query tile
+// m_block of head_q = how many key tiles its by_query_tile list names above n_block (the
+// lists are sorted by descending tile, the order of the interval turns). The two lists
+// are built from one classification of the tile pairs, so n_block is there; if it were
+// not, the semaphore protocol would hang: trap instead.
+__device__ __forceinline__ std::int32_t listed_turn(const TileLists& by_query_tile, std::int64_t batch,
+                                                    std::int64_t head_q, std::int64_t m_block, std::int64_t n_block) {
+  const std::int64_t list = by_query_tile.list(batch, head_q, m_block);
+  std::int32_t low = 0, high = by_query_tile.count(list);  // the first index whose tile <= n_block
+  const std::int32_t count = high;
+  while (low < high) {
+    const std::int32_t middle = (low + high) / 2;
+    if (by_query_tile.entry(list, middle).tile > n_block) low = middle + 1;
+    else high = middle;
+  }
+  if (low == count || by_query_tile.entry(list, low).tile != n_block) __trap();
+  return low;
+}
+// Out of line: kernel.cuh's issuer is a consumer thread, and inlined beside the
+// accumulators the search spilled loop state (d64: 40 bytes, d128: 16). kernel_wide.cuh's
+// issuer is the producer thread, whose 24 registers do not hold a call's ABI: inline there.
+__device__ __noinline__ std::int32_t listed_turn_out_of_line(const TileLists& by_query_tile, std::int64_t batch,
+                                                            std::int64_t head_q, std::int64_t m_block,
+                                                            std::int64_t n_block) {
+  return listed_turn(by_query_tile, batch, head_q, m_block, n_block);
+}
+
 // Deterministic mode (the order and why it cannot deadlock: the top of kernel.cuh): one
 // thread adds the staged dQ tile of query rows [m0, m0 + kBlockM) of head_q to dq_accum
 // in its key block's turn: it waits (acquire) until the tile's semaphore equals the turn
-// (the last visiting key block - n_block, dq_order.hpp), adds, waits until the addition
-// is performed in global memory (not only read from shared memory) and publishes the
-// next turn (release).
-template <int kBlockM, int kBlockN>
+// (the last visiting key block - n_block, dq_order.hpp; under a device mask the number of
+// listed key tiles above n_block, listed_turn), adds, waits until the addition is
+// performed in global memory (not only read from shared memory) and publishes the next
+// turn (release). kTurnOutOfLine: see listed_turn_out_of_line.
+template <int kBlockM, int kBlockN, bool kTurnOutOfLine>
 __device__ __forceinline__ void ordered_reduce_add(const BackwardParams& attention, const bwd::Workspace& workspace,
                                                    const MaskRule& mask, std::int64_t batch, std::int64_t head_q,
                                                    std::int64_t m0, std::int64_t n_block, std::uint32_t source,
                                                    int bytes) {
   const std::int64_t m_block = m0 / kBlockM;
-  const KeyBlockRange visitors = key_blocks_of_query_block(mask, m_block, kBlockM, kBlockN);
-  const auto turn = static_cast<std::int32_t>(visitors.first + visitors.count - 1 - n_block);
+  const TileLists& by_query_tile = attention.device_mask.by_query_tile;
+  std::int32_t turn;
+  if (by_query_tile.present()) {
+    turn = kTurnOutOfLine ? listed_turn_out_of_line(by_query_tile, batch, head_q, m_block, n_block)
+                          : listed_turn(by_query_tile, batch, head_q, m_block, n_block);
+  } else {
+    const KeyBlockRange visitors = key_blocks_of_query_block(mask, m_block, kBlockM, kBlockN);
+    turn = static_cast<std::int32_t>(visitors.first + visitors.count - 1 - n_block);
+  }
   std::int32_t* semaphore = workspace.dq_semaphore + workspace.semaphore_index(attention, batch, m_block, kBlockM, head_q);
   ptx::wait_until_equal_acquire_gpu(semaphore, turn);
   ptx::fence_proxy_async_global();  // the earlier turns' additions before ours
