@@ -11,6 +11,8 @@
 #   6. (step bench, not in the default list) the forward and backward harness
 #      (bench/gpu/bench_attention.py: ours beside SDPA FA2 and cuDNN, CSV + PNG;
 #      BENCH_PASSES="fwd bwd", HARNESS_ARGS);
+#   (steps features / features_sanitize, not in the default list: the masks and FP8
+#   suites alone, and compute-sanitizer on their small cases)
 #   7. (step masks, not in the default list) bench/gpu/bench_masks.py (issue 15's table and
 #      the block-density sweep against FlexAttention; MASKS_ARGS);
 #   8. (step bwd_timing, not in the default list) flashattn_bwd_timing (bench/gpu/kernels) $BWD_TIMING_ARGS
@@ -82,6 +84,26 @@ done
 sanitize memcheck test_cuda_backward_hopper 'CudaBackwardHopper.AlibiMatchesTheOracle:CudaBackwardHopper.DeterministicModeWithAlibiAndDropout'
 sanitize memcheck test_cuda_kvcache 'BothKernels/KVCacheCudaAlibi.MatchesReference/1*'
 sanitize memcheck test_cuda_hostile_input 'CudaHostile.*'
+fi
+
+if wants features; then
+step "masks and FP8 suites"
+for t in test_cuda_masks test_cuda_masks_sm80_backward test_cuda_masks_hopper test_cuda_masks_hopper_bwd \
+         test_cuda_forward_fp8 test_cuda_kvcache_fp8 test_cuda_fp8_quantize; do
+  timeout "${FEATURE_LIMIT:-100}" "$tree/tests/cuda/$t" --gtest_brief=1 > "$logs/$t.log" 2>&1
+  note "$t rc=$? $(grep -E '^\[  PASSED|^\[  FAILED' "$logs/$t.log" | head -2 | tr '\n' ' ')"
+  grep -E '^\[  FAILED|Failure|what\(\)' "$logs/$t.log" | head -6 | tee -a "$logs/summary.txt"
+done
+fi
+
+if wants features_sanitize; then
+step "compute-sanitizer on the masks and FP8 kernels"
+fsan() { timeout 90 compute-sanitizer --tool "$1" --error-exitcode 3 "$tree/tests/cuda/$2" --gtest_brief=1 --gtest_filter="$3" \
+  >> "$logs/sanitizer_features.log" 2>&1; note "$1 $2 rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$logs/sanitizer_features.log" | tail -1)"; }
+fsan memcheck test_cuda_masks '*Masks*Small*'
+fsan memcheck test_cuda_masks_sm80_backward '*Masks*Small*'
+fsan racecheck test_cuda_masks '*Masks*Small*'
+fsan memcheck test_cuda_kvcache_fp8 '*/1:*/7'
 fi
 
 export PYTHONUNBUFFERED=1 PYTHONPATH="$tree/python"

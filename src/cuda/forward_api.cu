@@ -274,14 +274,11 @@ BackendLimits limits() noexcept {
   limits.supports_algorithm[static_cast<int>(Algorithm::flash1)] = false;
   // flash3 needs an sm_90 device too: forward() says so per call (hopper::why_unsupported).
   limits.supports_algorithm[static_cast<int>(Algorithm::flash3)] = hopper::is_built();
-<<<<<<< HEAD
   // The Hopper FP8 kernel is built with the Hopper kernels (sm_90a); the device, head
   // dim and features are checked per call (why_fp8_unsupported).
   limits.supports_fp8 = hopper_fp8::is_built();
-=======
   // attn_mask, block masks, dBias: the kernels walk the tile lists of src/cuda/masks.
   limits.supports_masks = true;
->>>>>>> masks-core
   return limits;
 }
 
