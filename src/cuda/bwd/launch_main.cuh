@@ -46,6 +46,35 @@ inline KernelVariant kernel_variant(const BackwardParams& params) {
   return KernelVariant::general;
 }
 
+// Programs that sweep many tile configs and never pass masks (bench/gpu/kernels/
+// bwd_timing.cu) define this as 0: the masked kernels are half of their compile time.
+#ifndef FLASHATTN_BWD_MASKED_KERNELS
+#define FLASHATTN_BWD_MASKED_KERNELS 1
+#endif
+
+// The kernel of `variant`: Kernels::of<kVariant>() for the three variants.
+template <class Kernels>
+auto kernel_of_variant(KernelVariant variant) {
+  if (variant == KernelVariant::plain) return Kernels::template of<KernelVariant::plain>();
+#if FLASHATTN_BWD_MASKED_KERNELS
+  if (variant == KernelVariant::masked) return Kernels::template of<KernelVariant::masked>();
+#else
+  if (variant == KernelVariant::masked)
+    throw NotSupported("flashattn: this program was built without the masked backward kernels");
+#endif
+  return Kernels::template of<KernelVariant::general>();
+}
+template <class T>
+struct DkdvKernels {
+  template <KernelVariant kVariant>
+  static auto of() { return dkdv_kernel<T, kVariant>; }
+};
+template <class D>
+struct DqKernels {
+  template <KernelVariant kVariant>
+  static auto of() { return dq_kernel<D, kVariant>; }
+};
+
 // With a block mask / attn_mask (masks/device_mask.hpp) each kernel reads tile lists
 // built for its own tile sizes (the two kernels' differ), so each launch builds its
 // tables; the dBias accumulator belongs to the dK/dV kernel's, which alone sums dS.
@@ -58,10 +87,7 @@ void launch_dkdv(const BackwardParams& params, const Workspace& workspace, bool 
   if (dkdv_grid > 0) {
     BackwardParams launch_params = params;
     launch_params.device_mask = tables.view();
-    const KernelVariant variant = kernel_variant(launch_params);
-    const auto kernel = variant == KernelVariant::plain     ? dkdv_kernel<T, KernelVariant::plain>
-                        : variant == KernelVariant::general ? dkdv_kernel<T, KernelVariant::general>
-                                                            : dkdv_kernel<T, KernelVariant::masked>;
+    const auto kernel = kernel_of_variant<DkdvKernels<T>>(kernel_variant(launch_params));
     allow_shared_memory(kernel, T::kSmemBytes);
     kernel<<<dkdv_grid, T::kThreads, T::kSmemBytes, stream>>>(launch_params, workspace,
                                                               static_cast<int>(num_n_blocks), is_aligned);
@@ -80,10 +106,7 @@ void launch_dq(const BackwardParams& params, const Workspace& workspace, bool is
       masks::prepare(static_cast<const AttentionParams&>(params), {D::kBlockM, D::kBlockN, true, false}, stream);
   BackwardParams launch_params = params;
   launch_params.device_mask = tables.view();
-  const KernelVariant variant = kernel_variant(launch_params);
-  const auto kernel = variant == KernelVariant::plain     ? dq_kernel<D, KernelVariant::plain>
-                      : variant == KernelVariant::general ? dq_kernel<D, KernelVariant::general>
-                                                          : dq_kernel<D, KernelVariant::masked>;
+  const auto kernel = kernel_of_variant<DqKernels<D>>(kernel_variant(launch_params));
   allow_shared_memory(kernel, D::kDqSmemBytes);
   kernel<<<dq_grid, D::kThreads, D::kDqSmemBytes, stream>>>(launch_params, workspace, static_cast<int>(num_m_blocks),
                                                             is_aligned);
