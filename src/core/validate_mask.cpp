@@ -102,8 +102,6 @@ void check_mask_options(const AttentionOptions& options, const MaskGeometry& g, 
   const char* first = has_attn_mask ? "attn_mask" : "block_mask";
   if (!limits.supports_masks)
     unsupported(first, std::string("masks are not supported on the ") + limits.name + " backend yet");
-  if (options.algorithm == Algorithm::flash1)
-    unsupported(first, "the flash1 algorithm does not take masks (use flash2, reference or automatic)");
   if (g.is_varlen) unsupported(first, "masks are not supported with variable-length (varlen) batches");
   if (has_attn_mask) {
     const TensorView& m = options.maybe_attn_mask;

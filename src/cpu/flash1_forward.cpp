@@ -12,12 +12,16 @@
 //       store O_i, l_i = l_new, m_i = m_new
 // The block sizes differ on purpose (kBlockRows != kBlockCols): seed 000's minimal
 // CUDA version silently assumes Br == Bc; nothing here does.
+// attn_mask / block mask (attention_mask.hpp): key blocks the block mask leaves empty
+// for every row that could see them are skipped; inside a visited block each score
+// takes the element rule and the bias, as in flash2.
 #include <algorithm>
 #include <cmath>
 #include <limits>
 #include <vector>
 
 #include "flashattn/online_softmax.hpp"
+#include "src/cpu/attention_mask.hpp"
 #include "src/cpu/dropout_mask.hpp"
 #include "src/cpu/flash.hpp"
 #include "src/cpu/tile_io.hpp"
@@ -43,6 +47,8 @@ void flash1_forward(const AttentionParams& params, int num_threads) {
     const std::int64_t b = item / params.heads_q, h = item % params.heads_q, h_kv = h / params.group_size;
     const MaskRule mask = params.mask_of(b);
     const ScoreRule score_rule = params.score_of(b, h, mask);
+    HeadMask extra;  // attn_mask / block mask of (b, h), a conjunction with `mask`
+    extra.reset(params, b, h);
     const std::int64_t seqlen_q = mask.seqlen_q, seqlen_k = mask.seqlen_k;
     // "Slow memory": O (seqlen_q, head_dim), l and m (seqlen_q), initialised to 0, 0, -inf.
     std::vector<float> o(static_cast<std::size_t>(seqlen_q * head_dim), 0.0f);
@@ -58,6 +64,8 @@ void flash1_forward(const AttentionParams& params, int num_threads) {
       const std::int64_t cols = std::min(kBlockCols, seqlen_k - col_begin);
       const auto rows_seen = mask.rows_of_columns(col_begin, col_begin + cols);
       if (rows_seen.begin >= rows_seen.end) continue;  // no query sees this key block
+      if (extra.is_active() && extra.tile_kind(rows_seen.begin, rows_seen.end, col_begin, col_begin + cols) == TileKind::empty)
+        continue;
       load_tile(params.k, params.dtype, params.k_offset(b, h_kv) + col_begin * params.k_row_stride, params.k_row_stride, cols,
                 cols, head_dim, head_dim, 1.0f, k_tile.data());
       load_tile(params.v, params.dtype, params.v_offset(b, h_kv) + col_begin * params.v_row_stride, params.v_row_stride, cols,
@@ -79,6 +87,14 @@ void flash1_forward(const AttentionParams& params, int num_threads) {
             float score = 0.0f;
             for (std::int64_t d = 0; d < head_dim; ++d) score += q_tile[static_cast<std::size_t>(r * head_dim + d)] * k_tile[static_cast<std::size_t>(c * head_dim + d)];
             if (!is_positive_scale) score = score_rule.log2_score(score, i, col_begin + c);
+            if (extra.is_active()) {  // natural-log offset: -inf (masked) or the bias
+              const double offset = extra.offset_of(i, col_begin + c);
+              if (offset == -std::numeric_limits<double>::infinity()) {
+                p[c] = -std::numeric_limits<float>::infinity();
+                continue;
+              }
+              score += static_cast<float>(offset) * static_cast<float>(online_softmax::kLog2e);
+            }
             p[c] = score;
             block_max = std::max(block_max, score);
           }
