@@ -461,7 +461,7 @@ void launch_forward(const AttentionParams& params, cudaStream_t stream) {
   launch_forward_kernel<T, kConfig, false>(launch_params, num_ctas, stream);
 }
 
-// What a generated translation unit instantiates (see src/cuda/generate_kernels.py).
+// What a generated translation unit instantiates (see src/cuda/generate_instantiations.py).
 template <class T, int kHeadDim>
 void run_forward(const AttentionParams& params, cudaStream_t stream) {
   static_assert(tile_config_for(kHeadDim).kernel_head_dim == kHeadDim, "no tile config for this head dim");

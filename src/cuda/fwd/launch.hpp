@@ -1,6 +1,6 @@
 // src/cuda/fwd/launch.hpp — the forward kernels' entry points, one explicit
 // instantiation per (dtype, kernel head dim) in src/cuda/instantiations/ (generated
-// by src/cuda/generate_kernels.py). Including this header compiles no kernel.
+// by src/cuda/generate_instantiations.py). Including this header compiles no kernel.
 #pragma once
 
 #include <cuda_runtime.h>

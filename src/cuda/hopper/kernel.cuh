@@ -734,7 +734,7 @@ void launch_forward_sm90_for(ProblemClass problem_class, const HopperForwardPara
   }
 }
 
-// What a generated translation unit instantiates (see src/cuda/generate_kernels.py).
+// What a generated translation unit instantiates (see src/cuda/generate_instantiations.py).
 // Dropout runs its own instantiation (kHasDropout): the default kernel carries none of it.
 template <class T, int kHeadDim>
 void run_forward_sm90(const HopperForwardParams& params, cudaStream_t stream) {

@@ -573,7 +573,7 @@ void launch_backward_sm90(const HopperBackwardParams& params, cudaStream_t strea
                        opted_in_devices, params, kConfig.block_n, kConfig.threads(), kConfig.shared_bytes(), stream);
 }
 
-// What a generated translation unit instantiates (see generate_instantiations.py).
+// What a generated translation unit instantiates (see src/cuda/generate_instantiations.py).
 template <class T, int kHeadDim, bool kDeterministic>
 void run_backward_sm90(const HopperBackwardParams& params, cudaStream_t stream) {
   constexpr HopperBwdTileConfig kConfig = hopper_bwd_tile_config(kHeadDim);
