@@ -72,36 +72,45 @@ PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
   return encoder;
 }
 
-// A stride (elements) the tensor map can encode: a positive multiple of 16 bytes below
-// 2^40 bytes. A dimension of extent 1 is never stepped over, so its stride is free.
-bool is_encodable_stride(std::int64_t stride_elements, std::int64_t extent) {
+// A stride (elements of element_bytes each) the tensor map can encode: a positive multiple
+// of 16 bytes below 2^40 bytes. A dimension of extent 1 is never stepped over, so its
+// stride is free.
+bool is_encodable_stride(std::int64_t stride_elements, std::int64_t extent, std::int64_t element_bytes = 2) {
   if (extent <= 1) return true;
-  const std::int64_t bytes = stride_elements * 2;
+  const std::int64_t bytes = stride_elements * element_bytes;
   return bytes > 0 && bytes % 16 == 0 && bytes < (std::int64_t{1} << 40);
 }
 
-std::uint64_t encodable_stride_bytes(std::int64_t stride_elements, std::int64_t extent) {
-  return extent <= 1 ? 16 : static_cast<std::uint64_t>(stride_elements * 2);
+std::uint64_t encodable_stride_bytes(std::int64_t stride_elements, std::int64_t extent, std::int64_t element_bytes) {
+  return extent <= 1 ? 16 : static_cast<std::uint64_t>(stride_elements * element_bytes);
 }
 
-// 4-D map (head_dim, rows, heads, batch) over one 16-bit tensor; box (64, box_rows, 1, 1).
+// 4-D map (head_dim, rows, heads, batch) over one 16-bit or e4m3 tensor (the latter as
+// bytes); box (panel_bytes of columns, box_rows, 1, 1) with the swizzle of the panel
+// width (128 bytes: 64 16-bit columns; the FP8 kernel also uses 64).
 CUtensorMap make_tensor_map(const char* name, const void* data, DType dtype, std::int64_t head_dim, std::int64_t rows,
                             std::int64_t heads, std::int64_t batch, std::int64_t row_stride, std::int64_t head_stride,
-                            std::int64_t batch_stride, int box_rows) {
+                            std::int64_t batch_stride, int box_rows, int panel_bytes = 2 * kPanelColumns) {
+  const std::int64_t element_bytes = static_cast<std::int64_t>(dtype_size(dtype));
   const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
   if (encode == nullptr) throw NotSupported("flashattn: algorithm: flash3 needs the driver's cuTensorMapEncodeTiled");
   const cuuint64_t extents[4] = {static_cast<cuuint64_t>(head_dim), static_cast<cuuint64_t>(rows > 0 ? rows : 1),
                                  static_cast<cuuint64_t>(heads > 0 ? heads : 1),
                                  static_cast<cuuint64_t>(batch > 0 ? batch : 1)};
-  const cuuint64_t strides[3] = {encodable_stride_bytes(row_stride, rows), encodable_stride_bytes(head_stride, heads),
-                                 encodable_stride_bytes(batch_stride, batch)};
-  const cuuint32_t box[4] = {static_cast<cuuint32_t>(kPanelColumns), static_cast<cuuint32_t>(box_rows), 1, 1};
+  const cuuint64_t strides[3] = {encodable_stride_bytes(row_stride, rows, element_bytes),
+                                 encodable_stride_bytes(head_stride, heads, element_bytes),
+                                 encodable_stride_bytes(batch_stride, batch, element_bytes)};
+  const cuuint32_t box[4] = {static_cast<cuuint32_t>(panel_bytes / element_bytes), static_cast<cuuint32_t>(box_rows), 1,
+                             1};
   const cuuint32_t element_strides[4] = {1, 1, 1, 1};
+  const CUtensorMapDataType data_type = dtype == DType::bfloat16      ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+                                        : dtype == DType::float8_e4m3 ? CU_TENSOR_MAP_DATA_TYPE_UINT8
+                                                                      : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
   CUtensorMap map;
   const CUresult result =
-      encode(&map, dtype == DType::bfloat16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 4,
-             const_cast<void*>(data), extents, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-             CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+      encode(&map, data_type, 4, const_cast<void*>(data), extents, strides, box, element_strides,
+             CU_TENSOR_MAP_INTERLEAVE_NONE, panel_bytes == 128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B,
+             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (result != CUDA_SUCCESS)
     throw NotSupported(std::string("flashattn: ") + name + ": cuTensorMapEncodeTiled failed (CUresult " +
                        std::to_string(static_cast<int>(result)) + ") for the flash3 kernel's TMA tensor map");
@@ -132,12 +141,12 @@ void run_for_head_dim(int kernel_head_dim, const HopperForwardParams& params, cu
 // Shared with the Hopper backward (src/cuda/hopper_bwd/launch.cu): one tensor-map encoder.
 CUtensorMap make_panel_tensor_map(const char* name, const void* data, DType dtype, std::int64_t head_dim,
                                   std::int64_t rows, std::int64_t heads, std::int64_t batch, std::int64_t row_stride,
-                                  std::int64_t head_stride, std::int64_t batch_stride, int box_rows) {
+                                  std::int64_t head_stride, std::int64_t batch_stride, int box_rows, int panel_bytes) {
   return make_tensor_map(name, data, dtype, head_dim, rows, heads, batch, row_stride, head_stride, batch_stride,
-                         box_rows);
+                         box_rows, panel_bytes);
 }
-bool is_tma_encodable_stride(std::int64_t stride_elements, std::int64_t extent) {
-  return is_encodable_stride(stride_elements, extent);
+bool is_tma_encodable_stride(std::int64_t stride_elements, std::int64_t extent, std::int64_t element_bytes) {
+  return is_encodable_stride(stride_elements, extent, element_bytes);
 }
 int device_compute_capability(int device) { return compute_capability(device); }
 

@@ -57,13 +57,16 @@ void forward(const AttentionParams& params, cudaStream_t stream);
 // (maps of empty tensors stay zero: the kernel never reads them).
 HopperForwardParams make_forward_params(const AttentionParams& params, const HopperTileConfig& config);
 
-// For the Hopper backward (src/cuda/hopper_bwd): the same TMA map encoding (4-D
-// (head_dim, rows, heads, batch), box (64, box_rows, 1, 1), 128-byte swizzle; throws
-// NotSupported on failure), its stride rule, and the cached compute capability.
+// For the Hopper backward (src/cuda/hopper_bwd) and the FP8 forward (src/cuda/hopper_fp8):
+// the same TMA map encoding (4-D (head_dim, rows, heads, batch), box (panel_bytes of
+// columns, box_rows, 1, 1), the swizzle of the panel width, 128 or 64 bytes; 16-bit
+// dtypes or float8_e4m3 as bytes; throws NotSupported on failure), its stride rule, and
+// the cached compute capability.
 CUtensorMap make_panel_tensor_map(const char* name, const void* data, DType dtype, std::int64_t head_dim,
                                   std::int64_t rows, std::int64_t heads, std::int64_t batch, std::int64_t row_stride,
-                                  std::int64_t head_stride, std::int64_t batch_stride, int box_rows);
-bool is_tma_encodable_stride(std::int64_t stride_elements, std::int64_t extent);
+                                  std::int64_t head_stride, std::int64_t batch_stride, int box_rows,
+                                  int panel_bytes = 128);
+bool is_tma_encodable_stride(std::int64_t stride_elements, std::int64_t extent, std::int64_t element_bytes = 2);
 int device_compute_capability(int device);
 
 }  // namespace flashattn::cuda::hopper

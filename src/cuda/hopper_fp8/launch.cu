@@ -2,14 +2,13 @@
 // predicate, the e4m3 TMA tensor maps, and the dispatch to the generated head-dim kernels.
 #include <cuda.h>
 #include <cuda_runtime.h>
-#include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled
 
 #include <cstdint>
 #include <string>
 
 #include "flashattn/error.hpp"
 #include "src/cuda/common/check.cuh"
-#include "src/cuda/hopper/launch.hpp"  // device_compute_capability, is_tma_encodable_stride
+#include "src/cuda/hopper/launch.hpp"  // device_compute_capability, the TMA map encoder and its stride rule
 #include "src/cuda/hopper_fp8/launch.hpp"
 #include "src/cuda/hopper_fp8/tile_config.hpp"
 
@@ -32,57 +31,17 @@ constexpr int kBuiltHeadDims[] = {
 };
 constexpr int kBuiltCount = static_cast<int>(sizeof(kBuiltHeadDims) / sizeof(int)) - 1;
 
-PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
-  // The driver's entry point through the runtime (libcuda is never linked), as in
-  // hopper/launch.cu.
-  static const PFN_cuTensorMapEncodeTiled_v12000 encoder = [] {
-    void* function = nullptr;
-    cudaDriverEntryPointQueryResult status = cudaDriverEntryPointSymbolNotFound;
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &function, 12000, cudaEnableDefault, &status) !=
-            cudaSuccess ||
-        status != cudaDriverEntryPointSuccess) {
-      (void)cudaGetLastError();
-      return static_cast<PFN_cuTensorMapEncodeTiled_v12000>(nullptr);
-    }
-    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(function);
-  }();
-  return encoder;
-}
-
-// A stride (elements = bytes for e4m3) the tensor map can encode: a positive multiple of
-// 16 bytes below 2^40. A dimension of extent 1 is never stepped over, so its stride is free.
+// A stride of e4m3 elements (= bytes) the tensor maps encode (hopper/launch.cu's rule).
 bool is_encodable_stride(std::int64_t stride_bytes, std::int64_t extent) {
-  if (extent <= 1) return true;
-  return stride_bytes > 0 && stride_bytes % 16 == 0 && stride_bytes < (std::int64_t{1} << 40);
+  return hopper::is_tma_encodable_stride(stride_bytes, extent, /*element_bytes=*/1);
 }
 
-std::uint64_t encodable_stride_bytes(std::int64_t stride_bytes, std::int64_t extent) {
-  return extent <= 1 ? 16 : static_cast<std::uint64_t>(stride_bytes);
-}
-
-// 4-D map (head_dim, rows, heads, batch) over one e4m3 tensor (as bytes); box
-// (panel_bytes, box_rows, 1, 1) with the swizzle of the panel width (64 or 128 bytes).
+// 4-D map (head_dim, rows, heads, batch) over one e4m3 tensor, box (panel_bytes, box_rows).
 CUtensorMap make_tensor_map(const char* name, const void* data, std::int64_t head_dim, std::int64_t rows,
                             std::int64_t heads, std::int64_t batch, std::int64_t row_stride, std::int64_t head_stride,
                             std::int64_t batch_stride, int panel_bytes, int box_rows) {
-  const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
-  if (encode == nullptr) throw NotSupported("flashattn: q: the FP8 forward needs the driver's cuTensorMapEncodeTiled");
-  const cuuint64_t extents[4] = {static_cast<cuuint64_t>(head_dim), static_cast<cuuint64_t>(rows > 0 ? rows : 1),
-                                 static_cast<cuuint64_t>(heads > 0 ? heads : 1),
-                                 static_cast<cuuint64_t>(batch > 0 ? batch : 1)};
-  const cuuint64_t strides[3] = {encodable_stride_bytes(row_stride, rows), encodable_stride_bytes(head_stride, heads),
-                                 encodable_stride_bytes(batch_stride, batch)};
-  const cuuint32_t box[4] = {static_cast<cuuint32_t>(panel_bytes), static_cast<cuuint32_t>(box_rows), 1, 1};
-  const cuuint32_t element_strides[4] = {1, 1, 1, 1};
-  CUtensorMap map;
-  const CUresult result =
-      encode(&map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 4, const_cast<void*>(data), extents, strides, box, element_strides,
-             CU_TENSOR_MAP_INTERLEAVE_NONE, panel_bytes == 128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B,
-             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  if (result != CUDA_SUCCESS)
-    throw NotSupported(std::string("flashattn: ") + name + ": cuTensorMapEncodeTiled failed (CUresult " +
-                       std::to_string(static_cast<int>(result)) + ") for the FP8 forward's TMA tensor map");
-  return map;
+  return hopper::make_panel_tensor_map(name, data, DType::float8_e4m3, head_dim, rows, heads, batch, row_stride,
+                                       head_stride, batch_stride, box_rows, panel_bytes);
 }
 
 Fp8ForwardParams make_forward_params(const AttentionParams& params, const Fp8TileConfig& config) {
