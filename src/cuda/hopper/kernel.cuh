@@ -30,11 +30,18 @@
 //   intra-warpgroup overlap  S_j = Q K_j^T is issued with O += P_(j-1) V_(j-1), and the
 //                            softmax of block j runs while that PV GEMM does (FA3 3.2);
 //   ping-pong                the consumer warpgroups take turns issuing GEMMs (FA3 3.1);
-//   persistent grid          one CTA per SM runs tiles blockIdx.x + k * gridDim.x; Q is
-//                            released after the mainloop and O stored straight from
-//                            registers while the next tile's Q and K load. Without it,
-//                            one CTA per tile and O goes through shared memory to
-//                            16-byte stores.
+//   persistent grid          one CTA per SM loops over tiles; Q is released after the
+//                            mainloop and O stored straight from registers while the
+//                            next tile's Q and K load. Without it, one CTA per tile and
+//                            O goes through shared memory to 16-byte stores.
+//                            Which tiles: blockIdx.x first, then either blockIdx.x +
+//                            k gridDim.x (static: tiles of equal work) or, when the launch
+//                            passes a tile counter (causal, local, varlen: unequal tiles),
+//                            the next tile of the heavy-first order taken with one atomic
+//                            when the CTA starts a tile — the hardware's block scheduling
+//                            without the per-tile prologue and epilogue. The producer
+//                            takes the tile and hands its index to the consumers through
+//                            a two-slot queue in shared memory (tile_full / tile_empty).
 //
 // Shared-memory tiles are stored as 64-column panels (128 bytes per row, the TMA/wgmma
 // 128-byte swizzle: 16-byte chunk c of row r lives at chunk c ^ (r % 8) of its 1024-byte
@@ -205,8 +212,13 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
   std::uint64_t* k_empty = barriers + 1 + 2 * kStages;   // [kStages]: every consumer warp is done with it
   std::uint64_t* v_empty = barriers + 1 + 3 * kStages;   // [kStages]
   std::uint64_t* q_empty = barriers + 1 + 4 * kStages;   // every consumer warp is done with Q (persistent)
+  // Persistent launches: the tile queue, two slots of tile indices (the producer takes
+  // tile t + 1 while the consumers still read t's slot).
+  std::uint64_t* tile_full = barriers + 2 + 4 * kStages;   // [2]: the slot holds the next tile
+  std::uint64_t* tile_empty = barriers + 4 + 4 * kStages;  // [2]: the loader and every consumer warp read it
+  auto* tile_slots = reinterpret_cast<std::int32_t*>(barriers + 6 + 4 * kStages);  // [2]
   constexpr int kConsumerWarps = 4 * kConsumerWarpgroups;
-  static_assert((2 + 4 * kStages) * 8 <= 256, "mbarriers exceed their 256 bytes");
+  static_assert((6 + 4 * kStages) * 8 + 2 * 4 <= 256, "mbarriers and tile slots exceed their 256 bytes");
 
   if (threadIdx.x == 0) {
     ::cuda::ptx::mbarrier_init(q_full, 1);
@@ -217,9 +229,24 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
       ::cuda::ptx::mbarrier_init(&k_empty[stage], kConsumerWarps);
       ::cuda::ptx::mbarrier_init(&v_empty[stage], kConsumerWarps);
     }
+    for (int slot = 0; slot < 2; ++slot) {
+      ::cuda::ptx::mbarrier_init(&tile_full[slot], 1);
+      ::cuda::ptx::mbarrier_init(&tile_empty[slot], kConsumerWarps + 1);  // + the loader
+    }
     ::cuda::ptx::fence_mbarrier_init(::cuda::ptx::sem_release, ::cuda::ptx::scope_cluster);
   }
   __syncthreads();
+
+  // Persistent: the CTA's tile number `taken` from the scheduler's queue (num_tiles: none
+  // left). Every consumer warp and the loader read each slot, then release it.
+  auto take_tile = [&](int taken) {
+    const int slot = taken & 1;
+    ptx::mbarrier_wait(&tile_full[slot], (taken >> 1) & 1);
+    const std::int32_t linear = tile_slots[slot];
+    __syncwarp(__activemask());
+    if (threadIdx.x % 32 == 0) ::cuda::ptx::mbarrier_arrive(&tile_empty[slot]);
+    return linear;
+  };
 
   const int warpgroup = threadIdx.x / ptx::kWarpgroupThreads;
   // Varlen tensors are one batch entry whose sequences are row ranges.
@@ -228,10 +255,38 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
   if (warpgroup == 0) {
     // ---- producer ----------------------------------------------------------------
     ptx::setmaxnreg_decrease<kConfig.producer_registers()>();
+    // Tile indices in 32 bits (the launch checks num_tiles < 2^31).
+    const std::int32_t tile_end = static_cast<std::int32_t>(num_tiles);
+    if constexpr (kPersistentArg) {
+      if (threadIdx.x == 32) {
+        // The scheduler (one lane of the producer's second warp, so the loader below keeps
+        // its 24 registers): puts the CTA's tile number `taken` into its slot of the
+        // queue — blockIdx.x, then from the counter or blockIdx.x + k gridDim.x — and
+        // tile_end once none is left. Up to two tiles ahead of the loader and consumers.
+        std::int32_t linear = static_cast<std::int32_t>(blockIdx.x);
+        for (int taken = 0;; ++taken) {
+          const int slot = taken & 1;
+          if (taken >= 2) ptx::mbarrier_wait(&tile_empty[slot], ((taken >> 1) - 1) & 1);
+          tile_slots[slot] = linear < tile_end ? linear : tile_end;
+          ::cuda::ptx::mbarrier_arrive(&tile_full[slot]);
+          if (linear >= tile_end) return;
+          linear = params.maybe_tile_counter != nullptr
+                       ? static_cast<std::int32_t>(gridDim.x + atomicAdd(params.maybe_tile_counter, 1u))
+                       : linear + static_cast<std::int32_t>(gridDim.x);
+        }
+      }
+    }
     if (threadIdx.x != 0) return;
     int tile_count = 0;   // tiles run so far by this CTA: Q's phase
     int block_base = 0;   // K/V blocks loaded for earlier tiles: the rings' position
-    for (std::int64_t linear = blockIdx.x; linear < num_tiles; linear += gridDim.x) {
+    for (int taken = 0;; ++taken) {
+      std::int32_t linear = static_cast<std::int32_t>(blockIdx.x);
+      if constexpr (kPersistentArg) {
+        linear = take_tile(taken);
+      } else if (taken > 0) {
+        break;
+      }
+      if (linear >= tile_end) break;
       Tile tile;
       if (!decode_tile(linear, tile)) continue;
       const std::int32_t batch_coordinate = is_varlen ? 0 : static_cast<std::int32_t>(tile.batch);
@@ -649,8 +704,11 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
   // Without a persistent grid there is no loop at all (one tile per CTA): the loop
   // would keep more values live across the mainloop (measured: spills at d256).
   if constexpr (kPersistentArg) {
-    for (std::int64_t linear = blockIdx.x; linear < num_tiles; linear += gridDim.x)
+    for (int taken = 0;; ++taken) {
+      const std::int32_t linear = take_tile(taken);
+      if (linear >= num_tiles) break;
       if (decode_tile(linear, tile)) consume_tile();
+    }
   } else {
     if (decode_tile(blockIdx.x, tile)) consume_tile();
   }

@@ -9,6 +9,7 @@
 #include <atomic>
 #include <cstdint>
 #include <string>
+#include <utility>
 
 #include "flashattn/error.hpp"
 #include "src/cuda/common/check.cuh"
@@ -214,6 +215,39 @@ HopperForwardParams make_forward_params(const AttentionParams& params, const Hop
   return hopper_params;
 }
 
+namespace {
+
+// One zeroed 32-bit counter for a launch, allocated and freed in stream order.
+class TileCounter {
+ public:
+  TileCounter() = default;
+  explicit TileCounter(cudaStream_t stream) : stream_(stream) {
+    FLASHATTN_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&counter_), sizeof(unsigned int), stream));
+    const cudaError_t status = cudaMemsetAsync(counter_, 0, sizeof(unsigned int), stream);
+    if (status != cudaSuccess) {
+      (void)cudaFreeAsync(counter_, stream);
+      FLASHATTN_CUDA_CHECK(status);
+    }
+  }
+  TileCounter(const TileCounter&) = delete;
+  TileCounter& operator=(const TileCounter&) = delete;
+  TileCounter& operator=(TileCounter&& other) noexcept {
+    std::swap(counter_, other.counter_);
+    std::swap(stream_, other.stream_);
+    return *this;
+  }
+  ~TileCounter() {
+    if (counter_ != nullptr) (void)cudaFreeAsync(counter_, stream_);
+  }
+  unsigned int* get() const { return counter_; }
+
+ private:
+  unsigned int* counter_ = nullptr;
+  cudaStream_t stream_ = nullptr;
+};
+
+}  // namespace
+
 void forward(const AttentionParams& params, cudaStream_t stream) {
   if (params.batch == 0 || params.seqlen_q == 0 || params.heads_q == 0) return;
   const int kernel_head_dim = kernel_head_dim_for(params.head_dim);
@@ -228,6 +262,14 @@ void forward(const AttentionParams& params, cudaStream_t stream) {
     tables = masks::prepare(params, {config.block_m, config.block_n, /*by_query_tile=*/true, /*by_key_tile=*/false},
                             stream);
     hopper_params.attention.device_mask = tables.view();
+  }
+  // A persistent launch over tiles of unequal work takes them from a counter, heavy
+  // first (kernel.cuh): stream-ordered, so CUDA graphs capture it as a node and every
+  // replay starts from zero.
+  TileCounter counter;
+  if (config.is_persistent && (params.is_causal || params.is_local() || params.is_varlen())) {
+    counter = TileCounter(stream);
+    hopper_params.maybe_tile_counter = counter.get();
   }
   if (params.dtype == DType::bfloat16) {
     run_for_head_dim<__nv_bfloat16>(kernel_head_dim, hopper_params, stream);

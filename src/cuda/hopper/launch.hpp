@@ -26,6 +26,9 @@ struct HopperForwardParams {
   CUtensorMap q_map;  // box rows block_m
   CUtensorMap k_map;  // box rows block_n
   CUtensorMap v_map;  // box rows block_n
+  // Persistent launches of tiles of unequal work (causal, local, varlen): a zeroed
+  // counter from which CTAs take their next tile (kernel.cuh); null: the static order.
+  unsigned int* maybe_tile_counter = nullptr;
 };
 
 template <class T, int kHeadDim>

@@ -58,15 +58,16 @@ struct HopperTileConfig {
 //  - persistent grid (one CTA per SM looping over tiles, O stored from registers while
 //    the next tile loads): +8-20% on unmasked problems at 1k (d64 bf16 354 vs 299, d128
 //    484 vs 448), +2-10% beyond (d256 16k 759 vs 690); on causal problems the static
-//    round-robin of unequal tiles loses badly (d128 16k causal 429 vs 629), so masked
-//    problems keep one CTA per tile and the hardware's dynamic block scheduling.
+//    round-robin of unequal tiles loses badly (d128 16k causal 429 vs 629). Since
+//    2026-11-27 masked problems run the persistent kernels too, taking their tiles
+//    heavy-first from an atomic counter (kernel.cuh) instead of the round-robin; the
+//    one-CTA-per-tile configs remain for the mask lists (has_mask_lists()).
 enum class ProblemClass : int {
   unmasked,      // every tile visits the same number of key blocks
   masked,        // causal or local: tiles of unequal work
   short_masked,  // masked with seqlen_q <= kShortMaskedSeqlen
-  mask_lists,    // attn_mask or block mask: entries whose kernels have the mask lists'
-                 // path (has_mask_lists()), each equal to a masked or short_masked entry
-                 // of its head dim, so no kernel is added.
+  mask_lists,    // attn_mask or block mask: the one-CTA-per-tile configs, whose kernels
+                 // have the mask lists' path (has_mask_lists()).
 };
 inline constexpr int kShortMaskedSeqlen = 1024;
 
@@ -78,13 +79,15 @@ struct HopperTileEntry {
 inline constexpr HopperTileEntry kHopperTileTable[] = {
     //                            dim  M    N   stages overlap ping-pong persistent
     {ProblemClass::unmasked,     {64, 192, 128, 2, true, false, true}},
-    {ProblemClass::masked,       {64, 192, 128, 2, true, false, false}},
-    {ProblemClass::short_masked, {64, 128, 128, 2, true, false, false}},
+    {ProblemClass::masked,       {64, 192, 128, 2, true, false, true}},
+    {ProblemClass::short_masked, {64, 128, 128, 2, true, false, true}},
     {ProblemClass::mask_lists,   {64, 128, 128, 2, true, false, false}},
     {ProblemClass::unmasked,     {128, 128, 128, 2, true, false, true}},
-    {ProblemClass::masked,       {128, 128, 128, 2, true, false, false}},
+    {ProblemClass::masked,       {128, 128, 128, 2, true, false, true}},
+    {ProblemClass::mask_lists,   {128, 128, 128, 2, true, false, false}},
     {ProblemClass::unmasked,     {256, 128, 80, 2, true, false, true}},
-    {ProblemClass::masked,       {256, 128, 80, 2, true, false, false}},
+    {ProblemClass::masked,       {256, 128, 80, 2, true, false, true}},
+    {ProblemClass::mask_lists,   {256, 128, 80, 2, true, false, false}},
 };
 
 // Dropout problems run a kHasDropout kernel (kernel.cuh). Where its Philox draws do not
@@ -95,7 +98,7 @@ inline constexpr HopperTileEntry kHopperTileTable[] = {
 inline constexpr HopperTileEntry kHopperDropoutTileTable[] = {
     //                            dim  M    N   stages overlap ping-pong persistent
     {ProblemClass::unmasked,     {64, 128, 128, 2, true, false, true}},
-    {ProblemClass::masked,       {64, 128, 128, 2, true, false, false}},
+    {ProblemClass::masked,       {64, 128, 128, 2, true, false, true}},
 };
 
 constexpr ProblemClass problem_class_of(bool is_masked, long long seqlen_q) {
