@@ -10,6 +10,7 @@
 #include <cuda.h>  // CUtensorMap (a plain 128-byte struct; libcuda is never linked)
 #include <cuda_runtime.h>
 
+#include <cstdlib>
 #include <string>
 
 #include "src/core/params.hpp"
@@ -38,9 +39,22 @@ void run_forward_sm90(const HopperForwardParams& params, cudaStream_t stream);
 // tensor maps, the mask lists and the launch. attn_mask / block mask: mask_lists, the
 // kernels with the lists' path (one CTA per tile: a block mask's lists make tiles of
 // unequal work, on which the persistent grid's static round-robin loses, TUNING.md).
+// FLASHATTN_CUDA_HOPPER_SCHEDULE=per_tile runs causal and local problems on the
+// one-CTA-per-tile kernels (the mask lists' configs) instead of the persistent ones with
+// the dynamic tile scheduler: an A/B switch for timing, read once per process.
+inline bool is_per_tile_schedule_forced() {
+  static const bool forced = [] {
+    const char* value = std::getenv("FLASHATTN_CUDA_HOPPER_SCHEDULE");
+    return value != nullptr && std::string(value) == "per_tile";
+  }();
+  return forced;
+}
+
 inline ProblemClass problem_class_of(const AttentionParams& params) {
   if (params.has_attn_mask() || params.has_block_mask()) return ProblemClass::mask_lists;
-  return problem_class_of(params.is_causal || params.is_local(), params.seqlen_q);
+  const bool is_masked = params.is_causal || params.is_local();
+  if (is_masked && is_per_tile_schedule_forced()) return ProblemClass::mask_lists;
+  return problem_class_of(is_masked, params.seqlen_q);
 }
 
 // The one predicate: empty when the Hopper kernel runs these (already validated)
