@@ -142,3 +142,155 @@ def test_numpy_dropout_is_seeded_by_manual_seed_and_matches_flash_attn_func():
     flash = flashattn.flash_attn_func(*(np.ascontiguousarray(x.transpose(0, 2, 1, 3)) for x in (q, k, v)),
                                       dropout_p=0.3, causal=True)
     np.testing.assert_allclose(first, flash.transpose(0, 2, 1, 3), rtol=0, atol=1e-6)
+
+
+# --- torch: dropout's seed/offset from torch's generator (CPU here, CUDA on the device) -----------
+
+try:
+    import torch
+except ImportError:  # the NumPy tests above still run
+    torch = None
+
+needs_torch = pytest.mark.skipif(torch is None, reason="torch not installed")
+TORCH_DEVICES = ["cpu"] + (["cuda"] if torch is not None and torch.cuda.is_available() and flashattn.cuda_available()
+                           else [])
+needs_cuda = pytest.mark.skipif("cuda" not in TORCH_DEVICES, reason="needs CUDA (torch and flashattn's CUDA backend)")
+
+
+def torch_inputs(device, B=2, H=4, Hkv=2, L=97, S=130, E=32, dtype=None, seed=0):
+    """(q, k, v) in SDPA's layout: float32 on the CPU, bfloat16 on the GPU."""
+    dtype = dtype or (torch.float32 if device == "cpu" else torch.bfloat16)
+    generator = torch.Generator().manual_seed(seed)
+    return tuple(torch.randn(shape, generator=generator).to(device=device, dtype=dtype)
+                 for shape in ((B, H, L, E), (B, Hkv, S, E), (B, Hkv, S, E)))
+
+
+@needs_torch
+@pytest.mark.parametrize("device", TORCH_DEVICES)
+def test_torch_dropout_replays_with_manual_seed_and_changes_per_call(device):
+    q, k, v = torch_inputs(device)
+    mask = torch.rand(97, 130, generator=torch.Generator().manual_seed(1)).to(device) < 0.7
+    run = lambda: flashattn.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=0.3,  # noqa: E731
+                                                         enable_gqa=True)
+    torch.manual_seed(5)
+    first, second = run(), run()
+    torch.manual_seed(5)
+    replay = run()
+    assert torch.equal(first, replay)
+    assert not torch.equal(first, second)
+
+
+@needs_torch
+@pytest.mark.parametrize("device", TORCH_DEVICES)
+@pytest.mark.parametrize("mask_kind", ["none", "bool", "bias"])
+def test_torch_dropout_backward_regenerates_the_forward_mask(device, mask_kind):
+    """Output and gradients equal the float64 oracle fed the mask drawn from the (seed,
+    offset) that torch's generator gave the call: the backward pass used the forward's."""
+    B, H, Hkv, L, S, E, p = 2, 4, 2, 97, 130, 32, 0.25
+    q, k, v = (x.requires_grad_() for x in torch_inputs(device, B, H, Hkv, L, S, E))
+    generator = torch.Generator().manual_seed(2)
+    attn_mask = None
+    if mask_kind == "bool":
+        attn_mask = (torch.rand(1, H, L, S, generator=generator) < 0.7).to(device)
+    elif mask_kind == "bias":
+        attn_mask = torch.randn(1, H, L, S, generator=generator).to(device)
+    torch.manual_seed(9)
+    seed, offset = flashattn._torch_ops.draw_seed_offset(torch.device(device)).cpu().tolist()
+    torch.manual_seed(9)
+    out = flashattn.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=p, enable_gqa=True)
+    dout = torch.randn(out.shape, generator=generator).to(device=device, dtype=out.dtype)
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+
+    keep = torch.from_numpy(flashattn._dropout.keep_mask(B, H, L, S, p, seed, offset)).to(device=device,
+                                                                                            dtype=torch.float64)
+    q64, k64, v64 = (x.detach().double().requires_grad_() for x in (q, k, v))
+    k_rep, v_rep = (x.repeat_interleave(H // Hkv, dim=1) for x in (k64, v64))
+    s = q64 @ k_rep.transpose(-1, -2) / np.sqrt(E)
+    if mask_kind == "bool":
+        s = s.masked_fill(~attn_mask, float("-inf"))
+    elif mask_kind == "bias":
+        s = s + attn_mask.double()
+    probabilities = torch.softmax(s, dim=-1).nan_to_num(0.0)
+    oracle = (probabilities * keep / (1 - p)) @ v_rep
+    tolerance = 2e-5 if q.dtype == torch.float32 else 3e-2
+    assert (out.double() - oracle).abs().max().item() < tolerance
+    for got, want in zip(grads, torch.autograd.grad(oracle, (q64, k64, v64), dout.double())):
+        assert (got.double() - want).abs().max().item() < 5 * tolerance
+
+
+@needs_torch
+def test_torch_dropout_under_torch_compile_draws_from_torchs_generator():
+    """Compiled (aot_eager on the CPU: dynamo, fake tensors, AOT autograd), the call draws
+    its seed/offset in the graph: fresh per call, replayed by torch.manual_seed, and the
+    compiled backward regenerates the forward's mask (gradients equal the eager ones)."""
+    q, k, v = (x.requires_grad_() for x in torch_inputs("cpu"))
+
+    def loss(q, k, v):
+        out = flashattn.scaled_dot_product_attention(q, k, v, dropout_p=0.3, is_causal=True, enable_gqa=True)
+        return (out ** 2).sum()
+
+    compiled = torch.compile(loss, fullgraph=True, backend="aot_eager")
+    torch.manual_seed(3)
+    first = compiled(q, k, v)
+    first_grads = torch.autograd.grad(first, (q, k, v))
+    second = compiled(q, k, v)
+    torch.manual_seed(3)
+    eager = loss(q, k, v)
+    eager_grads = torch.autograd.grad(eager, (q, k, v))
+    assert not torch.equal(first, second)
+    torch.testing.assert_close(first, eager, rtol=1e-6, atol=1e-6)
+    for got, want in zip(first_grads, eager_grads):
+        torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+
+
+@needs_cuda
+def test_cuda_graph_replays_draw_fresh_dropout_masks():
+    """Captured in a CUDA graph, each replay reads a new (seed, offset) from torch's CUDA
+    generator (no host value baked into the graph), and a replay after torch.manual_seed
+    equals the eager call after the same seed."""
+    q, k, v = torch_inputs("cuda", L=256, S=256)
+    run = lambda: flashattn.scaled_dot_product_attention(q, k, v, dropout_p=0.3, enable_gqa=True)  # noqa: E731
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up outside the capture
+        run()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_out = run()
+    torch.manual_seed(4)
+    graph.replay()
+    first = static_out.clone()
+    graph.replay()
+    assert not torch.equal(first, static_out)
+    torch.manual_seed(4)
+    torch.testing.assert_close(first, run(), rtol=0, atol=0)
+
+
+@needs_cuda
+def test_cuda_graph_of_forward_and_backward_with_dropout_is_consistent():
+    """Forward and backward captured together: each replay draws one fresh mask and the
+    gradients of that replay are those of the eager call with the same generator state."""
+    q, k, v = (x.requires_grad_() for x in torch_inputs("cuda", L=192, S=192))
+    dout = torch.randn(q.shape, dtype=q.dtype, device="cuda")
+
+    def step():
+        out = flashattn.scaled_dot_product_attention(q, k, v, dropout_p=0.2, is_causal=True, enable_gqa=True)
+        return torch.autograd.grad(out, (q, k, v), dout)
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = step()
+    torch.manual_seed(8)
+    graph.replay()
+    replayed = [g.clone() for g in captured]
+    torch.manual_seed(8)
+    for got, want in zip(replayed, step()):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+    graph.replay()
+    assert not torch.equal(replayed[0], captured[0])
