@@ -150,7 +150,7 @@ _sdpa_fwd.register_autograd(_op_backward, setup_context=_setup_context)
 def sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, block_mask):
     compiling = torch.compiler.is_compiling()
     q, k, v, mask4, bm, options = _prepare(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
-                                           block_mask, convert=not compiling)
+                                           block_mask, compiling=compiling)
     if mask4 is not None and mask4.dtype == torch.uint8:
         mask4 = mask4.to(torch.bool)
     # Drawn on q's device, never read on the host (see the module docstring).
