@@ -43,10 +43,12 @@ def _pack_bits(tiles, words_per_row):
     word c // 32 (block_mask.hpp), made without reinterpreting memory (no dtype views,
     which torch.compile handles unevenly): bytes first, then four bytes per word."""
     P, bq, bk = tiles.shape
-    byte_weights = torch.tensor([1, 2, 4, 8, 16, 32, 64, 128], dtype=torch.uint8, device=tiles.device)
+    # Weights made on the device: a host tensor copied in would be a pageable copy,
+    # which CUDA-graph capture refuses.
+    byte_weights = (2 ** torch.arange(8, device=tiles.device)).to(torch.uint8)  # 1, 2, ..., 128
     # (P, bq, bk / 8): disjoint bits, so the sum is their OR and fits a byte.
     row_bytes = (tiles.reshape(P, bq, bk // 8, 8).to(torch.uint8) * byte_weights).sum(-1, dtype=torch.uint8)
-    word_weights = torch.tensor([1, 1 << 8, 1 << 16, 1 << 24], dtype=torch.int64, device=tiles.device)
+    word_weights = 256 ** torch.arange(4, device=tiles.device)  # int64 1, 2^8, 2^16, 2^24
     words = (row_bytes.reshape(P, bq, words_per_row, 4).to(torch.int64) * word_weights).sum(-1)  # [0, 2^32)
     # Two's complement int32 of the unsigned word: the kernels read the bits as uint32.
     return torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
