@@ -14,7 +14,8 @@
 #   (steps features / features_sanitize, not in the default list: the masks and FP8
 #   suites alone, and compute-sanitizer on their small cases)
 #   7. (step masks, not in the default list) bench/gpu/bench_masks.py (issue 15's table and
-#      the block-density sweep against FlexAttention; MASKS_ARGS);
+#      the block-density sweep against FlexAttention, forward and backward; MASKS_ARGS, e.g.
+#      '--densities=' in one call and '--masks= --append' in the next; MASKS_LIMIT s);
 #   8. (step bwd_timing, not in the default list) flashattn_bwd_timing (bench/gpu/kernels) $BWD_TIMING_ARGS
 #      (e.g. "10 --configs 256": the backward's alternative tile configs) into bwd_timing.csv.
 # STEPS picks and orders the steps (default "build ctest sanitize python cli decode"), so
@@ -146,7 +147,7 @@ fi
 if wants masks; then
 step "mask benchmark (ours beside FlexAttention, SDPA dense mask, cuDNN bias)"
 # shellcheck disable=SC2086
-timeout "${MASKS_LIMIT:-300}" python3 bench/gpu/bench_masks.py --out-dir "$logs" ${MASKS_ARGS:-} > "$logs/masks.log" 2>&1
+timeout "${MASKS_LIMIT:-540}" python3 bench/gpu/bench_masks.py --out-dir "$logs" ${MASKS_ARGS:-} > "$logs/masks.log" 2>&1
 note "bench_masks rc=$?"; grep -v '^$' "$logs/masks.log" | tail -60 | tee -a "$logs/summary.txt"
 fi
 

@@ -186,8 +186,17 @@ def _from_dense_numpy(allowed, BLOCK_SIZE, seq_lengths, keep_bits=True):
 def block_mask_from_dense(attn_mask, BLOCK_SIZE=128):
     """The block-sparse form of a boolean attn_mask [B|1, H|1, Q_LEN, KV_LEN] (NumPy or
     torch): full blocks, partial blocks with their bits, empty blocks left out.
-    Equivalent to passing the dense mask (bitwise the same results on the CPU)."""
+    Equivalent to passing the dense mask (bitwise the same results on the CPU). A torch
+    mask off the CPU is converted on its device (no host copy; bits for every block,
+    _torch_block_mask.py) when the key block is a multiple of 32."""
     bq, bk = _block_size(BLOCK_SIZE)
+    if _is_torch(attn_mask) and attn_mask.device.type != "cpu" and bk % 32 == 0:
+        from flashattn._torch_block_mask import block_mask_from_dense_tensor
+
+        mask = attn_mask
+        while mask.ndim < 4:
+            mask = mask[None]
+        return block_mask_from_dense_tensor(mask, mask.shape[2:], (bq, bk))
     mask = _to_numpy(attn_mask).astype(np.bool_)
     while mask.ndim < 4:
         mask = mask[None]

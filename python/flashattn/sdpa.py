@@ -17,10 +17,18 @@ As PyTorch:
     mask is not torch's, the statistics are).
 Differences: a row that sees no key returns 0 (PyTorch returns NaN) and gets zero
 gradients. block_mask (flashattn.BlockMask or a torch BlockMask) restricts attention
-to its blocks (block_mask.py). A boolean attn_mask of at least 256 x 256 is converted to
-block-sparse form when at least a quarter of its 128 x 128 blocks are empty or full:
-the result is the same, empty blocks are skipped (host masks only, not under
-torch.compile: a GPU mask goes to the kernels as it is, never copied to the host).
+to its blocks (block_mask.py).
+
+A boolean (or uint8) attn_mask of at least 256 x 256 goes to the kernels in block-sparse
+form (128 x 128 blocks): the result is the same, empty blocks are skipped, full blocks
+skip the element mask, partial blocks read one bit per element instead of a byte.
+  * a torch mask on a GPU, or any torch mask under torch.compile: always, converted on
+    its device in torch ops (_torch_block_mask.py) with no host synchronisation, so
+    inside CUDA graphs and compiled graphs too;
+  * a host mask (NumPy, or a torch CPU tensor outside torch.compile): on the host, when
+    at least a quarter of the blocks are empty or full (else the dense mask is read).
+An additive (float) mask is always read as it is: its values are needed in every
+block, and a block skipped for being all -inf would leave its dBias unwritten.
 """
 
 import sys
@@ -55,14 +63,15 @@ def _mask_rules(L, S, is_causal):
     return False, -1, -1, True
 
 
-def _convert_dense(mask4, L, S):
-    """The block-sparse form of a boolean mask when that pays (module docstring), else None."""
+def _convert_dense(mask4, L, S, on_device):
+    """The block-sparse form of a boolean mask (module docstring), else None. on_device:
+    convert a torch mask in torch ops on its device (no host read, always)."""
     if L < _CONVERT_MIN_LENGTH or S < _CONVERT_MIN_LENGTH:
         return None
-    if _is_torch(mask4) and mask4.device.type != "cpu":
-        # The kernels read a device mask as it is; converting would copy it to the host
-        # (a synchronisation, and no CUDA graph capture) every call.
-        return None
+    if _is_torch(mask4) and (on_device or mask4.device.type != "cpu"):
+        from flashattn._torch_block_mask import block_mask_from_dense_tensor
+
+        return block_mask_from_dense_tensor(mask4, (L, S), (_CONVERT_BLOCK, _CONVERT_BLOCK))
     dense = mask4.detach().cpu().numpy() if _is_torch(mask4) else np.asarray(mask4)
     dense = np.broadcast_to(dense, dense.shape[:2] + (L, S)).astype(np.bool_)
     bm = _from_dense_numpy(dense, (_CONVERT_BLOCK, _CONVERT_BLOCK), (L, S))
@@ -73,8 +82,9 @@ def _convert_dense(mask4, L, S):
     return bm.to(mask4.device) if _is_torch(mask4) else bm
 
 
-def _prepare(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, block_mask, convert=True):
-    """Our layout views, the 4-d mask, the block mask and the options."""
+def _prepare(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, block_mask, compiling=False):
+    """Our layout views, the 4-d mask, the block mask and the options. compiling: under
+    torch.compile, where only the device conversion of a mask can be traced."""
     for name, x in (("query", query), ("key", key), ("value", value)):
         if getattr(x, "ndim", None) != 4:
             raise ValueError(f"flashattn: {name}: expected (batch, heads, seqlen, head_dim), got "
@@ -106,9 +116,16 @@ def _prepare(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_g
             raise ValueError(f"flashattn: attn_mask: rank {mask4.ndim} > 4 is not broadcastable to (batch, heads, L, S)")
         while mask4.ndim < 4:
             mask4 = mask4[None]
-        is_bool = str(mask4.dtype) in ("bool", "torch.bool")
-        if convert and is_bool and bm is None:
-            converted = _convert_dense(mask4, L, S)
+        # Checked here as the native call would, since a converted mask never reaches it.
+        if any(size != full and size != 1 for size, full in zip(mask4.shape, (B, Hq, L, S))):
+            raise ValueError(f"flashattn: attn_mask: not broadcastable: expected [batch, heads_q, seqlen_q, seqlen_k] "
+                             f"= [{B}, {Hq}, {L}, {S}] with 1 on broadcast dimensions, got {list(mask4.shape)}")
+        if _is_torch(mask4) and _is_torch(query) and mask4.device != query.device:
+            raise ValueError(f"flashattn: attn_mask: device mismatch: expected {query.device} (like query), got "
+                             f"{mask4.device}")
+        is_bool = str(mask4.dtype) in ("bool", "torch.bool", "uint8", "torch.uint8")
+        if is_bool and bm is None:
+            converted = _convert_dense(mask4, L, S, on_device=compiling)
             if converted is not None:
                 bm, mask4 = converted, None
     q = query.transpose(1, 2) if _is_torch(query) else np.swapaxes(query, 1, 2)

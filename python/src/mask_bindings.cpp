@@ -9,6 +9,8 @@
 //    q_num_blocks, q_indices, full_q_num_blocks, full_q_indices, partial_bits, partial_ids,
 //    q_partial_ids, has_band, diagonal_offset, window_left, window_right, prefix_lengths,
 //    q_document_ids, k_document_ids)       arrays may be None where optional.
+// dropout_seed_offset: None (dropout_seed/dropout_offset are used) or an int64 {seed, offset}
+// array on q's device, read by the kernels at run time (CUDA-graph replays draw fresh masks).
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/optional.h>
 
@@ -59,7 +61,7 @@ std::optional<BlockMaskArgs> make_block_mask(ArrayArguments& arrays, nb::handle 
 AttentionOptions make_masked_options(ArrayArguments& arrays, nb::handle attn_mask, nb::handle block_mask,
                                      std::optional<double> softmax_scale, bool causal, std::int64_t window_left,
                                      std::int64_t window_right, double dropout_p, std::uint64_t dropout_seed,
-                                     std::uint64_t dropout_offset) {
+                                     std::uint64_t dropout_offset, nb::handle maybe_dropout_seed_offset) {
   AttentionOptions o;
   o.softmax_scale = softmax_scale;
   o.causal = causal;
@@ -68,6 +70,7 @@ AttentionOptions make_masked_options(ArrayArguments& arrays, nb::handle attn_mas
   o.dropout_p = dropout_p;
   o.dropout_seed = dropout_seed;
   o.dropout_offset = dropout_offset;
+  o.maybe_dropout_seed_offset = arrays.maybe_input(maybe_dropout_seed_offset, "dropout_seed_offset");
   o.maybe_attn_mask = arrays.maybe_input(attn_mask, "attn_mask");
   o.maybe_block_mask = make_block_mask(arrays, block_mask);
   return o;
@@ -76,11 +79,11 @@ AttentionOptions make_masked_options(ArrayArguments& arrays, nb::handle attn_mas
 void forward_masked(nb::handle q, nb::handle k, nb::handle v, nb::handle out, nb::handle maybe_lse, nb::handle attn_mask,
                     nb::handle block_mask, std::optional<double> softmax_scale, bool causal, std::int64_t window_left,
                     std::int64_t window_right, double dropout_p, std::uint64_t dropout_seed, std::uint64_t dropout_offset,
-                    int num_threads, std::optional<std::uintptr_t> stream) {
+                    int num_threads, std::optional<std::uintptr_t> stream, nb::handle maybe_dropout_seed_offset) {
   ArrayArguments arrays;
   ForwardArgs args = forward_tensors(arrays, q, k, v, out, maybe_lse);
   args.options = make_masked_options(arrays, attn_mask, block_mask, softmax_scale, causal, window_left, window_right, dropout_p,
-                                     dropout_seed, dropout_offset);
+                                     dropout_seed, dropout_offset, maybe_dropout_seed_offset);
   const ExecutionContext context{arrays.stream(stream), num_threads};
   nb::gil_scoped_release release;
   flashattn::forward(args, context);
@@ -90,12 +93,12 @@ void backward_masked(nb::handle q, nb::handle k, nb::handle v, nb::handle out, n
                      nb::handle dk, nb::handle dv, nb::handle maybe_dbias, nb::handle maybe_workspace, nb::handle attn_mask,
                      nb::handle block_mask, std::optional<double> softmax_scale, bool causal, std::int64_t window_left,
                      std::int64_t window_right, double dropout_p, std::uint64_t dropout_seed, std::uint64_t dropout_offset,
-                     int num_threads, std::optional<std::uintptr_t> stream) {
+                     int num_threads, std::optional<std::uintptr_t> stream, nb::handle maybe_dropout_seed_offset) {
   ArrayArguments arrays;
   BackwardArgs args = backward_tensors(arrays, q, k, v, out, dout, lse, dq, dk, dv);
   args.maybe_dbias = arrays.maybe_output(maybe_dbias, "dbias");
   args.options = make_masked_options(arrays, attn_mask, block_mask, softmax_scale, causal, window_left, window_right, dropout_p,
-                                     dropout_seed, dropout_offset);
+                                     dropout_seed, dropout_offset, maybe_dropout_seed_offset);
   const nb::object allocated_workspace = attach_workspace(arrays, maybe_workspace, args.q.device, args.maybe_workspace,
                                                           [&] { return flashattn::backward_workspace_bytes(args); });
   const ExecutionContext context{arrays.stream(stream), num_threads};
@@ -108,12 +111,12 @@ void backward_masked(nb::handle q, nb::handle k, nb::handle v, nb::handle out, n
 void register_mask_bindings(nb::module_& m) {
   m.def("forward_masked", &forward_masked, "q"_a, "k"_a, "v"_a, "out"_a, "lse"_a.none(), "attn_mask"_a.none(),
         "block_mask"_a.none(), "softmax_scale"_a.none(), "causal"_a, "window_left"_a, "window_right"_a, "dropout_p"_a,
-        "dropout_seed"_a, "dropout_offset"_a, "num_threads"_a, "stream"_a.none(),
+        "dropout_seed"_a, "dropout_offset"_a, "num_threads"_a, "stream"_a.none(), "dropout_seed_offset"_a = nb::none(),
         "Attention forward with attn_mask (bool or additive bias) and/or a block mask, into preallocated out/lse.");
   m.def("backward_masked", &backward_masked, "q"_a, "k"_a, "v"_a, "out"_a, "dout"_a, "lse"_a, "dq"_a, "dk"_a, "dv"_a,
         "dbias"_a.none(), "workspace"_a.none(), "attn_mask"_a.none(), "block_mask"_a.none(), "softmax_scale"_a.none(),
         "causal"_a, "window_left"_a, "window_right"_a, "dropout_p"_a, "dropout_seed"_a, "dropout_offset"_a,
-        "num_threads"_a, "stream"_a.none(),
+        "num_threads"_a, "stream"_a.none(), "dropout_seed_offset"_a = nb::none(),
         "Attention backward with masks into preallocated dq, dk, dv (and dbias, the gradient of a float attn_mask).");
 }
 
