@@ -467,7 +467,9 @@ def test_cuda_dense_mask_goes_block_sparse_with_the_dense_results(kind, mask_sha
     converted = (out,) + torch.autograd.grad(out, (q, k, v), dout)
     out = sdpa_dense(monkeypatch, q, k, v, attn_mask=mask, enable_gqa=True)
     dense = (out,) + torch.autograd.grad(out, (q, k, v), dout)
-    host_bm = flashattn.block_mask_from_dense(mask.cpu(), BLOCK_SIZE=128).to("cuda")
+    # A BlockMask has one row of blocks per query block: a mask broadcast over the
+    # queries (size-1 rows) is expanded to L rows before the host conversion.
+    host_bm = flashattn.block_mask_from_dense(mask.expand(*mask.shape[:-2], L, S).cpu(), BLOCK_SIZE=128).to("cuda")
     out = flashattn.scaled_dot_product_attention(q, k, v, block_mask=host_bm, enable_gqa=True)
     host = (out,) + torch.autograd.grad(out, (q, k, v), dout)
     q64, k64, v64 = (x.detach().double().requires_grad_() for x in (q, k, v))
