@@ -12,6 +12,16 @@
 // that the kernel scales by softmax_scale·log2(e) in the exponent.
 // Masked elements become -inf (P = 0 exactly, never 0·NaN). Per element, a few loads:
 // meant for partial tiles only, which the lists keep few.
+//
+// Two forms of the element pass of a listed partial tile:
+//  - FragmentMask (fast): when the tile has a tile code (src/core/mask_tables.hpp: one
+//    block code under the whole tile, no dense attn_mask, sorted documents), the rule is
+//    per fragment row one or two spans of allowed columns (allowed_key_spans /
+//    allowed_query_spans) and at most one partial block's bits. The thread loads its two
+//    rows' inputs once (document span, prefix, bit words) and tests each element with
+//    register arithmetic on 32-bit tile-local columns.
+//  - apply_mask (general, kGeneralTile): mask_offset per element.
+// Both give the same -inf pattern; a bias only exists on the general path.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -21,6 +31,7 @@
 #include <cstdint>
 
 #include "flashattn/mask.hpp"
+#include "src/core/mask_tables.hpp"
 #include "src/core/params.hpp"
 
 namespace flashattn::cuda::fragment {
@@ -86,6 +97,105 @@ __device__ __forceinline__ float mask_offset(const AttentionParams& params, cons
     }
   }
   return allowed ? offset : -INFINITY;
+}
+
+// The fast element pass (see the header) of a 16 x 8·kNTiles fragment for this thread:
+// element (half, j, e) sits at fragment row row0 + 8 half, fragment column
+// col0 + 8 j + 2 quad + e (fragment.cuh), tested in the thread's column units c = 8 j + e.
+template <int kNTiles>
+struct FragmentMask {
+  static constexpr int kWords = (kNTiles + 3) / 4;  // bit words per fragment row, 4 n8 tiles each
+  std::int32_t begin[2][2];       // [half][span]: first allowed c
+  std::uint32_t width[2][2];      // [half][span]: allowed c in [begin, begin + width)
+  std::uint32_t bits[2][kWords];  // [half]: bit 8 (j % 4) + e of word j / 4 = the partial bit of (j, e); all ones without bits
+
+  __device__ __forceinline__ bool allows(int half, int j, int e) const {
+    const int c = 8 * j + e;
+    const bool in_spans = (static_cast<std::uint32_t>(c - begin[half][0]) < width[half][0]) |
+                          (static_cast<std::uint32_t>(c - begin[half][1]) < width[half][1]);
+    return in_spans & (((bits[half][j / 4] >> (8 * (j % 4) + e)) & 1u) != 0);
+  }
+  // Masked scores become -inf; allowed ones are kept (no bias on this path).
+  __device__ __forceinline__ void apply(float (&s)[4 * kNTiles]) const {
+#pragma unroll
+    for (int j = 0; j < kNTiles; ++j)
+#pragma unroll
+      for (int half = 0; half < 2; ++half)
+#pragma unroll
+        for (int e = 0; e < 2; ++e)
+          if (!allows(half, j, e)) s[4 * j + 2 * half + e] = -INFINITY;
+  }
+};
+
+// FragmentMask of a fragment whose rows are queries (plain: row0 = the query row of half
+// 0, col0 = the fragment's first key) or keys (kTransposed: row0 = the key row of half 0,
+// col0 = the first query), in a tile with tile code `tile_code` (not kGeneralTile; the
+// fragment's columns inside one mask block, as the whole tile is).
+template <int kNTiles, bool kTransposed = false>
+__device__ __forceinline__ FragmentMask<kNTiles> make_fragment_mask(const AttentionParams& params, const MaskRule& mask,
+                                                                    std::int32_t tile_code, std::int64_t b,
+                                                                    std::int64_t row0, std::int64_t col0) {
+  constexpr int kColumns = 8 * kNTiles;
+  const int quad = static_cast<int>(threadIdx.x % 4);
+  const DeviceMask& device_mask = params.device_mask;
+  const BlockMaskView& view = params.block_mask;
+  const ElementRule& rule = view.rule;
+  const bool is_rule_applied = tile_code != DeviceMask::kFullBlock;
+  // The loads first (all independent): prefix, the rows' document spans, the bit words.
+  const std::int64_t prefix_length =
+      is_rule_applied && rule.maybe_prefix_lengths != nullptr ? rule.maybe_prefix_lengths[b * rule.prefix_batch_stride] : 0;
+  DocumentSpan documents[2];
+  const std::int32_t* document_spans = kTransposed ? device_mask.maybe_document_query_spans : device_mask.maybe_document_key_spans;
+  const std::int64_t row_count = kTransposed ? mask.seqlen_k : mask.seqlen_q;
+  const std::int64_t document_stride = kTransposed ? device_mask.document_batch_stride_k : device_mask.document_batch_stride_q;
+  const bool has_bits = is_rule_applied && rule.has_bits() && tile_code >= 0 && tile_code < rule.partial_block_count;
+  const std::uint32_t* bit_table = kTransposed ? device_mask.maybe_partial_bits_by_key : rule.maybe_partial_bits;
+  const std::int64_t block_rows = kTransposed ? view.block_n : view.block_m;
+  const std::int64_t block_columns = kTransposed ? view.block_m : view.block_n;
+  const std::int64_t words_per_row = kTransposed ? device_mask.words_per_key : rule.words_per_row;
+  // The thread's first column inside the mask block: its bits start at word first_word, bit shift.
+  const std::int64_t column_in_block = (col0 & (block_columns - 1)) + 2 * quad;
+  const std::int64_t first_word = column_in_block >> 5;
+  const int shift = static_cast<int>(column_in_block & 31);
+  FragmentMask<kNTiles> fragment_mask;
+  std::uint32_t words[2][FragmentMask<kNTiles>::kWords + 1];
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const std::int64_t row = row0 + 8 * half;
+    if (is_rule_applied && rule.maybe_q_document_ids != nullptr) {
+      const std::int64_t safe_row = row < row_count ? row : 0;  // a row past the end is denied by its spans
+      const int2 span = reinterpret_cast<const int2*>(document_spans)[b * document_stride + safe_row];
+      documents[half] = {span.x, span.y};
+    }
+#pragma unroll
+    for (int k = 0; k <= FragmentMask<kNTiles>::kWords; ++k) words[half][k] = ~0u;
+    if (has_bits) {
+      const std::uint32_t* row_words = bit_table + (tile_code * block_rows + (row & (block_rows - 1))) * words_per_row;
+#pragma unroll
+      for (int k = 0; k <= FragmentMask<kNTiles>::kWords; ++k) {
+        // Past the row's last word only for bits no element of the tile reads: clamp.
+        const std::int64_t word = first_word + k < words_per_row ? first_word + k : words_per_row - 1;
+        words[half][k] = row_words[word];
+      }
+    }
+  }
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const std::int64_t row = row0 + 8 * half;
+    const AllowedSpans spans = kTransposed ? allowed_query_spans(mask, rule, tile_code, row, prefix_length, documents[half])
+                                           : allowed_key_spans(mask, rule, tile_code, row, prefix_length, documents[half]);
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+      const std::int64_t first = MaskRule::clamp(spans.begin[k] - col0, 0, kColumns);
+      const std::int64_t end = MaskRule::clamp(spans.end[k] - col0, first, kColumns);
+      fragment_mask.begin[half][k] = static_cast<std::int32_t>(first) - 2 * quad;
+      fragment_mask.width[half][k] = static_cast<std::uint32_t>(end - first);
+    }
+#pragma unroll
+    for (int k = 0; k < FragmentMask<kNTiles>::kWords; ++k)
+      fragment_mask.bits[half][k] = __funnelshift_r(words[half][k], words[half][k + 1], shift);
+  }
+  return fragment_mask;
 }
 
 // Calls f(index, query row, key column) for each element of a 16 x 8·kNTiles fragment.
