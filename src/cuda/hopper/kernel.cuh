@@ -377,7 +377,7 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
   auto apply_device_mask = [&](std::int64_t n0, std::int32_t code) {
     if (code != kGeneralTile) {
       // One block code under the tile: spans and bits, loaded once, tested in registers.
-      fragment::make_fragment_mask<kNTiles>(attention, tile.mask, code, tile.batch, tile.m0 + thread_row0, n0).apply(s);
+      fragment::apply_fragment_mask<kNTiles>(s, attention, tile.mask, code, tile.batch, tile.m0 + thread_row0, n0);
       return;
     }
 #pragma unroll 1
