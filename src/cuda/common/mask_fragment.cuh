@@ -290,7 +290,9 @@ __device__ __forceinline__ void apply_mask(float (&s)[4 * kNTiles], const Attent
 // bytes of spills; called, to 176, paid around the call on partial tiles. Keep the
 // list-driven loop a separate instantiation either way: as a runtime branch of the
 // interval kernel even the call cost 15% at d128 on H100 without masks. The fragment
-// travels by value (a reference would put the caller's array in local memory).
+// travels by value (a reference would put the caller's array in local memory). A tile
+// code other than kGeneralTile takes the fast pass (apply_fragment_mask) inside the same
+// call: a second call site for it raised the spills from 252 to 352 bytes.
 template <int kNTiles>
 struct ScoreFragment {
   float values[4 * kNTiles];
@@ -298,18 +300,21 @@ struct ScoreFragment {
 template <int kNTiles, bool kTransposed = false>
 __device__ __noinline__ ScoreFragment<kNTiles> masked_fragment(ScoreFragment<kNTiles> s, const AttentionParams& params,
                                                                const MaskRule mask, std::int64_t b, std::int64_t h,
-                                                               std::int64_t row0, std::int64_t col0, float bias_factor) {
-  apply_mask<kNTiles, kTransposed>(s.values, params, mask, b, h, row0, col0, bias_factor);
+                                                               std::int64_t row0, std::int64_t col0, float bias_factor,
+                                                               std::int32_t tile_code) {
+  if (tile_code != kGeneralTile) apply_fragment_mask<kNTiles, kTransposed>(s.values, params, mask, tile_code, b, row0, col0);
+  else apply_mask<kNTiles, kTransposed>(s.values, params, mask, b, h, row0, col0, bias_factor);
   return s;
 }
 template <int kNTiles, bool kTransposed = false>
 __device__ __forceinline__ void apply_mask_outlined(float (&s)[4 * kNTiles], const AttentionParams& params,
                                                     const MaskRule& mask, std::int64_t b, std::int64_t h,
-                                                    std::int64_t row0, std::int64_t col0, float bias_factor) {
+                                                    std::int64_t row0, std::int64_t col0, float bias_factor,
+                                                    std::int32_t tile_code = kGeneralTile) {
   ScoreFragment<kNTiles> fragment;
 #pragma unroll
   for (int i = 0; i < 4 * kNTiles; ++i) fragment.values[i] = s[i];
-  fragment = masked_fragment<kNTiles, kTransposed>(fragment, params, mask, b, h, row0, col0, bias_factor);
+  fragment = masked_fragment<kNTiles, kTransposed>(fragment, params, mask, b, h, row0, col0, bias_factor, tile_code);
 #pragma unroll
   for (int i = 0; i < 4 * kNTiles; ++i) s[i] = fragment.values[i];
 }
