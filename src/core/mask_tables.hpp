@@ -35,10 +35,21 @@ struct TileEntry {
   bool partial;
 };
 
+// The tile code of a listed partial tile (TileLists::code): the block code that every
+// mask block under the tile shares (DeviceMask::kFullBlock without a block mask, or a
+// partial block's id), so the element rule of the tile is per row a union of column
+// spans (allowed_key_spans / allowed_query_spans below) plus at most the partial bits
+// of one block — register arithmetic in a kernel. kGeneralTile when that does not hold:
+// the tile straddles mask blocks of different codes, a dense attn_mask covers it, or the
+// document ids are not sorted (their rule is then no span); the kernel takes the
+// per-element pass (fragment::apply_mask) there.
+inline constexpr std::int32_t kGeneralTile = -3;
+
 // Tile lists of one kernel (see the header).
 struct TileLists {
   const std::int32_t* counts = nullptr;   // [batches, heads, outer_tiles]
   const std::int32_t* entries = nullptr;  // [batches, heads, outer_tiles, capacity]
+  const std::int32_t* codes = nullptr;    // tile codes of the entries (same layout; kGeneralTile, see above)
   std::int64_t batch_stride = 0;          // in lists: heads * outer_tiles, 0 when the masks broadcast over batch
   std::int64_t head_stride = 0;           // in lists: outer_tiles, 0 when they broadcast over heads
   std::int64_t outer_tiles = 0;
@@ -60,6 +71,10 @@ struct TileLists {
     std::int32_t tile = raw >> 1;
     tile = tile < 0 ? 0 : (tile >= inner_tiles ? inner_tiles - 1 : tile);  // tables are ours; clamp anyway
     return {tile, (raw & 1) != 0};
+  }
+  // The tile code of entry i (read for partial entries only).
+  FLASHATTN_HOST_DEVICE std::int32_t code(std::int64_t list_index, std::int32_t i) const {
+    return codes[list_index * capacity + i];
   }
 };
 
@@ -83,6 +98,21 @@ struct DeviceMask {
   // [B|1, H|1, Sq|1, Sk|1] (strides 0 on size-1 dimensions, so broadcast dimensions
   // sum), zeroed before the kernels; kernels atomically add dS (natural-log units)
   // for every allowed element, src/cuda/masks/ converts it into dbias afterwards.
+  // The document rule as spans (ElementRule with document ids, when both id arrays are
+  // sorted — packed sequences; the list kernel gives kGeneralTile otherwise): for query
+  // row r of batch b the keys of its document, [begin, end) at
+  // maybe_document_key_spans[2 (b * document_batch_stride_q + r)] (forward and dQ
+  // lists), and for key row c the queries of its document in maybe_document_query_spans
+  // (dK/dV lists). Null when not needed.
+  const std::int32_t* maybe_document_key_spans = nullptr;    // [B|1, seqlen_q, 2]
+  const std::int32_t* maybe_document_query_spans = nullptr;  // [B|1, seqlen_k, 2]
+  std::int64_t document_batch_stride_q = 0, document_batch_stride_k = 0;  // in spans; 0 when ids broadcast
+  // The partial bits transposed, for the dK/dV kernels whose fragment rows are keys:
+  // bit (r, c) of partial block p is bit r % 32 of word
+  // (p·block_n + c)·words_per_key + r / 32 (null without bits or dK/dV lists).
+  const std::uint32_t* maybe_partial_bits_by_key = nullptr;  // [partial blocks, block_n, words_per_key]
+  std::int64_t words_per_key = 0;                            // ceil(block_m / 32)
+
   float* maybe_dbias_sum = nullptr;
   std::int64_t dbias_sum_strides[4] = {0, 0, 0, 0};
 
@@ -106,5 +136,101 @@ struct DeviceMask {
     return b * dbias_sum_strides[0] + h * dbias_sum_strides[1] + row * dbias_sum_strides[2] + col * dbias_sum_strides[3];
   }
 };
+
+// The code every mask block overlapping rows [row_begin, row_end) x columns
+// [col_begin, col_end) (non-empty, inside the sequences) has, or kGeneralTile when they
+// differ. `codes` points at the codes of one (b, h).
+FLASHATTN_HOST_DEVICE std::int32_t shared_block_code(const std::int32_t* codes, const BlockMaskView& view,
+                                                            std::int64_t row_begin, std::int64_t row_end,
+                                                            std::int64_t col_begin, std::int64_t col_end) {
+  const int shift_m = mask_block_shift(view.block_m), shift_n = mask_block_shift(view.block_n);
+  const std::int32_t first = codes[(row_begin >> shift_m) * view.kv_blocks + (col_begin >> shift_n)];
+  for (std::int64_t qb = row_begin >> shift_m; qb <= (row_end - 1) >> shift_m; ++qb)
+    for (std::int64_t kb = col_begin >> shift_n; kb <= (col_end - 1) >> shift_n; ++kb)
+      if (codes[qb * view.kv_blocks + kb] != first) return kGeneralTile;
+  return first;
+}
+
+// The allowed columns of one row of a tile: [begin[0], end[0]) ∪ [begin[1], end[1])
+// (a span is empty when end <= begin).
+struct AllowedSpans {
+  std::int64_t begin[2] = {0, 0};
+  std::int64_t end[2] = {0, 0};
+  FLASHATTN_HOST_DEVICE bool contains(std::int64_t col) const {
+    return (col >= begin[0] && col < end[0]) || (col >= begin[1] && col < end[1]);
+  }
+};
+
+// The row's document as a span of the other side's rows (DeviceMask's document spans).
+struct DocumentSpan {
+  std::int64_t begin = 0;
+  std::int64_t end = 0;
+};
+
+// The element pass of a tile with tile code `tile_code` (not kGeneralTile) for query
+// row `row`, apart from the partial bits: the key columns that the sequences, the
+// interval rule and — in a partial block — the element rule's band, prefix and
+// documents allow. Equal to the per-element test (DeviceMask::block_allows &&
+// mask.allowed, inside the sequences) column by column, given the bits allow:
+//   allowed = S ∩ (band ∪ [0, prefix))  with S = sequence ∩ interval rule ∩ document
+//           = (S ∩ band) ∪ (S ∩ [0, prefix)).
+// prefix_length: the row's batch's prefix (any value <= 0 without prefix lengths);
+// documents: the keys of the row's document (read only with document ids).
+FLASHATTN_HOST_DEVICE AllowedSpans allowed_key_spans(const MaskRule& mask, const ElementRule& rule,
+                                                            std::int32_t tile_code, std::int64_t row,
+                                                            std::int64_t prefix_length, DocumentSpan documents) {
+  AllowedSpans spans;
+  if (row < 0 || row >= mask.seqlen_q || tile_code == DeviceMask::kEmptyBlock) return spans;
+  std::int64_t begin = mask.col_begin(row), end = mask.col_end(row);  // inside [0, seqlen_k]
+  if (tile_code != DeviceMask::kFullBlock) {
+    if (rule.has_bits() && (tile_code < 0 || tile_code >= rule.partial_block_count)) return spans;  // a bad id denies
+    if (rule.maybe_q_document_ids != nullptr) {
+      begin = begin > documents.begin ? begin : documents.begin;
+      end = end < documents.end ? end : documents.end;
+    }
+    if (rule.has_band) {
+      const std::int64_t diagonal = row + rule.diagonal_offset;
+      const std::int64_t band_begin = rule.window_left < 0 ? begin : diagonal - rule.window_left;
+      const std::int64_t band_end = rule.window_right < 0 ? end : diagonal + rule.window_right + 1;
+      spans.begin[0] = begin > band_begin ? begin : band_begin;
+      spans.end[0] = end < band_end ? end : band_end;
+      spans.begin[1] = begin;
+      spans.end[1] = end < prefix_length ? end : prefix_length;
+      return spans;
+    }
+  }
+  spans.begin[0] = begin;
+  spans.end[0] = end;
+  return spans;
+}
+
+// The transpose of allowed_key_spans (dK/dV kernels, whose fragment rows are keys): the
+// query rows that may see key `key`, one span (the prefix relaxes the band of a whole
+// key column). prefix_length as above; documents: the queries of the key's document.
+FLASHATTN_HOST_DEVICE AllowedSpans allowed_query_spans(const MaskRule& mask, const ElementRule& rule,
+                                                              std::int32_t tile_code, std::int64_t key,
+                                                              std::int64_t prefix_length, DocumentSpan documents) {
+  AllowedSpans spans;
+  if (key < 0 || key >= mask.seqlen_k || tile_code == DeviceMask::kEmptyBlock) return spans;
+  const MaskRule::RowRange rows = mask.rows_of_columns(key, key + 1);  // inside [0, seqlen_q]
+  std::int64_t begin = rows.begin, end = rows.end;
+  if (tile_code != DeviceMask::kFullBlock) {
+    if (rule.has_bits() && (tile_code < 0 || tile_code >= rule.partial_block_count)) return spans;
+    if (rule.maybe_q_document_ids != nullptr) {
+      begin = begin > documents.begin ? begin : documents.begin;
+      end = end < documents.end ? end : documents.end;
+    }
+    if (rule.has_band && key >= prefix_length) {
+      // diagonal - window_left <= key <= diagonal + window_right, diagonal = query + offset
+      const std::int64_t first = key - rule.diagonal_offset - rule.window_right;
+      const std::int64_t last = key - rule.diagonal_offset + rule.window_left;
+      if (rule.window_right >= 0 && first > begin) begin = first;
+      if (rule.window_left >= 0 && last + 1 < end) end = last + 1;
+    }
+  }
+  spans.begin[0] = begin;
+  spans.end[0] = end;
+  return spans;
+}
 
 }  // namespace flashattn

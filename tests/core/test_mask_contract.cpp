@@ -2,11 +2,13 @@
 // interval model and the block-sparse model's bounds safety (flashattn/block_mask.hpp).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
 #include "flashattn/block_mask.hpp"
 #include "flashattn/mask.hpp"
+#include "src/core/mask_tables.hpp"
 
 namespace flashattn {
 namespace {
@@ -76,6 +78,103 @@ TEST(MaskContract, ElementRules) {
   EXPECT_TRUE(is_valid_mask_block_size(128));
   EXPECT_FALSE(is_valid_mask_block_size(96));
   EXPECT_FALSE(is_valid_mask_block_size(8));
+}
+
+// The fast element pass's spans (mask_tables.hpp) equal the per-element test — the
+// interval rule, then the block code and ElementRule — row by row and, transposed, key by
+// key, for every combination of band, prefix and sorted documents, on full and partial
+// tiles; the document spans are made as the device does (binary search in sorted ids).
+TEST(MaskContract, AllowedSpansAgreeWithElementRule) {
+  const std::vector<std::int32_t> q_documents{0, 0, 0, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 5, 5};
+  const std::vector<std::int32_t> k_documents{0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 3, 3, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 5, 5, 5, 5};
+  const std::int64_t seqlen_q = static_cast<std::int64_t>(q_documents.size());
+  const std::int64_t seqlen_k = static_cast<std::int64_t>(k_documents.size());
+  auto document_span = [](const std::vector<std::int32_t>& other, std::int32_t id) {
+    return DocumentSpan{std::lower_bound(other.begin(), other.end(), id) - other.begin(),
+                        std::upper_bound(other.begin(), other.end(), id) - other.begin()};
+  };
+  std::int32_t prefix = 7;
+  std::int64_t checked = 0;
+  for (MaskRule mask : {MaskRule{seqlen_q, seqlen_k, -1, -1}, MaskRule{seqlen_q, seqlen_k, -1, 0},
+                        MaskRule{seqlen_q, seqlen_k, 6, 2}, MaskRule{seqlen_q, seqlen_k, 0, 0}}) {
+    for (int band = 0; band < 4; ++band) {
+      for (bool has_prefix : {false, true}) {
+        for (bool has_documents : {false, true}) {
+          ElementRule rule;
+          rule.has_band = band > 0;
+          rule.window_right = band == 1 ? 0 : (band == 2 ? 3 : -1);
+          rule.window_left = band == 2 ? 5 : (band == 3 ? 4 : -1);
+          rule.diagonal_offset = band == 3 ? -2 : (band == 2 ? 3 : 0);
+          if (has_prefix && rule.has_band) rule.maybe_prefix_lengths = &prefix;
+          if (has_documents) rule.maybe_q_document_ids = q_documents.data(), rule.maybe_k_document_ids = k_documents.data();
+          for (std::int32_t code : {DeviceMask::kFullBlock, std::int32_t{0}}) {
+            auto expected = [&](std::int64_t row, std::int64_t col) {
+              return mask.allowed(row, col) && (code == DeviceMask::kFullBlock || rule.allowed(0, row, col, code));
+            };
+            for (std::int64_t row = 0; row < seqlen_q + 2; ++row) {
+              const DocumentSpan documents =
+                  row < seqlen_q ? document_span(k_documents, q_documents[row]) : DocumentSpan{};
+              const AllowedSpans spans = allowed_key_spans(mask, rule, code, row, has_prefix ? prefix : 0, documents);
+              for (std::int64_t col = -2; col < seqlen_k + 2; ++col) {
+                const bool inside = row < seqlen_q && col >= 0 && col < seqlen_k;
+                EXPECT_EQ(spans.contains(col), inside && expected(row, col))
+                    << "band " << band << " prefix " << has_prefix << " documents " << has_documents << " code " << code
+                    << " window " << mask.window_left << "," << mask.window_right << " at " << row << "," << col;
+                ++checked;
+              }
+            }
+            for (std::int64_t key = 0; key < seqlen_k + 2; ++key) {
+              const DocumentSpan documents =
+                  key < seqlen_k ? document_span(q_documents, k_documents[key]) : DocumentSpan{};
+              const AllowedSpans spans = allowed_query_spans(mask, rule, code, key, has_prefix ? prefix : 0, documents);
+              for (std::int64_t row = -2; row < seqlen_q + 2; ++row) {
+                const bool inside = key < seqlen_k && row >= 0 && row < seqlen_q;
+                EXPECT_EQ(spans.contains(row), inside && expected(row, key))
+                    << "transposed: band " << band << " prefix " << has_prefix << " documents " << has_documents
+                    << " code " << code << " at " << row << "," << key;
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+  EXPECT_GT(checked, 0);
+}
+
+// A partial tile whose id has no bits (or no bits at all) allows nothing, as ElementRule does.
+TEST(MaskContract, AllowedSpansDenyBadPartialIds) {
+  const MaskRule mask{64, 64, -1, -1};
+  std::vector<std::uint32_t> bits(16, ~0u);
+  ElementRule rule;
+  rule.maybe_partial_bits = bits.data(), rule.partial_block_count = 1, rule.block_m = 16, rule.block_n = 16, rule.words_per_row = 1;
+  EXPECT_TRUE(allowed_key_spans(mask, rule, 0, 3, 0, {}).contains(5));
+  EXPECT_FALSE(allowed_key_spans(mask, rule, 1, 3, 0, {}).contains(5));
+  EXPECT_FALSE(allowed_query_spans(mask, rule, 1, 3, 0, {}).contains(5));
+  rule.partial_block_count = 0;
+  EXPECT_FALSE(allowed_key_spans(mask, rule, 0, 3, 0, {}).contains(5));
+  EXPECT_FALSE(allowed_key_spans(mask, rule, DeviceMask::kEmptyBlock, 3, 0, {}).contains(5));
+  EXPECT_TRUE(allowed_key_spans(mask, rule, DeviceMask::kFullBlock, 3, 0, {}).contains(5));
+}
+
+// shared_block_code: the one code under a tile, kGeneralTile when the blocks under it differ,
+// for mask blocks smaller than, equal to and larger than the tile.
+TEST(MaskContract, SharedBlockCode) {
+  BlockMaskView view;
+  view.block_m = 32, view.block_n = 16;
+  view.q_blocks = 4, view.kv_blocks = 4;
+  const std::vector<std::int32_t> codes{-1, -1, 3, -2,   //
+                                        -1, -1, 3, 7,    //
+                                        5, 5, 5, 5,      //
+                                        5, 5, 5, 5};
+  EXPECT_EQ(shared_block_code(codes.data(), view, 0, 64, 0, 32), DeviceMask::kFullBlock);  // 2 x 2 full blocks
+  EXPECT_EQ(shared_block_code(codes.data(), view, 0, 64, 0, 48), kGeneralTile);
+  EXPECT_EQ(shared_block_code(codes.data(), view, 0, 32, 32, 48), 3);         // inside one block
+  EXPECT_EQ(shared_block_code(codes.data(), view, 8, 16, 36, 44), 3);         // a tile smaller than the block
+  EXPECT_EQ(shared_block_code(codes.data(), view, 0, 64, 32, 48), 3);         // two blocks, one code
+  EXPECT_EQ(shared_block_code(codes.data(), view, 0, 64, 48, 64), kGeneralTile);
+  EXPECT_EQ(shared_block_code(codes.data(), view, 64, 128, 0, 64), 5);
+  EXPECT_EQ(shared_block_code(codes.data(), view, 63, 65, 0, 16), kGeneralTile);  // straddles query blocks
 }
 
 }  // namespace

@@ -81,6 +81,7 @@ struct MaskCase {
   bool block_per_head = false;   // lists [B, H, ...] instead of [1, 1, ...]
   bool masked_rows = false;      // some rows and a whole 64-row band see no key
   std::int64_t band_left = -1, band_right = 0, band_diagonal = 0;  // Block::band / prefix
+  bool documents_unsorted = false;  // Block::documents: ids not ascending (the kernels' per-element pass)
   bool dbias = false;
   bool deterministic = false;
 };
@@ -284,8 +285,14 @@ class MaskedRun {
     }
     return true;
   }
-  std::int32_t q_doc(std::int64_t b, std::int64_t i) const { return static_cast<std::int32_t>((i + 11 * b) / 37); }
-  std::int32_t k_doc(std::int64_t b, std::int64_t j) const { return static_cast<std::int32_t>((j + 5 * b) / 45); }
+  // Ascending ids (packed sequences), or with documents_unsorted the same documents
+  // renamed out of order (id ^ 1: 1, 0, 3, 2, ...).
+  std::int32_t q_doc(std::int64_t b, std::int64_t i) const {
+    return static_cast<std::int32_t>((i + 11 * b) / 37) ^ (c_.documents_unsorted ? 1 : 0);
+  }
+  std::int32_t k_doc(std::int64_t b, std::int64_t j) const {
+    return static_cast<std::int32_t>((j + 5 * b) / 45) ^ (c_.documents_unsorted ? 1 : 0);
+  }
   std::int32_t prefix_of(std::int64_t b) const { return static_cast<std::int32_t>(30 + 20 * b); }
 
   // FlexAttention lists of the pattern/rule: full blocks, partial blocks (with bits
@@ -513,6 +520,41 @@ std::vector<MaskCase> full_cases() {
     if (c.name == "band + options causal") c.band_left = 64, c.band_right = 0, c.band_diagonal = 20;
   }
   {
+    // The kernels' fast element pass (a tile code: mask blocks at least as large as the
+    // kernel tiles, no dense mask, ascending documents): band, sliding band, prefix-LM
+    // (two spans per row), documents with and without the band, bits over sequence tails;
+    // unsorted documents take the per-element pass. d256 Hopper key tiles of 80 straddle
+    // 128-blocks (per-element) or sit inside them (fast).
+    MaskCase a = block_case("fast band causal 128", make(bf16, 2, 300, 300, 2, 2, 128), Block::band, 128, 128);
+    cases.push_back(a);
+    MaskCase b = block_case("fast band sliding 256", make(f16, 1, 333, 290, 2, 2, 64), Block::band, 256, 256);
+    b.band_left = 70, b.band_right = 10, b.band_diagonal = 5;
+    cases.push_back(b);
+    MaskCase c = block_case("fast documents causal 128", make(bf16, 2, 260, 260, 2, 2, 128), Block::documents, 128, 128);
+    c.block_per_head = true;
+    cases.push_back(c);
+    MaskCase d = block_case("fast documents 256", make(f16, 2, 300, 270, 2, 1, 64), Block::documents, 256, 256);
+    d.band_right = -1;
+    cases.push_back(d);
+    MaskCase e = block_case("documents unsorted 128", make(bf16, 2, 260, 260, 2, 2, 128), Block::documents, 128, 128);
+    e.documents_unsorted = true;
+    cases.push_back(e);
+    MaskCase f = block_case("fast prefix-LM sliding 128", make(f16, 2, 230, 230, 2, 2, 64), Block::prefix, 128, 128);
+    f.band_left = 40;
+    cases.push_back(f);
+    MaskCase g = block_case("fast prefix-LM causal 256", causal(make(bf16, 1, 300, 300, 2, 2, 128)), Block::prefix, 256, 256);
+    cases.push_back(g);
+    MaskCase h = block_case("fast pattern 256 tails", make(bf16, 1, 300, 390, 2, 2, 128), Block::pattern, 256, 256);
+    h.block_per_head = true;
+    cases.push_back(h);
+    MaskCase i = block_case("fast band d256", make(bf16, 1, 260, 300, 2, 2, 256), Block::band, 128, 128);
+    cases.push_back(i);
+    MaskCase j = block_case("fast pattern dropout 128", dropout(make(f16, 1, 200, 230, 2, 2, 64), 0.25), Block::pattern, 128, 128);
+    cases.push_back(j);
+    MaskCase k = block_case("fast band softcap 128", softcap(make(bf16, 1, 190, 210, 2, 2, 128), 4.0), Block::band, 128, 128);
+    cases.push_back(k);
+  }
+  {
     // Block mask and a bias together (the oracle reads both), dBias through both.
     MaskCase c = block_case("pattern + bias f32 [1,1,Sq,Sk]", make(f16, 2, 200, 220, 2, 2, 64), Block::pattern, 64, 32);
     c.dense = Dense::bias, c.mask_shape = {1, 1, -1, -1}, c.dbias = true, c.block_per_head = true;
@@ -552,6 +594,9 @@ std::vector<MaskCase> small_cases() {
       dense_case("small bias [1,1,1,Sk]", causal(make(bf16, 2, 65, 31, 2, 2, 128)), Dense::bias, {1, 1, 1, -1}, bf16, true),
       block_case("small pattern 16x16", make(f16, 1, 70, 130, 2, 2, 64), Block::pattern, 16, 16),
       block_case("small documents", make(bf16, 1, 129, 65, 2, 1, 128), Block::documents, 64, 32),
+      block_case("small fast documents", make(f16, 1, 129, 97, 2, 1, 64), Block::documents, 128, 128),
+      block_case("small fast prefix-LM", make(bf16, 1, 97, 113, 2, 2, 128), Block::prefix, 256, 256),
+      block_case("small fast pattern", make(f16, 1, 70, 130, 2, 2, 64), Block::pattern, 128, 128),
   };
   MaskCase c = block_case("small pattern + bias deterministic", make(f16, 1, 97, 80, 2, 2, 64), Block::pattern, 32, 16);
   c.dense = Dense::bias, c.bias_dtype = f32, c.mask_shape = {1, 1, -1, -1}, c.dbias = true, c.deterministic = true;

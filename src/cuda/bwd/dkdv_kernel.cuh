@@ -199,14 +199,16 @@ enum class KernelVariant { plain, general, masked };
 // written P is P ∘ Z, unscaled: dV takes the 1/(1-p) at its store.
 // needs_mask: the interval rule's columns (MaskRule). Masked variant only: has_element_pass,
 // a partial tile of a list-driven step: the element pass, its attn_mask bias joining the
-// log2 score after the score rule; keeps_ds: dp is overwritten with dS w.r.t. the score
+// log2 score after the score rule — or, with a tile code (tile_code != kGeneralTile,
+// src/core/mask_tables.hpp), the fast pass: per row spans and bits in registers
+// (fragment::make_row_mask), -inf where masked; keeps_ds: dp is overwritten with dS w.r.t. the score
 // (before the gradient factor; natural-log units) for the dBias accumulation.
 template <class T, KernelVariant kVariant, bool kWritesP = true>
 __device__ __forceinline__ void write_p_and_ds(const float (&s)[T::kSdpMTiles][T::kSdpNTiles][4],
                                                float (&dp)[T::kSdpMTiles][T::kSdpNTiles][4],
                                                const BackwardParams& params, std::int64_t b, std::int64_t h_q,
                                                const MaskRule& mask, bool needs_mask, bool has_element_pass,
-                                               bool keeps_ds, std::int64_t m0, std::int64_t n0,
+                                               std::int32_t tile_code, bool keeps_ds, std::int64_t m0, std::int64_t n0,
                                                const float* lse_tile, const float* dsum_tile, int warp_m0, int warp_n0,
                                                int lane, typename T::Element* p_tile, typename T::Element* ds_tile) {
   using Element = typename T::Element;
@@ -249,6 +251,12 @@ __device__ __forceinline__ void write_p_and_ds(const float (&s)[T::kSdpMTiles][T
         // 32-bit from here on (one subtract per element).
         [[maybe_unused]] float lse_log2 = 0.0f;
         [[maybe_unused]] float distance0 = 0.0f;  // less the lane's 2·quad: per element a constant offset
+        // The fast element pass of this row (a partial tile with a tile code).
+        [[maybe_unused]] const bool is_fast_pass = kIsMasked && has_element_pass && tile_code != kGeneralTile;
+        [[maybe_unused]] fragment::RowMask<T::kSdpNTiles> row_mask;
+        if constexpr (kIsMasked)
+          if (is_fast_pass)
+            row_mask = fragment::make_row_mask<T::kSdpNTiles, false>(params, mask, tile_code, b, m0 + row, n0 + warp_n0);
         if constexpr (!kIsPlain)
           lse_log2 = lse_tile[row],
           distance0 = static_cast<float>(score_rule.distance(m0 + row, n0) - warp_n0 - 2 * quad_lane);
@@ -266,9 +274,11 @@ __device__ __forceinline__ void write_p_and_ds(const float (&s)[T::kSdpMTiles][T
                   score_rule.log2_score_and_gradient_at_distance(s[mi][j][2 * half + e],
                                                                  distance0 - static_cast<float>(8 * j + e));
               float log2_score = score.log2_score;
-              if (kIsMasked && has_element_pass)
-                log2_score += static_cast<float>(online_softmax::kLog2e) *
-                              fragment::mask_offset(params, mask, b, h_q, m0 + row, n0 + col + e);
+              if (kIsMasked && has_element_pass) {
+                if (is_fast_pass) log2_score = row_mask.allows(j, e) ? log2_score : -INFINITY;
+                else log2_score += static_cast<float>(online_softmax::kLog2e) *
+                                   fragment::mask_offset(params, mask, b, h_q, m0 + row, n0 + col + e);
+              }
               p[e] = ptx::exp2_approx_ftz(log2_score - lse_log2);
               gradient_factor = score.gradient_factor;
             }
@@ -370,10 +380,12 @@ __device__ __forceinline__ void dkdv_block(const BackwardParams& params, const W
   struct StepTile {
     std::int64_t h_q, m0;
     bool is_partial;
+    std::int32_t code;  // a partial tile's tile code (mask_tables.hpp), else kGeneralTile
   };
   auto step_tile = [&](int step) -> StepTile {
     if (!is_listed)
-      return {h_q_begin + step / m_blocks, static_cast<std::int64_t>(m_block_begin + step % m_blocks) * kBlockM, false};
+      return {h_q_begin + step / m_blocks, static_cast<std::int64_t>(m_block_begin + step % m_blocks) * kBlockM, false,
+              kGeneralTile};
     // The group's lists one after another (step < steps: one of them holds it).
     std::int64_t h_q = h_q_begin;
     int index = step;
@@ -383,8 +395,10 @@ __device__ __forceinline__ void dkdv_block(const BackwardParams& params, const W
       index -= count;
       ++h_q;
     }
-    const TileEntry entry = query_lists.entry(query_lists.list(b, h_q, n_block), index);
-    return {h_q, static_cast<std::int64_t>(entry.tile) * kBlockM, entry.partial};
+    const std::int64_t list = query_lists.list(b, h_q, n_block);
+    const TileEntry entry = query_lists.entry(list, index);
+    return {h_q, static_cast<std::int64_t>(entry.tile) * kBlockM, entry.partial,
+            entry.partial ? query_lists.code(list, index) : kGeneralTile};
   };
   auto issue_step_loads = [&](int step, int stage) {
     const StepTile tile = step_tile(step);
@@ -494,7 +508,7 @@ __device__ __forceinline__ void dkdv_block(const BackwardParams& params, const W
     const std::int64_t q_rows_end = m0 + kBlockM < seqlen_q ? m0 + kBlockM : seqlen_q;
     const bool needs_mask =
         !is_listed && (n0 + kBlockN > seqlen_k || !mask.tile_fully_allowed(m0, q_rows_end, n0, n0 + kBlockN));
-    write_p_and_ds<T, kVariant>(s, dp, params, b, h_q, mask, needs_mask, has_element_pass, accumulates_dbias, m0, n0,
+    write_p_and_ds<T, kVariant>(s, dp, params, b, h_q, mask, needs_mask, has_element_pass, tile.code, accumulates_dbias, m0, n0,
                                 lse_tile, dsum_tile, sdp_m0, sdp_n0, lane, p_smem, ds_smem);
     // dBias here only (the deterministic dQ kernel recomputes the same dS).
     if (accumulates_dbias) accumulate_warp_dbias<T>(dp, params, mask, b, h_q, m0, n0, sdp_m0, sdp_n0, lane);

@@ -157,7 +157,8 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     const bool needs_mask =
         !is_listed && (n0 + kBlockN > seqlen_k || !mask.tile_fully_allowed(m0, m0 + q_rows, n0, n0 + kBlockN));
     // No dBias here: the dK/dV kernel sums it.
-    write_p_and_ds<T, kVariant, false>(s, dp, params, b, h_q, mask, needs_mask, has_element_pass, false, m0, n0,
+    const std::int32_t tile_code = is_listed && block.partial ? key_lists.code(list, step) : kGeneralTile;
+    write_p_and_ds<T, kVariant, false>(s, dp, params, b, h_q, mask, needs_mask, has_element_pass, tile_code, false, m0, n0,
                                        lse_smem, dsum_smem, sdp_m0, sdp_n0, lane, nullptr, ds_smem);
     __syncthreads();
 

@@ -12,6 +12,16 @@
 // that the kernel scales by softmax_scale·log2(e) in the exponent.
 // Masked elements become -inf (P = 0 exactly, never 0·NaN). Per element, a few loads:
 // meant for partial tiles only, which the lists keep few.
+//
+// Two forms of the element pass of a listed partial tile:
+//  - apply_fragment_mask (fast): when the tile has a tile code (src/core/mask_tables.hpp: one
+//    block code under the whole tile, no dense attn_mask, sorted documents), the rule is
+//    per fragment row one or two spans of allowed columns (allowed_key_spans /
+//    allowed_query_spans) and at most one partial block's bits. The thread loads its two
+//    rows' inputs once (document span, prefix, bit words) and tests each element with
+//    register arithmetic on 32-bit tile-local columns.
+//  - apply_mask (general, kGeneralTile): mask_offset per element.
+// Both give the same -inf pattern; a bias only exists on the general path.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -21,6 +31,7 @@
 #include <cstdint>
 
 #include "flashattn/mask.hpp"
+#include "src/core/mask_tables.hpp"
 #include "src/core/params.hpp"
 
 namespace flashattn::cuda::fragment {
@@ -88,6 +99,163 @@ __device__ __forceinline__ float mask_offset(const AttentionParams& params, cons
   return allowed ? offset : -INFINITY;
 }
 
+// The fast element pass (see the header) of one fragment row of a 16 x 8·kNTiles
+// fragment for this thread: its elements (j, e) sit at fragment column
+// col0 + 8 j + 2 quad + e (fragment.cuh), tested in the thread's column units c = 8 j + e.
+template <int kNTiles>
+struct RowMask {
+  static constexpr int kWords = (kNTiles + 3) / 4;  // bit words, 4 n8 tiles each
+  std::int32_t begin[2];       // [span]: first allowed c
+  std::uint32_t width[2];      // [span]: allowed c in [begin, begin + width)
+  std::uint32_t bits[kWords];  // bit 8 (j % 4) + e of word j / 4 = the partial bit of (j, e); all ones without bits
+
+  __device__ __forceinline__ bool allows(int j, int e) const {
+    const int c = 8 * j + e;
+    const bool in_spans = (static_cast<std::uint32_t>(c - begin[0]) < width[0]) |
+                          (static_cast<std::uint32_t>(c - begin[1]) < width[1]);
+    return in_spans & (((bits[j / 4] >> (8 * (j % 4) + e)) & 1u) != 0);
+  }
+};
+
+// RowMask of fragment row `row` — a query (plain: col0 = the fragment's first key) or a
+// key (kTransposed: col0 = the first query) — of a tile with tile code `tile_code` (not
+// kGeneralTile; the fragment's columns lie inside one mask block, as the whole tile does).
+// A few independent loads (prefix, document span, the bit words), then register math.
+template <int kNTiles, bool kTransposed>
+__device__ __forceinline__ RowMask<kNTiles> make_row_mask(const AttentionParams& params, const MaskRule& mask,
+                                                          std::int32_t tile_code, std::int64_t b, std::int64_t row,
+                                                          std::int64_t col0) {
+  constexpr int kColumns = 8 * kNTiles;
+  constexpr int kWords = RowMask<kNTiles>::kWords;
+  const int quad = static_cast<int>(threadIdx.x % 4);
+  const DeviceMask& device_mask = params.device_mask;
+  const BlockMaskView& view = params.block_mask;
+  const ElementRule& rule = view.rule;
+  const bool is_rule_applied = tile_code != DeviceMask::kFullBlock;
+  const std::int64_t prefix_length =
+      is_rule_applied && rule.maybe_prefix_lengths != nullptr ? rule.maybe_prefix_lengths[b * rule.prefix_batch_stride] : 0;
+  DocumentSpan documents;
+  if (is_rule_applied && rule.maybe_q_document_ids != nullptr) {
+    const std::int32_t* spans = kTransposed ? device_mask.maybe_document_query_spans : device_mask.maybe_document_key_spans;
+    const std::int64_t stride = kTransposed ? device_mask.document_batch_stride_k : device_mask.document_batch_stride_q;
+    const std::int64_t row_count = kTransposed ? mask.seqlen_k : mask.seqlen_q;
+    const std::int64_t safe_row = row < row_count ? row : 0;  // a row past the end is denied by its spans
+    const int2 span = reinterpret_cast<const int2*>(spans)[b * stride + safe_row];
+    documents = {span.x, span.y};
+  }
+  std::uint32_t words[kWords + 1];
+#pragma unroll
+  for (int k = 0; k <= kWords; ++k) words[k] = ~0u;
+  // The thread's first column inside the mask block: its bits start at bit `shift` of word `first_word`.
+  const std::int64_t block_columns = kTransposed ? view.block_m : view.block_n;
+  const std::int64_t column_in_block = (col0 & (block_columns - 1)) + 2 * quad;
+  const int shift = static_cast<int>(column_in_block & 31);
+  if (is_rule_applied && rule.has_bits() && tile_code >= 0 && tile_code < rule.partial_block_count) {
+    const std::uint32_t* table = kTransposed ? device_mask.maybe_partial_bits_by_key : rule.maybe_partial_bits;
+    const std::int64_t block_rows = kTransposed ? view.block_n : view.block_m;
+    const std::int64_t words_per_row = kTransposed ? device_mask.words_per_key : rule.words_per_row;
+    const std::uint32_t* row_words = table + (tile_code * block_rows + (row & (block_rows - 1))) * words_per_row;
+    const std::int64_t first_word = column_in_block >> 5;
+#pragma unroll
+    for (int k = 0; k <= kWords; ++k) {
+      // Past the row's last word only for bits no element of the tile reads: clamp.
+      const std::int64_t word = first_word + k < words_per_row ? first_word + k : words_per_row - 1;
+      words[k] = row_words[word];
+    }
+  }
+  const AllowedSpans spans = kTransposed ? allowed_query_spans(mask, rule, tile_code, row, prefix_length, documents)
+                                         : allowed_key_spans(mask, rule, tile_code, row, prefix_length, documents);
+  RowMask<kNTiles> row_mask;
+#pragma unroll
+  for (int k = 0; k < 2; ++k) {
+    const std::int64_t first = MaskRule::clamp(spans.begin[k] - col0, 0, kColumns);
+    const std::int64_t end = MaskRule::clamp(spans.end[k] - col0, first, kColumns);
+    row_mask.begin[k] = static_cast<std::int32_t>(first) - 2 * quad;
+    row_mask.width[k] = static_cast<std::uint32_t>(end - first);
+  }
+#pragma unroll
+  for (int k = 0; k < kWords; ++k) row_mask.bits[k] = __funnelshift_r(words[k], words[k + 1], shift);
+  return row_mask;
+}
+
+// The fast element pass of a 16 x 8·kNTiles fragment (row0: the fragment row of half 0,
+// col0 its first column; layouts as apply_mask) as bits: bit i % 32 of allowed[i / 32]
+// is set iff element i (= 4 j + 2 half + e) is allowed. One fragment row at a time (half
+// the registers of both at once); a kernel short of registers computes the bits while
+// its products are in flight and holds only these words until it applies them.
+template <int kNTiles>
+inline constexpr int kAllowedWords = (4 * kNTiles + 31) / 32;
+template <int kNTiles, bool kTransposed = false>
+__device__ __forceinline__ void fragment_allowed_bits(std::uint32_t (&allowed)[kAllowedWords<kNTiles>],
+                                                      const AttentionParams& params, const MaskRule& mask,
+                                                      std::int32_t tile_code, std::int64_t b, std::int64_t row0,
+                                                      std::int64_t col0) {
+#pragma unroll
+  for (int w = 0; w < kAllowedWords<kNTiles>; ++w) allowed[w] = 0u;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const RowMask<kNTiles> row_mask = make_row_mask<kNTiles, kTransposed>(params, mask, tile_code, b, row0 + 8 * half, col0);
+#pragma unroll
+    for (int j = 0; j < kNTiles; ++j)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int index = 4 * j + 2 * half + e;
+        allowed[index / 32] |= (row_mask.allows(j, e) ? 1u : 0u) << (index % 32);
+      }
+  }
+}
+// fragment_allowed_bits as a real call, for kernels at their register limit (the Hopper
+// dK/dV kernel: inlined anywhere in its step loop, the pass spilled loop state in every
+// step, masks or not): the call's register saving is paid on fast partial tiles only.
+template <int kNTiles>
+struct AllowedBits {
+  std::uint32_t words[kAllowedWords<kNTiles>];
+};
+template <int kNTiles, bool kTransposed = false>
+__device__ __noinline__ AllowedBits<kNTiles> fragment_allowed_bits_call(const AttentionParams& params, const MaskRule mask,
+                                                                        std::int32_t tile_code, std::int64_t b,
+                                                                        std::int64_t row0, std::int64_t col0) {
+  AllowedBits<kNTiles> allowed;
+  fragment_allowed_bits<kNTiles, kTransposed>(allowed.words, params, mask, tile_code, b, row0, col0);
+  return allowed;
+}
+template <int kNTiles, bool kTransposed = false>
+__device__ __forceinline__ void fragment_allowed_bits_outlined(std::uint32_t (&allowed)[kAllowedWords<kNTiles>],
+                                                               const AttentionParams& params, const MaskRule& mask,
+                                                               std::int32_t tile_code, std::int64_t b, std::int64_t row0,
+                                                               std::int64_t col0) {
+  const AllowedBits<kNTiles> words = fragment_allowed_bits_call<kNTiles, kTransposed>(params, mask, tile_code, b, row0, col0);
+#pragma unroll
+  for (int w = 0; w < kAllowedWords<kNTiles>; ++w) allowed[w] = words.words[w];
+}
+
+// Elements whose bit is clear become masked_value (-inf on scores, 0 on probabilities);
+// allowed ones are kept (no bias on this path).
+template <int kNTiles>
+__device__ __forceinline__ void apply_allowed_bits(float (&s)[4 * kNTiles], const std::uint32_t (&allowed)[kAllowedWords<kNTiles>],
+                                                   float masked_value = -INFINITY) {
+#pragma unroll
+  for (int i = 0; i < 4 * kNTiles; ++i)
+    if (((allowed[i / 32] >> (i % 32)) & 1u) == 0) s[i] = masked_value;
+}
+// The fast element pass applied directly, one fragment row at a time (as
+// fragment_allowed_bits, without the bit words).
+template <int kNTiles, bool kTransposed = false>
+__device__ __forceinline__ void apply_fragment_mask(float (&s)[4 * kNTiles], const AttentionParams& params,
+                                                    const MaskRule& mask, std::int32_t tile_code, std::int64_t b,
+                                                    std::int64_t row0, std::int64_t col0,
+                                                    float masked_value = -INFINITY) {
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const RowMask<kNTiles> row_mask = make_row_mask<kNTiles, kTransposed>(params, mask, tile_code, b, row0 + 8 * half, col0);
+#pragma unroll
+    for (int j = 0; j < kNTiles; ++j)
+#pragma unroll
+      for (int e = 0; e < 2; ++e)
+        if (!row_mask.allows(j, e)) s[4 * j + 2 * half + e] = masked_value;
+  }
+}
+
 // Calls f(index, query row, key column) for each element of a 16 x 8·kNTiles fragment.
 template <int kNTiles, bool kTransposed, class F>
 __device__ __forceinline__ void for_each_position(std::int64_t row0, std::int64_t col0, F&& f) {
@@ -122,7 +290,9 @@ __device__ __forceinline__ void apply_mask(float (&s)[4 * kNTiles], const Attent
 // bytes of spills; called, to 176, paid around the call on partial tiles. Keep the
 // list-driven loop a separate instantiation either way: as a runtime branch of the
 // interval kernel even the call cost 15% at d128 on H100 without masks. The fragment
-// travels by value (a reference would put the caller's array in local memory).
+// travels by value (a reference would put the caller's array in local memory). A tile
+// code other than kGeneralTile takes the fast pass (apply_fragment_mask) inside the same
+// call: a second call site for it raised the spills from 252 to 352 bytes.
 template <int kNTiles>
 struct ScoreFragment {
   float values[4 * kNTiles];
@@ -130,18 +300,21 @@ struct ScoreFragment {
 template <int kNTiles, bool kTransposed = false>
 __device__ __noinline__ ScoreFragment<kNTiles> masked_fragment(ScoreFragment<kNTiles> s, const AttentionParams& params,
                                                                const MaskRule mask, std::int64_t b, std::int64_t h,
-                                                               std::int64_t row0, std::int64_t col0, float bias_factor) {
-  apply_mask<kNTiles, kTransposed>(s.values, params, mask, b, h, row0, col0, bias_factor);
+                                                               std::int64_t row0, std::int64_t col0, float bias_factor,
+                                                               std::int32_t tile_code) {
+  if (tile_code != kGeneralTile) apply_fragment_mask<kNTiles, kTransposed>(s.values, params, mask, tile_code, b, row0, col0);
+  else apply_mask<kNTiles, kTransposed>(s.values, params, mask, b, h, row0, col0, bias_factor);
   return s;
 }
 template <int kNTiles, bool kTransposed = false>
 __device__ __forceinline__ void apply_mask_outlined(float (&s)[4 * kNTiles], const AttentionParams& params,
                                                     const MaskRule& mask, std::int64_t b, std::int64_t h,
-                                                    std::int64_t row0, std::int64_t col0, float bias_factor) {
+                                                    std::int64_t row0, std::int64_t col0, float bias_factor,
+                                                    std::int32_t tile_code = kGeneralTile) {
   ScoreFragment<kNTiles> fragment;
 #pragma unroll
   for (int i = 0; i < 4 * kNTiles; ++i) fragment.values[i] = s[i];
-  fragment = masked_fragment<kNTiles, kTransposed>(fragment, params, mask, b, h, row0, col0, bias_factor);
+  fragment = masked_fragment<kNTiles, kTransposed>(fragment, params, mask, b, h, row0, col0, bias_factor, tile_code);
 #pragma unroll
   for (int i = 0; i < 4 * kNTiles; ++i) s[i] = fragment.values[i];
 }

@@ -284,13 +284,15 @@ __global__ void __launch_bounds__(kWarpsArg * 32, kMinBlocksArg)
       // The list says whether this block needs the element pass (it includes the end of
       // the keys). Bias units: log2 scores after the score rule, else raw q.k, which the
       // exponent scales by softmax_scale * log2(e). Called, not inlined: the pass only
-      // runs on partial tiles, and inlined it makes the whole loop spill.
+      // runs on partial tiles, and inlined it makes the whole loop spill. With a tile
+      // code (mask_tables.hpp) the call takes the fast pass (spans and bits).
       if (tile_lists.entry(tile_list, iteration).partial) {
+        const std::int32_t code = tile_lists.code(tile_list, iteration);
         const float bias_factor = is_positive_scale ? 1.0f / params.softmax_scale : static_cast<float>(online_softmax::kLog2e);
 #pragma unroll
         for (int mi = 0; mi < kMTiles; ++mi)
           fragment::apply_mask_outlined<kNTiles>(fragment::flat(s[mi]), params, mask, batch, head,
-                                                 m0 + warp_row0 + mi * 16 + group, n0, bias_factor);
+                                                 m0 + warp_row0 + mi * 16 + group, n0, bias_factor, code);
       }
     } else if (n0 + kBlockN > seqlen_k || !mask.tile_fully_allowed(m0, row_end, n0, n0 + kBlockN)) {
       // Element mask only where the block crosses a mask edge or the end of the keys.

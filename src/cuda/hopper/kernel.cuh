@@ -184,15 +184,17 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
   struct KeyBlock {
     std::int64_t n0;
     bool is_partial;
+    std::int32_t code;  // a partial listed block's tile code (mask_tables.hpp), else kGeneralTile
   };
   auto is_listed = [&](const Tile& tile) { return kHasDeviceMask && tile.key_list >= 0; };
   auto key_block = [&](const Tile& tile, int index) {
     if (is_listed(tile)) {
       const TileEntry entry = key_lists.entry(tile.key_list, index);
       const std::int64_t n0 = static_cast<std::int64_t>(entry.tile) * kBlockN;
-      return KeyBlock{n0, entry.partial || n0 + kBlockN > tile.seqlen_k};
+      return KeyBlock{n0, entry.partial || n0 + kBlockN > tile.seqlen_k,
+                      entry.partial ? key_lists.code(tile.key_list, index) : kGeneralTile};
     }
-    return KeyBlock{(tile.n_block_end - 1 - index) * kBlockN, false};
+    return KeyBlock{(tile.n_block_end - 1 - index) * kBlockN, false, kGeneralTile};
   };
 
   // Tiles 1024-byte aligned (the swizzle atom; the descriptors' base offset is 0).
@@ -427,7 +429,12 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
   // compile in 14.5 s, without spills (ptxas -v; 8 did not spill either, 23 s).
   constexpr int kMaskStepTiles = kNTiles % 4 == 0 ? 4 : 2;  // block_n 80: 10 tiles
   static_assert(kNTiles % kMaskStepTiles == 0, "whole steps");
-  auto apply_device_mask = [&](std::int64_t n0) {
+  auto apply_device_mask = [&](std::int64_t n0, std::int32_t code) {
+    if (code != kGeneralTile) {
+      // One block code under the tile: spans and bits, loaded once, tested in registers.
+      fragment::apply_fragment_mask<kNTiles>(s, attention, tile.mask, code, tile.batch, tile.m0 + thread_row0, n0);
+      return;
+    }
 #pragma unroll 1
     for (int j = 0; j < kNTiles; j += kMaskStepTiles) {
       float step_s[4 * kMaskStepTiles];  // columns n0 + 8 j ..
@@ -448,7 +455,7 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
     const std::int64_t n0 = block.n0;
     if (!is_positive_scale) fragment::apply_score_rule<kNTiles>(s, score_rule, tile.m0 + thread_row0, n0);
     if (is_listed(tile)) {
-      if (block.is_partial) apply_device_mask(n0);  // listed full blocks: no mask at all
+      if (block.is_partial) apply_device_mask(n0, block.code);  // listed full blocks: no mask at all
     } else if (n0 + kBlockN > tile.seqlen_k || !tile.mask.tile_fully_allowed(tile.m0, tile.row_end, n0, n0 + kBlockN)) {
       // Interval range: the element mask only where the block crosses a mask edge or
       // the end of the keys.

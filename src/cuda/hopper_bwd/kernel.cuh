@@ -298,15 +298,29 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
     // The step: its stage's slot under a device mask (is_partial: the tile needs the
     // element pass), else the interval's.
     std::int64_t head_q, m0;
-    bool is_partial = false;
     if (is_listed) {
       const ListedStep listed = step_slots[stage];
       head_q = listed.head_q;
       m0 = static_cast<std::int64_t>(listed.m_block) * kBlockM;
-      is_partial = listed.is_partial != 0;
     } else {
       head_q = step_head(step);
       m0 = step_m0(step);
+    }
+    // A listed partial tile with a tile code: its allowed bits (fragment::
+    // fragment_allowed_bits, outlined: a few loads, then register math), all ones on the
+    // other listed tiles; applied (P = 0) beside the interval path's apply_mask. Before
+    // the products are issued and as a call: inlined there it spilled 16 bytes of loop
+    // state at d128, beside the products in flight 24, after the waits 52; as a call 12
+    // (ptxas -v). The words are all it holds across the step.
+    std::uint32_t allowed[fragment::kAllowedWords<kBlockM / 8>];
+    if (is_listed) {
+      const ListedStep listed = step_slots[stage];
+      if (listed.is_partial != 0 && listed.code != kGeneralTile) {
+        fragment::fragment_allowed_bits_outlined<kBlockM / 8, true>(allowed, attention, mask, listed.code, batch, n0 + key_row0, m0);
+      } else {
+#pragma unroll
+        for (int w = 0; w < fragment::kAllowedWords<kBlockM / 8>; ++w) allowed[w] = ~0u;
+      }
     }
 
     // S^T = K_w Q^T and dP^T = V_w dO^T: (64 keys, kBlockM queries) each.
@@ -368,9 +382,11 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
     // Z ∘ dP / (1 - p) (Algorithm 2: dS = P ∘ (Z ∘ dP / (1 - p) - D)).
     auto dropped_dp = [&](int index) { return is_kept(index) ? dp[index] * inverse_keep : 0.0f; };
 
-    // A listed partial tile takes the score loop below whatever the rule: its element
-    // pass runs there, per element, after both products (beside dP^T's accumulators in
-    // flight it spilled loop state in every step, masks or not: 72 bytes at d128).
+    // A listed partial tile without a tile code takes the score loop below whatever the
+    // rule: its element pass runs there, per element, after both products (beside dP^T's
+    // accumulators in flight it spilled loop state in every step, masks or not: 72 bytes
+    // at d128).
+    const bool is_partial = is_listed && step_slots[stage].is_partial != 0 && step_slots[stage].code == kGeneralTile;
     if (rule.is_positive_scale() && !is_partial) {
       // P^T = exp2(S^T scale_log2 - LSE) while dP^T is still being computed.
       ptx::wgmma_wait_group<1>();
@@ -387,6 +403,7 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
           }
         }
       if (needs_mask) apply_mask(s);
+      if (is_listed) fragment::apply_allowed_bits<kBlockM / 8>(s, allowed, 0.0f);
       ptx::wgmma_wait_group<0>();
       ptx::fence_operands(dp);
       // dS^T = P^T ∘ (dP^T - D), dropout: P^T ∘ (Z ∘ dP^T / (1 - p) - D) (two loops:
@@ -439,6 +456,7 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
         dp[index] = dp_minus_d * factor;
       });
       if (needs_mask) apply_mask(s);
+      if (is_listed) fragment::apply_allowed_bits<kBlockM / 8>(s, allowed, 0.0f);
 #pragma unroll
       for (int i = 0; i < kBlockM / 2; ++i) dp[i] *= s[i];
     }

@@ -266,15 +266,29 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
     // The step: its stage's slot under a device mask (is_partial: the tile needs the
     // element pass), else the interval's.
     std::int64_t head_q, m0;
-    bool is_partial = false;
     if (is_listed) {
       const ListedStep listed = step_slots[stage];
       head_q = listed.head_q;
       m0 = static_cast<std::int64_t>(listed.m_block) * kBlockM;
-      is_partial = listed.is_partial != 0;
     } else {
       head_q = step_head(step);
       m0 = step_m0(step);
+    }
+
+    // A listed partial tile with a tile code: its allowed bits (fragment::
+    // fragment_allowed_bits, outlined: a few loads, then register math), all ones on the
+    // other listed tiles; applied (P = 0) beside the interval path's apply_mask. Before
+    // the products are issued, where the fewest registers are live (as kernel.cuh).
+    std::uint32_t allowed[fragment::kAllowedWords<kKeys / 8>];
+    if (is_listed) {
+      const ListedStep listed = step_slots[stage];
+      if (listed.is_partial != 0 && listed.code != kGeneralTile) {
+        fragment::fragment_allowed_bits_outlined<kKeys / 8, false>(allowed, attention, mask, listed.code, batch, m0 + warp_row0,
+                                                         n0 + key_column0);
+      } else {
+#pragma unroll
+        for (int w = 0; w < fragment::kAllowedWords<kKeys / 8>; ++w) allowed[w] = ~0u;
+      }
     }
 
     // S_w = Q K_w^T and dP_w = dO V_w^T: (64 queries, 32 keys) each, depth kHeadDim.
@@ -335,7 +349,9 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
     // Z ∘ dP / (1 - p) (Algorithm 2: dS = P ∘ (Z ∘ dP / (1 - p) - D)).
     auto dropped_dp = [&](int index) { return is_kept(index) ? dp[index] * inverse_keep : 0.0f; };
 
-    // A listed partial tile takes the score loop below whatever the rule (as kernel.cuh).
+    // A listed partial tile without a tile code takes the score loop below whatever the
+    // rule (as kernel.cuh).
+    const bool is_partial = is_listed && step_slots[stage].is_partial != 0 && step_slots[stage].code == kGeneralTile;
     if (rule.is_positive_scale() && !is_partial) {
       // P = exp2(S scale_log2 - LSE) while dP is still being computed.
       ptx::wgmma_wait_group<1>();
@@ -350,6 +366,7 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
             value = ptx::exp2_approx_ftz(fmaf(value, scale_log2, -row_lse[half]));
           }
       if (needs_mask) apply_mask(s);
+      if (is_listed) fragment::apply_allowed_bits<kKeys / 8>(s, allowed, 0.0f);
       ptx::wgmma_wait_group<0>();
       ptx::fence_operands(dp);
       // dS = P ∘ (dP - D), dropout: P ∘ (Z ∘ dP / (1 - p) - D) (two loops: the default
@@ -401,6 +418,7 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
         dp[index] = dp_minus_d * factor;
       });
       if (needs_mask) apply_mask(s);
+      if (is_listed) fragment::apply_allowed_bits<kKeys / 8>(s, allowed, 0.0f);
 #pragma unroll
       for (int i = 0; i < kKeys / 2; ++i) dp[i] *= s[i];
     }

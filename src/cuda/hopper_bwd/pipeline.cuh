@@ -60,8 +60,8 @@ __device__ __forceinline__ void load_statistics(float* lse, float* dsum, const b
 struct ListedStep {
   std::int32_t head_q;
   std::int32_t m_block;
-  std::int32_t is_partial;  // the tile's scores need the element pass (masked_log2_probability)
-  std::int32_t padding;
+  std::int32_t is_partial;  // the tile's scores need the element pass
+  std::int32_t code;        // a partial tile's tile code (mask_tables.hpp): the fast pass unless kGeneralTile
 };
 // The slots live in the 256 bytes reserved for the mbarriers, from this offset.
 inline constexpr int kListedStepSlotsOffset = 128;
@@ -87,7 +87,8 @@ class ListedSteps {
   // The current step, then moves to the next; call at most total() times.
   __device__ ListedStep next() {
     const TileEntry entry = lists_.entry(list_, index_);
-    const ListedStep step{static_cast<std::int32_t>(first_head_ + head_), entry.tile, entry.partial ? 1 : 0, 0};
+    const ListedStep step{static_cast<std::int32_t>(first_head_ + head_), entry.tile, entry.partial ? 1 : 0,
+                          entry.partial ? lists_.code(list_, index_) : kGeneralTile};
     ++index_;
     skip_finished_lists();
     return step;
@@ -109,8 +110,9 @@ class ListedSteps {
   std::int32_t count_ = 0, index_ = 0;
 };
 
-// One element of a listed partial tile, in the kernels' score loop (softcap/ALiBi; partial
-// tiles take it whatever the rule): the log2 P before the exponential with the element
+// One element of a listed partial tile of kGeneralTile, in the kernels' score loop
+// (softcap/ALiBi; partial tiles take it whatever the rule; the others are masked after
+// the loop by fragment::FragmentMask): the log2 P before the exponential with the element
 // pass of fragment::mask_offset applied (-inf when masked; a float attn_mask's bias added
 // in log2 units). Not fragment::apply_mask on the positive-scale path beside dP^T in
 // flight: there its index arithmetic spilled loop state in every step (72 bytes at d128).

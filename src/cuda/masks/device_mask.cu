@@ -7,6 +7,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <climits>
 #include <cstdint>
 #include <string>
@@ -73,10 +74,72 @@ __global__ void block_codes_kernel(const __grid_constant__ BlockMaskView view, s
   }
 }
 
+// The document rule as spans (mask_tables.hpp): for each row of `row_ids` (one batch
+// item's ids at b * row_batch_stride) the span of rows of `other_ids` with the same id,
+// found by binary search — exact when other_ids is sorted. Clears *maybe_sorted (set
+// nonzero before) when either id array is not sorted, so the list kernel gives
+// kGeneralTile instead of trusting the spans.
+__global__ void document_spans_kernel(const std::int32_t* row_ids, std::int64_t rows, std::int64_t row_batch_stride,
+                                      const std::int32_t* other_ids, std::int64_t others,
+                                      std::int64_t other_batch_stride, std::int64_t batches, std::int32_t* spans,
+                                      std::int32_t* sorted) {
+  const std::int64_t first = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
+  const std::int64_t step = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
+  for (std::int64_t i = first; i < batches * rows; i += step) {
+    const std::int64_t b = i / rows, r = i % rows;
+    const std::int32_t* ids = row_ids + b * row_batch_stride;
+    const std::int32_t* other = other_ids + b * other_batch_stride;
+    const std::int32_t id = ids[r];
+    if (r > 0 && ids[r - 1] > id) *sorted = 0;
+    std::int64_t low = 0, high = others;  // first index with other >= id
+    while (low < high) {
+      const std::int64_t middle = (low + high) / 2;
+      if (other[middle] < id) low = middle + 1;
+      else high = middle;
+    }
+    const std::int64_t begin = low;
+    high = others;  // first index with other > id
+    while (low < high) {
+      const std::int64_t middle = (low + high) / 2;
+      if (other[middle] <= id) low = middle + 1;
+      else high = middle;
+    }
+    spans[2 * i] = static_cast<std::int32_t>(begin);
+    spans[2 * i + 1] = static_cast<std::int32_t>(low);
+  }
+  for (std::int64_t i = first; i < batches * others; i += step) {
+    const std::int64_t b = i / others, c = i % others;
+    const std::int32_t* other = other_ids + b * other_batch_stride;
+    if (c > 0 && other[c - 1] > other[c]) *sorted = 0;
+  }
+}
+
+// The partial bits transposed (DeviceMask::maybe_partial_bits_by_key), one thread per
+// output word gathering its 32 query rows.
+__global__ void transpose_bits_kernel(const ElementRule rule, std::uint32_t* by_key, std::int64_t words_per_key) {
+  const std::int64_t words = rule.partial_block_count * rule.block_n * words_per_key;
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < words;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    const std::int64_t word_index = i % words_per_key;
+    const std::int64_t key = (i / words_per_key) % rule.block_n;
+    const std::int64_t block = i / (words_per_key * rule.block_n);
+    std::uint32_t word = 0;
+    for (int k = 0; k < 32; ++k) {
+      const std::int64_t row = 32 * word_index + k;
+      if (row >= rule.block_m) break;
+      const std::uint32_t source = rule.maybe_partial_bits[(block * rule.block_m + row) * rule.words_per_row + key / 32];
+      word |= ((source >> (key % 32)) & 1u) << k;
+    }
+    by_key[i] = word;
+  }
+}
+
 // Which lists a list kernel writes and at which tile sizes.
 struct ListGeometry {
   std::int32_t* counts = nullptr;   // [list_batches, list_heads, outer_tiles]
   std::int32_t* entries = nullptr;  // [list_batches, list_heads, outer_tiles, inner_tiles]
+  std::int32_t* codes = nullptr;    // the entries' tile codes, same layout
+  const std::int32_t* maybe_documents_sorted = nullptr;  // nonzero: the document spans are exact
   std::int64_t lists = 0;           // list_batches * list_heads * outer_tiles
   std::int64_t list_heads = 0;
   std::int64_t outer_tiles = 0;
@@ -89,6 +152,7 @@ struct ListGeometry {
 struct TileVisit {
   bool is_listed;
   bool is_partial;
+  std::int32_t code;  // the tile code (mask_tables.hpp)
 };
 
 // Whether a kernel visits query tile mt x key tile nt of (b, h), and whether it needs
@@ -96,14 +160,15 @@ struct TileVisit {
 // is partial: the pass masks the keys past seqlen_k (the kernels load them
 // zero-filled, score 0) and the query rows past seqlen_q, whose recomputed P a
 // backward kernel must not keep.
-__device__ TileVisit visit_of(const AttentionParams& params, std::int64_t b, std::int64_t h, std::int64_t mt,
-                              std::int64_t nt, std::int64_t query_tile, std::int64_t key_tile) {
+__device__ TileVisit visit_of(const AttentionParams& params, const ListGeometry& geometry, std::int64_t b,
+                              std::int64_t h, std::int64_t mt, std::int64_t nt, std::int64_t query_tile,
+                              std::int64_t key_tile) {
   const MaskRule mask = params.mask_of(0);  // no varlen with masks: one geometry for every batch item
   const std::int64_t row_begin = mt * query_tile, col_begin = nt * key_tile;
   const std::int64_t row_end = row_begin + query_tile < mask.seqlen_q ? row_begin + query_tile : mask.seqlen_q;
   const std::int64_t col_end = col_begin + key_tile < mask.seqlen_k ? col_begin + key_tile : mask.seqlen_k;
   const TileKind interval = mask.tile_kind(row_begin, row_end, col_begin, col_end);
-  if (interval == TileKind::empty) return {false, false};
+  if (interval == TileKind::empty) return {false, false, kGeneralTile};
   bool is_partial = interval == TileKind::partial || row_begin + query_tile > mask.seqlen_q ||
                     col_begin + key_tile > mask.seqlen_k || params.has_attn_mask();
   const DeviceMask& device_mask = params.device_mask;
@@ -119,10 +184,21 @@ __device__ TileVisit visit_of(const AttentionParams& params, std::int64_t b, std
         is_any_allowed = is_any_allowed || code != DeviceMask::kEmptyBlock;
         is_all_full = is_all_full && code == DeviceMask::kFullBlock;
       }
-    if (!is_any_allowed) return {false, false};
+    if (!is_any_allowed) return {false, false, kGeneralTile};
     is_partial = is_partial || !is_all_full;
   }
-  return {true, is_partial};
+  // The tile code: the spans (and one block's bits) of the kernels' fast element pass
+  // hold when no dense attn_mask covers the tile, the documents are sorted, and every
+  // mask block under the tile has the same code.
+  std::int32_t code = DeviceMask::kFullBlock;
+  if (params.has_attn_mask() || (geometry.maybe_documents_sorted != nullptr && *geometry.maybe_documents_sorted == 0)) {
+    code = kGeneralTile;
+  } else if (device_mask.maybe_block_codes != nullptr) {
+    code = shared_block_code(device_mask.maybe_block_codes + b * device_mask.code_batch_stride +
+                                 h * device_mask.code_head_stride,
+                             params.block_mask, row_begin, row_end, col_begin, col_end);
+  }
+  return {true, is_partial, code};
 }
 
 // One warp per list: the lanes classify 32 inner tiles at a time, from the last one
@@ -140,15 +216,18 @@ __global__ void tile_lists_kernel(const __grid_constant__ AttentionParams params
     std::int32_t count = 0;
     for (std::int32_t chunk = 0; chunk < geometry.inner_tiles; chunk += 32) {
       const std::int32_t inner = geometry.inner_tiles - 1 - (chunk + lane);
-      TileVisit visit{false, false};
+      TileVisit visit{false, false, kGeneralTile};
       if (inner >= 0) {
         visit = geometry.is_outer_query
-                    ? visit_of(params, b, h, outer, inner, geometry.query_tile, geometry.key_tile)
-                    : visit_of(params, b, h, inner, outer, geometry.query_tile, geometry.key_tile);
+                    ? visit_of(params, geometry, b, h, outer, inner, geometry.query_tile, geometry.key_tile)
+                    : visit_of(params, geometry, b, h, inner, outer, geometry.query_tile, geometry.key_tile);
       }
       const std::uint32_t listed = __ballot_sync(0xffffffffu, visit.is_listed);
-      if (visit.is_listed)
-        list_entries[count + __popc(listed & lanes_below)] = inner << 1 | (visit.is_partial ? 1 : 0);
+      if (visit.is_listed) {
+        const std::int32_t slot = count + __popc(listed & lanes_below);
+        list_entries[slot] = inner << 1 | (visit.is_partial ? 1 : 0);
+        geometry.codes[list * geometry.inner_tiles + slot] = visit.code;
+      }
       count += __popc(listed);
     }
     if (lane == 0) geometry.counts[list] = count;
@@ -251,8 +330,26 @@ MaskTables MaskTables::build(const AttentionParams& params, const BackwardParams
   const std::size_t key_entries_bytes =
       tiles.by_key_tile ? section_bytes(list_sets * key_tiles * query_tiles + 1, sizeof(std::int32_t)) : 0;
   const std::size_t dbias_bytes = has_dbias ? section_bytes(dbias_elements, sizeof(float)) : 0;
-  const std::size_t total =
-      codes_bytes + query_counts_bytes + query_entries_bytes + key_counts_bytes + key_entries_bytes + dbias_bytes;
+  // The fast element pass's inputs (mask_tables.hpp): document spans per query row (by
+  // query tile) and per key row (by key tile), their sortedness flag, the bits by key.
+  const ElementRule& rule = view.rule;
+  const bool has_documents = has_block_mask && rule.maybe_q_document_ids != nullptr;
+  const std::int64_t document_batches =
+      has_documents && (rule.q_document_batch_stride != 0 || rule.k_document_batch_stride != 0) ? params.batch : 1;
+  // Both span tables whatever the lists: a kernel's fragment rows may be queries under
+  // key-tile lists (the wide Hopper dK/dV kernel).
+  const std::size_t key_spans_bytes =
+      has_documents ? section_bytes(document_batches * params.seqlen_q * 2 + 1, sizeof(std::int32_t)) : 0;
+  const std::size_t query_spans_bytes =
+      has_documents ? section_bytes(document_batches * params.seqlen_k * 2 + 1, sizeof(std::int32_t)) : 0;
+  const std::size_t sorted_bytes = has_documents ? section_bytes(1, sizeof(std::int32_t)) : 0;
+  const bool has_bits_by_key = has_block_mask && rule.has_bits() && tiles.by_key_tile;
+  const std::int64_t words_per_key = (view.block_m + 31) / 32;
+  const std::size_t bits_by_key_bytes =
+      has_bits_by_key ? section_bytes(rule.partial_block_count * view.block_n * words_per_key + 1, sizeof(std::uint32_t)) : 0;
+  const std::size_t total = codes_bytes + 2 * query_entries_bytes + query_counts_bytes + key_counts_bytes +
+                            2 * key_entries_bytes + dbias_bytes + key_spans_bytes + query_spans_bytes + sorted_bytes +
+                            bits_by_key_bytes;
 
   FLASHATTN_CUDA_CHECK(cudaMallocAsync(&tables.scratch_, total, stream));
   tables.stream_ = stream;
@@ -265,9 +362,15 @@ MaskTables MaskTables::build(const AttentionParams& params, const BackwardParams
   auto* codes = reinterpret_cast<std::int32_t*>(take(codes_bytes));
   auto* query_counts = reinterpret_cast<std::int32_t*>(take(query_counts_bytes));
   auto* query_entries = reinterpret_cast<std::int32_t*>(take(query_entries_bytes));
+  auto* query_codes = reinterpret_cast<std::int32_t*>(take(query_entries_bytes));
   auto* key_counts = reinterpret_cast<std::int32_t*>(take(key_counts_bytes));
   auto* key_entries = reinterpret_cast<std::int32_t*>(take(key_entries_bytes));
+  auto* key_codes = reinterpret_cast<std::int32_t*>(take(key_entries_bytes));
   auto* dbias_sum = reinterpret_cast<float*>(take(dbias_bytes));
+  auto* key_spans = reinterpret_cast<std::int32_t*>(take(key_spans_bytes));
+  auto* query_spans = reinterpret_cast<std::int32_t*>(take(query_spans_bytes));
+  auto* documents_sorted = reinterpret_cast<std::int32_t*>(take(sorted_bytes));
+  auto* bits_by_key = reinterpret_cast<std::uint32_t*>(take(bits_by_key_bytes));
 
   DeviceMask& mask = tables.view_;
   if (has_block_mask) {
@@ -282,14 +385,48 @@ MaskTables MaskTables::build(const AttentionParams& params, const BackwardParams
     }
   }
 
+  if (has_documents) {
+    FLASHATTN_CUDA_CHECK(cudaMemsetAsync(documents_sorted, 1, sizeof(std::int32_t), stream));  // nonzero: sorted
+    const std::int64_t q_stride = rule.q_document_batch_stride, k_stride = rule.k_document_batch_stride;
+    if (key_spans != nullptr && params.seqlen_q > 0) {
+      document_spans_kernel<<<blocks_for_threads(document_batches * std::max(params.seqlen_q, params.seqlen_k)), kThreads,
+                              0, stream>>>(rule.maybe_q_document_ids, params.seqlen_q, q_stride,
+                                           rule.maybe_k_document_ids, params.seqlen_k, k_stride, document_batches,
+                                           key_spans, documents_sorted);
+      FLASHATTN_CUDA_CHECK_LAUNCH();
+      mask.maybe_document_key_spans = key_spans;
+      mask.document_batch_stride_q = document_batches > 1 ? params.seqlen_q : 0;
+    }
+    if (query_spans != nullptr && params.seqlen_k > 0) {
+      document_spans_kernel<<<blocks_for_threads(document_batches * std::max(params.seqlen_q, params.seqlen_k)), kThreads,
+                              0, stream>>>(rule.maybe_k_document_ids, params.seqlen_k, k_stride,
+                                           rule.maybe_q_document_ids, params.seqlen_q, q_stride, document_batches,
+                                           query_spans, documents_sorted);
+      FLASHATTN_CUDA_CHECK_LAUNCH();
+      mask.maybe_document_query_spans = query_spans;
+      mask.document_batch_stride_k = document_batches > 1 ? params.seqlen_k : 0;
+    }
+  }
+  if (has_bits_by_key) {
+    mask.maybe_partial_bits_by_key = bits_by_key;
+    mask.words_per_key = words_per_key;
+    const std::int64_t words = rule.partial_block_count * view.block_n * words_per_key;
+    if (words > 0) {
+      transpose_bits_kernel<<<blocks_for_threads(words), kThreads, 0, stream>>>(rule, bits_by_key, words_per_key);
+      FLASHATTN_CUDA_CHECK_LAUNCH();
+    }
+  }
+
   // The list kernels read the codes through params.device_mask (visit_of).
   AttentionParams list_params = params;
   list_params.device_mask = mask;
-  auto build_lists = [&](TileLists& lists, std::int32_t* counts, std::int32_t* entries, bool is_outer_query) {
+  auto build_lists = [&](TileLists& lists, std::int32_t* counts, std::int32_t* entries, std::int32_t* entry_codes,
+                         bool is_outer_query) {
     const std::int64_t outer_tiles = is_outer_query ? query_tiles : key_tiles;
     const std::int64_t inner_tiles = is_outer_query ? key_tiles : query_tiles;
     lists.counts = counts;
     lists.entries = entries;
+    lists.codes = entry_codes;
     lists.batch_stride = code_batches > 1 ? code_heads * outer_tiles : 0;
     lists.head_stride = code_heads > 1 ? outer_tiles : 0;
     lists.outer_tiles = outer_tiles;
@@ -300,6 +437,8 @@ MaskTables MaskTables::build(const AttentionParams& params, const BackwardParams
     ListGeometry geometry;
     geometry.counts = counts;
     geometry.entries = entries;
+    geometry.codes = entry_codes;
+    geometry.maybe_documents_sorted = has_documents ? documents_sorted : nullptr;
     geometry.lists = list_sets * outer_tiles;
     geometry.list_heads = code_heads;
     geometry.outer_tiles = outer_tiles;
@@ -311,8 +450,8 @@ MaskTables MaskTables::build(const AttentionParams& params, const BackwardParams
     tile_lists_kernel<<<blocks_for_threads(geometry.lists * 32), kThreads, 0, stream>>>(list_params, geometry);
     FLASHATTN_CUDA_CHECK_LAUNCH();
   };
-  if (tiles.by_query_tile) build_lists(mask.by_query_tile, query_counts, query_entries, true);
-  if (tiles.by_key_tile) build_lists(mask.by_key_tile, key_counts, key_entries, false);
+  if (tiles.by_query_tile) build_lists(mask.by_query_tile, query_counts, query_entries, query_codes, true);
+  if (tiles.by_key_tile) build_lists(mask.by_key_tile, key_counts, key_entries, key_codes, false);
 
   if (has_dbias) {
     // Dense float32 in dbias's shape, stride 0 on size-1 dimensions: broadcast dimensions sum.
