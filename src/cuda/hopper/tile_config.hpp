@@ -58,18 +58,21 @@ struct HopperTileConfig {
 //  - persistent grid (one CTA per SM looping over tiles, O stored from registers while
 //    the next tile loads): +8-20% on unmasked problems at 1k (d64 bf16 354 vs 299, d128
 //    484 vs 448), +2-10% beyond (d256 16k 759 vs 690); on causal problems the static
-//    round-robin of unequal tiles loses badly (d128 16k causal 429 vs 629). Since
-//    2026-11-27 masked problems run the persistent kernels too, taking their tiles
-//    heavy-first from an atomic counter (kernel.cuh) instead of the round-robin; the
-//    one-CTA-per-tile configs remain for the mask lists (has_mask_lists()).
+//    round-robin of unequal tiles loses badly (d128 16k causal 429 vs 629). Short
+//    masked problems (seqlen_q <= 2048) run the persistent kernels with the dynamic tile
+//    scheduler instead (tiles heavy-first from an atomic counter, kernel.cuh); H200,
+//    2026-11-27, ours / cuDNN causal, dynamic vs one CTA per tile: d64 1k 0.78 vs 0.64,
+//    2k 0.80 vs 0.73; d128 1k 0.81 vs 0.76, 2k 0.87 vs 0.87 — but d128 4k 0.92 vs 0.95,
+//    16k 0.96 vs 1.03, so longer masked problems keep one CTA per tile.
 enum class ProblemClass : int {
   unmasked,      // every tile visits the same number of key blocks
   masked,        // causal or local: tiles of unequal work
   short_masked,  // masked with seqlen_q <= kShortMaskedSeqlen
-  mask_lists,    // attn_mask or block mask: the one-CTA-per-tile configs, whose kernels
-                 // have the mask lists' path (has_mask_lists()).
+  mask_lists,    // attn_mask or block mask: the one-CTA-per-tile configs with two consumer
+                 // warpgroups, whose kernels have the mask lists' path (has_mask_lists());
+                 // masked's where the table has no entry of its own.
 };
-inline constexpr int kShortMaskedSeqlen = 1024;
+inline constexpr int kShortMaskedSeqlen = 2048;
 
 struct HopperTileEntry {
   ProblemClass problem_class;
@@ -79,15 +82,15 @@ struct HopperTileEntry {
 inline constexpr HopperTileEntry kHopperTileTable[] = {
     //                            dim  M    N   stages overlap ping-pong persistent
     {ProblemClass::unmasked,     {64, 192, 128, 2, true, false, true}},
-    {ProblemClass::masked,       {64, 192, 128, 2, true, false, true}},
+    {ProblemClass::masked,       {64, 192, 128, 2, true, false, false}},
     {ProblemClass::short_masked, {64, 128, 128, 2, true, false, true}},
     {ProblemClass::mask_lists,   {64, 128, 128, 2, true, false, false}},
     {ProblemClass::unmasked,     {128, 128, 128, 2, true, false, true}},
-    {ProblemClass::masked,       {128, 128, 128, 2, true, false, true}},
-    {ProblemClass::mask_lists,   {128, 128, 128, 2, true, false, false}},
+    {ProblemClass::masked,       {128, 128, 128, 2, true, false, false}},
+    {ProblemClass::short_masked, {128, 128, 128, 2, true, false, true}},
     {ProblemClass::unmasked,     {256, 128, 80, 2, true, false, true}},
-    {ProblemClass::masked,       {256, 128, 80, 2, true, false, true}},
-    {ProblemClass::mask_lists,   {256, 128, 80, 2, true, false, false}},
+    {ProblemClass::masked,       {256, 128, 80, 2, true, false, false}},
+    {ProblemClass::short_masked, {256, 128, 80, 2, true, false, true}},
 };
 
 // Dropout problems run a kHasDropout kernel (kernel.cuh). Where its Philox draws do not
@@ -98,7 +101,8 @@ inline constexpr HopperTileEntry kHopperTileTable[] = {
 inline constexpr HopperTileEntry kHopperDropoutTileTable[] = {
     //                            dim  M    N   stages overlap ping-pong persistent
     {ProblemClass::unmasked,     {64, 128, 128, 2, true, false, true}},
-    {ProblemClass::masked,       {64, 128, 128, 2, true, false, true}},
+    {ProblemClass::masked,       {64, 128, 128, 2, true, false, false}},
+    {ProblemClass::short_masked, {64, 128, 128, 2, true, false, true}},
 };
 
 constexpr ProblemClass problem_class_of(bool is_masked, long long seqlen_q) {
