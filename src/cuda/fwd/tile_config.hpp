@@ -23,11 +23,12 @@ struct TileConfig {
   int warps;               // warps per CTA; each owns block_m / warps query rows
   int stages;              // K/V shared-memory stages of the cp.async pipeline (>= 2)
   int min_blocks_per_sm;   // __launch_bounds__ hint: caps registers so this many CTAs fit
+  int element_bytes = 2;   // of q, k and v (the mma.sync kernel: bf16, fp16)
 
   constexpr int threads() const { return warps * 32; }
   constexpr int m_tiles_per_warp() const { return block_m / (16 * warps); }
-  // Q tile + (K tile + V tile) per stage, 16-bit elements.
-  constexpr int shared_bytes() const { return 2 * kernel_head_dim * (block_m + 2 * stages * block_n); }
+  // Q tile + (K tile + V tile) per stage.
+  constexpr int shared_bytes() const { return element_bytes * kernel_head_dim * (block_m + 2 * stages * block_n); }
 };
 
 // Sized for sm_80..sm_90 (Ampere's 164 KB and Hopper's 227 KB of shared memory per

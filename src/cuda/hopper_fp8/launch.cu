@@ -52,7 +52,7 @@ Fp8ForwardParams make_forward_params(const AttentionParams& params, const Fp8Til
   Fp8ForwardParams fp8_params{};
   fp8_params.attention = params;
   if (rows_q == 0 || batch == 0 || params.heads_q == 0) return fp8_params;
-  const int panel_bytes = config.qkv_panel_bytes();
+  const int panel_bytes = config.panel_bytes();
   fp8_params.q_map = make_tensor_map("q", params.q, params.head_dim, rows_q, params.heads_q, batch, params.q_row_stride,
                                      params.q_head_stride, params.q_batch_stride, panel_bytes, config.block_m);
   if (rows_k == 0) return fp8_params;
