@@ -25,38 +25,25 @@
 #include "src/core/backend.hpp"
 #include "src/cuda/bwd/launch.hpp"
 #include "src/cuda/bwd/workspace.hpp"
+#include "src/cuda/head_dims.hpp"
 #include "src/cuda/hopper_bwd/launch.hpp"
 #include "src/cuda/staging.hpp"
 
 namespace flashattn::cuda {
 namespace {
 
-// The compiled head dims (CMake FLASHATTN_CUDA_HEAD_DIMS) as one dispatch: the
-// smallest instantiated head dim >= params.head_dim, the rest padded in-kernel.
+// The compiled head dims (BackwardHeadDims, head_dims.hpp) as one dispatch: the
+// smallest built head dim >= params.head_dim, the rest padded in-kernel.
 template <class Element>
 void dispatch_head_dim(const BackwardParams& params, const bwd::Workspace& workspace, bool is_aligned,
                        cudaStream_t stream) {
   const std::int64_t d = params.head_dim;
-#ifdef FLASHATTN_BWD_HAS_HDIM_32
-  if (d <= 32) return bwd::launch_main<Element, 32>(params, workspace, is_aligned, stream);
-#endif
-#ifdef FLASHATTN_BWD_HAS_HDIM_64
-  if (d <= 64) return bwd::launch_main<Element, 64>(params, workspace, is_aligned, stream);
-#endif
-#ifdef FLASHATTN_BWD_HAS_HDIM_96
-  if (d <= 96) return bwd::launch_main<Element, 96>(params, workspace, is_aligned, stream);
-#endif
-#ifdef FLASHATTN_BWD_HAS_HDIM_128
-  if (d <= 128) return bwd::launch_main<Element, 128>(params, workspace, is_aligned, stream);
-#endif
-#ifdef FLASHATTN_BWD_HAS_HDIM_192
-  if (d <= 192) return bwd::launch_main<Element, 192>(params, workspace, is_aligned, stream);
-#endif
-#ifdef FLASHATTN_BWD_HAS_HDIM_256
-  if (d <= 256) return bwd::launch_main<Element, 256>(params, workspace, is_aligned, stream);
-#endif
-  throw NotSupported("flashattn: cuda backward: head_dim " + std::to_string(d) +
-                     " is not compiled into this build (see FLASHATTN_CUDA_HEAD_DIMS)");
+  const bool ran = BackwardHeadDims::visit(BackwardHeadDims::smallest_holding(d), [&](auto head_dim) {
+    bwd::launch_main<Element, decltype(head_dim)::value>(params, workspace, is_aligned, stream);
+  });
+  if (!ran)
+    throw NotSupported("flashattn: cuda backward: head_dim " + std::to_string(d) +
+                       " is not compiled into this build (see FLASHATTN_CUDA_HEAD_DIMS)");
 }
 
 // The staged tensors of a padded backward, at the front of the workspace (256-byte

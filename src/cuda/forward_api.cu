@@ -17,6 +17,7 @@
 #include "src/cuda/fwd/launch.hpp"
 #include "src/cuda/fwd/tile_config.hpp"
 #include "src/cuda/hopper/launch.hpp"
+#include "src/cuda/head_dims.hpp"
 #include "src/cuda/hopper_fp8/launch.hpp"
 #include "src/cuda/staging.hpp"
 
@@ -24,62 +25,13 @@
 namespace flashattn::cuda {
 namespace {
 
-// Kernel head dims compiled into this library (CMake: FLASHATTN_CUDA_HEAD_DIMS).
-constexpr int kBuiltHeadDims[] = {
-#ifdef FLASHATTN_CUDA_FWD_HDIM_32
-    32,
-#endif
-#ifdef FLASHATTN_CUDA_FWD_HDIM_64
-    64,
-#endif
-#ifdef FLASHATTN_CUDA_FWD_HDIM_96
-    96,
-#endif
-#ifdef FLASHATTN_CUDA_FWD_HDIM_128
-    128,
-#endif
-#ifdef FLASHATTN_CUDA_FWD_HDIM_192
-    192,
-#endif
-#ifdef FLASHATTN_CUDA_FWD_HDIM_256
-    256,
-#endif
-    0,  // sentinel, so the array is never empty; select_forward_kernel never picks 0
-};
-constexpr int kBuiltCount = static_cast<int>(sizeof(kBuiltHeadDims) / sizeof(int)) - 1;
-
-constexpr int largest_built_head_dim() {
-  int largest = 0;
-  for (int i = 0; i < kBuiltCount; ++i) largest = kBuiltHeadDims[i] > largest ? kBuiltHeadDims[i] : largest;
-  return largest;
-}
-
 template <class T>
 void run_forward_for_head_dim(int kernel_head_dim, const AttentionParams& params, cudaStream_t stream) {
-  switch (kernel_head_dim) {
-#ifdef FLASHATTN_CUDA_FWD_HDIM_32
-    case 32: return fwd::run_forward<T, 32>(params, stream);
-#endif
-#ifdef FLASHATTN_CUDA_FWD_HDIM_64
-    case 64: return fwd::run_forward<T, 64>(params, stream);
-#endif
-#ifdef FLASHATTN_CUDA_FWD_HDIM_96
-    case 96: return fwd::run_forward<T, 96>(params, stream);
-#endif
-#ifdef FLASHATTN_CUDA_FWD_HDIM_128
-    case 128: return fwd::run_forward<T, 128>(params, stream);
-#endif
-#ifdef FLASHATTN_CUDA_FWD_HDIM_192
-    case 192: return fwd::run_forward<T, 192>(params, stream);
-#endif
-#ifdef FLASHATTN_CUDA_FWD_HDIM_256
-    case 256: return fwd::run_forward<T, 256>(params, stream);
-#endif
-    default:
-      throw NotSupported("flashattn: q: head_dim " + std::to_string(params.head_dim) +
-                         ": no CUDA forward kernel was built for it (kernel head dim " +
-                         std::to_string(kernel_head_dim) + "); rebuild with it in FLASHATTN_CUDA_HEAD_DIMS");
-  }
+  const bool ran = ForwardHeadDims::visit(kernel_head_dim, [&](auto head_dim) { fwd::run_forward<T, decltype(head_dim)::value>(params, stream); });
+  if (!ran)
+    throw NotSupported("flashattn: q: head_dim " + std::to_string(params.head_dim) +
+                       ": no CUDA forward kernel was built for it (kernel head dim " + std::to_string(kernel_head_dim) +
+                       "); rebuild with it in FLASHATTN_CUDA_HEAD_DIMS");
 }
 
 // merge_attention_states: one warp per (batch, row, head). All lanes read both LSEs
@@ -264,7 +216,7 @@ BackendLimits limits() noexcept {
   // Any head_dim up to the largest kernel: one that is not a multiple of 8 runs staged,
   // zero-padded to the next multiple (staging.hpp), and the built head dims are all
   // multiples of 8, so head_dim <= largest built <=> its padded size is.
-  limits.max_head_dim = largest_built_head_dim();
+  limits.max_head_dim = ForwardHeadDims::largest();
   limits.head_dim_multiple = 1;
   limits.supports_float32 = false;
   limits.supports_half = true;
@@ -297,7 +249,7 @@ void forward(const AttentionParams& params, Algorithm algorithm, void* stream) {
   require_16_byte_rows("k", params.k, params.k_batch_stride, params.k_row_stride, params.k_head_stride);
   require_16_byte_rows("v", params.v, params.v_batch_stride, params.v_row_stride, params.v_head_stride);
   require_16_byte_rows("out", params.out, params.out_batch_stride, params.out_row_stride, params.out_head_stride);
-  const int kernel_head_dim = fwd::select_forward_kernel(params.head_dim, kBuiltHeadDims, kBuiltCount);
+  const int kernel_head_dim = ForwardHeadDims::smallest_holding(params.head_dim);
   if (algorithm != Algorithm::flash2) {
     const std::string why_not_flash3 = hopper::why_unsupported(params);
     const bool is_hopper_preferred =
@@ -314,7 +266,7 @@ void forward(const AttentionParams& params, Algorithm algorithm, void* stream) {
   if (kernel_head_dim == 0)
     throw NotSupported("flashattn: q: head_dim " + std::to_string(params.head_dim) +
                        " is larger than every CUDA forward kernel built (largest: " +
-                       std::to_string(largest_built_head_dim()) + "; see FLASHATTN_CUDA_HEAD_DIMS)");
+                       std::to_string(ForwardHeadDims::largest()) + "; see FLASHATTN_CUDA_HEAD_DIMS)");
   const DeviceGuard device_guard(params.device.index);
   const auto cuda_stream = static_cast<cudaStream_t>(stream);
   if (params.dtype == DType::bfloat16) {

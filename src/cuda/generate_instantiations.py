@@ -6,10 +6,14 @@ Usage: python3 src/cuda/generate_instantiations.py           (rewrites the units
        python3 src/cuda/generate_instantiations.py --check   (exit 1 if a unit differs: CTest)
 
 One kernel per file keeps each nvcc invocation small, lets ninja compile them in
-parallel and lets CMake build a subset (FLASHATTN_CUDA_HEAD_DIMS; src/cuda/CMakeLists.txt
-lists the units). A new head dim goes into its family's list here and into that
-family's tile table (fwd/, bwd/, hopper/, hopper_bwd/, hopper_fp8/ tile_config.hpp,
-decode/kernel_choice.hpp); a new family is one entry of FAMILIES.
+parallel and lets CMake build a subset (FLASHATTN_CUDA_HEAD_DIMS). The registry's head
+dims also go to kernel_registry.cmake, which src/cuda/CMakeLists.txt includes (and to
+kernel_registry.hpp, for the tile-table checks and tests): CMake picks
+each family's units from it and writes the built lists into the header that the
+dispatch (src/cuda/head_dims.hpp) reads, so no other file lists head dims. A new head
+dim goes into its family's list here and into that family's tile table (fwd/, bwd/,
+hopper/, hopper_bwd/, hopper_fp8/ tile_config.hpp, decode/kernel_mma.cuh and kernel_choice.hpp); a new family
+is a list here, its units in units() and its section in CMakeLists.txt.
 """
 import sys
 from pathlib import Path
@@ -34,8 +38,31 @@ def unit(include, namespace, declaration, comment=None):
     return "\n".join(lines)
 
 
+def cmake_registry():
+    """kernel_registry.cmake: the head-dim lists above, for src/cuda/CMakeLists.txt."""
+    lists = {"SM80": SM80_HEAD_DIMS, "SM90": SM90_HEAD_DIMS, "SM90_BWD_NARROW": SM90_BWD_NARROW_HEAD_DIMS,
+             "SM90_BWD_WIDE": SM90_BWD_WIDE_HEAD_DIMS}
+    lines = [f"# {GENERATED[3:]}", "# The kernel head dims of each family (the registry), for src/cuda/CMakeLists.txt."]
+    lines += [f"set(FLASHATTN_REGISTRY_{name}_HEAD_DIMS {' '.join(map(str, dims))})" for name, dims in lists.items()]
+    return "\n".join(lines) + "\n"
+
+
+def cpp_registry():
+    """kernel_registry.hpp: the same lists for C++ (tile-table checks and tests)."""
+    lists = {"kSm80HeadDims": SM80_HEAD_DIMS, "kSm90HeadDims": SM90_HEAD_DIMS,
+             "kSm90BwdNarrowHeadDims": SM90_BWD_NARROW_HEAD_DIMS, "kSm90BwdWideHeadDims": SM90_BWD_WIDE_HEAD_DIMS}
+    lines = [GENERATED, "// The kernel head dims of each family (the registry); what a build compiles is",
+             "// src/cuda/head_dims.hpp. Host and device code.", "#pragma once", "",
+             "namespace flashattn::cuda::registry {", ""]
+    lines += [f"inline constexpr int {name}[] = {{{', '.join(map(str, dims))}}};" for name, dims in lists.items()]
+    lines += ["", "}  // namespace flashattn::cuda::registry", ""]
+    return "\n".join(lines)
+
+
 def units():
     """(path relative to src/cuda, text) of every unit."""
+    yield "kernel_registry.cmake", cmake_registry()
+    yield "kernel_registry.hpp", cpp_registry()
     for name, ctype in DTYPES.items():
         for d in SM80_HEAD_DIMS:
             yield f"instantiations/fwd_{name}_hdim{d}.cu", unit(

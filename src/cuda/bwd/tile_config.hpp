@@ -4,6 +4,8 @@
 // fp32 in a fixed order for a given config). Host and kernels read the same table.
 #pragma once
 
+#include "src/cuda/kernel_registry.hpp"
+
 namespace flashattn::cuda::bwd {
 
 // The dK/dV kernel (dkdv_kernel.cuh). Three products run on three warp grids:
@@ -41,8 +43,9 @@ struct TileConfig {
   friend constexpr bool operator==(const TileConfig&, const TileConfig&) = default;
 };
 
-// Head dims instantiated (a head dim in between runs padded to the next one).
-inline constexpr int kHeadDims[] = {32, 64, 96, 128, 192, 256};
+// Head dims instantiated (a head dim in between runs padded to the next one): the
+// registry's (generate_instantiations.py); a build compiles those of FLASHATTN_CUDA_HEAD_DIMS.
+inline constexpr auto& kHeadDims = registry::kSm80HeadDims;
 
 // The largest block_m of any config: the padding of the per-sequence statistics rows
 // (workspace.hpp) lets every step load whole block_m tiles of LSE and D.

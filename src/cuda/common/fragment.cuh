@@ -8,6 +8,8 @@
 //   element 4·j + 2·half + e   at row L/4 + 8·half, column 8·j + 2·(L%4) + e.
 // sm80 kernels with several m16 tiles per warp pass each tile's row of the array.
 // `row0` below is the row of half 0 (block row + L/4), `col0` the block's first column.
+// for_each_element walks that layout; every hook below, and the decode kernels' score
+// step (decode/kernel_mma.cuh score_tile), reads an element's row and column from it.
 #pragma once
 
 #include <cstdint>
@@ -28,6 +30,23 @@ __device__ __forceinline__ float (&flat(float (&tiles)[kNTiles][4]))[4 * kNTiles
   return *reinterpret_cast<float(*)[4 * kNTiles]>(&tiles);
 }
 
+// Calls f(index, row, column) for each element of a lane's 16 × 8·kNTiles fragment, in
+// register order; row and column are offsets from the lane's element 0 (half 0, e = 0 of
+// n8 tile 0: row L/4, column 2·(L%4) of the block), compile-time constants once unrolled:
+//   element 4·j + 2·half + e   at row 8·half, column 8·j + kPairStride·e.
+// kPairStride is the column distance between a lane's e = 0 and e = 1 elements: 1 in
+// the PTX layout; a kernel that permutes its key columns to suit its loads passes its
+// own (the FP8 KV-cache decode's interleave, decode/kernel_mma_fp8.cuh: 4 at d >= 128).
+template <int kNTiles, int kPairStride = 1, class F>
+__device__ __forceinline__ void for_each_element(F&& f) {
+#pragma unroll
+  for (int j = 0; j < kNTiles; ++j)
+#pragma unroll
+    for (int half = 0; half < 2; ++half)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) f(4 * j + 2 * half + e, 8 * half, 8 * j + kPairStride * e);
+}
+
 // Scores of raw q·k → ScoreRule::log2_score (called only when the rule is not a plain
 // positive scale: the fast path folds the scale into the exponent instead). The ALiBi
 // distance row + diagonal − column is one float add per element from a per-lane base.
@@ -42,15 +61,9 @@ __device__ __forceinline__ void apply_score_rule(float (&s)[4 * kNTiles], const 
   // Distance of this lane's (half 0, e = 0) element of n8 tile 0, as a float: each
   // element then adds a compile-time offset (no int-to-float per element).
   const float base = static_cast<float>(row0 + rule.diagonal - col0 - 2 * quad_lane());
-#pragma unroll
-  for (int j = 0; j < kNTiles; ++j)
-#pragma unroll
-    for (int half = 0; half < 2; ++half)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        float& value = s[4 * j + 2 * half + e];
-        value = rule.log2_score_at_distance(value, base + static_cast<float>(8 * half - 8 * j - e));
-      }
+  for_each_element<kNTiles>([&](int index, int row, int column) {
+    s[index] = rule.log2_score_at_distance(s[index], base + static_cast<float>(row - column));
+  });
 }
 
 // Dropout on the probabilities of a 16 × 8·kNTiles block (kNTiles even, col0 a
@@ -103,27 +116,21 @@ __device__ __forceinline__ void for_each_score(const float (&dot)[4 * kNTiles], 
   // As a float with the lane's 2·quad folded in: per element one add of a compile-time
   // offset (no int-to-float conversion per element; see ScoreRule::with_bias_at).
   const float base = static_cast<float>(kTransposed ? base_int + 2 * quad : base_int - 2 * quad);
-#pragma unroll
-  for (int j = 0; j < kNTiles; ++j)
-#pragma unroll
-    for (int half = 0; half < 2; ++half)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int index = 4 * j + 2 * half + e;
-        const int offset = 8 * half - (8 * j + e);  // (row − row0) − (column − col0), less the lane's 2·quad
-        const float distance = kTransposed ? base - static_cast<float>(offset) : base + static_cast<float>(offset);
-        const float value = dot[index];
-        // Both rule calls under one softcap test: the compiler then shares their tanh
-        // (with the tests apart it computed tanh twice: PTX, 64 vs 32 rcp per 32 elements).
-        float score, factor = 1.0f;
-        if (rule.has_softcap()) {
-          score = rule.log2_score_at_distance(value, distance);
-          factor = rule.gradient_factor(value);
-        } else {
-          score = rule.log2_score_at_distance(value, distance);
-        }
-        f(index, score, factor);
-      }
+  for_each_element<kNTiles>([&](int index, int row, int column) {
+    const int offset = row - column;  // (row − row0) − (column − col0), less the lane's 2·quad
+    const float distance = kTransposed ? base - static_cast<float>(offset) : base + static_cast<float>(offset);
+    const float value = dot[index];
+    // Both rule calls under one softcap test: the compiler then shares their tanh
+    // (with the tests apart it computed tanh twice: PTX, 64 vs 32 rcp per 32 elements).
+    float score, factor = 1.0f;
+    if (rule.has_softcap()) {
+      score = rule.log2_score_at_distance(value, distance);
+      factor = rule.gradient_factor(value);
+    } else {
+      score = rule.log2_score_at_distance(value, distance);
+    }
+    f(index, score, factor);
+  });
 }
 
 // dropout_keep_bits for the transposed layout: bit 4·j + 2·half + e = the decision of

@@ -17,72 +17,39 @@
 #include "src/cuda/common/check.cuh"
 #include "src/cuda/decode/launch.hpp"
 #include "src/cuda/decode/tma_config.hpp"
+#include "src/cuda/head_dims.hpp"
 
 namespace flashattn::cuda {
 namespace {
 
-// The kernel head dims built (FLASHATTN_CUDA_DECODE_HDIM_<d>, from src/cuda/CMakeLists.txt).
-constexpr int kBuiltHeadDims[] = {
-#if defined(FLASHATTN_CUDA_DECODE_HDIM_64)
-    64,
-#endif
-#if defined(FLASHATTN_CUDA_DECODE_HDIM_128)
-    128,
-#endif
-#if defined(FLASHATTN_CUDA_DECODE_HDIM_256)
-    256,
-#endif
-    0};
-
-// The smallest built kernel head dim that holds head_dim (features past head_dim are
-// zero-filled); 0 if none. The one selection used by limits and by the launch.
-int kernel_head_dim_for(std::int64_t head_dim) {
-  for (int d : kBuiltHeadDims)
-    if (d != 0 && head_dim <= d) return d;
-  return 0;
-}
-
-int largest_built_head_dim() {
-  int largest = 0;
-  for (int d : kBuiltHeadDims) largest = d > largest ? d : largest;
-  return largest;
-}
+// The smallest built kernel head dim (DecodeHeadDims, head_dims.hpp) that holds head_dim
+// (features past head_dim are zero-filled); 0 if none. The one selection used by limits
+// and by the launch.
+int kernel_head_dim_for(std::int64_t head_dim) { return DecodeHeadDims::smallest_holding(head_dim); }
 
 template <class T>
 bool run_decode_for_head_dim(int kernel_head_dim, const KVCacheParams& params, cudaStream_t stream, decode::DecodeKernelChoice kernel) {
-  switch (kernel_head_dim) {
-#if defined(FLASHATTN_CUDA_DECODE_HDIM_64)
-    case 64: return decode::run_decode<T, 64>(params, stream, kernel);
-#endif
-#if defined(FLASHATTN_CUDA_DECODE_HDIM_128)
-    case 128: return decode::run_decode<T, 128>(params, stream, kernel);
-#endif
-#if defined(FLASHATTN_CUDA_DECODE_HDIM_256)
-    case 256: return decode::run_decode<T, 256>(params, stream, kernel);
-#endif
-    default:
-      throw NotSupported("flashattn: q: no CUDA decode kernel for head_dim " + std::to_string(params.attention.head_dim) +
-                         " in this build (see FLASHATTN_CUDA_HEAD_DIMS)");
-  }
+  bool is_launched = false;
+  const bool is_built = DecodeHeadDims::visit(kernel_head_dim, [&](auto head_dim) {
+    is_launched = decode::run_decode<T, decltype(head_dim)::value>(params, stream, kernel);
+  });
+  if (!is_built)
+    throw NotSupported("flashattn: q: no CUDA decode kernel for head_dim " + std::to_string(params.attention.head_dim) +
+                       " in this build (see FLASHATTN_CUDA_HEAD_DIMS)");
+  return is_launched;
 }
 
 // An FP8 cache's kernel (kernel_mma_fp8.cuh), T = q's dtype.
 template <class T>
 bool run_decode_fp8_for_head_dim(int kernel_head_dim, const KVCacheParams& params, cudaStream_t stream) {
-  switch (kernel_head_dim) {
-#if defined(FLASHATTN_CUDA_DECODE_HDIM_64)
-    case 64: return decode::run_decode_fp8<T, 64>(params, stream);
-#endif
-#if defined(FLASHATTN_CUDA_DECODE_HDIM_128)
-    case 128: return decode::run_decode_fp8<T, 128>(params, stream);
-#endif
-#if defined(FLASHATTN_CUDA_DECODE_HDIM_256)
-    case 256: return decode::run_decode_fp8<T, 256>(params, stream);
-#endif
-    default:
-      throw NotSupported("flashattn: q: no CUDA FP8-cache decode kernel for head_dim " + std::to_string(params.attention.head_dim) +
-                         " in this build (see FLASHATTN_CUDA_HEAD_DIMS)");
-  }
+  bool is_launched = false;
+  const bool is_built = DecodeHeadDims::visit(kernel_head_dim, [&](auto head_dim) {
+    is_launched = decode::run_decode_fp8<T, decltype(head_dim)::value>(params, stream);
+  });
+  if (!is_built)
+    throw NotSupported("flashattn: q: no CUDA FP8-cache decode kernel for head_dim " +
+                       std::to_string(params.attention.head_dim) + " in this build (see FLASHATTN_CUDA_HEAD_DIMS)");
+  return is_launched;
 }
 
 // Device-resident lengths are unknown on the host: plan for the longest possible range.
@@ -128,7 +95,7 @@ decode::DecodeKernelChoice decode_kernel_for(const KVCacheParams& params) {
 
 }  // namespace
 
-KVCacheLimits kvcache_limits() noexcept { return KVCacheLimits{"cuda", false, largest_built_head_dim(), 8}; }
+KVCacheLimits kvcache_limits() noexcept { return KVCacheLimits{"cuda", false, DecodeHeadDims::largest(), 8}; }
 
 SplitProblem kvcache_split_problem(const KVCacheParams& params) {
   const AttentionParams& a = params.attention;
@@ -210,7 +177,7 @@ void forward_with_kvcache(const KVCacheParams& params, void* stream) {
   const int kernel_head_dim = kernel_head_dim_for(a.head_dim);
   if (kernel_head_dim == 0)
     throw NotSupported("flashattn: q: head_dim " + std::to_string(a.head_dim) + " is larger than every CUDA decode kernel built (largest: " +
-                       std::to_string(largest_built_head_dim()) + ")");
+                       std::to_string(DecodeHeadDims::largest()) + ")");
   if (a.dtype != DType::float16 && a.dtype != DType::bfloat16)
     throw NotSupported(std::string("flashattn: q: the CUDA decode kernel runs float16 and bfloat16, got ") + dtype_name(a.dtype));
   if (params.is_fp8_cache()) {

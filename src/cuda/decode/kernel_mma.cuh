@@ -44,6 +44,7 @@
 #include "flashattn/online_softmax.hpp"
 #include "flashattn/score.hpp"
 #include "src/core/kvcache_params.hpp"
+#include "src/cuda/common/fragment.cuh"
 #include "src/cuda/common/numeric.cuh"
 #include "src/cuda/common/sfu_math.cuh"
 #include "src/cuda/common/swizzle.cuh"
@@ -115,10 +116,12 @@ __device__ __forceinline__ LaneRows lane_rows(const AttentionParams& a, const Ma
   return rows;
 }
 
-// One tile's score step of a warp, for its (16 rows, 16 keys) S fragments (the layout of
-// softmax_tile): raw q·k -> log2 scores by the rows' ScoreRules (flashattn/score.hpp), -inf
-// where masked. lane_key is the key offset (from the origin of LaneRows) of the lane's
-// element (t = 0, e = 0); element (t, e) is 8t + e % 2 keys further. Whole tiles
+// One tile's score step of a warp, for its (16 rows, 16 keys) S fragments, two n8 tiles
+// of the m16n8 layout (common/fragment.cuh; softmax_tile reads the same): raw q·k -> log2
+// scores by the rows' ScoreRules (flashattn/score.hpp), -inf where masked. Each element's
+// row (half = row / 8 picks the lane's LaneRows entry) and key come from
+// fragment::for_each_element: lane_key is the key offset (from the origin of LaneRows) of
+// the lane's element 0, an element's key is lane_key + its column. Whole tiles
 // (is_full_tile: every row sees every key) skip the element mask, and when the call's rule
 // is a plain positive scale (is_fast_tile: no softcap, no ALiBi) take the fast path, one
 // multiply per score: warp-uniform branches, so the common path is straight-line. Rows
@@ -127,21 +130,18 @@ __device__ __forceinline__ LaneRows lane_rows(const AttentionParams& a, const Ma
 // FP8 kernel's key permutation, kernel_mma_fp8.cuh, makes it 4).
 template <int kPairStride = 1>
 __device__ __forceinline__ void score_tile(float (&s)[2][4], const LaneRows& rows, bool is_fast_tile, bool is_full_tile, int lane_key) {
+  float(&scores)[8] = fragment::flat(s);
   if (is_fast_tile) {
-#pragma unroll
-    for (int t = 0; t < 2; ++t)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) s[t][e] *= rows.rule[e / 2].scale_log2;
+    fragment::for_each_element<2, kPairStride>(
+        [&](int index, int row, int) { scores[index] *= rows.rule[row / 8].scale_log2; });
     return;
   }
-#pragma unroll
-  for (int t = 0; t < 2; ++t)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int half = e / 2, key = lane_key + 8 * t + kPairStride * (e % 2);
-      const bool is_allowed = is_full_tile || (key >= rows.key_begin[half] && key < rows.key_end[half]);
-      s[t][e] = is_allowed ? rows.rule[half].log2_score_at(s[t][e], rows.distance0[half] - key) : online_softmax::negative_infinity<float>();
-    }
+  fragment::for_each_element<2, kPairStride>([&](int index, int row, int column) {
+    const int half = row / 8, key = lane_key + column;
+    const bool is_allowed = is_full_tile || (key >= rows.key_begin[half] && key < rows.key_end[half]);
+    scores[index] = is_allowed ? rows.rule[half].log2_score_at(scores[index], rows.distance0[half] - key)
+                               : online_softmax::negative_infinity<float>();
+  });
 }
 
 // Features d..d+3 of output row (b, h, i), and its LSE with the first quad.

@@ -3,16 +3,15 @@
 // PERFORMANCE ONLY: these numbers choose speed, register pressure and shared-memory
 // use; they must not change results (every tile shape computes the same exact
 // attention; only the fp32 summation order inside a row may differ between configs,
-// never between runs of one config). The one selection function,
-// select_forward_kernel(), is used both by cuda::limits() (what is advertised) and
-// by cuda::forward() (what is launched), so the two cannot disagree.
+// never between runs of one config).
 //
 // Kernels exist for a few head dims only (kernel_head_dim); every other multiple of
-// 8 runs on the next larger one, the head-dim tail zero-filled inside the kernel.
+// 8 runs on the next larger one, the head-dim tail zero-filled inside the kernel. The
+// one selection of that kernel, ForwardHeadDims::smallest_holding (src/cuda/head_dims.hpp),
+// is used both by cuda::limits() (what is advertised) and by cuda::forward() (what is
+// launched), so the two cannot disagree.
 // Host and device code; no CUDA headers.
 #pragma once
-
-#include <cstdint>
 
 namespace flashattn::cuda::fwd {
 
@@ -23,11 +22,12 @@ struct TileConfig {
   int warps;               // warps per CTA; each owns block_m / warps query rows
   int stages;              // K/V shared-memory stages of the cp.async pipeline (>= 2)
   int min_blocks_per_sm;   // __launch_bounds__ hint: caps registers so this many CTAs fit
+  int element_bytes = 2;   // of q, k and v (the mma.sync kernel: bf16, fp16)
 
   constexpr int threads() const { return warps * 32; }
   constexpr int m_tiles_per_warp() const { return block_m / (16 * warps); }
-  // Q tile + (K tile + V tile) per stage, 16-bit elements.
-  constexpr int shared_bytes() const { return 2 * kernel_head_dim * (block_m + 2 * stages * block_n); }
+  // Q tile + (K tile + V tile) per stage.
+  constexpr int shared_bytes() const { return element_bytes * kernel_head_dim * (block_m + 2 * stages * block_n); }
 };
 
 // Sized for sm_80..sm_90 (Ampere's 164 KB and Hopper's 227 KB of shared memory per
@@ -53,22 +53,10 @@ inline constexpr TileConfig kForwardTileTable[] = {
     {256, 64, 32, 4, 2, 2},
 };
 
-inline constexpr int kMaxKernelHeadDim = 256;
-
 constexpr TileConfig tile_config_for(int kernel_head_dim) {
   for (const TileConfig& config : kForwardTileTable)
     if (config.kernel_head_dim == kernel_head_dim) return config;
   return TileConfig{0, 0, 0, 0, 0, 0};
-}
-
-// The kernel that runs head_dim: the smallest built kernel head dim >= head_dim.
-// `built` lists the kernel head dims compiled into this library (ascending or not).
-// Returns 0 when none fits.
-constexpr int select_forward_kernel(std::int64_t head_dim, const int* built, int built_count) {
-  int best = 0;
-  for (int i = 0; i < built_count; ++i)
-    if (built[i] >= head_dim && (best == 0 || built[i] < best)) best = built[i];
-  return best;
 }
 
 }  // namespace flashattn::cuda::fwd

@@ -13,28 +13,13 @@
 
 #include "flashattn/error.hpp"
 #include "src/cuda/common/check.cuh"
+#include "src/cuda/head_dims.hpp"
 #include "src/cuda/hopper/launch.hpp"
 #include "src/cuda/hopper/tile_config.hpp"
 #include "src/cuda/masks/device_mask.hpp"
 
 namespace flashattn::cuda::hopper {
 namespace {
-
-// Kernel head dims compiled into this library (CMake: the 64/128/256 entries of
-// FLASHATTN_CUDA_HEAD_DIMS, and only when sm_90a is among the CUDA architectures).
-constexpr int kBuiltHeadDims[] = {
-#ifdef FLASHATTN_CUDA_HOPPER_HDIM_64
-    64,
-#endif
-#ifdef FLASHATTN_CUDA_HOPPER_HDIM_128
-    128,
-#endif
-#ifdef FLASHATTN_CUDA_HOPPER_HDIM_256
-    256,
-#endif
-    0,  // sentinel
-};
-constexpr int kBuiltCount = static_cast<int>(sizeof(kBuiltHeadDims) / sizeof(int)) - 1;
 
 // Compute capability (major * 10 + minor) per device index, asked once per device:
 // the dispatch runs on every call and must stay in the microseconds.
@@ -120,21 +105,11 @@ CUtensorMap make_tensor_map(const char* name, const void* data, DType dtype, std
 
 template <class T>
 void run_for_head_dim(int kernel_head_dim, const HopperForwardParams& params, cudaStream_t stream) {
-  switch (kernel_head_dim) {
-#ifdef FLASHATTN_CUDA_HOPPER_HDIM_64
-    case 64: return run_forward_sm90<T, 64>(params, stream);
-#endif
-#ifdef FLASHATTN_CUDA_HOPPER_HDIM_128
-    case 128: return run_forward_sm90<T, 128>(params, stream);
-#endif
-#ifdef FLASHATTN_CUDA_HOPPER_HDIM_256
-    case 256: return run_forward_sm90<T, 256>(params, stream);
-#endif
-    default:
-      throw NotSupported("flashattn: q: head_dim " + std::to_string(params.attention.head_dim) +
-                         ": no flash3 kernel was built for it (kernel head dim " + std::to_string(kernel_head_dim) +
-                         ")");
-  }
+  const bool ran = HopperForwardHeadDims::visit(
+      kernel_head_dim, [&](auto head_dim) { run_forward_sm90<T, decltype(head_dim)::value>(params, stream); });
+  if (!ran)
+    throw NotSupported("flashattn: q: head_dim " + std::to_string(params.attention.head_dim) +
+                       ": no flash3 kernel was built for it (kernel head dim " + std::to_string(kernel_head_dim) + ")");
 }
 
 }  // namespace
@@ -151,14 +126,9 @@ bool is_tma_encodable_stride(std::int64_t stride_elements, std::int64_t extent, 
 }
 int device_compute_capability(int device) { return compute_capability(device); }
 
-bool is_built() { return kBuiltCount > 0; }
+bool is_built() { return !HopperForwardHeadDims::empty(); }
 
-int kernel_head_dim_for(std::int64_t head_dim) {
-  int best = 0;
-  for (int i = 0; i < kBuiltCount; ++i)
-    if (kBuiltHeadDims[i] >= head_dim && (best == 0 || kBuiltHeadDims[i] < best)) best = kBuiltHeadDims[i];
-  return best;
-}
+int kernel_head_dim_for(std::int64_t head_dim) { return HopperForwardHeadDims::smallest_holding(head_dim); }
 
 std::string why_unsupported(const AttentionParams& params) {
   if (!is_built())

@@ -9,6 +9,8 @@
 // consumer owning 64 query rows.
 // Shared memory: Q (block_m, d) + stages x [K (block_n, d) + V (block_n, d)], all in
 // 64-column panels with the 128-byte swizzle, must stay under 227 KB.
+// HopperTileConfig carries its element size: the FP8 (e4m3) forward
+// (hopper_fp8/tile_config.hpp) uses the same type with 1-byte elements.
 // Host and device code; no CUDA headers.
 #pragma once
 
@@ -16,6 +18,7 @@ namespace flashattn::cuda::hopper {
 
 inline constexpr int kMaxConsumerWarpgroups = 3;
 inline constexpr int kPanelColumns = 64;  // 128 bytes of 16-bit elements: one swizzle row
+inline constexpr int kSwizzleRowBytes = 128;  // the widest TMA/wgmma swizzle
 inline constexpr int kMaxSharedBytes = 227 * 1024;
 
 struct HopperTileConfig {
@@ -27,20 +30,29 @@ struct HopperTileConfig {
   bool is_ping_pong;      // the consumer warpgroups take turns issuing GEMMs (needs is_intra_overlap)
   bool is_persistent;     // one CTA per SM looping over tiles; O stored from registers while
                           // the producer loads the next tile
+  int element_bytes = 2;  // of q, k and v: 2 (bf16, fp16), 1 (e4m3: hopper_fp8/)
 
   constexpr int consumer_warpgroups() const { return block_m / 64; }
   // Whether the kernel compiles the attn_mask / block mask path (kernel.cuh): one CTA
   // per tile and 240-register consumers; the other kernels sit at their register limit.
-  constexpr bool has_mask_lists() const { return !is_persistent && consumer_warpgroups() == 2; }
+  // The FP8 kernel has no mask path (it refuses masks).
+  constexpr bool has_mask_lists() const { return element_bytes == 2 && !is_persistent && consumer_warpgroups() == 2; }
   constexpr int threads() const { return 128 * (1 + consumer_warpgroups()); }
   // setmaxnreg split of the 64K registers: the producer keeps few, consumers get the rest.
   constexpr int producer_registers() const { return consumer_warpgroups() == 2 ? 24 : 32; }
   constexpr int consumer_registers() const { return consumer_warpgroups() == 2 ? 240 : 160; }
-  constexpr int panels() const { return kernel_head_dim / kPanelColumns; }
-  constexpr int q_bytes() const { return block_m * kernel_head_dim * 2; }
-  constexpr int kv_tile_bytes() const { return block_n * kernel_head_dim * 2; }
+  // Q/K/V rows in panels of up to one swizzle row: 64 columns of 16-bit elements (the
+  // 128-byte swizzle); e4m3 rows of d bytes, 64 (64-byte swizzle) or 128 per panel.
+  constexpr int row_bytes() const { return kernel_head_dim * element_bytes; }
+  constexpr int panel_bytes() const { return row_bytes() < kSwizzleRowBytes ? row_bytes() : kSwizzleRowBytes; }
+  constexpr int panels() const { return row_bytes() / panel_bytes(); }
+  constexpr int q_bytes() const { return block_m * row_bytes(); }
+  constexpr int kv_tile_bytes() const { return block_n * row_bytes(); }
+  // Tiles per stage: K and V; 8-bit wgmma reads its B operand only K-major, so the FP8
+  // kernel adds Vt (d, block_n), V transposed in shared memory (as many bytes as V).
+  constexpr int kv_tiles_per_stage() const { return element_bytes == 1 ? 3 : 2; }
   // Tiles + mbarriers (256 bytes) + slack to align the tiles to 1024 bytes (the swizzle atom).
-  constexpr int shared_bytes() const { return q_bytes() + 2 * stages * kv_tile_bytes() + 256 + 1024; }
+  constexpr int shared_bytes() const { return q_bytes() + kv_tiles_per_stage() * stages * kv_tile_bytes() + 256 + 1024; }
 };
 
 // Sized after FA3's hopper/tile_size.h. Measured on the H100 (2026-11-22,

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "flashattn/error.hpp"
+#include "src/cuda/head_dims.hpp"
 #include "src/cuda/hopper/launch.hpp"
 #include "src/cuda/hopper_bwd/launch.hpp"
 #include "src/cuda/hopper_bwd/tile_config.hpp"
@@ -17,29 +18,13 @@
 namespace flashattn::cuda::hopper_bwd {
 namespace {
 
-// Kernel head dims compiled into this library (CMake: sm_90a among the CUDA
-// architectures and the head dim in FLASHATTN_CUDA_HEAD_DIMS).
-constexpr int kBuiltHeadDims[] = {
-#ifdef FLASHATTN_CUDA_HOPPER_BWD_HDIM_64
-    64,
-#endif
-#ifdef FLASHATTN_CUDA_HOPPER_BWD_HDIM_128
-    128,
-#endif
-#ifdef FLASHATTN_CUDA_HOPPER_BWD_HDIM_256
-    256,
-#endif
-    0,  // sentinel
-};
-constexpr int kBuiltCount = static_cast<int>(sizeof(kBuiltHeadDims) / sizeof(int)) - 1;
-
-// Head dims of the wide kernel (kernel_wide.cuh) rather than kernel.cuh.
-bool is_wide_head_dim(std::int64_t head_dim) { return head_dim == 256; }
+// Head dims of the wide kernel (kernel_wide.cuh) rather than kernel.cuh: its tile table's.
+bool is_wide_head_dim(std::int64_t head_dim) {
+  return hopper_bwd_wide_tile_config(static_cast<int>(head_dim)).kernel_head_dim == head_dim;
+}
 
 bool is_built_head_dim(std::int64_t head_dim) {
-  for (int i = 0; i < kBuiltCount; ++i)
-    if (kBuiltHeadDims[i] == head_dim) return true;
-  return false;
+  return HopperBackwardHeadDims::contains(head_dim) || HopperBackwardWideHeadDims::contains(head_dim);
 }
 
 // FLASHATTN_CUDA_BWD_SM90=0 keeps every backward, deterministic or not, on the
@@ -54,26 +39,23 @@ bool is_disabled_by_environment() {
 
 template <class T, bool kDeterministic>
 void run_for_head_dim(const HopperBackwardParams& params, cudaStream_t stream) {
-  switch (params.backward.head_dim) {
-#ifdef FLASHATTN_CUDA_HOPPER_BWD_HDIM_64
-    case 64: return run_backward_sm90<T, 64, kDeterministic>(params, stream);
-#endif
-#ifdef FLASHATTN_CUDA_HOPPER_BWD_HDIM_128
-    case 128: return run_backward_sm90<T, 128, kDeterministic>(params, stream);
-#endif
-#ifdef FLASHATTN_CUDA_HOPPER_BWD_HDIM_256
-    case 256: return run_backward_sm90_wide<T, 256, kDeterministic>(params, stream);
-#endif
-    default:
-      throw NotSupported("flashattn: cuda backward: no Hopper backward kernel for head_dim " +
-                         std::to_string(params.backward.head_dim));
-  }
+  const std::int64_t d = params.backward.head_dim;
+  const bool ran =
+      HopperBackwardHeadDims::visit(d, [&](auto head_dim) {
+        run_backward_sm90<T, decltype(head_dim)::value, kDeterministic>(params, stream);
+      }) ||
+      HopperBackwardWideHeadDims::visit(d, [&](auto head_dim) {
+        run_backward_sm90_wide<T, decltype(head_dim)::value, kDeterministic>(params, stream);
+      });
+  if (!ran)
+    throw NotSupported("flashattn: cuda backward: no Hopper backward kernel for head_dim " + std::to_string(d));
 }
 
 }  // namespace
 
 std::string why_unsupported(const BackwardParams& params) {
-  if (kBuiltCount == 0) return "no Hopper backward kernel in this build (needs sm_90a and head dim 64, 128 or 256)";
+  if (HopperBackwardHeadDims::empty() && HopperBackwardWideHeadDims::empty())
+    return "no Hopper backward kernel in this build (needs sm_90a and a head dim of its kernels in FLASHATTN_CUDA_HEAD_DIMS)";
   if (is_disabled_by_environment()) return "disabled by FLASHATTN_CUDA_BWD_SM90=0";
   // Deterministic mode runs here too: the dQ bulk reductions of each query block are
   // ordered by key block (semaphores in the workspace, kernel.cuh); dK/dV are summed in

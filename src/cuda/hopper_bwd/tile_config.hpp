@@ -23,15 +23,16 @@ struct HopperBwdTileConfig {
   int block_m;          // query rows per step (the N of S^T = K Q^T; 64)
   int block_n;          // key rows per CTA (64 per consumer warpgroup)
   int stages;           // Q/dO/LSE/D shared-memory stages of the TMA ring
+  int element_bytes = 2;  // of q, k, v, dO and dS^T (bf16, fp16)
 
   constexpr int threads() const { return 128 * (1 + kConsumerWarpgroups); }
   constexpr int producer_registers() const { return 24; }
   constexpr int consumer_registers() const { return 240; }
   constexpr int panels() const { return kernel_head_dim / kPanelColumns; }
-  constexpr int kv_tile_bytes() const { return block_n * kernel_head_dim * 2; }
-  constexpr int q_tile_bytes() const { return block_m * kernel_head_dim * 2; }
+  constexpr int kv_tile_bytes() const { return block_n * kernel_head_dim * element_bytes; }
+  constexpr int q_tile_bytes() const { return block_m * kernel_head_dim * element_bytes; }
   constexpr int stats_bytes() const { return block_m * 4; }
-  constexpr int ds_bytes() const { return block_n * block_m * 2; }
+  constexpr int ds_bytes() const { return block_n * block_m * element_bytes; }
   constexpr int dq_staging_bytes() const { return block_m * kernel_head_dim * 4; }
   // Byte offsets from the 1024-aligned base (every 16-bit tile on a swizzle atom).
   constexpr int k_offset() const { return 0; }
@@ -77,6 +78,7 @@ struct HopperBwdWideConfig {
   int block_m;  // queries per step (the M of S, dP, dQ)
   int block_n;  // keys per CTA (the M of dV, dK); 32 per consumer in S and dP
   int stages;   // [Q | dO | LSE | D] stages
+  int element_bytes = 2;  // of q, k, v, dO, P and dS (bf16, fp16)
 
   constexpr int threads() const { return 128 * (1 + kConsumerWarpgroups); }
   constexpr int producer_registers() const { return 24; }
@@ -84,11 +86,11 @@ struct HopperBwdWideConfig {
   constexpr int panels() const { return kernel_head_dim / kPanelColumns; }
   constexpr int columns_per_consumer() const { return kernel_head_dim / kConsumerWarpgroups; }
   constexpr int keys_per_consumer() const { return block_n / kConsumerWarpgroups; }
-  constexpr int kv_tile_bytes() const { return block_n * kernel_head_dim * 2; }
-  constexpr int q_tile_bytes() const { return block_m * kernel_head_dim * 2; }
+  constexpr int kv_tile_bytes() const { return block_n * kernel_head_dim * element_bytes; }
+  constexpr int q_tile_bytes() const { return block_m * kernel_head_dim * element_bytes; }
   constexpr int stage_bytes() const { return 2 * q_tile_bytes(); }  // [Q | dO]
   constexpr int dq_staging_bytes() const { return block_m * kernel_head_dim * 4; }
-  constexpr int score_tile_bytes() const { return block_m * block_n * 2; }  // P or dS, 16-bit
+  constexpr int score_tile_bytes() const { return block_m * block_n * element_bytes; }  // P or dS
   constexpr int stats_bytes() const { return block_m * 4; }
   constexpr int k_offset() const { return 0; }
   constexpr int v_offset() const { return kv_tile_bytes(); }

@@ -144,12 +144,12 @@ template <int kHeadDimArg, int kBlockMArg, int kStagesArg>
 __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx::kWarpgroupRows), 1)
     forward_kernel_fp8_sm90(const __grid_constant__ Fp8ForwardParams params) {
 #if FLASHATTN_HOPPER_DEVICE_CODE
-  constexpr Fp8TileConfig kConfig{kHeadDimArg, kBlockMArg, kBlockN, kStagesArg};
-  constexpr int kHeadDim = kConfig.head_dim;
+  constexpr Fp8TileConfig kConfig = fp8_tile_entry(kHeadDimArg, kBlockMArg, kStagesArg);
+  constexpr int kHeadDim = kConfig.kernel_head_dim;
   constexpr int kBlockM = kConfig.block_m;
   constexpr int kStages = kConfig.stages;
-  constexpr int kPanelBytes = kConfig.qkv_panel_bytes();
-  constexpr int kPanels = kConfig.qkv_panels();
+  constexpr int kPanelBytes = kConfig.panel_bytes();
+  constexpr int kPanels = kConfig.panels();
   constexpr int kQBytes = kConfig.q_bytes();
   constexpr int kKVBytes = kConfig.kv_tile_bytes();
   constexpr int kVtRowBytes = kBlockN;  // one 128-byte swizzle row of keys per head-dim index
@@ -574,7 +574,7 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
 template <int kHeadDim>
 void run_forward_fp8(const Fp8ForwardParams& params, cudaStream_t stream) {
   constexpr Fp8TileConfig kConfig = fp8_tile_config(kHeadDim);
-  static_assert(kConfig.head_dim == kHeadDim, "no FP8 tile config for this head dim");
+  static_assert(kConfig.kernel_head_dim == kHeadDim, "no FP8 tile config for this head dim");
   const AttentionParams& attention = params.attention;
   const std::int64_t num_m_blocks = (attention.seqlen_q + kConfig.block_m - 1) / kConfig.block_m;
   const std::int64_t num_tiles = num_m_blocks * attention.heads_q * attention.batch;
@@ -585,7 +585,7 @@ void run_forward_fp8(const Fp8ForwardParams& params, cudaStream_t stream) {
   int device = 0;
   FLASHATTN_CUDA_CHECK(cudaGetDevice(&device));
   constexpr int kSharedBytes = kConfig.shared_bytes();
-  auto* kernel = forward_kernel_fp8_sm90<kConfig.head_dim, kConfig.block_m, kConfig.stages>;
+  auto* kernel = forward_kernel_fp8_sm90<kConfig.kernel_head_dim, kConfig.block_m, kConfig.stages>;
   // Above 48 KB of dynamic shared memory a kernel must opt in, once per device.
   static std::atomic<std::uint64_t> opted_in_devices{0};
   const std::uint64_t device_bit = device < 64 ? (std::uint64_t{1} << device) : 0;

@@ -8,28 +8,13 @@
 
 #include "flashattn/error.hpp"
 #include "src/cuda/common/check.cuh"
+#include "src/cuda/head_dims.hpp"
 #include "src/cuda/hopper/launch.hpp"  // device_compute_capability, the TMA map encoder and its stride rule
 #include "src/cuda/hopper_fp8/launch.hpp"
 #include "src/cuda/hopper_fp8/tile_config.hpp"
 
 namespace flashattn::cuda::hopper_fp8 {
 namespace {
-
-// Kernel head dims compiled into this library (CMake: the 64/128/256 entries of
-// FLASHATTN_CUDA_HEAD_DIMS, and only when sm_90a is among the CUDA architectures).
-constexpr int kBuiltHeadDims[] = {
-#ifdef FLASHATTN_CUDA_HOPPER_FP8_HDIM_64
-    64,
-#endif
-#ifdef FLASHATTN_CUDA_HOPPER_FP8_HDIM_128
-    128,
-#endif
-#ifdef FLASHATTN_CUDA_HOPPER_FP8_HDIM_256
-    256,
-#endif
-    0,  // sentinel
-};
-constexpr int kBuiltCount = static_cast<int>(sizeof(kBuiltHeadDims) / sizeof(int)) - 1;
 
 // A stride of e4m3 elements (= bytes) the tensor maps encode (hopper/launch.cu's rule).
 bool is_encodable_stride(std::int64_t stride_bytes, std::int64_t extent) {
@@ -44,7 +29,7 @@ CUtensorMap make_tensor_map(const char* name, const void* data, std::int64_t hea
                                        head_stride, batch_stride, box_rows, panel_bytes);
 }
 
-Fp8ForwardParams make_forward_params(const AttentionParams& params, const Fp8TileConfig& config) {
+Fp8ForwardParams make_fp8_forward_params(const AttentionParams& params, const Fp8TileConfig& config) {
   const bool is_varlen = params.is_varlen();
   const std::int64_t rows_q = is_varlen ? params.total_q : params.seqlen_q;
   const std::int64_t rows_k = is_varlen ? params.total_k : params.seqlen_k;
@@ -52,7 +37,7 @@ Fp8ForwardParams make_forward_params(const AttentionParams& params, const Fp8Til
   Fp8ForwardParams fp8_params{};
   fp8_params.attention = params;
   if (rows_q == 0 || batch == 0 || params.heads_q == 0) return fp8_params;
-  const int panel_bytes = config.qkv_panel_bytes();
+  const int panel_bytes = config.panel_bytes();
   fp8_params.q_map = make_tensor_map("q", params.q, params.head_dim, rows_q, params.heads_q, batch, params.q_row_stride,
                                      params.q_head_stride, params.q_batch_stride, panel_bytes, config.block_m);
   if (rows_k == 0) return fp8_params;
@@ -64,33 +49,18 @@ Fp8ForwardParams make_forward_params(const AttentionParams& params, const Fp8Til
 }
 
 void run_for_head_dim(int kernel_head_dim, const Fp8ForwardParams& params, cudaStream_t stream) {
-  switch (kernel_head_dim) {
-#ifdef FLASHATTN_CUDA_HOPPER_FP8_HDIM_64
-    case 64: return run_forward_fp8<64>(params, stream);
-#endif
-#ifdef FLASHATTN_CUDA_HOPPER_FP8_HDIM_128
-    case 128: return run_forward_fp8<128>(params, stream);
-#endif
-#ifdef FLASHATTN_CUDA_HOPPER_FP8_HDIM_256
-    case 256: return run_forward_fp8<256>(params, stream);
-#endif
-    default:
-      throw NotSupported("flashattn: q: head_dim " + std::to_string(params.attention.head_dim) +
-                         ": no FP8 Hopper kernel was built for it (kernel head dim " +
-                         std::to_string(kernel_head_dim) + ")");
-  }
+  const bool ran = HopperFp8HeadDims::visit(
+      kernel_head_dim, [&](auto head_dim) { run_forward_fp8<decltype(head_dim)::value>(params, stream); });
+  if (!ran)
+    throw NotSupported("flashattn: q: head_dim " + std::to_string(params.attention.head_dim) +
+                       ": no FP8 Hopper kernel was built for it (kernel head dim " + std::to_string(kernel_head_dim) + ")");
 }
 
 }  // namespace
 
-bool is_built() { return kBuiltCount > 0; }
+bool is_built() { return !HopperFp8HeadDims::empty(); }
 
-int kernel_head_dim_for(std::int64_t head_dim) {
-  int best = 0;
-  for (int i = 0; i < kBuiltCount; ++i)
-    if (kBuiltHeadDims[i] >= head_dim && (best == 0 || kBuiltHeadDims[i] < best)) best = kBuiltHeadDims[i];
-  return best;
-}
+int kernel_head_dim_for(std::int64_t head_dim) { return HopperFp8HeadDims::smallest_holding(head_dim); }
 
 // Each refusal starts with the argument it is about (the API's names).
 std::string why_unsupported(const AttentionParams& params) {
@@ -145,7 +115,7 @@ void forward(const AttentionParams& params, cudaStream_t stream) {
   if (!why_not.empty()) throw NotSupported("flashattn: " + why_not);
   if (params.batch == 0 || params.seqlen_q == 0 || params.heads_q == 0) return;
   const int kernel_head_dim = kernel_head_dim_for(params.head_dim);
-  run_for_head_dim(kernel_head_dim, make_forward_params(params, fp8_tile_config(kernel_head_dim)), stream);
+  run_for_head_dim(kernel_head_dim, make_fp8_forward_params(params, fp8_tile_config(kernel_head_dim)), stream);
 }
 
 }  // namespace flashattn::cuda::hopper_fp8

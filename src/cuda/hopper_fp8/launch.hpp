@@ -22,7 +22,7 @@ struct Fp8ForwardParams {
   AttentionParams attention;
   // 4-D maps (head_dim bytes, rows, heads, batch) of the e4m3 tensors, innermost first; a
   // varlen tensor has one batch entry and its sequences are row ranges. Box
-  // (qkv_panel_bytes, tile rows, 1, 1) with the swizzle of that width; elements outside
+  // (panel_bytes, tile rows, 1, 1) with the swizzle of that width; elements outside
   // the tensor (rows past the end, the head-dim tail of a padded kernel) arrive as zeros.
   CUtensorMap q_map;  // box rows block_m
   CUtensorMap k_map;  // box rows block_n
