@@ -341,6 +341,15 @@ def main():
         if hasattr(torch._dynamo.config, limit):
             setattr(torch._dynamo.config, limit, 4096)
 
+    # The backward is timed by repeated autograd.grad(..., retain_graph=True) of one saved
+    # output (the same for every contender). AOTAutograd's donated buffers forbid that for
+    # compiled functions ("requires retain_graph=False"): Flex's backward was unavailable
+    # on some masks without this switch.
+    import torch._functorch.config as functorch_config
+
+    if hasattr(functorch_config, "donated_buffer"):
+        functorch_config.donated_buffer = False
+
     device = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
     date = datetime.date.today().isoformat()
     timer = Timer(args.device, args.warmup, args.rep)
