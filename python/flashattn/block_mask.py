@@ -268,14 +268,53 @@ def block_mask_from_rule(B, H, Q_LEN, KV_LEN, BLOCK_SIZE=128, causal=False, wind
     return bm
 
 
+def _tensor_version(x):
+    """A tensor's in-place modification counter (torch), else its identity."""
+    return getattr(x, "_version", None), id(x)
+
+
 def as_block_mask(block_mask, B, H, Q_LEN, KV_LEN):
     """A flashattn BlockMask from ours or a torch BlockMask (duck-typed: its lists are used
-    as they are; its mask_mod is evaluated once on its partial blocks for the bits)."""
+    as they are; its mask_mod is evaluated once on its partial blocks for the bits).
+
+    A torch BlockMask is converted at its first use and the result kept on it, as
+    FlexAttention users keep the BlockMask itself: the conversion evaluates mask_mod on
+    the host and copies, so repeating it per call would cost more than the attention and
+    could not be captured in a CUDA graph. The cache is keyed on the sequence lengths,
+    the mask_mod and the block lists' versions (an in-place change of the lists converts
+    anew); a mask_mod whose captured tensors change in place needs a new BlockMask, as
+    the lists FlexAttention built from it would be stale too."""
     if isinstance(block_mask, BlockMask):
         return block_mask
     if not hasattr(block_mask, "kv_num_blocks") or not hasattr(block_mask, "kv_indices"):
         raise TypeError(f"flashattn: block_mask: expected a flashattn.BlockMask or a torch BlockMask, got "
                         f"{type(block_mask).__name__}")
+    key = (Q_LEN, KV_LEN, id(getattr(block_mask, "mask_mod", None))) + tuple(
+        _tensor_version(getattr(block_mask, name, None)) for name in
+        ("kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices", "q_num_blocks", "q_indices",
+         "full_q_num_blocks", "full_q_indices"))
+    cached = getattr(block_mask, "_flashattn_converted", None)
+    if cached is not None and cached[0] == key:
+        return cached[1]
+    converted = _convert_torch_block_mask(block_mask, Q_LEN, KV_LEN)
+    if not _is_compiling():
+        try:
+            block_mask._flashattn_converted = (key, converted)
+        except AttributeError:  # a read-only object: converted per call
+            pass
+    return converted
+
+
+def _is_compiling():
+    try:
+        import torch
+
+        return bool(torch.compiler.is_compiling())
+    except (ImportError, AttributeError):
+        return False
+
+
+def _convert_torch_block_mask(block_mask, Q_LEN, KV_LEN):
     bq, bk = _block_size(block_mask.BLOCK_SIZE)
     kv_num, kv_idx = block_mask.kv_num_blocks, block_mask.kv_indices
     device = kv_num.device if _is_torch(kv_num) else None

@@ -31,13 +31,33 @@ An additive (float) mask is always read as it is: its values are needed in every
 block, and a block skipped for being all -inf would leave its dBias unwritten.
 """
 
+import functools
 import sys
 
 import numpy as np
 
 from flashattn import _C, _dropout
 from flashattn._arguments import as_bool, as_float
-from flashattn.block_mask import _from_dense_numpy, as_block_mask, block_mask_from_rule
+from flashattn.block_mask import _from_dense_numpy, _is_compiling, as_block_mask, block_mask_from_rule
+
+
+def _top_left_causal_mask(L, S, device):
+    """PyTorch's top-left is_causal for L < S as a block mask (the kernels' causal rule is
+    bottom-right), built once per (L, S, device) in eager mode: a host build and copy per
+    call would synchronise and could not be captured in a CUDA graph. Under torch.compile
+    it is built in the traced graph (never cached: its tensors are the tracer's)."""
+    if _is_compiling():
+        return _build_top_left_causal_mask(L, S, device)
+    return _cached_top_left_causal_mask(L, S, device)
+
+
+def _build_top_left_causal_mask(L, S, device):
+    bm = block_mask_from_rule(1, 1, L, S, _CONVERT_BLOCK, causal=True)
+    return bm.to(device) if device is not None else bm
+
+
+_cached_top_left_causal_mask = functools.lru_cache(maxsize=64)(_build_top_left_causal_mask)
+
 
 # The automatic conversion of a dense boolean mask (see the module docstring).
 _CONVERT_MIN_LENGTH = 256
@@ -106,9 +126,7 @@ def _prepare(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_g
         if needs_band:
             raise NotImplementedError("flashattn: block_mask: is_causal with L < S and a block_mask: put the causal rule in the block mask")
     elif needs_band:
-        bm = block_mask_from_rule(1, 1, L, S, _CONVERT_BLOCK, causal=True)
-        if _is_torch(query):
-            bm = bm.to(query.device)
+        bm = _top_left_causal_mask(L, S, query.device if _is_torch(query) else None)
     mask4 = None
     if attn_mask is not None:
         mask4 = attn_mask

@@ -518,3 +518,66 @@ def test_cuda_torch_compile_inductor_converts_the_mask_and_draws_dropout():
     compiled = torch.compile(run, fullgraph=True, backend="inductor")
     torch.testing.assert_close(compiled(q, k, v, mask, 0.0), run(q, k, v, mask, 0.0), rtol=0, atol=0)
     assert not torch.equal(compiled(q, k, v, mask, 0.25), compiled(q, k, v, mask, 0.25))
+
+
+# --- a torch BlockMask is converted once; top-left causal L < S is built once ----------------------
+
+def flex_block_mask(device, L, S, mask_mod):
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    return create_block_mask(mask_mod, None, None, L, S, device=device)
+
+
+def causal_documents(b, h, q_idx, kv_idx):
+    return (q_idx >= kv_idx) & (q_idx // 100 == kv_idx // 100)
+
+
+@needs_torch
+@pytest.mark.parametrize("device", TORCH_DEVICES)
+def test_torch_block_mask_is_converted_once_and_again_after_an_inplace_change(device, monkeypatch):
+    """The conversion (mask_mod evaluated on the host, copied) runs at the first call only:
+    repeated per call it would dominate the attention and break CUDA-graph capture. An
+    in-place change of the BlockMask's lists converts anew; the results always equal the
+    dense mask's."""
+    from flashattn import block_mask as block_mask_module
+
+    q, k, v = torch_inputs(device, L=300, S=300)
+    block_mask = flex_block_mask(device, 300, 300, causal_documents)
+    calls = []
+    original = block_mask_module._convert_torch_block_mask
+    monkeypatch.setattr(block_mask_module, "_convert_torch_block_mask",
+                        lambda *a, **kw: calls.append(1) or original(*a, **kw))
+    rows, cols = torch.arange(300, device=device)[:, None], torch.arange(300, device=device)[None, :]
+    dense = causal_documents(None, None, rows, cols)
+    expected = flashattn.scaled_dot_product_attention(q, k, v, attn_mask=dense, enable_gqa=True)
+    for _ in range(3):
+        out = flashattn.scaled_dot_product_attention(q, k, v, block_mask=block_mask, enable_gqa=True)
+        torch.testing.assert_close(out, expected, rtol=0, atol=0)
+    assert len(calls) == 1
+    # An in-place write to a list (here one that keeps its values, so the q-side lists
+    # stay consistent) bumps its version: the next call converts anew.
+    block_mask.kv_indices.add_(0)
+    out = flashattn.scaled_dot_product_attention(q, k, v, block_mask=block_mask, enable_gqa=True)
+    assert len(calls) == 2
+    torch.testing.assert_close(out, expected, rtol=0, atol=0)
+    # A new BlockMask (another object) is converted for itself.
+    flashattn.scaled_dot_product_attention(q, k, v, block_mask=flex_block_mask(device, 300, 300, causal_documents),
+                                           enable_gqa=True)
+    assert len(calls) == 3
+
+
+@needs_torch
+def test_top_left_causal_mask_with_fewer_queries_is_built_once(monkeypatch):
+    from flashattn import sdpa
+
+    sdpa._cached_top_left_causal_mask.cache_clear()
+    built = []
+    original = sdpa.block_mask_from_rule
+    monkeypatch.setattr(sdpa, "block_mask_from_rule", lambda *a, **kw: built.append(1) or original(*a, **kw))
+    q, k, v = torch_inputs("cpu", L=97, S=230)
+    first = flashattn.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+    second = flashattn.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+    assert len(built) == 1
+    torch.testing.assert_close(first, second, rtol=0, atol=0)
+    expected = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+    torch.testing.assert_close(first, expected, rtol=2e-5, atol=2e-5)
