@@ -388,21 +388,25 @@ MaskTables MaskTables::build(const AttentionParams& params, const BackwardParams
   if (has_documents) {
     FLASHATTN_CUDA_CHECK(cudaMemsetAsync(documents_sorted, 1, sizeof(std::int32_t), stream));  // nonzero: sorted
     const std::int64_t q_stride = rule.q_document_batch_stride, k_stride = rule.k_document_batch_stride;
-    if (key_spans != nullptr && params.seqlen_q > 0) {
+    // The spans of each row's document among the other side's positions: keys of a query
+    // row (forward, dQ) or queries of a key row (dK/dV).
+    const auto launch_spans = [&](const std::int32_t* row_ids, std::int64_t rows, std::int64_t row_stride,
+                                  const std::int32_t* other_ids, std::int64_t others, std::int64_t other_stride,
+                                  std::int32_t* spans) {
       document_spans_kernel<<<blocks_for_threads(document_batches * std::max(params.seqlen_q, params.seqlen_k)), kThreads,
-                              0, stream>>>(rule.maybe_q_document_ids, params.seqlen_q, q_stride,
-                                           rule.maybe_k_document_ids, params.seqlen_k, k_stride, document_batches,
-                                           key_spans, documents_sorted);
+                              0, stream>>>(row_ids, rows, row_stride, other_ids, others, other_stride, document_batches,
+                                           spans, documents_sorted);
       FLASHATTN_CUDA_CHECK_LAUNCH();
+    };
+    if (key_spans != nullptr && params.seqlen_q > 0) {
+      launch_spans(rule.maybe_q_document_ids, params.seqlen_q, q_stride, rule.maybe_k_document_ids, params.seqlen_k,
+                   k_stride, key_spans);
       mask.maybe_document_key_spans = key_spans;
       mask.document_batch_stride_q = document_batches > 1 ? params.seqlen_q : 0;
     }
     if (query_spans != nullptr && params.seqlen_k > 0) {
-      document_spans_kernel<<<blocks_for_threads(document_batches * std::max(params.seqlen_q, params.seqlen_k)), kThreads,
-                              0, stream>>>(rule.maybe_k_document_ids, params.seqlen_k, k_stride,
-                                           rule.maybe_q_document_ids, params.seqlen_q, q_stride, document_batches,
-                                           query_spans, documents_sorted);
-      FLASHATTN_CUDA_CHECK_LAUNCH();
+      launch_spans(rule.maybe_k_document_ids, params.seqlen_k, k_stride, rule.maybe_q_document_ids, params.seqlen_q,
+                   q_stride, query_spans);
       mask.maybe_document_query_spans = query_spans;
       mask.document_batch_stride_k = document_batches > 1 ? params.seqlen_k : 0;
     }
