@@ -147,6 +147,31 @@ def test_torch_fp8_flash_attn_func(causal):
     np.testing.assert_allclose(lse.numpy()[finite], oracle_lse[finite], atol=1e-4)
 
 
+def test_torch_fp8_on_cuda_matches_the_dequantised_oracle():
+    """The public CUDA path (torch float8 on the GPU: validation, the backend's FP8
+    dispatch, the Hopper FP8 kernel), GQA, causal, per-(batch, kv head) descales."""
+    torch = _torch()
+    if not (torch.cuda.is_available() and flashattn.cuda_available()):
+        pytest.skip("needs CUDA (torch and flashattn's CUDA backend)")
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the FP8 kernel needs compute capability 9.0")
+    for causal in (False, True):
+        q, k, v = (torch.from_numpy(_gaussian(shape, seed, 0.01)) for shape, seed in
+                   (((2, 130, 4, 128), 21), ((2, 257, 2, 128), 22), ((2, 257, 2, 128), 23)))
+        (q8, qs), (k8, ks), (v8, vs) = (flashattn.quantize_fp8(x, heads_kv=2) for x in (q, k, v))
+        out, lse, _ = flashattn.flash_attn_func(q8.cuda(), k8.cuda(), v8.cuda(), causal=causal, q_descale=qs.cuda(),
+                                                k_descale=ks.cuda(), v_descale=vs.cuda(), return_attn_probs=True)
+        assert out.is_cuda and out.dtype == torch.bfloat16 and out.shape == q.shape
+        oracle, oracle_lse = reference.attention(*(fp8.dequantize_fp8(x, s).double().numpy()
+                                                   for x, s in ((q8, qs), (k8, ks), (v8, vs))), causal=causal)
+        # P is rounded to e4m3 for the tensor cores (3 mantissa bits): about 1e-3 per
+        # element here, 5e-3 at the tail of 1e5 elements; a wrong kernel errs by O(0.1).
+        np.testing.assert_allclose(out.double().cpu().numpy(), oracle, rtol=2.0**-5, atol=2e-2)
+        assert np.sqrt(np.mean((out.double().cpu().numpy() - oracle) ** 2)) < 4e-3
+        finite = np.isfinite(oracle_lse)
+        np.testing.assert_allclose(lse.cpu().numpy()[finite], oracle_lse[finite], atol=1e-3)
+
+
 def test_torch_fp8_float_descales_and_varlen():
     torch = _torch()
     x = torch.from_numpy(_gaussian((20, 2, 32), 12))

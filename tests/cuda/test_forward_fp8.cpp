@@ -32,6 +32,7 @@
 #include <string>
 #include <vector>
 
+#include "flashattn/attention.hpp"
 #include "flashattn/error.hpp"
 #include "flashattn/mask.hpp"
 #include "src/core/params.hpp"
@@ -219,7 +220,55 @@ class Fp8Problem {
     return values[static_cast<std::size_t>(b * c_.heads_kv + h_kv)];
   }
 
-  Fp8Result run_on_device() const {
+  // The public API's arguments for the problem `params` describes, on the same buffers.
+  ForwardArgs public_args(const AttentionParams& params, void* q, void* k, void* v, void* out, float* lse,
+                          float* q_descale, float* k_descale, float* v_descale, float* alibi_slopes,
+                          std::int32_t* cu_q, std::int32_t* cu_k) const {
+    const Fp8Case& c = c_;
+    const Device gpu{DeviceType::cuda, 0};
+    ForwardArgs args;
+    if (is_varlen_) {
+      args.q = TensorView::contiguous(q, DType::float8_e4m3, {rows_q_, c.heads_q, c.head_dim}, gpu);
+      args.k = TensorView::contiguous(k, DType::float8_e4m3, {rows_k_, c.heads_kv, c.head_dim}, gpu);
+      args.v = TensorView::contiguous(v, DType::float8_e4m3, {rows_k_, c.heads_kv, c.head_dim}, gpu);
+      args.out = TensorView::contiguous(out, c.out_dtype, {rows_q_, c.heads_q, c.head_dim}, gpu);
+      if (c.with_lse) args.maybe_lse = TensorView::contiguous(lse, DType::float32, {c.heads_q, rows_q_}, gpu);
+      VarlenArgs varlen;
+      varlen.cu_seqlens_q = TensorView::contiguous(cu_q, DType::int32, {c.batch + 1}, gpu);
+      varlen.cu_seqlens_k = TensorView::contiguous(cu_k, DType::int32, {c.batch + 1}, gpu);
+      varlen.max_seqlen_q = c.seqlen_q;
+      varlen.max_seqlen_k = c.seqlen_k;
+      args.maybe_varlen = varlen;
+    } else {
+      args.q = TensorView::contiguous(q, DType::float8_e4m3, {c.batch, c.seqlen_q, c.heads_q, c.head_dim}, gpu);
+      args.k = TensorView::contiguous(k, DType::float8_e4m3, {c.batch, c.seqlen_k, c.heads_kv, c.head_dim}, gpu);
+      args.v = TensorView::contiguous(v, DType::float8_e4m3, {c.batch, c.seqlen_k, c.heads_kv, c.head_dim}, gpu);
+      args.out = TensorView::contiguous(out, c.out_dtype, {c.batch, c.seqlen_q, c.heads_q, c.head_dim}, gpu);
+      if (c.with_lse)
+        args.maybe_lse = TensorView::contiguous(lse, DType::float32, {c.batch, c.heads_q, c.seqlen_q}, gpu);
+    }
+    AttentionOptions& options = args.options;
+    options.softmax_scale = params.softmax_scale;
+    options.causal = c.is_causal;
+    options.window_left = c.window_left;
+    options.window_right = c.window_right;
+    options.softcap = c.softcap;
+    if (c.with_alibi) options.maybe_alibi_slopes = TensorView::contiguous(alibi_slopes, DType::float32, {c.heads_q}, gpu);
+    if (c.descale_kind != 0) {
+      const std::int64_t row_stride = c.descale_kind == 2 ? 0 : c.heads_kv, column_stride = c.descale_kind == 2 ? 0 : 1;
+      auto descale_view = [&](float* data) {
+        return TensorView::strided(data, DType::float32, {c.batch, c.heads_kv}, {row_stride, column_stride}, gpu);
+      };
+      options.maybe_q_descale = descale_view(q_descale);
+      options.maybe_k_descale = descale_view(k_descale);
+      options.maybe_v_descale = descale_view(v_descale);
+    }
+    return args;
+  }
+
+  // through_public_api: flashattn::forward with TensorViews of the same buffers
+  // (validation, backend choice, forward_fp8) instead of the kernel's own entry.
+  Fp8Result run_on_device(bool through_public_api = false) const {
     const Fp8Case& c = c_;
     std::uint8_t* q = upload(q_);
     std::uint8_t* k = upload(k_);
@@ -292,7 +341,11 @@ class Fp8Problem {
       for (int i = 0; i < 2; ++i)
         params.q_descale_strides[i] = params.k_descale_strides[i] = params.v_descale_strides[i] = strides[i];
     }
-    cuda::hopper_fp8::forward(params, nullptr);
+    if (through_public_api) {
+      flashattn::forward(public_args(params, q, k, v, out, lse, q_descale, k_descale, v_descale, alibi_slopes, cu_q, cu_k));
+    } else {
+      cuda::hopper_fp8::forward(params, nullptr);
+    }
     check(cudaDeviceSynchronize(), "FP8 forward");
     check(cudaGetLastError(), "FP8 forward");
 
@@ -449,6 +502,17 @@ TEST_P(HopperFp8Forward, MatchesFloat64ReferenceOnDequantisedInputs) {
   problem.expect_matches(problem.run_on_device());
 }
 
+// The public entry (flashattn::forward: validation, the backend's FP8 dispatch) on a few
+// of the shapes above: dense and varlen, every descale form, masks, GQA, ALiBi, fp16 out.
+class HopperFp8PublicApi : public HopperFp8Forward {};
+
+TEST_P(HopperFp8PublicApi, MatchesFloat64ReferenceOnDequantisedInputs) {
+  const Fp8Case& c = GetParam();
+  if (cuda::hopper_fp8::kernel_head_dim_for(c.head_dim) == 0) GTEST_SKIP() << "head dim not built";
+  const Fp8Problem problem(c);
+  problem.expect_matches(problem.run_on_device(/*through_public_api=*/true));
+}
+
 std::vector<Fp8Case> fp8_cases() {
   std::vector<Fp8Case> cases;
   auto add = [&](Fp8Case c) {
@@ -572,6 +636,49 @@ std::vector<Fp8Case> fp8_cases() {
   }
   return cases;
 }
+
+std::vector<Fp8Case> public_api_cases() {
+  std::vector<Fp8Case> cases;
+  auto add = [&](Fp8Case c) {
+    c.seed = 1000 + cases.size();
+    cases.push_back(c);
+  };
+  Fp8Case dense;
+  dense.batch = 2;
+  dense.seqlen_q = 113;
+  dense.seqlen_k = 203;
+  add(dense);
+  Fp8Case gqa_causal = dense;
+  gqa_causal.heads_q = 4;
+  gqa_causal.heads_kv = 1;
+  gqa_causal.is_causal = true;
+  gqa_causal.descale_kind = 2;
+  gqa_causal.out_dtype = DType::float16;
+  add(gqa_causal);
+  Fp8Case window = dense;
+  window.head_dim = 64;
+  window.window_left = 31;
+  window.window_right = 7;
+  window.softcap = 30.0f;
+  window.with_alibi = true;
+  window.descale_kind = 0;
+  add(window);
+  Fp8Case varlen;
+  varlen.head_dim = 256;
+  varlen.varlen_q = {17, 0, 130};
+  varlen.varlen_k = {40, 5, 129};
+  varlen.batch = 3;
+  varlen.seqlen_q = 130;
+  varlen.seqlen_k = 129;
+  varlen.is_causal = true;
+  add(varlen);
+  return cases;
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, HopperFp8PublicApi, ::testing::ValuesIn(public_api_cases()),
+                         [](const ::testing::TestParamInfo<Fp8Case>& info) {
+                           return "case" + std::to_string(info.index);
+                         });
 
 INSTANTIATE_TEST_SUITE_P(Shapes, HopperFp8Forward, ::testing::ValuesIn(fp8_cases()),
                          [](const ::testing::TestParamInfo<Fp8Case>& info) {
