@@ -156,7 +156,7 @@ def test_torch_fp8_on_cuda_matches_the_dequantised_oracle():
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the FP8 kernel needs compute capability 9.0")
     for causal in (False, True):
-        q, k, v = (torch.from_numpy(_gaussian(shape, seed, 0.01)) for shape, seed in
+        q, k, v = (torch.from_numpy(_gaussian(shape, seed)) for shape, seed in
                    (((2, 130, 4, 128), 21), ((2, 257, 2, 128), 22), ((2, 257, 2, 128), 23)))
         (q8, qs), (k8, ks), (v8, vs) = (flashattn.quantize_fp8(x, heads_kv=2) for x in (q, k, v))
         out, lse, _ = flashattn.flash_attn_func(q8.cuda(), k8.cuda(), v8.cuda(), causal=causal, q_descale=qs.cuda(),
@@ -164,10 +164,11 @@ def test_torch_fp8_on_cuda_matches_the_dequantised_oracle():
         assert out.is_cuda and out.dtype == torch.bfloat16 and out.shape == q.shape
         oracle, oracle_lse = reference.attention(*(fp8.dequantize_fp8(x, s).double().numpy()
                                                    for x, s in ((q8, qs), (k8, ks), (v8, vs))), causal=causal)
-        # P is rounded to e4m3 for the tensor cores (3 mantissa bits): about 1e-3 per
-        # element here, 5e-3 at the tail of 1e5 elements; a wrong kernel errs by O(0.1).
-        np.testing.assert_allclose(out.double().cpu().numpy(), oracle, rtol=2.0**-5, atol=2e-2)
-        assert np.sqrt(np.mean((out.double().cpu().numpy() - oracle) ** 2)) < 4e-3
+        # P is rounded to e4m3 for the tensor cores (relative error up to 2^-4 per
+        # probability): on N(0, 1) inputs an output element errs by ~2e-3 (RMS), ~1e-2
+        # at the tail of 1e5 elements; a wrong kernel by O(0.1).
+        np.testing.assert_allclose(out.double().cpu().numpy(), oracle, rtol=2.0**-5, atol=3e-2)
+        assert np.sqrt(np.mean((out.double().cpu().numpy() - oracle) ** 2)) < 8e-3
         finite = np.isfinite(oracle_lse)
         np.testing.assert_allclose(lse.cpu().numpy()[finite], oracle_lse[finite], atol=1e-3)
 
