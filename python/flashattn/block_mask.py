@@ -268,9 +268,16 @@ def block_mask_from_rule(B, H, Q_LEN, KV_LEN, BLOCK_SIZE=128, causal=False, wind
     return bm
 
 
+class _Uncacheable(Exception):
+    """A list tensor without a version counter (torch inference tensors)."""
+
+
 def _tensor_version(x):
-    """A tensor's in-place modification counter (torch), else its identity."""
-    return getattr(x, "_version", None), id(x)
+    """A tensor's in-place modification counter (torch) and identity."""
+    try:
+        return getattr(x, "_version", None), id(x)
+    except RuntimeError as error:  # "Inference tensors do not track version counter"
+        raise _Uncacheable() from error
 
 
 def as_block_mask(block_mask, B, H, Q_LEN, KV_LEN):
@@ -283,22 +290,31 @@ def as_block_mask(block_mask, B, H, Q_LEN, KV_LEN):
     could not be captured in a CUDA graph. The cache is keyed on the sequence lengths,
     the mask_mod and the block lists' versions (an in-place change of the lists converts
     anew); a mask_mod whose captured tensors change in place needs a new BlockMask, as
-    the lists FlexAttention built from it would be stale too."""
+    the lists FlexAttention built from it would be stale too. A CUDA graph captured with
+    the BlockMask reads the conversion of its capture time: after an in-place change of
+    the lists, capture again (the earlier conversion is kept alive for such a graph, so
+    it never reads freed memory). A BlockMask made under torch.inference_mode (tensors
+    without a version counter) is converted per call."""
     if isinstance(block_mask, BlockMask):
         return block_mask
     if not hasattr(block_mask, "kv_num_blocks") or not hasattr(block_mask, "kv_indices"):
         raise TypeError(f"flashattn: block_mask: expected a flashattn.BlockMask or a torch BlockMask, got "
                         f"{type(block_mask).__name__}")
-    key = (Q_LEN, KV_LEN, id(getattr(block_mask, "mask_mod", None))) + tuple(
-        _tensor_version(getattr(block_mask, name, None)) for name in
-        ("kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices", "q_num_blocks", "q_indices",
-         "full_q_num_blocks", "full_q_indices"))
+    try:
+        key = (Q_LEN, KV_LEN, id(getattr(block_mask, "mask_mod", None))) + tuple(
+            _tensor_version(getattr(block_mask, name, None)) for name in
+            ("kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices", "q_num_blocks", "q_indices",
+             "full_q_num_blocks", "full_q_indices"))
+    except _Uncacheable:
+        return _convert_torch_block_mask(block_mask, Q_LEN, KV_LEN)
     cached = getattr(block_mask, "_flashattn_converted", None)
     if cached is not None and cached[0] == key:
         return cached[1]
     converted = _convert_torch_block_mask(block_mask, Q_LEN, KV_LEN)
     if not _is_compiling():
         try:
+            if cached is not None:  # a graph captured earlier may still read it
+                block_mask._flashattn_retired = getattr(block_mask, "_flashattn_retired", []) + [cached[1]]
             block_mask._flashattn_converted = (key, converted)
         except AttributeError:  # a read-only object: converted per call
             pass

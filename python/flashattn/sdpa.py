@@ -56,7 +56,9 @@ def _build_top_left_causal_mask(L, S, device):
     return bm.to(device) if device is not None else bm
 
 
-_cached_top_left_causal_mask = functools.lru_cache(maxsize=64)(_build_top_left_causal_mask)
+# Never evicted: a CUDA graph captured with one of these masks reads its tensors, which
+# nothing else keeps alive (each is a few int32 lists, no bits).
+_cached_top_left_causal_mask = functools.lru_cache(maxsize=None)(_build_top_left_causal_mask)
 
 
 # The automatic conversion of a dense boolean mask (see the module docstring).

@@ -581,3 +581,17 @@ def test_top_left_causal_mask_with_fewer_queries_is_built_once(monkeypatch):
     torch.testing.assert_close(first, second, rtol=0, atol=0)
     expected = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
     torch.testing.assert_close(first, expected, rtol=2e-5, atol=2e-5)
+
+
+@needs_torch
+def test_torch_block_mask_made_under_inference_mode_is_converted_per_call():
+    """Inference tensors have no version counter: such a BlockMask is not cached, and works."""
+    q, k, v = torch_inputs("cpu", L=200, S=200)
+    with torch.inference_mode():
+        block_mask = flex_block_mask("cpu", 200, 200, causal_documents)
+        out = flashattn.scaled_dot_product_attention(q, k, v, block_mask=block_mask, enable_gqa=True)
+    rows, cols = torch.arange(200)[:, None], torch.arange(200)[None, :]
+    expected = flashattn.scaled_dot_product_attention(q, k, v, attn_mask=causal_documents(None, None, rows, cols),
+                                                      enable_gqa=True)
+    torch.testing.assert_close(out, expected, rtol=0, atol=0)
+    assert getattr(block_mask, "_flashattn_converted", None) is None

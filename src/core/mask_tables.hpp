@@ -139,12 +139,18 @@ struct DeviceMask {
 
 // The code every mask block overlapping rows [row_begin, row_end) x columns
 // [col_begin, col_end) (non-empty, inside the sequences) has, or kGeneralTile when they
-// differ. `codes` points at the codes of one (b, h).
+// differ. `codes` points at the codes of one (b, h). A partial id of a mask with bits
+// names one block's bit-mask, which the fast pass reads as the tile's own (its word
+// index within one block): a tile over several mask blocks that share such an id (one
+// pattern stored once) takes the general pass.
 FLASHATTN_HOST_DEVICE std::int32_t shared_block_code(const std::int32_t* codes, const BlockMaskView& view,
                                                             std::int64_t row_begin, std::int64_t row_end,
                                                             std::int64_t col_begin, std::int64_t col_end) {
   const int shift_m = mask_block_shift(view.block_m), shift_n = mask_block_shift(view.block_n);
   const std::int32_t first = codes[(row_begin >> shift_m) * view.kv_blocks + (col_begin >> shift_n)];
+  const bool is_one_block =
+      (row_begin >> shift_m) == ((row_end - 1) >> shift_m) && (col_begin >> shift_n) == ((col_end - 1) >> shift_n);
+  if (first >= 0 && view.rule.has_bits() && !is_one_block) return kGeneralTile;
   for (std::int64_t qb = row_begin >> shift_m; qb <= (row_end - 1) >> shift_m; ++qb)
     for (std::int64_t kb = col_begin >> shift_n; kb <= (col_end - 1) >> shift_n; ++kb)
       if (codes[qb * view.kv_blocks + kb] != first) return kGeneralTile;

@@ -175,6 +175,16 @@ TEST(MaskContract, SharedBlockCode) {
   EXPECT_EQ(shared_block_code(codes.data(), view, 0, 64, 48, 64), kGeneralTile);
   EXPECT_EQ(shared_block_code(codes.data(), view, 64, 128, 0, 64), 5);
   EXPECT_EQ(shared_block_code(codes.data(), view, 63, 65, 0, 16), kGeneralTile);  // straddles query blocks
+  // With partial bits a partial id is one block's bit-mask: a tile over several blocks
+  // sharing it (a pattern stored once) takes the general pass; full codes and a tile
+  // inside one block keep theirs.
+  const std::vector<std::uint32_t> bits(8 * 32, 0u);
+  view.rule.maybe_partial_bits = bits.data();
+  EXPECT_EQ(shared_block_code(codes.data(), view, 0, 64, 32, 48), kGeneralTile);  // two blocks, one id
+  EXPECT_EQ(shared_block_code(codes.data(), view, 64, 128, 0, 64), kGeneralTile);
+  EXPECT_EQ(shared_block_code(codes.data(), view, 64, 96, 16, 32), 5);             // one block
+  EXPECT_EQ(shared_block_code(codes.data(), view, 8, 16, 36, 44), 3);
+  EXPECT_EQ(shared_block_code(codes.data(), view, 0, 64, 0, 32), DeviceMask::kFullBlock);
 }
 
 }  // namespace

@@ -82,6 +82,7 @@ struct MaskCase {
   bool masked_rows = false;      // some rows and a whole 64-row band see no key
   std::int64_t band_left = -1, band_right = 0, band_diagonal = 0;  // Block::band / prefix
   bool documents_unsorted = false;  // Block::documents: ids not ascending (the kernels' per-element pass)
+  bool shared_pattern = false;      // Block::pattern: one block-periodic pattern stored once (every partial id 0)
   bool dbias = false;
   bool deterministic = false;
 };
@@ -264,6 +265,8 @@ class MaskedRun {
   }
 
   // The dense truth of the block mask's pattern or rule for (b, h, i, j).
+  // The shared pattern's element (r, col) of a mask block.
+  static bool periodic_allows(std::int64_t r, std::int64_t col) { return draw(11, 0, 0, r, col) < 0.6; }
   bool block_allows(std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t j) const {
     if (is_masked_row(i)) return false;
     const ProblemShape& s = c_.shape;
@@ -273,6 +276,7 @@ class MaskedRun {
     };
     switch (c_.block) {
       case Block::pattern: {
+        if (c_.shared_pattern) return periodic_allows(i % c_.block_q, j % c_.block_k);
         // A band that moves with (b, h), and holes: empty, full and partial blocks.
         const std::int64_t shift = c_.block_per_head ? 40 * b + 13 * h : 0;
         const bool in_band = j <= i + shift + (s.seqlen_k - s.seqlen_q) + 50 && j + 150 > i;
@@ -353,6 +357,21 @@ class MaskedRun {
             const std::int32_t qslot = qnum[head * kv_blocks + n]++;
             qidx[(head * kv_blocks + n) * q_blocks + qslot] = static_cast<std::int32_t>(m);
             if (is_full || !with_bits) continue;
+            if (c_.shared_pattern) {
+              // Every partial block names bit-mask 0, the pattern stored once (a tile over
+              // several such blocks must not read them as one block's bits).
+              ids[(head * q_blocks + m) * kv_blocks + slot] = 0;
+              q_ids[(head * kv_blocks + n) * q_blocks + qslot] = 0;
+              if (partial_count == 0) {
+                bits.assign(static_cast<std::size_t>(bq * words), 0);
+                for (std::int64_t r = 0; r < bq; ++r)
+                  for (std::int64_t col = 0; col < bk; ++col)
+                    if (periodic_allows(r, col))
+                      bits[static_cast<std::size_t>(r * words + col / 32)] |= static_cast<std::int32_t>(1u << (col % 32));
+                partial_count = 1;
+              }
+              continue;
+            }
             ids[(head * q_blocks + m) * kv_blocks + slot] = partial_count;
             q_ids[(head * kv_blocks + n) * q_blocks + qslot] = partial_count;
             bits.resize(static_cast<std::size_t>((partial_count + 1) * bq * words), 0);
@@ -536,6 +555,14 @@ std::vector<MaskCase> full_cases() {
     MaskCase d = block_case("fast documents 256", make(f16, 2, 300, 270, 2, 1, 64), Block::documents, 256, 256);
     d.band_right = -1;
     cases.push_back(d);
+    // One pattern stored once (every partial id 0) under 32- and 64-wide mask blocks: the
+    // kernels' tiles span several blocks sharing the id and must take the general pass.
+    MaskCase shared64 = block_case("shared pattern 64x64", make(bf16, 2, 300, 330, 2, 2, 128), Block::pattern, 64, 64);
+    shared64.shared_pattern = true;
+    cases.push_back(shared64);
+    MaskCase shared32 = block_case("shared pattern 32x32 d256", make(f16, 1, 200, 260, 2, 1, 256), Block::pattern, 32, 32);
+    shared32.shared_pattern = true;
+    cases.push_back(shared32);
     MaskCase e = block_case("documents unsorted 128", make(bf16, 2, 260, 260, 2, 2, 128), Block::documents, 128, 128);
     e.documents_unsorted = true;
     cases.push_back(e);

@@ -37,9 +37,10 @@
 //                            Which tiles: blockIdx.x first, then either blockIdx.x +
 //                            k gridDim.x (static: tiles of equal work) or, when the launch
 //                            passes a tile counter (causal, local, varlen: unequal tiles),
-//                            the next tile of the heavy-first order taken with one atomic
-//                            when the CTA starts a tile — the hardware's block scheduling
-//                            without the per-tile prologue and epilogue. The producer
+//                            the next tile of the flat order (per (batch, head) its last,
+//                            heaviest query tiles first) taken with one atomic when the
+//                            CTA starts a tile — the hardware's block scheduling without
+//                            the per-tile prologue and epilogue. The producer
 //                            takes the tile and hands its index to the consumers through
 //                            a two-slot queue in shared memory (tile_full / tile_empty).
 //
@@ -241,11 +242,14 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
 
   // Persistent: the CTA's tile number `taken` from the scheduler's queue (num_tiles: none
   // left). Every consumer warp and the loader read each slot, then release it.
-  auto take_tile = [&](int taken) {
+  // `lanes`: the reading lanes of the warp — the loader is lane 0 of the producer's first
+  // warp alone, a consumer warp is whole; every one has read the slot before lane 0
+  // releases it.
+  auto take_tile = [&](int taken, unsigned lanes) {
     const int slot = taken & 1;
     ptx::mbarrier_wait(&tile_full[slot], (taken >> 1) & 1);
     const std::int32_t linear = tile_slots[slot];
-    __syncwarp(__activemask());
+    __syncwarp(lanes);
     if (threadIdx.x % 32 == 0) ::cuda::ptx::mbarrier_arrive(&tile_empty[slot]);
     return linear;
   };
@@ -264,14 +268,17 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
         // The scheduler (one lane of the producer's second warp, so the loader below keeps
         // its 24 registers): puts the CTA's tile number `taken` into its slot of the
         // queue — blockIdx.x, then from the counter or blockIdx.x + k gridDim.x — and
-        // tile_end once none is left. Up to two tiles ahead of the loader and consumers.
+        // tile_end once none is left. It claims the next tile only once every reader has
+        // taken this one (the tile has started): one tile queued ahead, enough for the
+        // loader's Q prefetch, so the last tiles go to the CTAs that free up first. That
+        // wait also frees the slot the next-but-one tile reuses.
         std::int32_t linear = static_cast<std::int32_t>(blockIdx.x);
         for (int taken = 0;; ++taken) {
           const int slot = taken & 1;
-          if (taken >= 2) ptx::mbarrier_wait(&tile_empty[slot], ((taken >> 1) - 1) & 1);
           tile_slots[slot] = linear < tile_end ? linear : tile_end;
           ::cuda::ptx::mbarrier_arrive(&tile_full[slot]);
           if (linear >= tile_end) return;
+          ptx::mbarrier_wait(&tile_empty[slot], (taken >> 1) & 1);
           linear = params.maybe_tile_counter != nullptr
                        ? static_cast<std::int32_t>(gridDim.x + atomicAdd(params.maybe_tile_counter, 1u))
                        : linear + static_cast<std::int32_t>(gridDim.x);
@@ -284,7 +291,7 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
     for (int taken = 0;; ++taken) {
       std::int32_t linear = static_cast<std::int32_t>(blockIdx.x);
       if constexpr (kPersistentArg) {
-        linear = take_tile(taken);
+        linear = take_tile(taken, 1u);
       } else if (taken > 0) {
         break;
       }
@@ -712,7 +719,7 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
   // would keep more values live across the mainloop (measured: spills at d256).
   if constexpr (kPersistentArg) {
     for (int taken = 0;; ++taken) {
-      const std::int32_t linear = take_tile(taken);
+      const std::int32_t linear = take_tile(taken, 0xffffffffu);
       if (linear >= num_tiles) break;
       if (decode_tile(linear, tile)) consume_tile();
     }
@@ -757,15 +764,16 @@ void launch_forward_sm90(const HopperForwardParams& params, cudaStream_t stream)
   const std::int64_t num_m_blocks = (attention.seqlen_q + kConfig.block_m - 1) / kConfig.block_m;
   const std::int64_t num_tiles = num_m_blocks * attention.heads_q * attention.batch;
   if (num_tiles == 0) return;
-  if (num_tiles > INT_MAX)
-    throw NotSupported("flashattn: q: too many query tiles x heads x batch for one launch (" +
-                       std::to_string(num_tiles) + " > 2^31 - 1)");
   int device = 0;
   FLASHATTN_CUDA_CHECK(cudaGetDevice(&device));
   // Persistent: one CTA per SM (shared memory and registers allow no second), each
   // running tiles blockIdx.x, blockIdx.x + gridDim.x, ...
   const std::int64_t num_ctas =
       kConfig.is_persistent ? std::min<std::int64_t>(num_tiles, multiprocessor_count(device)) : num_tiles;
+  // Tile indices are 32-bit in the kernel, including the next index a CTA computes.
+  if (num_tiles + num_ctas > INT_MAX)
+    throw NotSupported("flashattn: q: too many query tiles x heads x batch for one launch (" +
+                       std::to_string(num_tiles) + " tiles)");
   constexpr int kSharedBytes = kConfig.shared_bytes();
   auto* kernel = forward_kernel_sm90<T, kConfig.kernel_head_dim, kConfig.block_m, kConfig.block_n, kConfig.stages,
                                      kConfig.is_intra_overlap, kConfig.is_ping_pong, kConfig.is_persistent, kHasDropout>;

@@ -72,7 +72,7 @@ struct HopperTileConfig {
 //    484 vs 448), +2-10% beyond (d256 16k 759 vs 690); on causal problems the static
 //    round-robin of unequal tiles loses badly (d128 16k causal 429 vs 629). Short
 //    masked problems (seqlen_q <= 2048) run the persistent kernels with the dynamic tile
-//    scheduler instead (tiles heavy-first from an atomic counter, kernel.cuh); H200,
+//    scheduler instead (tiles from an atomic counter, each head's heaviest first, kernel.cuh); H200,
 //    2026-11-27, ours / cuDNN causal, dynamic vs one CTA per tile: d64 1k 0.78 vs 0.64,
 //    2k 0.80 vs 0.73; d128 1k 0.81 vs 0.76, 2k 0.87 vs 0.87 — but d128 4k 0.92 vs 0.95,
 //    16k 0.96 vs 1.03, so longer masked problems keep one CTA per tile.
