@@ -241,15 +241,15 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
   __syncthreads();
 
   // Persistent: the CTA's tile number `taken` from the scheduler's queue (num_tiles: none
-  // left). Every consumer warp and the loader read each slot, then release it.
-  // `lanes`: the reading lanes of the warp — the loader is lane 0 of the producer's first
-  // warp alone, a consumer warp is whole; every one has read the slot before lane 0
-  // releases it.
-  auto take_tile = [&](int taken, unsigned lanes) {
+  // left). Every consumer warp and the loader read each slot, then release it; every
+  // reading lane has read it before lane 0 does: the loader is lane 0 of the producer's
+  // first warp alone, a consumer warp is whole and converged here (it has just left
+  // aligned wgmma code), so the active mask is the whole warp.
+  auto take_tile = [&](int taken) {
     const int slot = taken & 1;
     ptx::mbarrier_wait(&tile_full[slot], (taken >> 1) & 1);
     const std::int32_t linear = tile_slots[slot];
-    __syncwarp(lanes);
+    __syncwarp(__activemask());
     if (threadIdx.x % 32 == 0) ::cuda::ptx::mbarrier_arrive(&tile_empty[slot]);
     return linear;
   };
@@ -268,17 +268,16 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
         // The scheduler (one lane of the producer's second warp, so the loader below keeps
         // its 24 registers): puts the CTA's tile number `taken` into its slot of the
         // queue — blockIdx.x, then from the counter or blockIdx.x + k gridDim.x — and
-        // tile_end once none is left. It claims the next tile only once every reader has
-        // taken this one (the tile has started): one tile queued ahead, enough for the
-        // loader's Q prefetch, so the last tiles go to the CTAs that free up first. That
-        // wait also frees the slot the next-but-one tile reuses.
+        // tile_end once none is left. It runs up to two tiles ahead of the loader and
+        // consumers (a tile is claimed before its slot is free); claiming only once the
+        // previous tile has started would queue one (hopper/TUNING.md, not yet measured).
         std::int32_t linear = static_cast<std::int32_t>(blockIdx.x);
         for (int taken = 0;; ++taken) {
           const int slot = taken & 1;
+          if (taken >= 2) ptx::mbarrier_wait(&tile_empty[slot], ((taken >> 1) - 1) & 1);
           tile_slots[slot] = linear < tile_end ? linear : tile_end;
           ::cuda::ptx::mbarrier_arrive(&tile_full[slot]);
           if (linear >= tile_end) return;
-          ptx::mbarrier_wait(&tile_empty[slot], (taken >> 1) & 1);
           linear = params.maybe_tile_counter != nullptr
                        ? static_cast<std::int32_t>(gridDim.x + atomicAdd(params.maybe_tile_counter, 1u))
                        : linear + static_cast<std::int32_t>(gridDim.x);
@@ -291,7 +290,7 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
     for (int taken = 0;; ++taken) {
       std::int32_t linear = static_cast<std::int32_t>(blockIdx.x);
       if constexpr (kPersistentArg) {
-        linear = take_tile(taken, 1u);
+        linear = take_tile(taken);
       } else if (taken > 0) {
         break;
       }
@@ -719,7 +718,7 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
   // would keep more values live across the mainloop (measured: spills at d256).
   if constexpr (kPersistentArg) {
     for (int taken = 0;; ++taken) {
-      const std::int32_t linear = take_tile(taken, 0xffffffffu);
+      const std::int32_t linear = take_tile(taken);
       if (linear >= num_tiles) break;
       if (decode_tile(linear, tile)) consume_tile();
     }
@@ -770,8 +769,9 @@ void launch_forward_sm90(const HopperForwardParams& params, cudaStream_t stream)
   // running tiles blockIdx.x, blockIdx.x + gridDim.x, ...
   const std::int64_t num_ctas =
       kConfig.is_persistent ? std::min<std::int64_t>(num_tiles, multiprocessor_count(device)) : num_tiles;
-  // Tile indices are 32-bit in the kernel, including the next index a CTA computes.
-  if (num_tiles + num_ctas > INT_MAX)
+  // Tile indices are 32-bit in the kernel, including the next index a persistent CTA
+  // computes (up to num_tiles + gridDim.x).
+  if (num_tiles + (kConfig.is_persistent ? num_ctas : 0) > INT_MAX)
     throw NotSupported("flashattn: q: too many query tiles x heads x batch for one launch (" +
                        std::to_string(num_tiles) + " tiles)");
   constexpr int kSharedBytes = kConfig.shared_bytes();
