@@ -164,6 +164,20 @@ def torch_inputs(device, B=2, H=4, Hkv=2, L=97, S=130, E=32, dtype=None, seed=0)
     return tuple(torch.randn(shape, generator=generator).to(device=device, dtype=dtype)
                  for shape in ((B, H, L, E), (B, Hkv, S, E), (B, Hkv, S, E)))
 
+def capture_cuda_graph(fn):
+    """(graph, fn's outputs in the graph's memory): fn warmed up on a side stream, as
+    torch requires before a capture, then captured."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outputs = fn()
+    return graph, outputs
+
+
 
 @needs_torch
 @pytest.mark.parametrize("device", TORCH_DEVICES)
@@ -250,14 +264,7 @@ def test_cuda_graph_replays_draw_fresh_dropout_masks():
     equals the eager call after the same seed."""
     q, k, v = torch_inputs("cuda", L=256, S=256)
     run = lambda: flashattn.scaled_dot_product_attention(q, k, v, dropout_p=0.3, enable_gqa=True)  # noqa: E731
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # warm-up outside the capture
-        run()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        static_out = run()
+    graph, static_out = capture_cuda_graph(run)
     torch.manual_seed(4)
     graph.replay()
     first = static_out.clone()
@@ -279,14 +286,7 @@ def test_cuda_graph_of_forward_and_backward_with_dropout_is_consistent():
         out = flashattn.scaled_dot_product_attention(q, k, v, dropout_p=0.2, is_causal=True, enable_gqa=True)
         return torch.autograd.grad(out, (q, k, v), dout)
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        step()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        captured = step()
+    graph, captured = capture_cuda_graph(step)
     torch.manual_seed(8)
     graph.replay()
     replayed = [g.clone() for g in captured]
@@ -490,14 +490,7 @@ def test_cuda_graph_captures_the_mask_conversion():
     generator = torch.Generator().manual_seed(11)
     static_mask = structured_mask("blocks", (1, 1, 512, 512), generator).cuda()
     run = lambda: flashattn.scaled_dot_product_attention(q, k, v, attn_mask=static_mask, enable_gqa=True)  # noqa: E731
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        run()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        static_out = run()
+    graph, static_out = capture_cuda_graph(run)
     for kind in ("causal", "random", "blocks"):
         static_mask.copy_(structured_mask(kind, (1, 1, 512, 512), generator).cuda())
         graph.replay()
