@@ -164,6 +164,7 @@ def torch_inputs(device, B=2, H=4, Hkv=2, L=97, S=130, E=32, dtype=None, seed=0)
     return tuple(torch.randn(shape, generator=generator).to(device=device, dtype=dtype)
                  for shape in ((B, H, L, E), (B, Hkv, S, E), (B, Hkv, S, E)))
 
+
 def capture_cuda_graph(fn):
     """(graph, fn's outputs in the graph's memory): fn warmed up on a side stream, as
     torch requires before a capture, then captured."""
@@ -176,7 +177,6 @@ def capture_cuda_graph(fn):
     with torch.cuda.graph(graph):
         outputs = fn()
     return graph, outputs
-
 
 
 @needs_torch
