@@ -138,9 +138,10 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
   static_assert(!kPingPongArg || kIntraOverlapArg, "ping-pong is built on the overlapped mainloop");
 
   const AttentionParams& attention = params.attention;
-  // Tiles: one flat index, query tile fastest, the last query tiles (the most keys under
-  // a causal mask) first — as in the FA2 kernel. A CTA runs tiles blockIdx.x,
-  // blockIdx.x + gridDim.x, ...: one tile, or several when the launch is persistent.
+  // Tiles: one running index, mapped by params.tile_order (tile_order.hpp) — flat: query
+  // tile fastest, the last query tiles (the most keys under a causal mask) first, as in
+  // the FA2 kernel. A CTA runs tiles blockIdx.x, then blockIdx.x + gridDim.x, ... or the
+  // dynamic scheduler's: one tile, or several when the launch is persistent.
   const std::int64_t num_m_blocks = (attention.seqlen_q + kBlockM - 1) / kBlockM;
   const std::int64_t num_tiles = num_m_blocks * attention.heads_q * attention.batch;
   // The device mask's key-tile lists (absent without attn_mask / block mask; read only
@@ -155,10 +156,10 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
   };
   // False for a tile past its (varlen) sequence's end: it has no rows, every role skips it.
   auto decode_tile = [&](std::int64_t linear, Tile& tile) {
-    const std::int64_t m_block = num_m_blocks - 1 - linear % num_m_blocks;
-    linear /= num_m_blocks;
-    tile.head = linear % attention.heads_q;
-    tile.batch = linear / attention.heads_q;
+    const TileOrder::Coordinates coordinates = params.tile_order.at(static_cast<std::int32_t>(linear));
+    const std::int64_t m_block = coordinates.m_block;
+    tile.head = coordinates.head_batch % attention.heads_q;
+    tile.batch = coordinates.head_batch / attention.heads_q;
     tile.seqlen_q = attention.seqlen_q_of(tile.batch);
     tile.m0 = m_block * kBlockM;
     if (tile.m0 >= tile.seqlen_q) return false;
@@ -774,6 +775,13 @@ void launch_forward_sm90(const HopperForwardParams& params, cudaStream_t stream)
   if (num_tiles + (kConfig.is_persistent ? num_ctas : 0) > INT_MAX)
     throw NotSupported("flashattn: q: too many query tiles x heads x batch for one launch (" +
                        std::to_string(num_tiles) + " tiles)");
+  // The tiles' order (tile_order.hpp): flat, or L2 sections for the dynamic scheduler.
+  HopperForwardParams launch_params = params;
+  launch_params.tile_order = TileOrder{static_cast<std::int32_t>(num_m_blocks),
+                                       static_cast<std::int32_t>(attention.heads_q * attention.batch), 0};
+  if (kConfig.is_persistent && params.maybe_tile_counter != nullptr && is_l2_section_order_requested())
+    launch_params.tile_order.section_heads = l2_section_heads(
+        attention.seqlen_k * kConfig.kernel_head_dim * 2 * kConfig.element_bytes, static_cast<std::int32_t>(attention.group_size));
   constexpr int kSharedBytes = kConfig.shared_bytes();
   auto* kernel = forward_kernel_sm90<T, kConfig.kernel_head_dim, kConfig.block_m, kConfig.block_n, kConfig.stages,
                                      kConfig.is_intra_overlap, kConfig.is_ping_pong, kConfig.is_persistent, kHasDropout>;
@@ -784,7 +792,7 @@ void launch_forward_sm90(const HopperForwardParams& params, cudaStream_t stream)
     FLASHATTN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSharedBytes));
     opted_in_devices.fetch_or(device_bit, std::memory_order_release);
   }
-  kernel<<<static_cast<unsigned>(num_ctas), kConfig.threads(), kSharedBytes, stream>>>(params);
+  kernel<<<static_cast<unsigned>(num_ctas), kConfig.threads(), kSharedBytes, stream>>>(launch_params);
   FLASHATTN_CUDA_CHECK_LAUNCH();
 }
 

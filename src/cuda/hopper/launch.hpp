@@ -15,6 +15,7 @@
 
 #include "src/core/params.hpp"
 #include "src/cuda/hopper/tile_config.hpp"
+#include "src/cuda/hopper/tile_order.hpp"
 
 namespace flashattn::cuda::hopper {
 
@@ -30,6 +31,8 @@ struct HopperForwardParams {
   // Persistent launches of tiles of unequal work (causal, local, varlen): a zeroed
   // counter from which CTAs take their next tile (kernel.cuh); null: the static order.
   unsigned int* maybe_tile_counter = nullptr;
+  // Which tile a running index names (tile_order.hpp); set by launch_forward_sm90.
+  TileOrder tile_order;
 };
 
 template <class T, int kHeadDim>
@@ -48,6 +51,17 @@ inline bool is_per_tile_schedule_forced() {
     return value != nullptr && std::string(value) == "per_tile";
   }();
   return forced;
+}
+
+// FLASHATTN_CUDA_HOPPER_TILE_ORDER=l2_sections: launches with the dynamic tile scheduler
+// take their tiles in L2 sections, heaviest query tiles first (tile_order.hpp) instead
+// of the flat order; an A/B switch until timed, read once per process.
+inline bool is_l2_section_order_requested() {
+  static const bool requested = [] {
+    const char* value = std::getenv("FLASHATTN_CUDA_HOPPER_TILE_ORDER");
+    return value != nullptr && std::string(value) == "l2_sections";
+  }();
+  return requested;
 }
 
 inline ProblemClass problem_class_of(const AttentionParams& params) {
