@@ -53,13 +53,13 @@ inline bool is_per_tile_schedule_forced() {
   return forced;
 }
 
-// FLASHATTN_CUDA_HOPPER_TILE_ORDER=l2_sections: launches with the dynamic tile scheduler
-// take their tiles in L2 sections, heaviest query tiles first (tile_order.hpp) instead
-// of the flat order; an A/B switch until timed, read once per process.
+// The dynamic tile scheduler's order: L2 sections (tile_order.hpp) unless
+// FLASHATTN_CUDA_HOPPER_TILE_ORDER=flat (the A/B switch; read once per process). Sections
+// measured +1-7% over flat at causal 1k-2k (H200, 2026-11-27, hopper/TUNING.md).
 inline bool is_l2_section_order_requested() {
   static const bool requested = [] {
     const char* value = std::getenv("FLASHATTN_CUDA_HOPPER_TILE_ORDER");
-    return value != nullptr && std::string(value) == "l2_sections";
+    return value == nullptr || std::string(value) != "flat";
   }();
   return requested;
 }

@@ -8,8 +8,8 @@
 //   section_heads, chosen on the host so that a section's K and V fit in L2; inside a
 //   section the query tile varies slowest, heaviest first across all its heads: the
 //   longest-processing-time-first order that FA3's dynamic scheduler also uses, while
-//   the tiles in flight still share the section's K/V in L2. Off by default until timed
-//   (FLASHATTN_CUDA_HOPPER_TILE_ORDER=l2_sections, launch.cu).
+//   the tiles in flight still share the section's K/V in L2. The dynamic scheduler's
+//   default (FLASHATTN_CUDA_HOPPER_TILE_ORDER=flat turns it off, launch.hpp).
 // Host and device code; no CUDA headers.
 #pragma once
 
