@@ -482,6 +482,25 @@ TEST(Masks, BadInputIsRejected) {
   }
 }
 
+// Masks with a variable-length batch are refused (docs/algorithm.md §7b), naming the mask
+// and cu_seqlens, outputs untouched.
+TEST(Masks, VarlenIsRefused) {
+  Masked t(varlen(make(DType::float16, 1, 1, 1, 2, 2, 32), {20, 35}, {30, 25}));
+  DenseMask mask = random_bool_mask({2, 2, 35, 30}, 0.5, 4);
+  AttentionOptions with_mask;
+  with_mask.maybe_attn_mask = mask.view();
+  expect_rejected(t, with_mask, "attn_mask");
+  BlockLists lists = block_lists(random_bool_mask({1, 1, 35, 30}, 0.5, 5), 35, 30, 16, 16);
+  AttentionOptions with_block_mask;
+  with_block_mask.maybe_block_mask = lists.args();
+  expect_rejected(t, with_block_mask, "block_mask");
+  try {
+    forward(t.forward_args(with_mask));
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("cu_seqlens_q"), std::string::npos) << e.what();
+  }
+}
+
 TEST(Masks, DbiasValidation) {
   Masked t(make(DType::float32, 1, 20, 30, 2, 2, 16));
   DenseMask bias = random_bias(DType::float32, {1, 2, 20, 30}, 0.0, 3);

@@ -369,7 +369,7 @@ MaskTables MaskTables::build(const AttentionParams& given, const BackwardParams*
                        std::to_string(tiles.query_tile) + " x " + std::to_string(tiles.key_tile) + ")");
   if (given.is_varlen())
     throw NotSupported(std::string("flashattn: ") + (given.has_attn_mask() ? "attn_mask" : "block_mask") +
-                       ": masks are not supported with variable-length (varlen) batches");
+                       ": masks are not supported with variable-length batches (cu_seqlens_q, cu_seqlens_k)");
   // A dense boolean mask alone, when asked (FLASHATTN_DENSE_MASK=blocks): its block form
   // at mask blocks matching the kernel's tiles (src/core/dense_mask_blocks.hpp). From here
   // on `params` are the masks as the kernels will read them (bind()): the converted mask
