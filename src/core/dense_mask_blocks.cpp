@@ -79,21 +79,25 @@ void build_dense_block_mask(const AttentionParams& params, std::int64_t block_m,
   out.codes.assign(blocks, DeviceMask::kEmptyBlock);
   out.bits.assign(blocks * static_cast<std::size_t>(grid.words_per_block()), 0u);
   const auto* mask = static_cast<const std::uint8_t*>(params.maybe_attn_mask);
-  for (std::int64_t b = 0; b < grid.batches; ++b)
-    for (std::int64_t h = 0; h < grid.heads; ++h)
-      for (std::int64_t m = 0; m < grid.q_blocks; ++m)
-        for (std::int64_t n = 0; n < grid.kv_blocks; ++n) {
-          const std::int64_t index = grid.dense_index(b, h, m, n);
-          std::uint32_t* words = out.bits.data() + index * grid.words_per_block();  // (block_m, words_per_row)
-          std::int64_t allowed = 0;
-          for (std::int64_t r = 0; r < block_m && m * block_m + r < grid.seqlen_q; ++r)
-            for (std::int64_t c = 0; c < block_n && n * block_n + c < grid.seqlen_k; ++c)
-              if (mask[params.attn_mask_offset(b, h, m * block_m + r, n * block_n + c)] != 0) {
-                words[r * grid.words_per_row + c / 32] |= 1u << (c % 32);
-                ++allowed;
-              }
-          out.codes[static_cast<std::size_t>(index)] = DenseMaskGrid::code_of(allowed, grid.inside_count(m, n), index);
-        }
+  // One pass over the mask; block rows write disjoint codes and bits.
+  const std::int64_t block_rows = grid.batches * grid.heads * grid.q_blocks;
+#pragma omp parallel for schedule(static)
+  for (std::int64_t block_row = 0; block_row < block_rows; ++block_row) {
+    const std::int64_t m = block_row % grid.q_blocks;
+    const std::int64_t h = (block_row / grid.q_blocks) % grid.heads, b = block_row / (grid.q_blocks * grid.heads);
+    for (std::int64_t n = 0; n < grid.kv_blocks; ++n) {
+      const std::int64_t index = grid.dense_index(b, h, m, n);
+      std::uint32_t* words = out.bits.data() + index * grid.words_per_block();  // (block_m, words_per_row)
+      std::int64_t allowed = 0;
+      for (std::int64_t r = 0; r < block_m && m * block_m + r < grid.seqlen_q; ++r)
+        for (std::int64_t c = 0; c < block_n && n * block_n + c < grid.seqlen_k; ++c)
+          if (mask[params.attn_mask_offset(b, h, m * block_m + r, n * block_n + c)] != 0) {
+            words[r * grid.words_per_row + c / 32] |= 1u << (c % 32);
+            ++allowed;
+          }
+      out.codes[static_cast<std::size_t>(index)] = DenseMaskGrid::code_of(allowed, grid.inside_count(m, n), index);
+    }
+  }
 
   // The lists of both directions from the codes, ascending, zero-filled past the counts.
   const std::int64_t sets = grid.batches * grid.heads;
