@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -300,13 +301,25 @@ TEST(BlockMasks, DenseAndBlockSparseAgree) {
     }
 }
 
-// FLASHATTN_DENSE_MASK=blocks for one scope (the library reads it at every call).
-class DenseMaskAsBlocks {
+// FLASHATTN_DENSE_MASK for one scope (the library reads it at every call): "blocks", or
+// null for unset (the per-element path); the previous value is restored after.
+class DenseMaskMode {
  public:
-  DenseMaskAsBlocks() { setenv("FLASHATTN_DENSE_MASK", "blocks", 1); }
-  ~DenseMaskAsBlocks() { unsetenv("FLASHATTN_DENSE_MASK"); }
-  DenseMaskAsBlocks(const DenseMaskAsBlocks&) = delete;
-  DenseMaskAsBlocks& operator=(const DenseMaskAsBlocks&) = delete;
+  explicit DenseMaskMode(const char* value) {
+    const char* previous = std::getenv("FLASHATTN_DENSE_MASK");
+    if (previous != nullptr) previous_ = previous;
+    if (value != nullptr) setenv("FLASHATTN_DENSE_MASK", value, 1);
+    else unsetenv("FLASHATTN_DENSE_MASK");
+  }
+  ~DenseMaskMode() {
+    if (previous_) setenv("FLASHATTN_DENSE_MASK", previous_->c_str(), 1);
+    else unsetenv("FLASHATTN_DENSE_MASK");
+  }
+  DenseMaskMode(const DenseMaskMode&) = delete;
+  DenseMaskMode& operator=(const DenseMaskMode&) = delete;
+
+ private:
+  std::optional<std::string> previous_;
 };
 
 // A boolean mask whose 64 x 64 blocks (the CPU conversion's) come in every kind: random
@@ -350,21 +363,27 @@ TEST(DenseMaskBlocks, EqualsThePerElementPath) {
     t.reference_extra = t.extra;
     for (Algorithm algorithm : {Algorithm::flash2, Algorithm::flash1}) {
       const std::string name = label + (algorithm == Algorithm::flash2 ? " flash2" : " flash1");
-      forward(t.forward_args(t.extra, algorithm));
+      {
+        const DenseMaskMode per_element(nullptr);
+        forward(t.forward_args(t.extra, algorithm));
+      }
       const HostTensor dense_out = t.problem.out, dense_lse = t.problem.lse;
       {
-        const DenseMaskAsBlocks as_blocks;
+        const DenseMaskMode as_blocks("blocks");
         t.problem.out.fill_canary(), t.problem.lse.fill_canary();
         expect_masked_forward(t, name + " as blocks", algorithm);
       }
       EXPECT_TRUE(t.problem.out.bitwise_equal(dense_out) && t.problem.lse.bitwise_equal(dense_lse))
           << name << ": the block form and the per-element path differ";
     }
-    forward(t.forward_args(t.extra));
-    backward(t.backward_args(t.extra));
+    {
+      const DenseMaskMode per_element(nullptr);
+      forward(t.forward_args(t.extra));
+      backward(t.backward_args(t.extra));
+    }
     const HostTensor dense_dq = t.problem.dq, dense_dk = t.problem.dk, dense_dv = t.problem.dv;
     {
-      const DenseMaskAsBlocks as_blocks;
+      const DenseMaskMode as_blocks("blocks");
       for (HostTensor* g : {&t.problem.dq, &t.problem.dk, &t.problem.dv}) g->fill_canary();
       expect_masked_backward(t, label + " as blocks");
     }

@@ -691,13 +691,26 @@ std::vector<MaskCase> small_dense_blocks_cases() {
   };
 }
 
-// FLASHATTN_DENSE_MASK=blocks for one scope (the library reads it at every call).
-class DenseMaskAsBlocks {
+// FLASHATTN_DENSE_MASK for one scope (the library reads it at every call): "blocks", or
+// null for unset (the per-element path); the previous value is restored after, so a
+// whole run under FLASHATTN_DENSE_MASK=blocks runs every other case converted.
+class DenseMaskMode {
  public:
-  DenseMaskAsBlocks() { setenv("FLASHATTN_DENSE_MASK", "blocks", 1); }
-  ~DenseMaskAsBlocks() { unsetenv("FLASHATTN_DENSE_MASK"); }
-  DenseMaskAsBlocks(const DenseMaskAsBlocks&) = delete;
-  DenseMaskAsBlocks& operator=(const DenseMaskAsBlocks&) = delete;
+  explicit DenseMaskMode(const char* value) {
+    const char* previous = std::getenv("FLASHATTN_DENSE_MASK");
+    if (previous != nullptr) previous_ = previous;
+    if (value != nullptr) setenv("FLASHATTN_DENSE_MASK", value, 1);
+    else unsetenv("FLASHATTN_DENSE_MASK");
+  }
+  ~DenseMaskMode() {
+    if (previous_) setenv("FLASHATTN_DENSE_MASK", previous_->c_str(), 1);
+    else unsetenv("FLASHATTN_DENSE_MASK");
+  }
+  DenseMaskMode(const DenseMaskMode&) = delete;
+  DenseMaskMode& operator=(const DenseMaskMode&) = delete;
+
+ private:
+  std::optional<std::string> previous_;
 };
 
 // ---- the tests ------------------------------------------------------------------------
@@ -790,10 +803,13 @@ void check_forward_as_blocks(const MaskCase& c, Algorithm algorithm) {
   if (algorithm == Algorithm::flash3 && !runs_flash3(c.shape.head_dim)) GTEST_SKIP() << "flash3 does not run here";
   const std::string label = c.name + (algorithm == Algorithm::flash3 ? " [flash3 as blocks]" : " [flash2 as blocks]");
   MaskedRun run(c);
-  run.run_forward(algorithm);
+  {
+    const DenseMaskMode per_element(nullptr);
+    run.run_forward(algorithm);
+  }
   const HostTensor out = run.problem().out, lse = run.problem().lse;
   {
-    const DenseMaskAsBlocks as_blocks;
+    const DenseMaskMode as_blocks("blocks");
     run.run_forward(algorithm);
   }
   run.expect_forward_matches(label);
@@ -808,10 +824,13 @@ void check_backward_as_blocks(const MaskCase& c) {
   const std::string label = c.name + " [backward as blocks]";
   MaskedRun run(c);
   run.run_forward(Algorithm::flash2);
-  run.run_backward();
+  {
+    const DenseMaskMode per_element(nullptr);
+    run.run_backward();
+  }
   const HostTensor dq = run.problem().dq, dk = run.problem().dk, dv = run.problem().dv;
   {
-    const DenseMaskAsBlocks as_blocks;
+    const DenseMaskMode as_blocks("blocks");
     run.run_backward();
   }
   run.expect_backward_matches(label);
@@ -900,6 +919,7 @@ void check_tables(const MaskCase& c, int query_tile, int key_tile) {
   const std::string label = c.name + " tiles " + std::to_string(query_tile) + "x" + std::to_string(key_tile);
   MaskedRun run(c);
   const BackwardParams params = validate_backward(run.device_backward_args());
+  const DenseMaskMode per_element(nullptr);  // a dense mask's tables as it is (the block form: check_dense_blocks_tables)
   const cuda::masks::MaskTables tables =
       cuda::masks::prepare(params, cuda::masks::KernelTiles{query_tile, key_tile, true, true}, nullptr);
   cuda_or_throw(cudaDeviceSynchronize(), "mask tables");
@@ -973,7 +993,7 @@ void check_dense_blocks_tables(const MaskCase& c, int query_tile, int key_tile) 
   const std::string label = c.name + " as blocks, tiles " + std::to_string(query_tile) + "x" + std::to_string(key_tile);
   MaskedRun run(c);
   const BackwardParams params = validate_backward(run.device_backward_args());
-  const DenseMaskAsBlocks as_blocks;
+  const DenseMaskMode as_blocks("blocks");
   const cuda::masks::MaskTables tables =
       cuda::masks::prepare(params, cuda::masks::KernelTiles{query_tile, key_tile, true, true}, nullptr);
   cuda_or_throw(cudaDeviceSynchronize(), "mask tables");
@@ -1031,7 +1051,7 @@ TEST(CudaMasksTablesSmall, DenseMaskBlocksEqualTheHostConversion) {
   for (const MaskCase& c : small_dense_blocks_cases()) check_dense_blocks_tables(c, 64, 80);
 }
 
-// Without FLASHATTN_DENSE_MASK=blocks a dense boolean mask is read per element (no conversion).
+// FLASHATTN_DENSE_MASK unset: a dense boolean mask is read per element (no conversion).
 TEST(CudaMasksTablesSmall, DenseMaskStaysDenseByDefault) {
   skip_without_gpu();
   if (::testing::Test::IsSkipped()) return;
@@ -1039,6 +1059,7 @@ TEST(CudaMasksTablesSmall, DenseMaskStaysDenseByDefault) {
   if (::testing::Test::IsSkipped()) return;
   MaskedRun run(small_dense_blocks_cases().front());
   const BackwardParams params = validate_backward(run.device_backward_args());
+  const DenseMaskMode unset(nullptr);
   const cuda::masks::MaskTables tables = cuda::masks::prepare(params, cuda::masks::KernelTiles{64, 64, true, false}, nullptr);
   cuda_or_throw(cudaDeviceSynchronize(), "mask tables");
   EXPECT_FALSE(tables.has_dense_mask_blocks());
