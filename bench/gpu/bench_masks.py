@@ -20,6 +20,10 @@ Contenders (SDPA layout [batch, heads, seqlen, head_dim] for every one of them):
                   in the time), beside cudnn_bias, the dense-mask goal of the issue;
   ours_dense_raw  the same dense bool mask read by the kernels as it is (the conversion
                   turned off): what the conversion buys;
+  ours_dense_cxx  the same dense bool mask given to the C++ API as it is (the Python
+                  conversion off) with FLASHATTN_DENSE_MASK=blocks: the library's own device
+                  conversion (src/cuda/masks, at the kernel's tiles) in the time - what a C++
+                  caller gets;
   flex            torch.compile(flex_attention) with torch's create_block_mask (the anchor);
   sdpa_dense      F.scaled_dot_product_attention(attn_mask=<dense bool>) (efficient backend);
   cudnn_bias      F.scaled_dot_product_attention(attn_mask=<additive 0/-inf bias>) on cuDNN.
@@ -49,6 +53,7 @@ rewritten after every mask so a run cut short keeps what it measured.
 """
 
 import argparse
+import contextlib
 import csv
 import datetime
 import math
@@ -60,7 +65,7 @@ import traceback
 TOLERANCE = {"fwd": 3e-2, "bwd": 5e-2}  # bf16 relative error (max|x - anchor| / max|anchor|)
 CSV_COLUMNS = ("mask", "target_density", "density", "batch", "heads", "seqlen", "head_dim", "pass", "impl",
                "time_ms", "tflops", "ratio_vs_flex", "ratio_vs_cudnn_bias", "max_rel_err", "status", "device", "date")
-ALL_IMPLS = "flex,ours,ours_torch,ours_dense,ours_dense_raw,sdpa_dense,cudnn_bias"
+ALL_IMPLS = "flex,ours,ours_torch,ours_dense,ours_dense_raw,ours_dense_cxx,sdpa_dense,cudnn_bias"
 FULL = dict(batch=8, heads=16, seqlen=4096, head_dim=128, masks="none,causal,window,document",
             densities="0.05,0.1,0.25,0.5,0.75,1.0", warmup=25, rep=100)
 QUICK = dict(batch=1, heads=4, seqlen=1024, head_dim=128, masks="causal,document", densities="0.1,0.5,1.0",
@@ -134,6 +139,21 @@ class _DenseMaskReadAsItIs:
         return False
 
 
+class _LibraryDenseMaskBlocks:
+    """Sets FLASHATTN_DENSE_MASK=blocks while active (the library reads it at every call)."""
+
+    def __enter__(self):
+        self.saved = os.environ.get("FLASHATTN_DENSE_MASK")
+        os.environ["FLASHATTN_DENSE_MASK"] = "blocks"
+
+    def __exit__(self, *exc):
+        if self.saved is None:
+            del os.environ["FLASHATTN_DENSE_MASK"]
+        else:
+            os.environ["FLASHATTN_DENSE_MASK"] = self.saved
+        return False
+
+
 def make_series(name, flashattn, case, device):
     """forward(q, k, v) -> out for one contender, or raises why it cannot run."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -160,6 +180,13 @@ def make_series(name, flashattn, case, device):
     if name == "ours_dense":
         return lambda q, k, v: flashattn.scaled_dot_product_attention(q, k, v, attn_mask=case.dense)
     if name == "ours_dense_raw":
+        raw = _DenseMaskReadAsItIs(flashattn)
+
+        def run(q, k, v):
+            with raw:
+                return flashattn.scaled_dot_product_attention(q, k, v, attn_mask=case.dense)
+        return run
+    if name == "ours_dense_cxx":  # run_contender sets FLASHATTN_DENSE_MASK=blocks around fwd and bwd
         raw = _DenseMaskReadAsItIs(flashattn)
 
         def run(q, k, v):
@@ -261,9 +288,11 @@ def short(exc):
 
 def run_contender(impl, flashattn, case, inputs, dout, pass_name, timer, anchor):
     """(row fields, values or None): one contender on one (mask, pass)."""
+    library = _LibraryDenseMaskBlocks() if impl == "ours_dense_cxx" else contextlib.nullcontext()
     try:
-        forward = make_series(impl, flashattn, case, inputs[0].device.type)
-        values, last_values, time_ms = measure(forward, inputs, dout, pass_name, timer)
+        with library:
+            forward = make_series(impl, flashattn, case, inputs[0].device.type)
+            values, last_values, time_ms = measure(forward, inputs, dout, pass_name, timer)
     except Exception as exc:  # noqa: BLE001 - an unavailable contender is a row, not a crash
         if os.environ.get("BENCH_TRACEBACK"):
             traceback.print_exc()

@@ -102,7 +102,9 @@ void check_mask_options(const AttentionOptions& options, const MaskGeometry& g, 
   const char* first = has_attn_mask ? "attn_mask" : "block_mask";
   if (!limits.supports_masks)
     unsupported(first, std::string("masks are not supported on the ") + limits.name + " backend yet");
-  if (g.is_varlen) unsupported(first, "masks are not supported with variable-length (varlen) batches");
+  // Why not: docs/algorithm.md §7b (the packed-batch equivalent is a document mask).
+  if (g.is_varlen)
+    unsupported(first, "masks are not supported with variable-length batches (cu_seqlens_q, cu_seqlens_k): pack the sequences into one batch item with a document mask (BlockMaskArgs q_document_ids / k_document_ids) or pad them to [batch, max_seqlen]");
   if (has_attn_mask) {
     const TensorView& m = options.maybe_attn_mask;
     inputs.push_back({"attn_mask", check_any_strides(m, "attn_mask", 4)});

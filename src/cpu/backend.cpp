@@ -7,6 +7,7 @@
 #include "flashattn/error.hpp"
 #include "flashattn/online_softmax.hpp"
 #include "src/core/backend.hpp"
+#include "src/core/dense_mask_blocks.hpp"
 #include "src/core/numeric.hpp"
 #include "src/cpu/flash.hpp"
 #include "src/cpu/kernels.hpp"
@@ -84,6 +85,23 @@ PackedKV gather_paged_kv(const AttentionParams& paged) {
   return packed;
 }
 
+// FLASHATTN_DENSE_MASK=blocks (src/core/dense_mask_blocks.hpp): the flash paths run a
+// dense boolean attn_mask as its block form, so they skip its empty blocks (no Q·K^T
+// there) and test elements in its partial blocks only; the results are equal. The
+// reference keeps reading the dense mask (the oracle).
+bool runs_dense_mask_as_blocks(const AttentionParams& params, Algorithm algorithm) {
+  return algorithm != Algorithm::reference && is_dense_mask_convertible(params) && is_dense_mask_conversion_requested();
+}
+// params with its dense mask replaced by the block form held in `storage`.
+template <class Params>
+Params with_block_form(const Params& params, DenseBlockMask& storage) {
+  build_dense_block_mask(params, kCpuDenseMaskBlock, kCpuDenseMaskBlock, storage);
+  Params converted = params;
+  converted.block_mask = storage.view();
+  converted.maybe_attn_mask = nullptr;
+  return converted;
+}
+
 }  // namespace
 
 void forward(const AttentionParams& params, Algorithm algorithm, int num_threads) {
@@ -97,6 +115,11 @@ void forward(const AttentionParams& params, Algorithm algorithm, int num_threads
     forward(packed.params, algorithm, num_threads);
     return;
   }
+  if (runs_dense_mask_as_blocks(params, algorithm)) {
+    DenseBlockMask blocks;
+    forward(with_block_form(params, blocks), algorithm, num_threads);
+    return;
+  }
   switch (algorithm) {
     case Algorithm::automatic:
     case Algorithm::flash2: flash2_forward(params, num_threads); return;
@@ -108,6 +131,11 @@ void forward(const AttentionParams& params, Algorithm algorithm, int num_threads
 
 void backward(const BackwardParams& params, Algorithm algorithm, int num_threads) {
   require_float_dtype(params.dtype, "backward");
+  if (runs_dense_mask_as_blocks(params, algorithm)) {
+    DenseBlockMask blocks;
+    backward(with_block_form(params, blocks), algorithm, num_threads);
+    return;
+  }
   switch (algorithm) {
     case Algorithm::automatic:
     case Algorithm::flash2:

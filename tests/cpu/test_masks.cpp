@@ -4,8 +4,10 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -299,6 +301,97 @@ TEST(BlockMasks, DenseAndBlockSparseAgree) {
     }
 }
 
+// FLASHATTN_DENSE_MASK for one scope (the library reads it at every call): "blocks", or
+// null for unset (the per-element path); the previous value is restored after.
+class DenseMaskMode {
+ public:
+  explicit DenseMaskMode(const char* value) {
+    const char* previous = std::getenv("FLASHATTN_DENSE_MASK");
+    if (previous != nullptr) previous_ = previous;
+    if (value != nullptr) setenv("FLASHATTN_DENSE_MASK", value, 1);
+    else unsetenv("FLASHATTN_DENSE_MASK");
+  }
+  ~DenseMaskMode() {
+    if (previous_) setenv("FLASHATTN_DENSE_MASK", previous_->c_str(), 1);
+    else unsetenv("FLASHATTN_DENSE_MASK");
+  }
+  DenseMaskMode(const DenseMaskMode&) = delete;
+  DenseMaskMode& operator=(const DenseMaskMode&) = delete;
+
+ private:
+  std::optional<std::string> previous_;
+};
+
+// A boolean mask whose 64 x 64 blocks (the CPU conversion's) come in every kind: random
+// elements (keep 0.7), row 3 and rows [64, 128) see nothing (whole empty blocks), keys
+// [64, 128) of rows [128, 192) all allowed (whole full blocks); tails when the lengths
+// are not multiples of 64.
+DenseMask structured_bool_mask(std::vector<std::int64_t> shape, std::uint64_t seed) {
+  DenseMask m = random_bool_mask(shape, 0.7, seed);
+  for (std::int64_t b = 0; b < m.shape[0]; ++b)
+    for (std::int64_t h = 0; h < m.shape[1]; ++h)
+      for (std::int64_t i = 0; i < m.shape[2]; ++i)
+        for (std::int64_t j = 0; j < m.shape[3]; ++j) {
+          if (m.shape[2] > 1 && (i == 3 || (i >= 64 && i < 128))) m.set(m.index(b, h, i, j), 0);
+          if (m.shape[2] > 1 && m.shape[3] > 1 && i >= 128 && i < 192 && j >= 64 && j < 128) m.set(m.index(b, h, i, j), 1);
+        }
+  return m;
+}
+
+// Equal values element by element (a gradient row that sees no key is 0 on both paths,
+// +0 where the block form skips its tiles and maybe -0 where the dense path sums zeros).
+bool same_values(const HostTensor& a, const HostTensor& b) { return a.to_double() == b.to_double(); }
+
+// A dense boolean mask run as its block form (src/core/dense_mask_blocks.hpp) gives the
+// per-element path's results (out and LSE bitwise, gradients as values), and the reference's within the rule: flash2,
+// flash1 and the backward; tails, broadcast batch/head/rows, causal, GQA.
+TEST(DenseMaskBlocks, EqualsThePerElementPath) {
+  struct Case {
+    ProblemShape shape;
+    std::vector<std::int64_t> mask_shape;
+  };
+  for (const Case& c : {Case{make(DType::float32, 2, 200, 230, 4, 2, 32), {-1, -1, -1, -1}},
+                        Case{make(DType::float16, 2, 197, 150, 2, 2, 48), {1, -1, -1, -1}},
+                        Case{causal(make(DType::bfloat16, 2, 210, 260, 4, 1, 64)), {-1, 1, -1, -1}},
+                        Case{make(DType::float32, 1, 140, 129, 2, 2, 32), {1, 1, -1, -1}},
+                        Case{make(DType::float32, 2, 90, 100, 2, 2, 32), {-1, 1, 1, -1}},
+                        Case{make(DType::float16, 1, 17, 33, 2, 1, 32), {-1, -1, -1, -1}}}) {
+    const std::string label = c.shape.describe();
+    Masked t(c.shape);
+    DenseMask mask = structured_bool_mask(resolve(c.mask_shape, c.shape), 21);
+    t.extra.maybe_attn_mask = mask.view();
+    t.reference_extra = t.extra;
+    for (Algorithm algorithm : {Algorithm::flash2, Algorithm::flash1}) {
+      const std::string name = label + (algorithm == Algorithm::flash2 ? " flash2" : " flash1");
+      {
+        const DenseMaskMode per_element(nullptr);
+        forward(t.forward_args(t.extra, algorithm));
+      }
+      const HostTensor dense_out = t.problem.out, dense_lse = t.problem.lse;
+      {
+        const DenseMaskMode as_blocks("blocks");
+        t.problem.out.fill_canary(), t.problem.lse.fill_canary();
+        expect_masked_forward(t, name + " as blocks", algorithm);
+      }
+      EXPECT_TRUE(t.problem.out.bitwise_equal(dense_out) && t.problem.lse.bitwise_equal(dense_lse))
+          << name << ": the block form and the per-element path differ";
+    }
+    {
+      const DenseMaskMode per_element(nullptr);
+      forward(t.forward_args(t.extra));
+      backward(t.backward_args(t.extra));
+    }
+    const HostTensor dense_dq = t.problem.dq, dense_dk = t.problem.dk, dense_dv = t.problem.dv;
+    {
+      const DenseMaskMode as_blocks("blocks");
+      for (HostTensor* g : {&t.problem.dq, &t.problem.dk, &t.problem.dv}) g->fill_canary();
+      expect_masked_backward(t, label + " as blocks");
+    }
+    EXPECT_TRUE(same_values(t.problem.dq, dense_dq) && same_values(t.problem.dk, dense_dk) && same_values(t.problem.dv, dense_dv))
+        << label << ": block-form gradients differ from the per-element path";
+  }
+}
+
 // Built-in element rules, checked against a dense mask written independently.
 TEST(BlockMasks, BuiltInRules) {
   const std::int64_t sq = 100, sk = 140, bq = 32, bk = 32;
@@ -405,6 +498,25 @@ TEST(Masks, BadInputIsRejected) {
     AttentionOptions o;
     o.maybe_block_mask = bad.args();
     if (lists.q_num[0] > 0) expect_rejected(t, o, "q_indices");
+  }
+}
+
+// Masks with a variable-length batch are refused (docs/algorithm.md §7b), naming the mask
+// and cu_seqlens, outputs untouched.
+TEST(Masks, VarlenIsRefused) {
+  Masked t(varlen(make(DType::float16, 1, 1, 1, 2, 2, 32), {20, 35}, {30, 25}));
+  DenseMask mask = random_bool_mask({2, 2, 35, 30}, 0.5, 4);
+  AttentionOptions with_mask;
+  with_mask.maybe_attn_mask = mask.view();
+  expect_rejected(t, with_mask, "attn_mask");
+  BlockLists lists = block_lists(random_bool_mask({1, 1, 35, 30}, 0.5, 5), 35, 30, 16, 16);
+  AttentionOptions with_block_mask;
+  with_block_mask.maybe_block_mask = lists.args();
+  expect_rejected(t, with_block_mask, "block_mask");
+  try {
+    forward(t.forward_args(with_mask));
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("cu_seqlens_q"), std::string::npos) << e.what();
   }
 }
 

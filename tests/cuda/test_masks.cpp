@@ -14,6 +14,11 @@
 // The tables themselves (src/cuda/masks) are checked against the rule they implement
 // (CudaMasksTables). CudaMasksSmall* is a reduced set meant for compute-sanitizer
 // (--gtest_filter='*Masks*Small*'): every tail-tile case, tiny shapes. Skips without a GPU.
+//
+// CudaMasksDenseBlocks*: a dense boolean attn_mask converted on the device into its block
+// form (FLASHATTN_DENSE_MASK=blocks, set per test; src/core/dense_mask_blocks.hpp) equals
+// the per-element path and the reference; its tables equal the host conversion
+// (CudaMasksTables*.DenseMaskBlocksEqualTheHostConversion).
 #include <gtest/gtest.h>
 
 #include <cuda_runtime.h>
@@ -33,6 +38,7 @@
 #include "flashattn/error.hpp"
 #include "src/core/backend.hpp"
 #include "src/core/validate.hpp"
+#include "src/core/dense_mask_blocks.hpp"
 #include "src/cuda/masks/device_mask.hpp"
 #include "tests/cuda/device_problem.hpp"
 
@@ -80,6 +86,7 @@ struct MaskCase {
   std::int64_t block_q = 128, block_k = 128;
   bool block_per_head = false;   // lists [B, H, ...] instead of [1, 1, ...]
   bool masked_rows = false;      // some rows and a whole 64-row band see no key
+  bool block_structure = false;  // Dense::boolean: whole empty and whole full 128 x 128 blocks too
   std::int64_t band_left = -1, band_right = 0, band_diagonal = 0;  // Block::band / prefix
   bool documents_unsorted = false;  // Block::documents: ids not ascending (the kernels' per-element pass)
   bool shared_pattern = false;      // Block::pattern: one block-periodic pattern stored once (every partial id 0)
@@ -256,7 +263,14 @@ class MaskedRun {
         for (std::int64_t i = 0; i < mask_shape_[2]; ++i)
           for (std::int64_t j = 0; j < mask_shape_[3]; ++j) {
             const double u = draw(17, b, h, i, j);
-            const bool hidden = is_masked_row(i) || (is_bool ? u < 0.3 : u < 0.15);
+            bool hidden = is_masked_row(i) || (is_bool ? u < 0.3 : u < 0.15);
+            if (is_bool && c_.block_structure) {
+              // 128 x 128 blocks (in mask coordinates) all hidden, all allowed, or random, by
+              // a pattern that moves with (b, h): every kind at every block size <= 128.
+              const std::int64_t kind = (i / 128 + j / 128 + b + 2 * h) % 3;
+              if (kind == 1) hidden = true;
+              if (kind == 2) hidden = is_masked_row(i);
+            }
             const std::int64_t e = mask_index(b, h, i, j);
             if (is_bool) static_cast<std::uint8_t*>(attn_mask_.data())[e] = hidden ? 0 : 1;
             else attn_mask_.set(e, hidden ? -std::numeric_limits<float>::infinity() : static_cast<float>(4.0 * u - 2.0));
@@ -633,6 +647,72 @@ std::vector<MaskCase> small_cases() {
   return cases;
 }
 
+// Dense boolean masks for FLASHATTN_DENSE_MASK=blocks (the device conversion into the
+// block form, src/core/dense_mask_blocks.hpp): whole empty and full blocks, rows that see
+// nothing, tails, broadcast batch/head/rows, causal and window, GQA, d256 (Hopper key
+// tiles of 80: 16-row mask blocks), dropout, deterministic; plus every dense boolean
+// case of full_cases (random elements: partial tiles on the bits' fast pass).
+MaskCase structured(MaskCase c) { return c.block_structure = true, c; }
+std::vector<MaskCase> dense_blocks_cases() {
+  const DType f16 = DType::float16, bf16 = DType::bfloat16;
+  const std::vector<std::int64_t> all{-1, -1, -1, -1};
+  MaskCase rows = structured(dense_case("blocks [B,H,Sq,Sk] tails GQA", make(f16, 2, 300, 333, 4, 2, 64), Dense::boolean, all));
+  MaskCase deterministic =
+      structured(dense_case("blocks deterministic GQA", make(bf16, 2, 260, 230, 4, 2, 128), Dense::boolean, all));
+  deterministic.deterministic = true;
+  MaskCase deterministic_hopper_wide =
+      structured(dense_case("blocks deterministic d256", causal(make(f16, 1, 270, 300, 2, 2, 256)), Dense::boolean, {1, 1, -1, -1}));
+  deterministic_hopper_wide.deterministic = true;
+  std::vector<MaskCase> cases = {
+      with_masked_rows(rows),
+      structured(dense_case("blocks [1,1,Sq,Sk] causal", causal(make(bf16, 2, 257, 300, 2, 1, 128)), Dense::boolean, {1, 1, -1, -1})),
+      structured(dense_case("blocks [B,1,Sq,Sk] d256", make(bf16, 1, 290, 270, 2, 2, 256), Dense::boolean, {-1, 1, -1, -1})),
+      structured(dense_case("blocks [1,H,1,Sk]", make(f16, 2, 200, 390, 2, 2, 128), Dense::boolean, {1, -1, 1, -1})),
+      structured(dense_case("blocks window softcap", softcap(window(make(f16, 1, 300, 280, 2, 2, 64), 90, 10), 3.0),
+                            Dense::boolean, all)),
+      structured(dense_case("blocks dropout", dropout(make(f16, 1, 200, 230, 2, 2, 64), 0.2), Dense::boolean, {1, -1, -1, -1})),
+      structured(dense_case("blocks seqlen_k < seqlen_q causal", causal(make(bf16, 1, 390, 140, 2, 1, 128)), Dense::boolean, all)),
+      deterministic,
+      deterministic_hopper_wide,
+  };
+  for (const MaskCase& c : full_cases())
+    if (c.dense == Dense::boolean && c.block == Block::none) cases.push_back(c);
+  return cases;
+}
+// Tiny dense boolean cases for compute-sanitizer on the conversion kernel and the lists.
+std::vector<MaskCase> small_dense_blocks_cases() {
+  const DType f16 = DType::float16, bf16 = DType::bfloat16;
+  MaskCase masked = structured(dense_case("small blocks masked rows", make(bf16, 1, 140, 97, 2, 2, 64), Dense::boolean, {-1, -1, -1, -1}));
+  return {
+      dense_case("small blocks bool", make(f16, 1, 17, 33, 2, 1, 64), Dense::boolean, {-1, -1, -1, -1}),
+      structured(dense_case("small blocks [1,1,Sq,Sk] causal", causal(make(f16, 2, 129, 65, 2, 2, 128)), Dense::boolean, {1, 1, -1, -1})),
+      structured(dense_case("small blocks d256", make(bf16, 1, 97, 130, 2, 1, 256), Dense::boolean, {1, -1, -1, -1})),
+      with_masked_rows(masked),
+  };
+}
+
+// FLASHATTN_DENSE_MASK for one scope (the library reads it at every call): "blocks", or
+// null for unset (the per-element path); the previous value is restored after, so a
+// whole run under FLASHATTN_DENSE_MASK=blocks runs every other case converted.
+class DenseMaskMode {
+ public:
+  explicit DenseMaskMode(const char* value) {
+    const char* previous = std::getenv("FLASHATTN_DENSE_MASK");
+    if (previous != nullptr) previous_ = previous;
+    if (value != nullptr) setenv("FLASHATTN_DENSE_MASK", value, 1);
+    else unsetenv("FLASHATTN_DENSE_MASK");
+  }
+  ~DenseMaskMode() {
+    if (previous_) setenv("FLASHATTN_DENSE_MASK", previous_->c_str(), 1);
+    else unsetenv("FLASHATTN_DENSE_MASK");
+  }
+  DenseMaskMode(const DenseMaskMode&) = delete;
+  DenseMaskMode& operator=(const DenseMaskMode&) = delete;
+
+ private:
+  std::optional<std::string> previous_;
+};
+
 // ---- the tests ------------------------------------------------------------------------
 
 void skip_without_gpu() {
@@ -710,6 +790,73 @@ TEST_P(CudaMasksSmall, ForwardFlash3) { check_forward(GetParam(), Algorithm::fla
 TEST_P(CudaMasksSmall, Backward) { check_backward(GetParam()); }
 INSTANTIATE_TEST_SUITE_P(Sanitizer, CudaMasksSmall, ::testing::ValuesIn(small_cases()));
 
+// Equal values element by element (a row that sees no key is 0 on both paths, possibly
+// +0 on one and -0 on the other); NaN never equals.
+bool same_values(const HostTensor& a, const HostTensor& b) { return a.to_double() == b.to_double(); }
+
+// The dense mask as its block form: out/LSE within the rule of the reference and equal to
+// the per-element path's (the same kernel without FLASHATTN_DENSE_MASK).
+void check_forward_as_blocks(const MaskCase& c, Algorithm algorithm) {
+  skip_unless_forward_binary();
+  if (::testing::Test::IsSkipped()) return;
+  if (c.shape.head_dim > cuda::limits().max_head_dim) GTEST_SKIP() << "head_dim not built";
+  if (algorithm == Algorithm::flash3 && !runs_flash3(c.shape.head_dim)) GTEST_SKIP() << "flash3 does not run here";
+  const std::string label = c.name + (algorithm == Algorithm::flash3 ? " [flash3 as blocks]" : " [flash2 as blocks]");
+  MaskedRun run(c);
+  {
+    const DenseMaskMode per_element(nullptr);
+    run.run_forward(algorithm);
+  }
+  const HostTensor out = run.problem().out, lse = run.problem().lse;
+  {
+    const DenseMaskMode as_blocks("blocks");
+    run.run_forward(algorithm);
+  }
+  run.expect_forward_matches(label);
+  EXPECT_TRUE(same_values(run.problem().out, out)) << label << ": out differs from the per-element path";
+  EXPECT_TRUE(same_values(run.problem().lse, lse)) << label << ": LSE differs from the per-element path";
+}
+
+// The backward of the block form within the rule; deterministic cases also equal to the
+// per-element path's gradients (the others sum dQ with atomics in no fixed order).
+void check_backward_as_blocks(const MaskCase& c) {
+  if (c.shape.head_dim > cuda::limits().max_head_dim) GTEST_SKIP() << "head_dim not built";
+  const std::string label = c.name + " [backward as blocks]";
+  MaskedRun run(c);
+  run.run_forward(Algorithm::flash2);
+  {
+    const DenseMaskMode per_element(nullptr);
+    run.run_backward();
+  }
+  const HostTensor dq = run.problem().dq, dk = run.problem().dk, dv = run.problem().dv;
+  {
+    const DenseMaskMode as_blocks("blocks");
+    run.run_backward();
+  }
+  run.expect_backward_matches(label);
+  if (c.deterministic)
+    EXPECT_TRUE(same_values(run.problem().dq, dq) && same_values(run.problem().dk, dk) && same_values(run.problem().dv, dv))
+        << label << ": gradients differ from the per-element path";
+}
+
+class CudaMasksDenseBlocks : public ::testing::TestWithParam<MaskCase> {
+ protected:
+  void SetUp() override { skip_without_gpu(); }
+};
+TEST_P(CudaMasksDenseBlocks, ForwardFlash2) { check_forward_as_blocks(GetParam(), Algorithm::flash2); }
+TEST_P(CudaMasksDenseBlocks, ForwardFlash3) { check_forward_as_blocks(GetParam(), Algorithm::flash3); }
+TEST_P(CudaMasksDenseBlocks, Backward) { check_backward_as_blocks(GetParam()); }
+INSTANTIATE_TEST_SUITE_P(Cases, CudaMasksDenseBlocks, ::testing::ValuesIn(dense_blocks_cases()));
+
+class CudaMasksDenseBlocksSmall : public ::testing::TestWithParam<MaskCase> {
+ protected:
+  void SetUp() override { skip_without_gpu(); }
+};
+TEST_P(CudaMasksDenseBlocksSmall, ForwardFlash2) { check_forward_as_blocks(GetParam(), Algorithm::flash2); }
+TEST_P(CudaMasksDenseBlocksSmall, ForwardFlash3) { check_forward_as_blocks(GetParam(), Algorithm::flash3); }
+TEST_P(CudaMasksDenseBlocksSmall, Backward) { check_backward_as_blocks(GetParam()); }
+INSTANTIATE_TEST_SUITE_P(Sanitizer, CudaMasksDenseBlocksSmall, ::testing::ValuesIn(small_dense_blocks_cases()));
+
 // ---- the tables (src/cuda/masks) against the rule they implement ----------------------
 
 // Downloads an int32 device array.
@@ -772,6 +919,7 @@ void check_tables(const MaskCase& c, int query_tile, int key_tile) {
   const std::string label = c.name + " tiles " + std::to_string(query_tile) + "x" + std::to_string(key_tile);
   MaskedRun run(c);
   const BackwardParams params = validate_backward(run.device_backward_args());
+  const DenseMaskMode per_element(nullptr);  // a dense mask's tables as it is (the block form: check_dense_blocks_tables)
   const cuda::masks::MaskTables tables =
       cuda::masks::prepare(params, cuda::masks::KernelTiles{query_tile, key_tile, true, true}, nullptr);
   cuda_or_throw(cudaDeviceSynchronize(), "mask tables");
@@ -825,6 +973,100 @@ TEST(CudaMasksTablesSmall, ListsFollowTheRule) {
   skip_without_gpu();
   if (::testing::Test::IsSkipped()) return;
   for (const MaskCase& c : small_cases()) check_tables(c, 64, 64);
+}
+
+// Downloads a uint32 device array.
+std::vector<std::uint32_t> download_words(const std::uint32_t* device, std::int64_t count) {
+  std::vector<std::uint32_t> host(static_cast<std::size_t>(count));
+  if (count > 0) cuda_or_throw(cudaMemcpy(host.data(), device, host.size() * sizeof(std::uint32_t), cudaMemcpyDeviceToHost), "download");
+  return host;
+}
+
+// The device conversion of a dense boolean mask (FLASHATTN_DENSE_MASK=blocks) equals the
+// host one (src/core/dense_mask_blocks.cpp, itself checked element by element in
+// tests/core): mask blocks of the kernel's tiles, codes and bits bitwise, broadcast
+// dimensions kept; bind() gives the kernels the block form and no attn_mask; the lists
+// follow the rule of the converted block mask; the bits by key are the transpose.
+void check_dense_blocks_tables(const MaskCase& c, int query_tile, int key_tile) {
+  skip_unless_forward_binary();
+  if (::testing::Test::IsSkipped()) return;
+  const std::string label = c.name + " as blocks, tiles " + std::to_string(query_tile) + "x" + std::to_string(key_tile);
+  MaskedRun run(c);
+  const BackwardParams params = validate_backward(run.device_backward_args());
+  const DenseMaskMode as_blocks("blocks");
+  const cuda::masks::MaskTables tables =
+      cuda::masks::prepare(params, cuda::masks::KernelTiles{query_tile, key_tile, true, true}, nullptr);
+  cuda_or_throw(cudaDeviceSynchronize(), "mask tables");
+  ASSERT_TRUE(tables.has_dense_mask_blocks()) << label;
+  BackwardParams bound = params;
+  tables.bind(bound);
+  EXPECT_FALSE(bound.has_attn_mask()) << label;
+  ASSERT_TRUE(bound.has_block_mask()) << label;
+  const BlockMaskView& view = bound.block_mask;
+  EXPECT_EQ(view.block_m, dense_mask_block_for_tile(query_tile)) << label;
+  EXPECT_EQ(view.block_n, dense_mask_block_for_tile(key_tile)) << label;
+
+  const BackwardParams host_params = validate_backward(run.host_backward_args(false));
+  DenseBlockMask host;
+  build_dense_block_mask(host_params, view.block_m, view.block_n, host);
+  const DenseMaskGrid& grid = host.grid;
+  const DeviceMask& mask = tables.view();
+  const std::int64_t set_blocks = grid.q_blocks * grid.kv_blocks;
+  EXPECT_EQ(mask.code_batch_stride, grid.batches > 1 ? grid.heads * set_blocks : 0) << label << ": batch broadcast";
+  EXPECT_EQ(mask.code_head_stride, grid.heads > 1 ? set_blocks : 0) << label << ": head broadcast";
+  EXPECT_EQ(view.rule.partial_block_count, grid.block_count()) << label;
+  const std::vector<std::int32_t> codes = download_int32(mask.maybe_block_codes, grid.block_count());
+  EXPECT_TRUE(codes == host.codes) << label << ": device codes differ from the host conversion";
+  const std::vector<std::uint32_t> bits = download_words(view.rule.maybe_partial_bits, grid.block_count() * grid.words_per_block());
+  EXPECT_TRUE(bits == host.bits) << label << ": device bits differ from the host conversion";
+  // The transposed bits (dK/dV kernels): bit (r, c) of block p at word (p block_n + c) words_per_key + r / 32.
+  ASSERT_NE(mask.maybe_partial_bits_by_key, nullptr) << label;
+  const std::vector<std::uint32_t> by_key =
+      download_words(mask.maybe_partial_bits_by_key, grid.block_count() * grid.block_n * mask.words_per_key);
+  for (std::int64_t p = 0; p < grid.block_count(); ++p)
+    for (std::int64_t r = 0; r < grid.block_m; ++r)
+      for (std::int64_t col = 0; col < grid.block_n; ++col) {
+        const std::uint32_t bit = (host.bits[static_cast<std::size_t>((p * grid.block_m + r) * grid.words_per_row + col / 32)] >> (col % 32)) & 1u;
+        const std::uint32_t transposed = (by_key[static_cast<std::size_t>((p * grid.block_n + col) * mask.words_per_key + r / 32)] >> (r % 32)) & 1u;
+        ASSERT_EQ(transposed, bit) << label << " block " << p << " bit (" << r << ", " << col << ")";
+      }
+  expect_lists_follow_rule(mask.by_query_tile, bound, true, query_tile, key_tile, codes, mask, label + " by query tile");
+  expect_lists_follow_rule(mask.by_key_tile, bound, false, query_tile, key_tile, codes, mask, label + " by key tile");
+  EXPECT_EQ(mask.maybe_dbias_sum, nullptr) << label;
+}
+
+// The kernels' tiles: sm80 forward/backward (64/128), Hopper forward (128 x 128, d256's
+// 128 x 80), Hopper backward (d128's 64 x 128, the wide kernel's 64 x 64).
+TEST(CudaMasksTables, DenseMaskBlocksEqualTheHostConversion) {
+  skip_without_gpu();
+  if (::testing::Test::IsSkipped()) return;
+  for (const MaskCase& c : dense_blocks_cases())
+    for (const auto& [query_tile, key_tile] : {std::pair{128, 128}, std::pair{64, 128}, std::pair{128, 32}, std::pair{128, 80}, std::pair{64, 64}})
+      check_dense_blocks_tables(c, query_tile, key_tile);
+}
+
+TEST(CudaMasksTablesSmall, DenseMaskBlocksEqualTheHostConversion) {
+  skip_without_gpu();
+  if (::testing::Test::IsSkipped()) return;
+  for (const MaskCase& c : small_dense_blocks_cases()) check_dense_blocks_tables(c, 64, 80);
+}
+
+// FLASHATTN_DENSE_MASK unset: a dense boolean mask is read per element (no conversion).
+TEST(CudaMasksTablesSmall, DenseMaskStaysDenseByDefault) {
+  skip_without_gpu();
+  if (::testing::Test::IsSkipped()) return;
+  skip_unless_forward_binary();
+  if (::testing::Test::IsSkipped()) return;
+  MaskedRun run(small_dense_blocks_cases().front());
+  const BackwardParams params = validate_backward(run.device_backward_args());
+  const DenseMaskMode unset(nullptr);
+  const cuda::masks::MaskTables tables = cuda::masks::prepare(params, cuda::masks::KernelTiles{64, 64, true, false}, nullptr);
+  cuda_or_throw(cudaDeviceSynchronize(), "mask tables");
+  EXPECT_FALSE(tables.has_dense_mask_blocks());
+  BackwardParams bound = params;
+  tables.bind(bound);
+  EXPECT_TRUE(bound.has_attn_mask());
+  EXPECT_FALSE(bound.has_block_mask());
 }
 
 // No masks: no tables, no allocation (the interval path of every kernel).

@@ -86,7 +86,7 @@ void launch_dkdv(const BackwardParams& params, const Workspace& workspace, bool 
   const masks::MaskTables tables = masks::prepare(params, {T::kBlockM, T::kBlockN, false, true}, stream);
   if (dkdv_grid > 0) {
     BackwardParams launch_params = params;
-    launch_params.device_mask = tables.view();
+    tables.bind(launch_params);
     const auto kernel = kernel_of_variant<DkdvKernels<T>>(kernel_variant(launch_params));
     allow_shared_memory(kernel, T::kSmemBytes);
     kernel<<<dkdv_grid, T::kThreads, T::kSmemBytes, stream>>>(launch_params, workspace,
@@ -105,7 +105,7 @@ void launch_dq(const BackwardParams& params, const Workspace& workspace, bool is
   const masks::MaskTables tables =
       masks::prepare(static_cast<const AttentionParams&>(params), {D::kBlockM, D::kBlockN, true, false}, stream);
   BackwardParams launch_params = params;
-  launch_params.device_mask = tables.view();
+  tables.bind(launch_params);
   const auto kernel = kernel_of_variant<DqKernels<D>>(kernel_variant(launch_params));
   allow_shared_memory(kernel, D::kDqSmemBytes);
   kernel<<<dq_grid, D::kThreads, D::kDqSmemBytes, stream>>>(launch_params, workspace, static_cast<int>(num_m_blocks),

@@ -458,7 +458,7 @@ void launch_forward(const AttentionParams& params, cudaStream_t stream) {
   const masks::MaskTables tables =
       masks::prepare(params, masks::KernelTiles{kConfig.block_m, kConfig.block_n, /*by_query_tile=*/true, false}, stream);
   AttentionParams launch_params = params;
-  launch_params.device_mask = tables.view();
+  tables.bind(launch_params);
   if (launch_params.device_mask.by_query_tile.present()) return launch_forward_kernel<T, kConfig, true>(launch_params, num_ctas, stream);
   launch_forward_kernel<T, kConfig, false>(launch_params, num_ctas, stream);
 }

@@ -231,7 +231,7 @@ void forward(const AttentionParams& params, cudaStream_t stream) {
   if (params.has_attn_mask() || params.has_block_mask()) {
     tables = masks::prepare(params, {config.block_m, config.block_n, /*by_query_tile=*/true, /*by_key_tile=*/false},
                             stream);
-    hopper_params.attention.device_mask = tables.view();
+    tables.bind(hopper_params.attention);
   }
   // A persistent launch over tiles of unequal work takes them from a counter, heavy
   // first (kernel.cuh): stream-ordered, so CUDA graphs capture it as a node and every

@@ -149,7 +149,7 @@ void backward_main(const BackwardParams& params, const bwd::Workspace& workspace
   const int block_n = is_wide ? hopper_bwd_wide_tile_config(head_dim).block_n : hopper_bwd_tile_config(head_dim).block_n;
   const masks::MaskTables tables =
       masks::prepare(params, {block_m, block_n, /*by_query_tile=*/params.deterministic, /*by_key_tile=*/true}, stream);
-  hopper_params.backward.device_mask = tables.view();
+  tables.bind(hopper_params.backward);
   const DeviceMask& device_mask = hopper_params.backward.device_mask;
   if (device_mask.present() && (!device_mask.by_key_tile.present() ||
                                 (params.deterministic && !device_mask.by_query_tile.present())))

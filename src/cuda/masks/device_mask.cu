@@ -15,6 +15,7 @@
 
 #include "flashattn/error.hpp"
 #include "flashattn/mask.hpp"
+#include "src/core/dense_mask_blocks.hpp"
 #include "src/cuda/common/check.cuh"
 
 namespace flashattn::cuda::masks {
@@ -131,6 +132,61 @@ __global__ void transpose_bits_kernel(const ElementRule rule, std::uint32_t* by_
       word |= ((source >> (key % 32)) & 1u) << k;
     }
     by_key[i] = word;
+  }
+}
+
+// The block form of a dense boolean mask (src/core/dense_mask_blocks.hpp), one CTA per
+// mask block (grid-stride): a warp packs one 32-column word of a block row per ballot,
+// lane = column, so it reads 32 consecutive mask bytes; kUnroll words per warp are
+// loaded before the first ballot (a one-off pass over the mask, bound by its reads).
+// The CTA then sums the allowed bits into the block's code. Elements outside the
+// sequences are 0 bits and never read.
+struct MaskStrides {
+  std::int64_t values[4];  // of attn_mask, 0 on broadcast dimensions
+};
+__global__ void dense_mask_blocks_kernel(const std::uint8_t* mask, const MaskStrides strides, const DenseMaskGrid grid,
+                                         std::int32_t* codes, std::uint32_t* bits) {
+  constexpr int kUnroll = 8;
+  __shared__ std::int32_t warp_allowed[kWarpsPerBlock];
+  const int lane = static_cast<int>(threadIdx.x % 32), warp = static_cast<int>(threadIdx.x / 32);
+  // (row, word) pairs of a block, row-major: at most 1024 x 32, and words_per_row is a
+  // power of two (block_n is), so 32-bit shifts instead of 64-bit divisions.
+  const int words = static_cast<int>(grid.words_per_block());
+  const int word_shift = __ffs(static_cast<int>(grid.words_per_row)) - 1;
+  for (std::int64_t index = blockIdx.x; index < grid.block_count(); index += gridDim.x) {
+    const std::int64_t n = index % grid.kv_blocks;
+    const std::int64_t m = (index / grid.kv_blocks) % grid.q_blocks;
+    const std::int64_t set = index / (grid.kv_blocks * grid.q_blocks);
+    const std::int64_t h = set % grid.heads, b = set / grid.heads;  // 0 on a broadcast dimension
+    const std::uint8_t* set_mask = mask + b * strides.values[0] + h * strides.values[1];
+    std::uint32_t* block_bits = bits + index * words;  // (block_m, words_per_row)
+    std::int32_t allowed = 0;
+    for (int first = warp; first < words; first += kWarpsPerBlock * kUnroll) {
+      bool values[kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int pair = first + u * kWarpsPerBlock;
+        const int r = pair >> word_shift, c = (pair & ((1 << word_shift) - 1)) * 32 + lane;
+        const std::int64_t row = m * grid.block_m + r, col = n * grid.block_n + c;
+        const bool is_inside = pair < words && c < grid.block_n && row < grid.seqlen_q && col < grid.seqlen_k;
+        values[u] = is_inside && set_mask[row * strides.values[2] + col * strides.values[3]] != 0;
+      }
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int pair = first + u * kWarpsPerBlock;
+        const std::uint32_t word = __ballot_sync(0xffffffffu, values[u]);
+        if (lane == 0 && pair < words) block_bits[pair] = word;
+        allowed += __popc(word);
+      }
+    }
+    if (lane == 0) warp_allowed[warp] = allowed;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      std::int64_t total = 0;
+      for (int k = 0; k < kWarpsPerBlock; ++k) total += warp_allowed[k];
+      codes[index] = DenseMaskGrid::code_of(total, grid.inside_count(m, n), index);
+    }
+    __syncthreads();  // warp_allowed is rewritten for the next block
   }
 }
 
@@ -267,7 +323,11 @@ bool block_mask_varies(const BlockMaskView& view, int dim) {
 }  // namespace
 
 MaskTables::MaskTables(MaskTables&& other) noexcept
-    : view_(other.view_), scratch_(std::exchange(other.scratch_, nullptr)), stream_(other.stream_) {
+    : view_(other.view_),
+      dense_mask_blocks_(other.dense_mask_blocks_),
+      has_dense_mask_blocks_(std::exchange(other.has_dense_mask_blocks_, false)),
+      scratch_(std::exchange(other.scratch_, nullptr)),
+      stream_(other.stream_) {
   other.view_ = DeviceMask{};
 }
 
@@ -275,6 +335,8 @@ MaskTables& MaskTables::operator=(MaskTables&& other) noexcept {
   if (this != &other) {
     release();
     view_ = std::exchange(other.view_, DeviceMask{});
+    dense_mask_blocks_ = other.dense_mask_blocks_;
+    has_dense_mask_blocks_ = std::exchange(other.has_dense_mask_blocks_, false);
     scratch_ = std::exchange(other.scratch_, nullptr);
     stream_ = other.stream_;
   }
@@ -288,26 +350,48 @@ void MaskTables::release() noexcept {
   if (scratch_ != nullptr) (void)cudaFreeAsync(scratch_, stream_);
   scratch_ = nullptr;
   view_ = DeviceMask{};
+  has_dense_mask_blocks_ = false;
 }
 
-MaskTables MaskTables::build(const AttentionParams& params, const BackwardParams* maybe_backward, const KernelTiles& tiles,
+void MaskTables::bind(AttentionParams& params) const {
+  params.device_mask = view_;
+  if (!has_dense_mask_blocks_) return;
+  params.block_mask = dense_mask_blocks_;
+  params.maybe_attn_mask = nullptr;
+}
+
+MaskTables MaskTables::build(const AttentionParams& given, const BackwardParams* maybe_backward, const KernelTiles& tiles,
                              cudaStream_t stream) {
   MaskTables tables;
-  if (!params.has_attn_mask() && !params.has_block_mask()) return tables;
+  if (!given.has_attn_mask() && !given.has_block_mask()) return tables;
   if ((!tiles.by_query_tile && !tiles.by_key_tile) || tiles.query_tile <= 0 || tiles.key_tile <= 0)
     throw NotSupported("flashattn: attn_mask: internal error: mask tables requested for no list or a tile size <= 0 (" +
                        std::to_string(tiles.query_tile) + " x " + std::to_string(tiles.key_tile) + ")");
-  if (params.is_varlen())
-    throw NotSupported(std::string("flashattn: ") + (params.has_attn_mask() ? "attn_mask" : "block_mask") +
-                       ": masks are not supported with variable-length (varlen) batches");
+  if (given.is_varlen())
+    throw NotSupported(std::string("flashattn: ") + (given.has_attn_mask() ? "attn_mask" : "block_mask") +
+                       ": masks are not supported with variable-length batches (cu_seqlens_q, cu_seqlens_k)");
+  // A dense boolean mask alone, when asked (FLASHATTN_DENSE_MASK=blocks): its block form
+  // at mask blocks matching the kernel's tiles (src/core/dense_mask_blocks.hpp). From here
+  // on `params` are the masks as the kernels will read them (bind()): the converted mask
+  // is a block mask with bits and no attn_mask (the bits pointer is set once allocated).
+  const bool converts = is_dense_mask_convertible(given) && is_dense_mask_conversion_requested();
+  DenseMaskGrid dense_grid;
+  AttentionParams params = given;
+  if (converts) {
+    dense_grid = dense_mask_grid(given, dense_mask_block_for_tile(tiles.query_tile), dense_mask_block_for_tile(tiles.key_tile));
+    params.maybe_attn_mask = nullptr;
+    params.block_mask = dense_grid.view(nullptr);
+  }
   const BlockMaskView& view = params.block_mask;
   const bool has_block_mask = params.has_block_mask();
   const bool has_dbias = maybe_backward != nullptr && maybe_backward->maybe_dbias != nullptr;
 
   // The lists depend on (b, h) through the block codes only (the interval rule is one
   // for all without varlen; a dense attn_mask makes every visited tile partial).
-  const std::int64_t code_batches = has_block_mask && block_mask_varies(view, 0) ? params.batch : 1;
-  const std::int64_t code_heads = has_block_mask && block_mask_varies(view, 1) ? params.heads_q : 1;
+  const std::int64_t code_batches =
+      has_block_mask && (converts ? dense_grid.batches > 1 : block_mask_varies(view, 0)) ? params.batch : 1;
+  const std::int64_t code_heads =
+      has_block_mask && (converts ? dense_grid.heads > 1 : block_mask_varies(view, 1)) ? params.heads_q : 1;
   const std::int64_t code_row = has_block_mask ? view.q_blocks * view.kv_blocks : 0;
   const std::int64_t query_tiles = ceil_div(params.seqlen_q, tiles.query_tile);
   const std::int64_t key_tiles = ceil_div(params.seqlen_k, tiles.key_tile);
@@ -332,7 +416,7 @@ MaskTables MaskTables::build(const AttentionParams& params, const BackwardParams
   const std::size_t dbias_bytes = has_dbias ? section_bytes(dbias_elements, sizeof(float)) : 0;
   // The fast element pass's inputs (mask_tables.hpp): document spans per query row (by
   // query tile) and per key row (by key tile), their sortedness flag, the bits by key.
-  const ElementRule& rule = view.rule;
+  ElementRule& rule = params.block_mask.rule;
   const bool has_documents = has_block_mask && rule.maybe_q_document_ids != nullptr;
   const std::int64_t document_batches =
       has_documents && (rule.q_document_batch_stride != 0 || rule.k_document_batch_stride != 0) ? params.batch : 1;
@@ -343,11 +427,14 @@ MaskTables MaskTables::build(const AttentionParams& params, const BackwardParams
   const std::size_t query_spans_bytes =
       has_documents ? section_bytes(document_batches * params.seqlen_k * 2 + 1, sizeof(std::int32_t)) : 0;
   const std::size_t sorted_bytes = has_documents ? section_bytes(1, sizeof(std::int32_t)) : 0;
-  const bool has_bits_by_key = has_block_mask && rule.has_bits() && tiles.by_key_tile;
+  const bool has_bits_by_key = has_block_mask && (converts || rule.has_bits()) && tiles.by_key_tile;
   const std::int64_t words_per_key = (view.block_m + 31) / 32;
   const std::size_t bits_by_key_bytes =
       has_bits_by_key ? section_bytes(rule.partial_block_count * view.block_n * words_per_key + 1, sizeof(std::uint32_t)) : 0;
-  const std::size_t total = codes_bytes + 2 * query_entries_bytes + query_counts_bytes + key_counts_bytes +
+  // The converted dense mask's bits, every block's (dense_mask_blocks.hpp).
+  const std::size_t dense_bits_bytes =
+      converts ? section_bytes(dense_grid.block_count() * dense_grid.words_per_block() + 1, sizeof(std::uint32_t)) : 0;
+  const std::size_t total = dense_bits_bytes + codes_bytes + 2 * query_entries_bytes + query_counts_bytes + key_counts_bytes +
                             2 * key_entries_bytes + dbias_bytes + key_spans_bytes + query_spans_bytes + sorted_bytes +
                             bits_by_key_bytes;
 
@@ -359,6 +446,7 @@ MaskTables MaskTables::build(const AttentionParams& params, const BackwardParams
     cursor += bytes;
     return section;
   };
+  auto* dense_bits = reinterpret_cast<std::uint32_t*>(take(dense_bits_bytes));
   auto* codes = reinterpret_cast<std::int32_t*>(take(codes_bytes));
   auto* query_counts = reinterpret_cast<std::int32_t*>(take(query_counts_bytes));
   auto* query_entries = reinterpret_cast<std::int32_t*>(take(query_entries_bytes));
@@ -378,7 +466,19 @@ MaskTables MaskTables::build(const AttentionParams& params, const BackwardParams
     mask.code_batch_stride = code_batches > 1 ? code_heads * code_row : 0;
     mask.code_head_stride = code_heads > 1 ? code_row : 0;
     const std::int64_t code_rows = list_sets * view.q_blocks;
-    if (code_rows > 0 && view.kv_blocks > 0) {
+    if (converts) {
+      rule.maybe_partial_bits = dense_bits;
+      tables.dense_mask_blocks_ = params.block_mask;
+      tables.has_dense_mask_blocks_ = true;
+      MaskStrides strides;
+      for (int d = 0; d < 4; ++d) strides.values[d] = given.attn_mask_strides[d];
+      if (dense_grid.block_count() > 0) {
+        dense_mask_blocks_kernel<<<static_cast<unsigned>(std::min<std::int64_t>(dense_grid.block_count(), kMaxBlocks)),
+                                   kThreads, 0, stream>>>(static_cast<const std::uint8_t*>(given.maybe_attn_mask), strides,
+                                                          dense_grid, codes, dense_bits);
+        FLASHATTN_CUDA_CHECK_LAUNCH();
+      }
+    } else if (code_rows > 0 && view.kv_blocks > 0) {
       block_codes_kernel<<<blocks_for_threads(code_rows * 32), kThreads, 0, stream>>>(view, codes, code_batches,
                                                                                       code_heads);
       FLASHATTN_CUDA_CHECK_LAUNCH();

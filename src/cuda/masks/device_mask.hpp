@@ -6,8 +6,14 @@
 // Usage in a launch function (kernels take params by value, so copy):
 //   masks::MaskTables tables = masks::prepare(params, {kBlockM, kBlockN, /*by_query_tile=*/true, false}, stream);
 //   AttentionParams launch_params = params;
-//   launch_params.device_mask = tables.view();
+//   tables.bind(launch_params);      // device_mask, and a converted dense mask's block form
 //   kernel<<<...>>>(launch_params);  // tables must outlive the enqueue only (stream-ordered free)
+//
+// A dense boolean attn_mask alone (src/core/dense_mask_blocks.hpp) is converted on the
+// device into its block form when FLASHATTN_DENSE_MASK=blocks: block codes and bits at
+// mask blocks matching the kernel's tiles, made by one kernel that reads the mask once.
+// The kernels then see a block mask with bits and no attn_mask (bind()): empty tiles are
+// not listed, full ones get no element pass, partial ones the fast pass on the bits.
 //
 // Everything is stream-ordered (cudaMallocAsync / cudaFreeAsync on the call's stream,
 // capturable in a CUDA graph); the tables are built by a few tiny kernels (one warp
@@ -47,6 +53,12 @@ class MaskTables {
   // The tables as the kernels read them (params.device_mask); present() == false when
   // the call has no masks.
   const DeviceMask& view() const { return view_; }
+  // Whether a dense boolean attn_mask was converted into its block form (see the header).
+  bool has_dense_mask_blocks() const { return has_dense_mask_blocks_; }
+  // Sets what a kernel reads of these tables in its params: device_mask = view(), and for
+  // a converted dense mask its block form in place of the attn_mask (block_mask = the
+  // converted view, maybe_attn_mask = null). `params` must be those prepare() was given.
+  void bind(AttentionParams& params) const;
 
  private:
   friend MaskTables prepare(const AttentionParams& params, const KernelTiles& tiles, cudaStream_t stream);
@@ -57,6 +69,8 @@ class MaskTables {
   void release() noexcept;
 
   DeviceMask view_;
+  BlockMaskView dense_mask_blocks_;  // the converted block form (has_dense_mask_blocks_), in scratch_
+  bool has_dense_mask_blocks_ = false;
   void* scratch_ = nullptr;
   cudaStream_t stream_ = nullptr;
 };
