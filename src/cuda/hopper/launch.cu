@@ -138,7 +138,9 @@ std::atomic<int>& dropout_masks_setting() {
 }
 }  // namespace
 
-DropoutMasks dropout_masks() { return static_cast<DropoutMasks>(dropout_masks_setting().load(std::memory_order_relaxed)); }
+DropoutMasks dropout_masks() {
+  return static_cast<DropoutMasks>(dropout_masks_setting().load(std::memory_order_relaxed));
+}
 void set_dropout_masks(DropoutMasks masks) {
   dropout_masks_setting().store(static_cast<int>(masks), std::memory_order_relaxed);
 }

@@ -75,7 +75,8 @@ struct HopperTileConfig {
   static constexpr int kMaxDropoutMaskSlots = 4;
   constexpr int dropout_keep_bits() const { return block_n / 2; }
   constexpr int dropout_keep_tail_bytes() const {
-    return dropout_keep_bits() % 32 == 0 ? 0 : dropout_keep_bits() % 32 <= 8 ? 1 : dropout_keep_bits() % 32 <= 16 ? 2 : 4;
+    const int tail_bits = dropout_keep_bits() % 32;
+    return tail_bits == 0 ? 0 : tail_bits <= 8 ? 1 : tail_bits <= 16 ? 2 : 4;
   }
   constexpr int dropout_mask_slot_bytes() const {
     return 2 * block_m * (4 * (dropout_keep_bits() / 32) + dropout_keep_tail_bytes());  // 128 threads per 64 rows
@@ -87,7 +88,9 @@ struct HopperTileConfig {
   }
   constexpr bool has_dropout_mask_ring() const { return dropout_mask_slots() > 0; }
   // Shared memory of the kernels with dropout: the tiles and the mask ring.
-  constexpr int dropout_shared_bytes() const { return shared_bytes() + dropout_mask_slots() * dropout_mask_slot_bytes(); }
+  constexpr int dropout_shared_bytes() const {
+    return shared_bytes() + dropout_mask_slots() * dropout_mask_slot_bytes();
+  }
 };
 
 // Sized after FA3's hopper/tile_size.h. Measured on the H100 (2026-11-22,
