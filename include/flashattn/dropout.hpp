@@ -57,10 +57,17 @@ FLASHATTN_UNROLL
       key0 += kWeyl0;
       key1 += kWeyl1;
     }
+#if defined(__CUDA_ARCH__)
+    // The high and low halves as two 32-bit multiplies: NVVM widens the 64-bit product
+    // into a 64-bit multiply that ptxas pads with additions of zero (~12 per draw).
+    const std::uint32_t hi0 = __umulhi(kMultiplier0, counter.word[0]), lo0 = kMultiplier0 * counter.word[0];
+    const std::uint32_t hi1 = __umulhi(kMultiplier1, counter.word[2]), lo1 = kMultiplier1 * counter.word[2];
+#else
     const std::uint64_t product0 = static_cast<std::uint64_t>(kMultiplier0) * counter.word[0];
     const std::uint64_t product1 = static_cast<std::uint64_t>(kMultiplier1) * counter.word[2];
     const std::uint32_t hi0 = static_cast<std::uint32_t>(product0 >> 32), lo0 = static_cast<std::uint32_t>(product0);
     const std::uint32_t hi1 = static_cast<std::uint32_t>(product1 >> 32), lo1 = static_cast<std::uint32_t>(product1);
+#endif
     counter = Bits128{{hi1 ^ counter.word[1] ^ key0, lo1, hi0 ^ counter.word[3] ^ key1, lo0}};
   }
   return counter;
