@@ -10,13 +10,10 @@
 #endif
 // Loop unrolling in host/device code: the device pass unrolls; the host compiler
 // would warn about the CUDA pragma.
-// FLASHATTN_NO_UNROLL keeps a device loop rolled (its body's registers once).
 #if defined(__CUDA_ARCH__)
 #define FLASHATTN_UNROLL _Pragma("unroll")
-#define FLASHATTN_NO_UNROLL _Pragma("unroll 1")
 #else
 #define FLASHATTN_UNROLL
-#define FLASHATTN_NO_UNROLL
 #endif
 
 #define FLASHATTN_VERSION_MAJOR 0

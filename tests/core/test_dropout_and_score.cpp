@@ -153,37 +153,6 @@ TEST(DropoutFragment, PlainLayoutMatchesKeep) {
   check_plain_layout<16>(rule);
 }
 
-// dropout_keep_words_serial (one draw at a time: the Hopper forward's producer warps draw
-// the consumers' keep words with it) against DropoutRule::keep, as above; kAligned:
-// col0 a multiple of 32 (block_n 128), else any multiple of 16 (block_n 80).
-template <int kNTiles, bool kAligned>
-void check_serial_plain_layout(const DropoutRule& rule) {
-  for (std::int64_t block_row : {0, 16, 48, 4080})
-    for (std::int64_t col0 : {0, 16, 32, 48, 80, 96, 112, 4112, 4128}) {
-      if (kAligned && col0 % 32 != 0) continue;
-      for (int lane = 0; lane < 32; ++lane) {
-        const std::int64_t row0 = block_row + lane / 4;
-        std::uint32_t keep[(kNTiles + 7) / 8];
-        cuda::fragment::dropout_keep_words_serial<kNTiles, kAligned>(rule, 7, row0, col0, lane % 4, keep);
-        for (int i = 0; i < 4 * kNTiles; ++i) {
-          const int j = i / 4, half = (i >> 1) & 1, e = i & 1;
-          const std::int64_t row = row0 + 8 * half, col = col0 + 8 * j + 2 * (lane % 4) + e;
-          ASSERT_EQ(((keep[i / 32] >> (i % 32)) & 1u) != 0, rule.keep(7, row, col))
-              << "serial, kNTiles " << kNTiles << " col0 " << col0 << " lane " << lane << " element " << i;
-        }
-      }
-    }
-}
-
-TEST(DropoutFragment, SerialDrawsMatchKeep) {
-  const DropoutRule rule = DropoutRule::with_probability(0.5, 0x0123456789abcdefULL, 0x5555000000001111ULL);
-  check_serial_plain_layout<16, true>(rule);   // Hopper d64/d128: block_n 128
-  check_serial_plain_layout<10, false>(rule);  // Hopper d256: block_n 80 (16-column offsets)
-  check_serial_plain_layout<12, false>(rule);
-  check_serial_plain_layout<4, false>(rule);
-  check_serial_plain_layout<2, false>(rule);
-}
-
 // Transposed layout (the sm90 backward's Sᵀ): lane L holds element 4·j + 2·half + e at
 // key key_row0 + 8·half (key_row0 = 16-key block + L/4), query query_col0 + 8·j +
 // 2·(L % 4) + e; each lane's word = its `mine` | lane (L ^ 4)'s `partners` (the shuffle).

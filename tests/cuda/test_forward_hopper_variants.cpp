@@ -10,10 +10,7 @@
 //     distinct powers of two whose bits are the keep decisions of its row, so each
 //     element's decision is compared with DropoutRule::keep on the host;
 //   - same (seed, offset) twice: bitwise-identical outputs; the seed/offset given as a
-//     device int64 tensor equals the same values given on the host;
-//   - keep masks drawn by the producer warpgroup (FLASHATTN_CUDA_HOPPER_DROPOUT=producer,
-//     set here through hopper::set_dropout_masks): outputs bitwise equal to the consumers'
-//     own draws over every tile kind, the mask read back exactly on both paths.
+//     device int64 tensor equals the same values given on the host.
 // Every test skips without a GPU, without flash3 in the build, or off compute 9.0.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
@@ -30,7 +27,6 @@
 #include "src/core/backend.hpp"
 #include "src/core/validate.hpp"
 #include "src/cpu/reference.hpp"
-#include "src/cuda/hopper/launch.hpp"
 #include "tests/cuda/device_problem.hpp"
 
 namespace flashattn::testing {
@@ -301,91 +297,13 @@ void expect_mask_read_back_exactly(const ProblemShape& shape, int expected_misma
                            << report.str();
 }
 
-// Who draws the Hopper forward's keep masks for the calls in scope (the process-wide
-// setting of hopper::set_dropout_masks, FLASHATTN_CUDA_HOPPER_DROPOUT's), restored after.
-class ScopedDropoutMasks {
- public:
-  explicit ScopedDropoutMasks(cuda::hopper::DropoutMasks masks) : saved_(cuda::hopper::dropout_masks()) {
-    cuda::hopper::set_dropout_masks(masks);
-  }
-  ScopedDropoutMasks(const ScopedDropoutMasks&) = delete;
-  ScopedDropoutMasks& operator=(const ScopedDropoutMasks&) = delete;
-  ~ScopedDropoutMasks() { cuda::hopper::set_dropout_masks(saved_); }
-
- private:
-  cuda::hopper::DropoutMasks saved_;
-};
-
-constexpr cuda::hopper::DropoutMasks kBothMaskSources[] = {cuda::hopper::DropoutMasks::consumer,
-                                                           cuda::hopper::DropoutMasks::producer};
-const char* name_of(cuda::hopper::DropoutMasks masks) {
-  return masks == cuda::hopper::DropoutMasks::producer ? "producer-drawn masks" : "consumer-drawn masks";
-}
-
 TEST_F(HopperVariantTest, DropoutMaskEqualsDropoutRuleElementByElement) {
-  for (cuda::hopper::DropoutMasks masks : kBothMaskSources) {
-    SCOPED_TRACE(name_of(masks));
-    const ScopedDropoutMasks scoped(masks);
-    for (DType t : {DType::float16, DType::bfloat16}) {
-      expect_mask_read_back_exactly(make(t, 2, 203, 256, 3, 3, 64));    // 4 groups, 2 key blocks of 128
-      expect_mask_read_back_exactly(make(t, 1, 129, 512, 2, 1, 128));   // GQA, 4 key blocks
-      expect_mask_read_back_exactly(make(t, 1, 113, 256, 2, 2, 256));   // block_n 80: a 16-column tail block
-      expect_mask_read_back_exactly(varlen(make(t, 0, 0, 0, 2, 2, 64), {70, 0, 129, 5}, {128, 64, 256, 32}));
-      expect_mask_read_back_exactly(make(t, 1, 64, 64, 300, 300, 64));  // persistent: 300 tiles, several per CTA
-      expect_mask_read_back_exactly(make(t, 1, 2100, 512, 2, 2, 128));  // 17 query tiles per head, 4 key blocks
-    }
-  }
-}
-
-// ---- keep masks drawn by the producer warpgroup --------------------------------------
-
-// The mask ring must hand every consumer thread exactly the bits it would have drawn,
-// for every key block it visits in every tile it runs: same arithmetic, same bits, so
-// the output is bitwise that of the consumers' own draws (and matches the reference).
-// Tile kinds: d64/d128 (the ring's kernels) and d256 (no ring: the consumers draw either
-// way), query and key tails, a single key block, causal on the dynamic scheduler
-// (seqlen <= 2048) and on one CTA per tile (beyond: three generator warps instead of
-// two), windows, GQA, varlen with empty sequences, persistent grids running several
-// tiles per CTA (the generator follows the tile queue), ALiBi and softcap beside dropout.
-TEST_F(HopperVariantTest, ProducerDrawnMasksEqualConsumerDrawnBitwise) {
-  struct Case {
-    VariantCase variant;
-    bool check_reference;  // the big ones only bitwise (the reference takes seconds)
-  };
-  const DType bf16 = DType::bfloat16, fp16 = DType::float16;
-  const Case cases[] = {
-      {with_dropout(make(bf16, 2, 113, 203, 2, 2, 64), 0.1), true},
-      {with_dropout(make(fp16, 2, 113, 203, 2, 2, 128), 0.5), true},
-      {with_dropout(make(bf16, 1, 150, 170, 2, 1, 256), 0.1), true},
-      {with_dropout(make(bf16, 1, 300, 17, 2, 2, 128), 0.1), true},
-      {with_dropout(causal(make(bf16, 1, 203, 113, 2, 1, 128)), 0.1), true},
-      {with_dropout(causal(make(fp16, 1, 1500, 1500, 2, 2, 64)), 0.1), true},
-      {with_dropout(causal(make(bf16, 1, 2300, 2300, 2, 1, 64)), 0.1), false},
-      {with_dropout(causal(make(fp16, 1, 2200, 2500, 2, 2, 128)), 0.5), false},
-      {with_dropout(window(make(bf16, 1, 257, 300, 2, 2, 64), 32, 0), 0.1), true},
-      {with_dropout(make(fp16, 2, 97, 113, 8, 2, 64), 0.1), true},
-      {with_dropout(varlen(make(fp16, 0, 0, 0, 2, 1, 128), {5, 0, 1, 130, 0, 17}, {9, 3, 0, 64, 0, 129}), 0.1), true},
-      {with_dropout(causal(varlen(make(bf16, 0, 0, 0, 2, 2, 64), {129, 1, 0, 200}, {140, 1, 7, 260})), 0.5), true},
-      {with_dropout(make(fp16, 3, 400, 250, 24, 24, 64), 0.1), true},
-      {with_dropout(make(bf16, 2, 300, 900, 40, 8, 128), 0.1), false},
-      {with_alibi(with_dropout(softcap(causal(make(bf16, 1, 203, 301, 4, 2, 128)), 3.0), 0.1)), true},
-  };
-  for (const Case& c : cases) {
-    if (!is_built(c.variant.shape.head_dim)) continue;
-    VariantRun run(c.variant, 7);
-    DeviceProblem device(run.problem);
-    std::vector<unsigned char> consumer_out, consumer_lse;
-    {
-      const ScopedDropoutMasks scoped(cuda::hopper::DropoutMasks::consumer);
-      run.run_gpu(device);
-      consumer_out = bytes_of(run.problem.out);
-      consumer_lse = bytes_of(run.problem.lse);
-    }
-    const ScopedDropoutMasks scoped(cuda::hopper::DropoutMasks::producer);
-    run.run_gpu(device);
-    EXPECT_EQ(bytes_of(run.problem.out), consumer_out) << c.variant.describe() << ": out, producer vs consumer masks";
-    EXPECT_EQ(bytes_of(run.problem.lse), consumer_lse) << c.variant.describe() << ": lse, producer vs consumer masks";
-    if (c.check_reference) run.expect_matches_reference(c.variant.describe() + " [flash3, producer-drawn masks]");
+  for (DType t : {DType::float16, DType::bfloat16}) {
+    expect_mask_read_back_exactly(make(t, 2, 203, 256, 3, 3, 64));    // 4 groups, 2 key blocks of 128
+    expect_mask_read_back_exactly(make(t, 1, 129, 512, 2, 1, 128));   // GQA, 4 key blocks
+    expect_mask_read_back_exactly(make(t, 1, 113, 256, 2, 2, 256));   // block_n 80: a 16-column tail block
+    expect_mask_read_back_exactly(varlen(make(t, 0, 0, 0, 2, 2, 64), {70, 0, 129, 5}, {128, 64, 256, 32}));
+    expect_mask_read_back_exactly(make(t, 1, 64, 64, 300, 300, 64));  // persistent: 300 tiles, several per CTA
   }
 }
 

@@ -6,8 +6,7 @@
 // intra-warpgroup overlap only, more stages — each checked against the production
 // output (max |difference|) and for unwritten (NaN-poisoned) elements.
 // The variant rows time the production kernel with dropout p = 0.1 (config
-// flash3_dropout0.1; flash3_dropout0.1_producer with the keep masks drawn by the
-// producer warpgroup) and with ALiBi slopes per head (flash3_alibi) in the same run as
+// flash3_dropout0.1) and with ALiBi slopes per head (flash3_alibi) in the same run as
 // the plain forward; their max_abs_diff_vs_production is against the plain output, so
 // nonzero by design (only `unwritten` is a check there). The TFLOP/s count the plain
 // attention FLOPs, so the ratio to the plain row is the throughput ratio.
@@ -213,16 +212,6 @@ void time_dropout_and_alibi(const Shape& s, Buffers<T>& buffers, int warmup, int
     buffers.check([&] { forward(*args); }, max_difference, unwritten);
     report("variant", s, name, ms, max_difference, unwritten);
   }
-  // The keep masks drawn by the producer warpgroup (kernel.cuh's mask ring; d256 has
-  // none and draws in the consumers): its max_abs_diff equals flash3_dropout0.1's.
-  const DropoutMasks saved = dropout_masks();
-  set_dropout_masks(DropoutMasks::producer);
-  const double ms = median_ms([&] { forward(with_dropout); }, warmup, reps);
-  double max_difference = 0;
-  unsigned long long unwritten = 0;
-  buffers.check([&] { forward(with_dropout); }, max_difference, unwritten);
-  report("variant", s, "flash3_dropout0.1_producer", ms, max_difference, unwritten);
-  set_dropout_masks(saved);
 }
 
 template <class T, HopperTileConfig kConfig>

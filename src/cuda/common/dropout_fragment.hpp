@@ -52,30 +52,6 @@ FLASHATTN_UNROLL
   }
 }
 
-// dropout_keep_words' words with one draw at a time: a rolled loop that keeps one
-// Philox state live, for code that draws on few registers (the Hopper forward's
-// producer warps, 32 registers: the unrolled draws spill there). The draws' 16-bit
-// masks are concatenated into 64 bits (draw d at bit 16·d), so at most four draws:
-// kNTiles <= 12, or 16 when col0 is known to be a multiple of 32.
-template <int kNTiles, bool kAligned = false>
-FLASHATTN_HOST_DEVICE void dropout_keep_words_serial(const DropoutRule& rule, std::uint32_t batch_head,
-                                                     std::int64_t row0, std::int64_t col0, int quad,
-                                                     std::uint32_t (&keep)[(kNTiles + 7) / 8]) {
-  static_assert(kNTiles % 2 == 0, "blocks of 16-column halves of draws");
-  static_assert(kNTiles / 4 + (kAligned && kNTiles % 4 == 0 ? 0 : 1) <= 4, "at most 64 bits of draws");
-  constexpr int kWords = (kNTiles + 7) / 8;
-  const bool odd = !kAligned && ((col0 >> 4) & 1) != 0;  // col0 ≡ 16 (mod 32): the first draw's upper half
-  const int draws = kNTiles / 4 + (kNTiles % 4 == 2 || odd ? 1 : 0);
-  const std::int64_t col_base = (col0 & ~std::int64_t{31}) + 2 * quad;
-  std::uint64_t bits = 0;  // bit 16·d + i = number i of draw d; element b is bit b + 8·odd
-FLASHATTN_NO_UNROLL
-  for (int d = 0; d < draws; ++d)
-    bits |= static_cast<std::uint64_t>(rule.keep_mask(rule.draw(batch_head, row0, col_base + 32 * d))) << (16 * d);
-  if (odd) bits >>= 8;
-FLASHATTN_UNROLL
-  for (int w = 0; w < kWords; ++w) keep[w] = static_cast<std::uint32_t>(bits >> (32 * w));
-}
-
 // The transposed layout (the sm90 backward's Sᵀ = K Qᵀ: rows are keys, columns queries):
 // lane L holds, of n8 tile j, element 4·j + 2·half + e at key key_row0 + 8·half, query
 // query_col0 + 8·j + 2·(L % 4) + e, key_row0 = a 16-key block's first key + L/4 (bit 3

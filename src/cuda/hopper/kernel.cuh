@@ -18,28 +18,14 @@
 //   Variants (one hook each, src/cuda/common/fragment.cuh): the ScoreRule (softcap, ALiBi)
 //   maps S to log2 units before the mask; dropout zeroes entries of P after the row sum
 //   (l sums the undropped P) and before P is packed, and 1/(1 − p) joins 1/l at the end.
-//   The dropout keep bits of block j depend only on coordinates. Who draws them is a
-//   runtime choice of the launch (HopperForwardParams::dropout_masks,
-//   FLASHATTN_CUDA_HOPPER_DROPOUT):
-//     consumer  each consumer thread draws its own while S_j = Q K_j^T runs on the tensor
-//               cores, before the wait for it (ptxas spreads the integer work over the
-//               softmax, but it is on the softmax's critical path);
-//     producer  the producer warpgroup's idle warps (all but the loader's and the
-//               scheduler's) draw every consumer thread's words ahead of the consumers
-//               into a ring of shared-memory bit masks (dropout_mask_ring.cuh: one bit
-//               per element, 2 KB per 128 x 128 block, four slots), each slot guarded by
-//               a full mbarrier (the generator warps arrive) and an empty one (every
-//               consumer warp arrives once it has loaded its words, right after issuing
-//               S_j); the generator follows the same tile queue and key_block order as the
-//               loader, so the ring stays in lock-step with the K/V rings. The draws then
-//               overlap the GEMMs instead of lengthening the softmax. Kernels with no
-//               ring (d256: tile_config.hpp) draw in the consumers either way.
-//   Dropout is a template flag (kHasDropout, its own tile entries where registers are
-//   short: tile_config.hpp): as a runtime branch its draws would cost the default kernel
-//   registers. The score rule is a runtime branch beside the fast path, as softcap was.
-//   setmaxnreg moves registers from the producer (24-32; 40 in the dropout kernels with a
-//   mask ring) to the consumers (240 with two consumer warpgroups, 232 beside a mask
-//   ring, 160 with three).
+//   The dropout keep bits of block j depend only on coordinates: they are drawn while
+//   S_j = Q K_j^T runs on the tensor cores, before the wait for it (ptxas then spreads
+//   the integer work over the softmax). Dropout is a template flag (kHasDropout, its own
+//   tile entries where registers are short: tile_config.hpp): as a runtime branch its
+//   draws would cost the default kernel registers. The score rule is a runtime branch
+//   beside the fast path, as softcap was.
+//   setmaxnreg moves registers from the producer (24-32) to the consumers (240 with two
+//   consumer warpgroups, 160 with three).
 // Schedules (HopperTileConfig flags; TUNING.md has the measurements):
 //   intra-warpgroup overlap  S_j = Q K_j^T is issued with O += P_(j-1) V_(j-1), and the
 //                            softmax of block j runs while that PV GEMM does (FA3 3.2);
@@ -105,7 +91,6 @@
 #include "src/cuda/common/numeric.cuh"
 #include "src/cuda/common/swizzle.cuh"
 #include "src/cuda/common/tma_panels.cuh"
-#include "src/cuda/hopper/dropout_mask_ring.cuh"
 #include "src/cuda/hopper/launch.hpp"
 #include "src/cuda/hopper/tile_config.hpp"
 #include "src/cuda/ptx/math.cuh"
@@ -138,21 +123,11 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
   constexpr int kKVBytes = kConfig.kv_tile_bytes();
   constexpr ptx::MmaInput kInput = Numeric<T>::kMmaInput;
   constexpr int kConsumerWarpgroups = kConfig.consumer_warpgroups();
-  constexpr int kNTiles = kBlockN / 8;           // n8 tiles of S per warp (the fragment.cuh hooks' unit)
-  constexpr int kKeepWords = (kNTiles + 7) / 8;  // dropout keep bits of a thread's S/P fragment
   static_assert(kBlockM % ptx::kWarpgroupRows == 0 && kConsumerWarpgroups >= 1 &&
                     kConsumerWarpgroups <= kMaxConsumerWarpgroups,
                 "each consumer warpgroup owns 64 query rows");
-  // Dropout keep masks drawn by the producer (DropoutMasks::producer): slots of the mask
-  // ring (tile_config.hpp; none: the consumers draw them whatever the launch asks).
-  constexpr int kMaskSlots = kHasDropout ? kConfig.dropout_mask_slots() : 0;
-  constexpr bool kHasMaskRing = kMaskSlots > 0;
-  constexpr int kProducerRegisters =
-      kHasDropout ? kConfig.dropout_producer_registers() : kConfig.producer_registers();
-  constexpr int kConsumerRegisters =
-      kHasDropout ? kConfig.dropout_consumer_registers() : kConfig.consumer_registers();
-  static_assert(ptx::kWarpgroupThreads * kProducerRegisters +
-                    ptx::kWarpgroupThreads * kConsumerWarpgroups * kConsumerRegisters <=
+  static_assert(ptx::kWarpgroupThreads * kConfig.producer_registers() +
+                    ptx::kWarpgroupThreads * kConsumerWarpgroups * kConfig.consumer_registers() <=
                 65536,
                 "register file: 64K 32-bit registers per SM");
   static_assert(!kPingPongArg || kConsumerWarpgroups == 2, "the ping-pong schedule alternates two warpgroups");
@@ -246,23 +221,8 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
   std::uint64_t* tile_full = barriers + 2 + 4 * kStages;   // [2]: the slot holds the next tile
   std::uint64_t* tile_empty = barriers + 4 + 4 * kStages;  // [2]: the loader and every consumer warp read it
   auto* tile_slots = reinterpret_cast<std::int32_t*>(barriers + 6 + 4 * kStages);  // [2]
-  // The dropout mask ring (kHasMaskRing): per slot, full (the generator warps wrote it)
-  // and empty (every consumer warp has read it); the slots follow the 256 bytes of barriers.
-  std::uint64_t* mask_full = barriers + 7 + 4 * kStages;                // [kMaskSlots]
-  std::uint64_t* mask_empty = barriers + 7 + 4 * kStages + kMaskSlots;  // [kMaskSlots]
   constexpr int kConsumerWarps = 4 * kConsumerWarpgroups;
-  constexpr int kConsumerThreads = 32 * kConsumerWarps;
-  const DropoutMaskRing<kConfig.dropout_keep_bits(), kConsumerThreads> mask_ring{
-      reinterpret_cast<unsigned char*>(barriers) + 256};
-  static_assert(!kHasMaskRing || decltype(mask_ring)::kSlotBytes == kConfig.dropout_mask_slot_bytes(),
-                "the mask ring's layout and the shared memory the launch reserves for it");
-  static_assert(decltype(mask_ring)::kWords == kKeepWords, "a slot holds a thread's keep words");
-  static_assert((7 + 4 * kStages + 2 * kMaskSlots) * 8 <= 256, "mbarriers and tile slots exceed their 256 bytes");
-  // The producer's warps that draw the masks: those without the loader (lane 0 of warp
-  // 0) or the scheduler (lane 0 of warp 1, persistent launches).
-  constexpr int kFirstGeneratorWarp = kPersistentArg ? 2 : 1;
-  constexpr int kGeneratorWarps = 4 - kFirstGeneratorWarp;
-  const bool is_producer_drawing = kHasMaskRing && params.dropout_masks == DropoutMasks::producer;
+  static_assert((6 + 4 * kStages) * 8 + 2 * 4 <= 256, "mbarriers and tile slots exceed their 256 bytes");
 
   if (threadIdx.x == 0) {
     ::cuda::ptx::mbarrier_init(q_full, 1);
@@ -273,14 +233,9 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
       ::cuda::ptx::mbarrier_init(&k_empty[stage], kConsumerWarps);
       ::cuda::ptx::mbarrier_init(&v_empty[stage], kConsumerWarps);
     }
-    for (int slot = 0; slot < kMaskSlots; ++slot) {
-      ::cuda::ptx::mbarrier_init(&mask_full[slot], kGeneratorWarps);
-      ::cuda::ptx::mbarrier_init(&mask_empty[slot], kConsumerWarps);
-    }
     for (int slot = 0; slot < 2; ++slot) {
       ::cuda::ptx::mbarrier_init(&tile_full[slot], 1);
-      // Read by every consumer warp, the loader, and the generator warps when they draw.
-      ::cuda::ptx::mbarrier_init(&tile_empty[slot], kConsumerWarps + 1 + (is_producer_drawing ? kGeneratorWarps : 0));
+      ::cuda::ptx::mbarrier_init(&tile_empty[slot], kConsumerWarps + 1);  // + the loader
     }
     ::cuda::ptx::fence_mbarrier_init(::cuda::ptx::sem_release, ::cuda::ptx::scope_cluster);
   }
@@ -306,7 +261,7 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
 
   if (warpgroup == 0) {
     // ---- producer ----------------------------------------------------------------
-    ptx::setmaxnreg_decrease<kProducerRegisters>();
+    ptx::setmaxnreg_decrease<kConfig.producer_registers()>();
     // Tile indices in 32 bits (the launch checks num_tiles < 2^31).
     const std::int32_t tile_end = static_cast<std::int32_t>(num_tiles);
     if constexpr (kPersistentArg) {
@@ -328,46 +283,6 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
                        ? static_cast<std::int32_t>(gridDim.x + atomicAdd(params.maybe_tile_counter, 1u))
                        : linear + static_cast<std::int32_t>(gridDim.x);
         }
-      }
-    }
-    if constexpr (kHasMaskRing) {
-      if (is_producer_drawing && threadIdx.x >= 32 * kFirstGeneratorWarp) {
-        // The mask generator: the keep bits of every key block the consumers visit, in
-        // their order (the same tiles from the same queue, the same key_block), each
-        // consumer thread's words drawn with its own rows and quad (dropout_fragment.hpp),
-        // into the slot of the block's ring position once every consumer warp has read
-        // that slot's previous block. The consumers then only load and apply them.
-        const DropoutRule dropout = attention.dropout();
-        const int generator_thread = threadIdx.x - 32 * kFirstGeneratorWarp;
-        int position = 0;  // key blocks of earlier tiles: the ring's position
-        for (int taken = 0;; ++taken) {
-          std::int32_t linear = static_cast<std::int32_t>(blockIdx.x);
-          if constexpr (kPersistentArg) {
-            linear = take_tile(taken);
-          } else if (taken > 0) {
-            break;
-          }
-          if (linear >= tile_end) break;
-          Tile tile;
-          if (!decode_tile(linear, tile)) continue;
-          const std::uint32_t dropout_head = attention.dropout_head(tile.batch, tile.head);
-          for (int index = 0; index < tile.num_n_blocks; ++index, ++position) {
-            const std::int64_t n0 = key_block(tile, index).n0;
-            const int slot = position % kMaskSlots;
-            if (position >= kMaskSlots) ptx::mbarrier_wait(&mask_empty[slot], ((position / kMaskSlots) - 1) & 1);
-            // Consumer thread t: rows m0 + 16 (t / 32) + (t % 32) / 4 (+ 8), quad t % 4.
-            // The trip count is warp-uniform (kConsumerThreads is a multiple of 32).
-            for (int thread = generator_thread; thread < kConsumerThreads; thread += 32 * kGeneratorWarps) {
-              std::uint32_t words[kKeepWords];
-              fragment::dropout_keep_words_serial<kNTiles, kBlockN % 32 == 0>(
-                  dropout, dropout_head, tile.m0 + 16 * (thread / 32) + (thread % 32) / 4, n0, thread % 4, words);
-              mask_ring.store(slot, thread, words);
-            }
-            __syncwarp();  // the warp's stores before its arrival (a release)
-            if (threadIdx.x % 32 == 0) ::cuda::ptx::mbarrier_arrive(&mask_full[slot]);
-          }
-        }
-        return;
       }
     }
     if (threadIdx.x != 0) return;
@@ -421,7 +336,7 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
   }
 
   // ---- consumers -------------------------------------------------------------------
-  ptx::setmaxnreg_increase<kConsumerRegisters>();
+  ptx::setmaxnreg_increase<kConfig.consumer_registers()>();
   const int consumer = warpgroup - 1;
   const int thread_in_warpgroup = threadIdx.x % ptx::kWarpgroupThreads;
   const int lane = threadIdx.x % 32;
@@ -470,6 +385,8 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
   online_softmax::State<float> row_state[2];  // rows thread_row0 and thread_row0 + 8; l is this
                                               // thread's partial sum until the end
   float row_factor[2];                        // rescale of O for the block just exponentiated
+  constexpr int kNTiles = kBlockN / 8;        // n8 tiles of S per warp (the fragment.cuh hooks' unit)
+  constexpr int kKeepWords = (kNTiles + 7) / 8;
   std::uint32_t keep[kKeepWords];             // dropout keep bits of S/P: bit i % 32 of word i / 32 is s[i]
 
   // S = Q K^T for block `index` (issued and committed, not waited for).
@@ -502,23 +419,6 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
   auto draw_keep = [&](const KeyBlock& block) {
     fragment::dropout_keep_words<kNTiles, kBlockN % 32 == 0>(dropout, dropout_head, tile.m0 + thread_row0, block.n0,
                                                              fragment::quad_lane(), keep);
-  };
-  // The keep bits of block `index` (= `block`): drawn here, or read from the producer's
-  // mask ring, whose slot this warp releases at once (the bits stay in registers until
-  // drop_p), so the generator runs up to kMaskSlots blocks ahead.
-  auto fetch_keep = [&](const KeyBlock& block, int index) {
-    if constexpr (kHasMaskRing) {
-      if (is_producer_drawing) {
-        const int position = block_base + index;
-        const int slot = position % kMaskSlots;
-        ptx::mbarrier_wait(&mask_full[slot], (position / kMaskSlots) & 1);
-        mask_ring.load(slot, threadIdx.x - ptx::kWarpgroupThreads, keep);
-        __syncwarp();  // every lane's load before the warp's arrival (a release)
-        if (lane == 0) ::cuda::ptx::mbarrier_arrive(&mask_empty[slot]);
-        return;
-      }
-    }
-    draw_keep(block);
   };
   // Dropout on P (after softmax_block has added the undropped P to l): dropped entries
   // become 0 before P is packed; 1/(1 - p) is applied with 1/l in finish_rows.
@@ -748,7 +648,7 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
         begin_turn();
         issue_qk(0);
         end_turn();
-        if constexpr (kHasDropout) fetch_keep(block, 0);
+        if constexpr (kHasDropout) draw_keep(block);
         ptx::wgmma_wait_group<0>();
         release(k_empty, 0);
         softmax_block(block);
@@ -764,7 +664,7 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
         issue_qk(index);
         issue_pv(index - 1);
         end_turn();
-        if constexpr (kHasDropout) fetch_keep(block, index);
+        if constexpr (kHasDropout) draw_keep(block);
         ptx::wgmma_wait_group<1>();  // S_(index) done, O += P V still running
         release(k_empty, index);
         softmax_block(block);
@@ -789,7 +689,7 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
         const KeyBlock block = key_block(tile, index);
         wait_k(index);
         issue_qk(index);
-        if constexpr (kHasDropout) fetch_keep(block, index);
+        if constexpr (kHasDropout) draw_keep(block);
         ptx::wgmma_wait_group<0>();
         release(k_empty, index);
         softmax_block(block);
@@ -882,10 +782,7 @@ void launch_forward_sm90(const HopperForwardParams& params, cudaStream_t stream)
   if (kConfig.is_persistent && params.maybe_tile_counter != nullptr && is_l2_section_order_requested())
     launch_params.tile_order.section_heads = l2_section_heads(
         attention.seqlen_k * kConfig.kernel_head_dim * 2 * kConfig.element_bytes, static_cast<std::int32_t>(attention.group_size));
-  // Dropout kernels reserve the producer's mask ring whichever side draws (one CTA per
-  // SM either way).
-  constexpr int kSharedBytes = kHasDropout ? kConfig.dropout_shared_bytes() : kConfig.shared_bytes();
-  static_assert(kSharedBytes <= kMaxSharedBytes, "tiles and mask ring exceed 227 KB of shared memory");
+  constexpr int kSharedBytes = kConfig.shared_bytes();
   auto* kernel = forward_kernel_sm90<T, kConfig.kernel_head_dim, kConfig.block_m, kConfig.block_n, kConfig.stages,
                                      kConfig.is_intra_overlap, kConfig.is_ping_pong, kConfig.is_persistent, kHasDropout>;
   // Above 48 KB of dynamic shared memory a kernel must opt in, once per device.

@@ -8,7 +8,6 @@
 
 #include <atomic>
 #include <cstdint>
-#include <cstdlib>
 #include <string>
 #include <utility>
 
@@ -127,24 +126,6 @@ bool is_tma_encodable_stride(std::int64_t stride_elements, std::int64_t extent, 
 }
 int device_compute_capability(int device) { return compute_capability(device); }
 
-namespace {
-std::atomic<int>& dropout_masks_setting() {
-  static std::atomic<int> setting{[] {
-    const char* value = std::getenv("FLASHATTN_CUDA_HOPPER_DROPOUT");
-    const bool is_producer = value != nullptr && std::string(value) == "producer";
-    return static_cast<int>(is_producer ? DropoutMasks::producer : DropoutMasks::consumer);
-  }()};
-  return setting;
-}
-}  // namespace
-
-DropoutMasks dropout_masks() {
-  return static_cast<DropoutMasks>(dropout_masks_setting().load(std::memory_order_relaxed));
-}
-void set_dropout_masks(DropoutMasks masks) {
-  dropout_masks_setting().store(static_cast<int>(masks), std::memory_order_relaxed);
-}
-
 bool is_built() { return !HopperForwardHeadDims::empty(); }
 
 int kernel_head_dim_for(std::int64_t head_dim) { return HopperForwardHeadDims::smallest_holding(head_dim); }
@@ -255,7 +236,6 @@ void forward(const AttentionParams& params, cudaStream_t stream) {
   // A persistent launch over tiles of unequal work takes them from a counter, heavy
   // first (kernel.cuh): stream-ordered, so CUDA graphs capture it as a node and every
   // replay starts from zero.
-  if (params.has_dropout()) hopper_params.dropout_masks = dropout_masks();
   TileCounter counter;
   if (config.is_persistent && (params.is_causal || params.is_local() || params.is_varlen())) {
     counter = TileCounter(stream);

@@ -19,11 +19,6 @@
 
 namespace flashattn::cuda::hopper {
 
-// Who draws the dropout keep masks (kernel.cuh): the consumer warpgroups, between the
-// two GEMMs of every key block, or the producer warpgroup's idle warps, ahead of the
-// consumers into a ring of shared-memory bit masks. The same bits either way.
-enum class DropoutMasks : int { consumer, producer };
-
 struct HopperForwardParams {
   AttentionParams attention;
   // 4-D maps (head_dim, rows, heads, batch), innermost first; a varlen tensor has one
@@ -38,9 +33,6 @@ struct HopperForwardParams {
   unsigned int* maybe_tile_counter = nullptr;
   // Which tile a running index names (tile_order.hpp); set by launch_forward_sm90.
   TileOrder tile_order;
-  // Dropout only: who draws the keep masks (dropout_masks(), below). The kernels whose
-  // shared memory holds no mask slot draw them in the consumers either way.
-  DropoutMasks dropout_masks = DropoutMasks::consumer;
 };
 
 template <class T, int kHeadDim>
@@ -71,13 +63,6 @@ inline bool is_l2_section_order_requested() {
   }();
   return requested;
 }
-
-// FLASHATTN_CUDA_HOPPER_DROPOUT=producer|consumer: who draws the dropout keep masks
-// (DropoutMasks; consumer when unset or anything else), read once per process: an A/B
-// switch until timed. set_dropout_masks replaces it for the later calls of the process
-// (tests run both paths in one binary).
-DropoutMasks dropout_masks();
-void set_dropout_masks(DropoutMasks masks);
 
 inline ProblemClass problem_class_of(const AttentionParams& params) {
   if (params.has_attn_mask() || params.has_block_mask()) return ProblemClass::mask_lists;

@@ -41,12 +41,6 @@ struct HopperTileConfig {
   // setmaxnreg split of the 64K registers: the producer keeps few, consumers get the rest.
   constexpr int producer_registers() const { return consumer_warpgroups() == 2 ? 24 : 32; }
   constexpr int consumer_registers() const { return consumer_warpgroups() == 2 ? 240 : 160; }
-  // Dropout kernels with a mask ring (below): the producer also draws keep masks in its
-  // idle warps, on 40 registers, 8 taken from each consumer (40 + 2 x 232 = 504 <= 512).
-  // At 32 the draw loop spills (ptxas -v, SASS); at 232 the d64/d128 consumers spill only
-  // off the fast path (the score rule's branch), as at 240.
-  constexpr int dropout_producer_registers() const { return has_dropout_mask_ring() ? 40 : producer_registers(); }
-  constexpr int dropout_consumer_registers() const { return has_dropout_mask_ring() ? 232 : consumer_registers(); }
   // Q/K/V rows in panels of up to one swizzle row: 64 columns of 16-bit elements (the
   // 128-byte swizzle); e4m3 rows of d bytes, 64 (64-byte swizzle) or 128 per panel.
   constexpr int row_bytes() const { return kernel_head_dim * element_bytes; }
@@ -59,38 +53,6 @@ struct HopperTileConfig {
   constexpr int kv_tiles_per_stage() const { return element_bytes == 1 ? 3 : 2; }
   // Tiles + mbarriers (256 bytes) + slack to align the tiles to 1024 bytes (the swizzle atom).
   constexpr int shared_bytes() const { return q_bytes() + kv_tiles_per_stage() * stages * kv_tile_bytes() + 256 + 1024; }
-
-  // Dropout keep masks drawn by the producer warpgroup (kernel.cuh, FLASHATTN_CUDA_HOPPER_DROPOUT=producer):
-  // a ring of slots after the mbarriers, one per key block, one bit per element of
-  // (block_m, block_n) stored per consumer thread — the block_n / 2 bits of its
-  // accumulator fragment (dropout_fragment.hpp's keep words): whole 32-bit words, then
-  // the rest in the narrowest of 1, 2 or 4 bytes (block_n 80: 40 bits, 5 bytes).
-  // 2 KB per 128 x 128 block; as many slots as shared memory leaves, at most
-  // kMaxDropoutMaskSlots, and none below kMinDropoutMaskSlots: d64/d128 four, d256 none
-  // (one would fit, 1.25 KB, but a single slot serialises the generator and the
-  // consumers, and the d256 consumers spill in the mainloop at 232 registers), so d256
-  // draws in the consumers whatever FLASHATTN_CUDA_HOPPER_DROPOUT says. The register
-  // split assumes two consumer warpgroups (all dropout entries have two).
-  static constexpr int kMinDropoutMaskSlots = 2;
-  static constexpr int kMaxDropoutMaskSlots = 4;
-  constexpr int dropout_keep_bits() const { return block_n / 2; }
-  constexpr int dropout_keep_tail_bytes() const {
-    const int tail_bits = dropout_keep_bits() % 32;
-    return tail_bits == 0 ? 0 : tail_bits <= 8 ? 1 : tail_bits <= 16 ? 2 : 4;
-  }
-  constexpr int dropout_mask_slot_bytes() const {
-    return 2 * block_m * (4 * (dropout_keep_bits() / 32) + dropout_keep_tail_bytes());  // 128 threads per 64 rows
-  }
-  constexpr int dropout_mask_slots() const {
-    const int fitting = (kMaxSharedBytes - shared_bytes()) / dropout_mask_slot_bytes();
-    if (consumer_warpgroups() != 2 || fitting < kMinDropoutMaskSlots) return 0;
-    return fitting < kMaxDropoutMaskSlots ? fitting : kMaxDropoutMaskSlots;
-  }
-  constexpr bool has_dropout_mask_ring() const { return dropout_mask_slots() > 0; }
-  // Shared memory of the kernels with dropout: the tiles and the mask ring.
-  constexpr int dropout_shared_bytes() const {
-    return shared_bytes() + dropout_mask_slots() * dropout_mask_slot_bytes();
-  }
 };
 
 // Sized after FA3's hopper/tile_size.h. Measured on the H100 (2026-11-22,
