@@ -44,9 +44,9 @@ Fp8ForwardParams make_fp8_forward_params(const AttentionParams& params, const Fp
                                      params.q_head_stride, params.q_batch_stride, panel_bytes, config.block_m);
   if (rows_k == 0) return fp8_params;
   fp8_params.k_map = make_tensor_map("k", params.k, params.head_dim, rows_k, params.heads_kv, batch, params.k_row_stride,
-                                     params.k_head_stride, params.k_batch_stride, panel_bytes, config.block_n);
+                                     params.k_head_stride, params.k_batch_stride, panel_bytes, config.block_n());
   fp8_params.v_map = make_tensor_map("v", params.v, params.head_dim, rows_k, params.heads_kv, batch, params.v_row_stride,
-                                     params.v_head_stride, params.v_batch_stride, panel_bytes, config.block_n);
+                                     params.v_head_stride, params.v_batch_stride, panel_bytes, config.block_n());
   return fp8_params;
 }
 
