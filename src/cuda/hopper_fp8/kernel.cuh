@@ -94,6 +94,10 @@
 
 namespace flashattn::cuda::hopper_fp8 {
 
+// In-place schedule: how long the loader thread sleeps in one poll for V to land before
+// it checks for free K/V stages again (performance only: a K stage frees about once per
+// consumer round, ~1-2 us at d128/d256, and its copy has a round or more of slack).
+inline constexpr std::uint32_t kLoaderPollNanoseconds = 200;
 // P' = 2^kProbabilityLog2Offset · P: the exponent offset of the quantised probabilities.
 inline constexpr int kProbabilityLog2Offset = 8;
 // Every tile starts 1024-byte aligned: the largest swizzle atom (8 rows x 128 bytes).
@@ -487,11 +491,13 @@ __global__ void __launch_bounds__(fp8_tile_config(kHeadDimArg, kScheduleArg).thr
         // V_index lands after its copy is issued, which its stage's release by the
         // consumers allows (they need Vt only up to index - 1 before it): thread 0 keeps
         // issuing until it has landed, the others wait. No false positive: V_index's
-        // phase of v_full cannot complete before its copy is issued.
+        // phase of v_full cannot complete before its copy is issued. Thread 0 sleeps in
+        // each poll until V lands or kLoaderPollNanoseconds pass (a spinning lane would
+        // take issue slots from the consumer warps of its SM sub-partition).
         if (is_loader) {
           do {
             issue_free_loads();
-          } while (!ptx::mbarrier_test_wait(&v_full[stage], parity));
+          } while (!ptx::mbarrier_try_wait_for(&v_full[stage], parity, kLoaderPollNanoseconds));
         } else {
           ptx::mbarrier_wait(&v_full[stage], parity);
         }

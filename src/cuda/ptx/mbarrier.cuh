@@ -62,6 +62,27 @@ __device__ __forceinline__ bool mbarrier_test_wait(std::uint64_t* barrier, std::
   return done != 0;
 }
 
+// Whether the phase of the given parity has completed, waiting at most about
+// `suspend_nanoseconds` for it (mbarrier.try_wait's suspendTimeHint: the thread sleeps
+// until the phase completes or the hint expires): a poll that costs no issue slots
+// while it waits, for a thread with other work to check between polls.
+__device__ __forceinline__ bool mbarrier_try_wait_for(std::uint64_t* barrier, std::uint32_t parity,
+                                                      std::uint32_t suspend_nanoseconds) {
+  std::uint32_t done = 1;
+#if FLASHATTN_SM90_DEVICE_CODE
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "mbarrier.try_wait.parity.acquire.cta.shared::cta.b64 p, [%1], %2, %3;\n"
+      "selp.u32 %0, 1, 0, p;\n"
+      "}\n"
+      : "=r"(done)
+      : "r"(static_cast<std::uint32_t>(__cvta_generic_to_shared(barrier))), "r"(parity), "r"(suspend_nanoseconds)
+      : "memory");
+#endif
+  return done != 0;
+}
+
 // ---- 32-bit shared-memory addresses (raw PTX; below sm_90 they compile to nothing) ----
 
 inline constexpr std::uint32_t kMbarrierBytes = 8;  // one mbarrier: a .b64 in shared memory, 8-byte aligned
