@@ -504,47 +504,57 @@ __global__ void __launch_bounds__(fp8_tile_config(kHeadDimArg, kScheduleArg).thr
         __syncwarp();  // ldmatrix/stmatrix are .aligned: the whole warp, converged
         const std::uint32_t tile_address = ptx::shared_address(shared_v + stage * kKVBytes);
         if constexpr (kIsWarpClosed) {
-#pragma unroll 1
-          for (int part = 0; part < 2 * kInPlaceItemsPerPanel * kPanels; ++part) {
-            // Item part / 2 (32x32 blocks (a1, b1), (a2, b2): bits 0-1, 2-3, 4-5, 6-7 of
-            // its code) of panel part / 4, half h = part % 2:
-            //   diagonal (a1 = b1, a2 = b2): the four 16x16 blocks of (a, a), a = h ? a2 : a1;
-            //   a pair (a2, b2) = (b1, a1): (2a1 + h, 2b1 + j) and their images
-            //   (2a2 + j, 2b2 + h), j = 0, 1.
-            const int panel = part / (2 * kInPlaceItemsPerPanel);
-            const int code = (warp_item_codes >> (8 * ((part / 2) % kInPlaceItemsPerPanel))) & 0xFF;
-            const int half = part % 2;
-            const int a1 = code & 3, b1 = (code >> 2) & 3, a2 = (code >> 4) & 3, b2 = (code >> 6) & 3;
-            int g[4], c[4];
-            if (a1 == b1) {
-              const int a = half != 0 ? a2 : a1;
-#pragma unroll
-              for (int i = 0; i < 4; ++i) {
-                g[i] = 2 * a + i / 2;
-                c[i] = 2 * a + i % 2;
-              }
-            } else {
-#pragma unroll
-              for (int j = 0; j < 2; ++j) {
-                g[j] = 2 * a1 + half;
-                c[j] = 2 * b1 + j;
-                g[2 + j] = 2 * a2 + j;
-                c[2 + j] = 2 * b2 + half;
-              }
-            }
+          // Head-dim rows 2c' (even) and 2c'+1 (odd) of a chunk are bytes (2q, 2q+1, 2q+8,
+          // 2q+9) of the two key halves: byte permute 0x6420 (even) and 0x7531 (odd); the
+          // stmatrix.x2 takes the lane's row of matrix 0 first, odd for swapped lanes.
+          const std::uint32_t first_row_selector = is_swapped ? 0x7531u : 0x6420u;
+          // One 16x16 block: V block (g, c) read at `load`, its image written at `store`.
+          // The 4 blocks of a half are read, the warp syncs, then written.
+          auto move_blocks = [&](const std::uint32_t (&load)[4], const std::uint32_t (&store)[4]) {
             std::uint32_t fragments[4][2];  // block i: (keys 0..7 | 8..15) x its chunk
 #pragma unroll
-            for (int i = 0; i < 4; ++i)
-              ptx::ldmatrix_x2_trans(fragments[i][0], fragments[i][1],
-                                     tile_address + 2048 * g[i] + 16384 * panel + (lane_load_offset ^ (16 * c[i])));
+            for (int i = 0; i < 4; ++i) ptx::ldmatrix_x2_trans(fragments[i][0], fragments[i][1], load[i]);
             __syncwarp();  // every byte the stores below write, this warp has read
 #pragma unroll
-            for (int i = 0; i < 4; ++i) {
-              // Head-dim rows 2c' (even) and 2c'+1 (odd) of the chunk: bytes (2q, 2q+1, 2q+8, 2q+9).
-              const std::uint32_t even = __byte_perm(fragments[i][0], fragments[i][1], 0x6420);
-              const std::uint32_t odd = __byte_perm(fragments[i][0], fragments[i][1], 0x7531);
-              ptx::stmatrix_x2(tile_address + 2048 * (c[i] + 8 * panel) + (lane_store_offset ^ (16 * g[i])),
-                               is_swapped ? odd : even, is_swapped ? even : odd);
+            for (int i = 0; i < 4; ++i)
+              ptx::stmatrix_x2(store[i], __byte_perm(fragments[i][0], fragments[i][1], first_row_selector),
+                               __byte_perm(fragments[i][0], fragments[i][1], first_row_selector ^ 0x1111));
+          };
+#pragma unroll 1
+          for (int item = 0; item < kInPlaceItemsPerPanel * kPanels; ++item) {
+            // 32x32 blocks (a1, b1), (a2, b2): bits 0-1, 2-3, 4-5, 6-7 of the item's code.
+            const int code = (warp_item_codes >> (8 * (item % kInPlaceItemsPerPanel))) & 0xFF;
+            const int a1 = code & 3, b1 = (code >> 2) & 3, a2 = (code >> 4) & 3;
+            const std::uint32_t panel_address = tile_address + 16384 * (item / kInPlaceItemsPerPanel);
+            // With the addresses above, 32x32 block (a, b)'s 16x16 block (2a + u, 2b + v):
+            //   V   panel + 4096 a + 2048 u + (lane_load_offset ^ 32 b ^ 16 v)
+            //   Vt  panel + 4096 b + 2048 v + (lane_store_offset ^ 32 a ^ 16 u)
+            if (a1 == b1) {
+              // Two diagonal 32x32 blocks, one per half: their 16x16 blocks (u, v) for
+              // u, v = 0, 1, (0, 1) and (1, 0) each other's image.
+#pragma unroll
+              for (int half = 0; half < 2; ++half) {
+                const int a = half == 0 ? a1 : a2;
+                const std::uint32_t load0 = panel_address + 4096 * a + (lane_load_offset ^ (32 * a));
+                const std::uint32_t load1 = panel_address + 4096 * a + (lane_load_offset ^ (32 * a) ^ 16);
+                const std::uint32_t store0 = panel_address + 4096 * a + (lane_store_offset ^ (32 * a));
+                const std::uint32_t store1 = panel_address + 4096 * a + (lane_store_offset ^ (32 * a) ^ 16);
+                // (u, v) = (0, 0), (0, 1), (1, 0), (1, 1)
+                move_blocks({load0, load1, load0 + 2048, load1 + 2048}, {store0, store0 + 2048, store1, store1 + 2048});
+              }
+            } else {
+              // A block and its image (a2, b2) = (b1, a1): half h moves 16x16 blocks
+              // (2 a1 + h, 2 b1 + j) and their images (2 b1 + j, 2 a1 + h), j = 0, 1.
+#pragma unroll
+              for (int half = 0; half < 2; ++half) {
+                const std::uint32_t block_load = panel_address + 4096 * a1 + 2048 * half + (lane_load_offset ^ (32 * b1));
+                const std::uint32_t image_load = panel_address + 4096 * b1 + (lane_load_offset ^ (32 * a1) ^ (16 * half));
+                const std::uint32_t block_store = panel_address + 4096 * b1 + (lane_store_offset ^ (32 * a1) ^ (16 * half));
+                const std::uint32_t image_store =
+                    panel_address + 4096 * a1 + 2048 * half + (lane_store_offset ^ (32 * b1));
+                move_blocks({block_load, block_load ^ 16, image_load, image_load + 2048},
+                            {block_store, block_store + 2048, image_store, image_store ^ 16});
+              }
             }
           }
         } else {
