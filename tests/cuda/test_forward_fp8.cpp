@@ -721,14 +721,22 @@ INSTANTIATE_TEST_SUITE_P(Shapes, HopperFp8Forward, ::testing::ValuesIn(fp8_cases
                            return "case" + std::to_string(info.index);
                          });
 
-// The same cases under the in-place V transpose schedule (FLASHATTN_CUDA_FP8_SCHEDULE=in_place).
-std::vector<Fp8Case> in_place_cases() {
+// The same cases under the other schedules (FLASHATTN_CUDA_FP8_SCHEDULE=in_place, =ping_pong;
+// d64 has no ping-pong kernel: its PingPong cases run in_place again).
+std::vector<Fp8Case> cases_with_schedule(cuda::hopper_fp8::Fp8Schedule schedule) {
   std::vector<Fp8Case> cases = fp8_cases();
-  for (Fp8Case& c : cases) c.schedule = cuda::hopper_fp8::Fp8Schedule::transpose_in_place;
+  for (Fp8Case& c : cases) c.schedule = schedule;
   return cases;
 }
 
-INSTANTIATE_TEST_SUITE_P(InPlace, HopperFp8Forward, ::testing::ValuesIn(in_place_cases()),
+INSTANTIATE_TEST_SUITE_P(InPlace, HopperFp8Forward,
+                         ::testing::ValuesIn(cases_with_schedule(cuda::hopper_fp8::Fp8Schedule::transpose_in_place)),
+                         [](const ::testing::TestParamInfo<Fp8Case>& info) {
+                           return "case" + std::to_string(info.index);
+                         });
+
+INSTANTIATE_TEST_SUITE_P(PingPong, HopperFp8Forward,
+                         ::testing::ValuesIn(cases_with_schedule(cuda::hopper_fp8::Fp8Schedule::in_place_ping_pong)),
                          [](const ::testing::TestParamInfo<Fp8Case>& info) {
                            return "case" + std::to_string(info.index);
                          });

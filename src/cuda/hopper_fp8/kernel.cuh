@@ -8,17 +8,32 @@
 // 1. Both wgmma operands must be K-major (8-bit types have no transpose bit). Q and K
 //    are (rows, d) with d contiguous: K-major for S = Q K^T as they arrive. For O += P V
 //    the B operand is V^T (N = d, K = keys) and must have keys contiguous, but V arrives
-//    (keys, d). So the producer warpgroup transposes every V tile in shared memory:
-//      thread 0 of warpgroup 0  TMA: Q, then K_j and V_j into kStages-deep rings, up to
-//                               kStages blocks ahead of the transpose;
-//      all 128 threads          wait for V_j, write Vt_j (d, 128 keys) = V_j^T in the
-//                               128-byte swizzle, fence the writes to the async proxy
-//                               (wgmma reads through it) and arrive on Vt_j's "full"
-//                               barrier and V_j's "empty" barrier (one arrival per thread).
+//    (keys, d). So the producer warpgroup transposes every V tile in shared memory,
+//    in one of two schedules (Fp8Schedule, tile_config.hpp; a template parameter, both
+//    built, chosen per call):
+//    transpose_copy
+//      thread 0 of warpgroup 0  TMA: Q, then K_j and V_j into S-deep rings, up to S
+//                               blocks ahead of the transpose, blocking on each stage;
+//      all 128 threads          wait for V_j and for Vt_j's stage, write Vt_j (d, 128
+//                               keys) = V_j^T into the Vt ring in the 128-byte swizzle,
+//                               fence the writes to the async proxy (wgmma reads through
+//                               it) and arrive on Vt_j's "full" barrier and V_j's "empty"
+//                               barrier (one arrival per thread).
+//    transpose_in_place
+//      thread 0 of warpgroup 0  TMA: Q, then whichever K_j or V_j has a free stage (K
+//                               ring kKStages deep, V ring kVStages), checked between
+//                               transposes and while waiting for the next V;
+//      all 128 threads          wait for V_j, write Vt_j over V_j in its stage (each warp
+//                               a set of blocks closed under the transposition: all its
+//                               loads before its stores), fence, arrive on Vt_j's "full"
+//                               barrier. The consumers' release of Vt_j frees the stage
+//                               for V_(j + kVStages): no Vt stage to wait for, and the
+//                               ring is as deep as the V and Vt rings together (d256:
+//                               4 stages instead of 2 + 2).
 //    The consumer warpgroups never touch V_j, only Vt_j. The transpose moves 16-bit
 //    pairs of head-dim bytes with ldmatrix.trans, separates the bytes of two keys with
-//    byte permutes, and writes rows of Vt with stmatrix (transpose_v below; FA3 does the
-//    same with LDSM/STSM).
+//    byte permutes, and writes rows of Vt with stmatrix (the producer below; FA3 does
+//    the same with LDSM/STSM, into a ring of its own).
 //
 // 2. P (fp32 accumulator layout) must become the e4m3 A fragment of the k32 steps,
 //    whose layout differs (wgmma.cuh; PTX ISA "Register Fragments", CuTe
@@ -195,6 +210,7 @@ __global__ void __launch_bounds__(fp8_tile_config(kHeadDimArg, kScheduleArg).thr
     forward_kernel_fp8_sm90(const __grid_constant__ Fp8ForwardParams params) {
 #if FLASHATTN_HOPPER_DEVICE_CODE
   constexpr Fp8TileConfig kConfig = fp8_tile_config(kHeadDimArg, kScheduleArg);
+  static_assert(kConfig.schedule == kScheduleArg, "instantiate the schedule that runs (kernel_schedule)");
   constexpr int kHeadDim = kConfig.kernel_head_dim;
   constexpr int kBlockM = kConfig.block_m;
   constexpr bool kIsInPlace = kConfig.is_in_place();
@@ -262,7 +278,7 @@ __global__ void __launch_bounds__(fp8_tile_config(kHeadDimArg, kScheduleArg).thr
   constexpr int kConsumerWarps = 4 * kConsumerWarpgroups;
   // Producer roles: thread 0 issues every TMA copy; all 4 warps (thread 0 between its
   // copies) transpose V. (A loader warp of its own, transposing with 3 warps, measured
-  // slower: the transpose sets the pace, TUNING.md.)
+  // slower in the copy schedule: the transpose set the pace, TUNING.md.)
   constexpr int kTransposeWarps = 4;
   constexpr int kTransposeThreads = 32 * kTransposeWarps;
   // Stage s of a ring holds blocks s, s + stages, ...: block `index`'s barriers are
@@ -747,14 +763,45 @@ __global__ void __launch_bounds__(fp8_tile_config(kHeadDimArg, kScheduleArg).thr
     ptx::mbarrier_wait(&full[index % stages], (index / stages) & 1);
   };
 
+  // Ping-pong (in_place_ping_pong; FA3 section 3.1, as the bf16 kernel): the two consumer
+  // warpgroups take turns issuing their GEMMs, so one's softmax runs while the other's
+  // GEMMs occupy the tensor cores. Turn barrier of warpgroup c: its 128 threads sync, the
+  // other's 128 arrive. Consumer 1 opens consumer 0's first turn and skips its own last
+  // hand-over (the last PV), so every barrier completes exactly as often as it is waited
+  // on: n + 1 turns each for n key blocks.
+  constexpr bool kIsPingPong = kConfig.is_ping_pong;
+  static_assert(!kIsPingPong || kConsumerWarpgroups == 2, "ping-pong: two consumer warpgroups");
+  // (Barrier ids as constants in each branch: no registers held for them at d256.)
+  auto begin_turn = [&]() {
+    if constexpr (kIsPingPong) {
+      if (consumer == 0)
+        ptx::named_barrier_sync(NamedBarrier::kTurnFirst, 2 * ptx::kWarpgroupThreads, 0);
+      else
+        ptx::named_barrier_sync(NamedBarrier::kTurnFirst, 2 * ptx::kWarpgroupThreads, 1);
+    }
+  };
+  auto end_turn = [&](bool is_last_turn) {
+    if constexpr (kIsPingPong) {
+      if (consumer == 0)
+        ptx::named_barrier_arrive(NamedBarrier::kTurnFirst, 2 * ptx::kWarpgroupThreads, 1);
+      else if (!is_last_turn)
+        ptx::named_barrier_arrive(NamedBarrier::kTurnFirst, 2 * ptx::kWarpgroupThreads, 0);
+    }
+  };
+
 #pragma unroll
   for (int i = 0; i < kHeadDim / 2; ++i) o[i] = 0.0f;
   ptx::mbarrier_wait(q_full, 0);
+  if constexpr (kIsPingPong)
+    if (consumer == 1 && num_n_blocks > 0)
+      ptx::named_barrier_arrive(NamedBarrier::kTurnFirst, 2 * ptx::kWarpgroupThreads, 0);
   // Software pipeline (FA3 section 3.2), as the bf16 kernel: S_j = Q K_j^T is issued
   // with O += P'_(j-1) V_(j-1), and the softmax of block j runs while that PV GEMM does.
   if (num_n_blocks > 0) {
     wait_full(k_full, kKStages, 0);
+    begin_turn();
     issue_qk(0);
+    end_turn(false);
     ptx::wgmma_wait_group<0>();
     release(k_empty, kKStages, 0);
     softmax_block(0);
@@ -764,8 +811,10 @@ __global__ void __launch_bounds__(fp8_tile_config(kHeadDimArg, kScheduleArg).thr
   for (int index = 1; index < num_n_blocks; ++index) {
     wait_full(k_full, kKStages, index);
     wait_full(vt_full, kVtStages, index - 1);
+    begin_turn();
     issue_qk(index);
     issue_pv(index - 1);
+    end_turn(false);
     ptx::wgmma_wait_group<1>();  // S_index done, O += P' V still running
     release(k_empty, kKStages, index);
     softmax_block(index);
@@ -777,7 +826,9 @@ __global__ void __launch_bounds__(fp8_tile_config(kHeadDimArg, kScheduleArg).thr
   }
   if (num_n_blocks > 0) {
     wait_full(vt_full, kVtStages, num_n_blocks - 1);
+    begin_turn();
     issue_pv(num_n_blocks - 1);
+    end_turn(true);
     ptx::wgmma_wait_group<0>();
     ptx::fence_operands(o);
     release(vt_empty, kVtStages, num_n_blocks - 1);
@@ -842,7 +893,8 @@ void launch_forward_fp8(const Fp8ForwardParams& params, cudaStream_t stream) {
   FLASHATTN_CUDA_CHECK_LAUNCH();
 }
 
-// One kernel per schedule (tile_config.hpp), chosen per call by params.schedule.
+// One kernel per schedule the head dim has (tile_config.hpp), chosen per call by
+// params.schedule.
 template <int kHeadDim>
 void run_forward_fp8(const Fp8ForwardParams& params, cudaStream_t stream) {
   switch (params.schedule) {
@@ -850,6 +902,8 @@ void run_forward_fp8(const Fp8ForwardParams& params, cudaStream_t stream) {
       return launch_forward_fp8<kHeadDim, Fp8Schedule::transpose_copy>(params, stream);
     case Fp8Schedule::transpose_in_place:
       return launch_forward_fp8<kHeadDim, Fp8Schedule::transpose_in_place>(params, stream);
+    case Fp8Schedule::in_place_ping_pong:
+      return launch_forward_fp8<kHeadDim, kernel_schedule(kHeadDim, Fp8Schedule::in_place_ping_pong)>(params, stream);
   }
   throw NotSupported("flashattn: FP8 forward: unknown schedule " + std::to_string(static_cast<int>(params.schedule)));
 }

@@ -115,9 +115,10 @@ bool supports(const AttentionParams& params) { return why_unsupported(params).em
 Fp8Schedule default_schedule() {
   static const Fp8Schedule schedule = [] {
     const char* value = std::getenv("FLASHATTN_CUDA_FP8_SCHEDULE");
-    return value != nullptr && std::string(value) == fp8_schedule_name(Fp8Schedule::transpose_in_place)
-               ? Fp8Schedule::transpose_in_place
-               : Fp8Schedule::transpose_copy;
+    if (value != nullptr)
+      for (const Fp8Schedule schedule : kFp8Schedules)
+        if (std::string(value) == fp8_schedule_name(schedule)) return schedule;
+    return Fp8Schedule::transpose_copy;
   }();
   return schedule;
 }

@@ -41,8 +41,9 @@ void run_forward_fp8(const Fp8ForwardParams& params, cudaStream_t stream);
 void forward(const AttentionParams& params, cudaStream_t stream);
 void forward(const AttentionParams& params, cudaStream_t stream, Fp8Schedule schedule);
 
-// FLASHATTN_CUDA_FP8_SCHEDULE=in_place runs Fp8Schedule::transpose_in_place, anything
-// else (or unset) transpose_copy: an A/B switch until timed, read once per process.
+// FLASHATTN_CUDA_FP8_SCHEDULE=in_place runs Fp8Schedule::transpose_in_place, =ping_pong
+// in_place_ping_pong, anything else (or unset) transpose_copy: an A/B switch until
+// timed, read once per process.
 Fp8Schedule default_schedule();
 
 // Whether forward() runs these params (on their device); why_unsupported() says why not.

@@ -13,6 +13,8 @@
 //   transpose_copy      Vt written to a ring of its own; K, V and Vt rings of one depth.
 //   transpose_in_place  Vt written over its own V tile (V and Vt share one ring, as deep
 //                       as the memory of both), K's ring of its own depth.
+//   in_place_ping_pong  transpose_in_place with the consumer warpgroups taking turns
+//                       issuing their GEMMs (d128, d256).
 // Shared memory, all 1-byte elements (Fp8TileConfig::shared_bytes):
 //   Q (block_m, d) + k_stages x K (block_n, d) + v_stages x V (block_n, d)
 //     [+ vt_stages x Vt (d, block_n) for transpose_copy]
@@ -44,12 +46,23 @@ enum class Fp8Schedule : int {
   // issues whichever K or V load has a free stage between transposes, never blocking
   // its warp on one while V tiles wait to be transposed.
   transpose_in_place = 1,
+  // transpose_in_place, and the two consumer warpgroups take turns issuing their GEMMs
+  // (FA3's ping-pong, section 3.1: one's softmax runs under the other's GEMMs; FA3 uses
+  // it for FP8 from d128). Two consumer warpgroups only: d64 (three) runs
+  // transpose_in_place (kernel_schedule below).
+  in_place_ping_pong = 2,
 };
-inline constexpr int kFp8ScheduleCount = 2;
 
 constexpr const char* fp8_schedule_name(Fp8Schedule schedule) {
-  return schedule == Fp8Schedule::transpose_in_place ? "in_place" : "copy";
+  switch (schedule) {
+    case Fp8Schedule::transpose_copy: return "copy";
+    case Fp8Schedule::transpose_in_place: return "in_place";
+    case Fp8Schedule::in_place_ping_pong: return "ping_pong";
+  }
+  return "unknown";
 }
+inline constexpr Fp8Schedule kFp8Schedules[] = {Fp8Schedule::transpose_copy, Fp8Schedule::transpose_in_place,
+                                                Fp8Schedule::in_place_ping_pong};
 
 struct Fp8TileConfig {
   int kernel_head_dim;     // head dim the kernel is compiled for: 64, 128 or 256
@@ -58,10 +71,11 @@ struct Fp8TileConfig {
   int v_stages;            // V tiles in flight (TMA ring; in place: V then Vt in each stage)
   int vt_stages;           // Vt tiles (transpose_copy: a ring of their own; in place: = v_stages)
   Fp8Schedule schedule;
+  bool is_ping_pong;       // the consumer warpgroups take turns issuing GEMMs (exactly 2 of them)
   int producer_registers;  // setmaxnreg of the producer warpgroup (TMA + transpose)
   int consumer_registers;  // and of each consumer warpgroup
 
-  constexpr bool is_in_place() const { return schedule == Fp8Schedule::transpose_in_place; }
+  constexpr bool is_in_place() const { return schedule != Fp8Schedule::transpose_copy; }
   constexpr int block_n() const { return kBlockN; }
   constexpr int consumer_warpgroups() const { return block_m / 64; }
   constexpr int threads() const { return 128 * (1 + consumer_warpgroups()); }
@@ -85,13 +99,21 @@ struct Fp8TileConfig {
 
 constexpr Fp8TileConfig fp8_copy_entry(int kernel_head_dim, int block_m, int stages, int producer_registers,
                                        int consumer_registers) {
-  return Fp8TileConfig{kernel_head_dim, block_m,       stages, stages, stages, Fp8Schedule::transpose_copy,
-                       producer_registers, consumer_registers};
+  return Fp8TileConfig{kernel_head_dim,    block_m, stages, stages, stages, Fp8Schedule::transpose_copy,
+                       /*is_ping_pong=*/false, producer_registers, consumer_registers};
 }
 constexpr Fp8TileConfig fp8_in_place_entry(int kernel_head_dim, int block_m, int k_stages, int v_stages,
-                                           int producer_registers, int consumer_registers) {
-  return Fp8TileConfig{kernel_head_dim,    block_m,           k_stages, v_stages, v_stages,
-                       Fp8Schedule::transpose_in_place, producer_registers, consumer_registers};
+                                           int producer_registers, int consumer_registers,
+                                           bool is_ping_pong = false) {
+  return Fp8TileConfig{kernel_head_dim,
+                       block_m,
+                       k_stages,
+                       v_stages,
+                       v_stages,
+                       is_ping_pong ? Fp8Schedule::in_place_ping_pong : Fp8Schedule::transpose_in_place,
+                       is_ping_pong,
+                       producer_registers,
+                       consumer_registers};
 }
 
 // transpose_copy (first version, TUNING.md): block_n 128 everywhere (one Vt swizzle row),
@@ -112,12 +134,25 @@ inline constexpr Fp8TileConfig kFp8TileTable[] = {
     fp8_in_place_entry(64, 192, 3, 4,     32, 160),
     fp8_in_place_entry(128, 128, 3, 4,    40, 232),
     fp8_in_place_entry(256, 128, 2, 4,    24, 240),
+    //                  dim  M   K  V/Vt  registers  ping-pong
+    fp8_in_place_entry(128, 128, 3, 4,    40, 232,   true),
+    fp8_in_place_entry(256, 128, 2, 4,    24, 240,   true),
 };
 
-constexpr Fp8TileConfig fp8_tile_config(int kernel_head_dim, Fp8Schedule schedule) {
+// The schedule that runs `schedule` at this head dim: the table's entry if it has one,
+// else the ping-pong's fallback, transpose_in_place (d64: three consumer warpgroups).
+constexpr Fp8Schedule kernel_schedule(int kernel_head_dim, Fp8Schedule schedule) {
   for (const Fp8TileConfig& config : kFp8TileTable)
-    if (config.kernel_head_dim == kernel_head_dim && config.schedule == schedule) return config;
-  return Fp8TileConfig{0, 0, 0, 0, 0, schedule, 0, 0};
+    if (config.kernel_head_dim == kernel_head_dim && config.schedule == schedule) return schedule;
+  return Fp8Schedule::transpose_in_place;
+}
+
+// The entry of (head dim, kernel_schedule(head dim, schedule)); kernel_head_dim 0 if none.
+constexpr Fp8TileConfig fp8_tile_config(int kernel_head_dim, Fp8Schedule schedule) {
+  const Fp8Schedule resolved = kernel_schedule(kernel_head_dim, schedule);
+  for (const Fp8TileConfig& config : kFp8TileTable)
+    if (config.kernel_head_dim == kernel_head_dim && config.schedule == resolved) return config;
+  return Fp8TileConfig{0, 0, 0, 0, 0, resolved, false, 0, 0};
 }
 
 }  // namespace flashattn::cuda::hopper_fp8
