@@ -470,13 +470,14 @@ __global__ void __launch_bounds__(fp8_tile_config(kHeadDimArg, kScheduleArg).thr
       //   syncs, then each stores its 4.
       constexpr bool kIsWarpClosed = kPanelBytes == kVtRowBytes;
       static_assert(kIsWarpClosed || kSteps == 4 * kTransposeWarps, "d64: 4 steps per warp cover the tile");
-      // Addresses with few registers, equal to v_step_offset / vt_step_offset's:
+      // Addresses with few registers, equal to v_step_offset / vt_step_offset's (the
+      // model check_in_place_transpose.py checks them):
       //   d128/d256, block (g, c) (c counts 16-byte chunks over the panels):
-      //     V   2048 g + 16384 (c / 8) + (block_load_lane ^ 16 (c % 8))
-      //     Vt  2048 c + (block_store_lane ^ 16 g)
+      //     V   2048 g + 16384 (c / 8) + (lane_load_offset ^ 16 (c % 8))
+      //     Vt  2048 c + (lane_store_offset ^ 16 g)
       //   d64, step (g, e):
-      //     V   1024 g + (step_load_lane ^ 32 e)
-      //     Vt  4096 e + (step_store_lane ^ 16 g)
+      //     V   1024 g + (lane_load_offset ^ 32 e)
+      //     Vt  4096 e + (lane_store_offset ^ 16 g)
       // where the lane terms are block / step (0, 0)'s offsets: the swizzles XOR offset
       // bits 4-6 with row bits that g, c, e do not change, and the bits g, c, e move are
       // zero in the lane terms.
