@@ -116,8 +116,8 @@ Fp8Schedule default_schedule() {
   static const Fp8Schedule schedule = [] {
     const char* value = std::getenv("FLASHATTN_CUDA_FP8_SCHEDULE");
     if (value != nullptr)
-      for (const Fp8Schedule schedule : kFp8Schedules)
-        if (std::string(value) == fp8_schedule_name(schedule)) return schedule;
+      for (const Fp8Schedule candidate : kFp8Schedules)
+        if (std::string(value) == fp8_schedule_name(candidate)) return candidate;
     return Fp8Schedule::transpose_copy;
   }();
   return schedule;

@@ -27,7 +27,7 @@ struct Fp8ForwardParams {
   CUtensorMap q_map;  // box rows block_m
   CUtensorMap k_map;  // box rows block_n
   CUtensorMap v_map;  // box rows block_n
-  // Which kernel runs (tile_config.hpp: the two schedules share the tensor maps' boxes).
+  // Which kernel runs (tile_config.hpp: the schedules share the tensor maps' boxes).
   Fp8Schedule schedule = Fp8Schedule::transpose_copy;
 };
 
