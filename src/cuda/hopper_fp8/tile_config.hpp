@@ -41,7 +41,7 @@ enum class Fp8Schedule : int {
   // stages of each fit: Vt_j's stage frees one consumer round before Vt_j is needed.
   transpose_copy = 0,
   // Vt_j written over V_j in its own stage (kernel.cuh: each producer warp reads a set of
-  // 32x32 blocks that is closed under transposition, then writes it back), so the V/Vt
+  // blocks that is closed under the transposition, then writes it back), so the V/Vt
   // ring is as deep as both rings were (d256: 4 stages instead of 2 + 2); thread 0
   // issues whichever K or V load has a free stage between transposes, never blocking
   // its warp on one while V tiles wait to be transposed.
@@ -123,8 +123,9 @@ constexpr Fp8TileConfig fp8_in_place_entry(int kernel_head_dim, int block_m, int
 // transpose_in_place (not timed yet): the same block_m; the V/Vt ring takes the memory
 // the Vt ring had (d256: K 2 + V/Vt 4 stages = 225 KB); d64/d128 have memory to spare
 // and take one V/Vt stage more than the copy's 3. d128's consumers have registers to
-// spare (144 live of 240): 232, and the producer 40 for its 16-register transpose
-// blocks; d256's consumers need all 240 (the producer keeps 24).
+// spare (144 live of 240): 232, the producer 40 (room for its loader bookkeeping and
+// transpose sets without spills); d256's consumers need all 240 (at 232 ptxas
+// serialises their wgmmas), so the producer keeps 24 and moves 8-register sets.
 inline constexpr Fp8TileConfig kFp8TileTable[] = {
     //              dim  M   stages        registers
     fp8_copy_entry(64, 192, 3,            32, 160),
