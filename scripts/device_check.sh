@@ -18,6 +18,8 @@
 #      '--densities=' in one call and '--masks= --append' in the next; MASKS_LIMIT s);
 #   8. (step bwd_timing, not in the default list) flashattn_bwd_timing (bench/gpu/kernels) $BWD_TIMING_ARGS
 #      (e.g. "10 --configs 256": the backward's alternative tile configs) into bwd_timing.csv.
+#   9. (step fp8_timing, not in the default list) flashattn_fp8_timing $FP8_TIMING_ARGS (default:
+#      --quick with the three FP8 schedules beside one bf16 run) into fp8_timing.csv.
 # STEPS picks and orders the steps (default "build ctest sanitize python cli decode"), so
 # one check can span two device calls on the same warm machine, e.g.
 #   STEPS="build ctest sanitize" bash scripts/device_check.sh   then
@@ -99,12 +101,19 @@ fi
 
 if wants features_sanitize; then
 step "compute-sanitizer on the masks and FP8 kernels"
-fsan() { timeout 90 compute-sanitizer --tool "$1" --error-exitcode 3 "$tree/tests/cuda/$2" --gtest_brief=1 --gtest_filter="$3" \
+fsan() { timeout "${FSAN_LIMIT:-90}" compute-sanitizer --tool "$1" --error-exitcode 3 "$tree/tests/cuda/$2" --gtest_brief=1 --gtest_filter="$3" \
   >> "$logs/sanitizer_features.log" 2>&1; note "$1 $2 rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$logs/sanitizer_features.log" | tail -1)"; }
 fsan memcheck test_cuda_masks '*Masks*Small*'
 fsan memcheck test_cuda_masks_sm80_backward '*Masks*Small*'
 fsan racecheck test_cuda_masks '*Masks*Small*'
 fsan memcheck test_cuda_kvcache_fp8 '*/1:*/7'
+# The FP8 forward's in-place and ping-pong schedules: tails at d64/d80/d128/d256, window,
+# varlen with empty sequences, seqlen_k = 0, long causal varlen (every ring stage reused).
+fp8_cases="3 11 19 27 43 50 54 58 63 70 74 78 83 90 94 98"
+for schedule in InPlace PingPong; do
+  filter=$(for c in $fp8_cases; do printf '%s/*/case%s:' "$schedule" "$c"; done)
+  for tool in racecheck synccheck memcheck; do fsan $tool test_cuda_forward_fp8 "${filter%:}"; done
+done
 fi
 
 export PYTHONUNBUFFERED=1 PYTHONPATH="$tree/python"
@@ -158,7 +167,14 @@ timeout "${BWD_TIMING_LIMIT:-150}" "$tree/bench/gpu/kernels/flashattn_bwd_timing
 note "bwd_timing rc=$?"; cat "$logs/bwd_timing.csv" | tee -a "$logs/summary.txt"
 fi
 
+if wants fp8_timing; then
+step "flashattn_fp8_timing ${FP8_TIMING_ARGS:---quick --schedules copy,in_place,ping_pong}"
+# shellcheck disable=SC2086
+timeout "${FP8_TIMING_LIMIT:-200}" "$tree/bench/gpu/kernels/flashattn_fp8_timing" ${FP8_TIMING_ARGS:---quick --schedules copy,in_place,ping_pong} > "$logs/fp8_timing.csv" 2> "$logs/fp8_timing.err"
+note "fp8_timing rc=$?"; cat "$logs/fp8_timing.csv" | tee -a "$logs/summary.txt"
+fi
+
 step "done"
 tar -czf "$out/device.tar.gz" -C "$logs" . 2>/dev/null
 cp "$logs/summary.txt" "$out/"
-for f in gpu_decode.csv gpu_decode_anchor.csv python_overhead.csv gpu_forward.csv gpu_backward.csv bwd_timing.csv gpu_masks.csv gpu_masks.png; do [ -f "$logs/$f" ] && cp "$logs/$f" "$out/"; done
+for f in gpu_decode.csv gpu_decode_anchor.csv python_overhead.csv gpu_forward.csv gpu_backward.csv bwd_timing.csv fp8_timing.csv gpu_masks.csv gpu_masks.png; do [ -f "$logs/$f" ] && cp "$logs/$f" "$out/"; done

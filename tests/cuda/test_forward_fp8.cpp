@@ -117,6 +117,9 @@ struct Fp8Case {
   bool with_lse = true;
   double input_scale = 1.0;  // inputs drawn from N(0, input_scale^2) before quantising
   std::uint64_t seed = 1;
+  // The kernel's schedule (hopper_fp8/tile_config.hpp), named explicitly: the suites run
+  // every case under each (the public-API cases run the process default).
+  cuda::hopper_fp8::Fp8Schedule schedule = cuda::hopper_fp8::Fp8Schedule::transpose_copy;
 
   std::string describe() const {
     std::string text = "b" + std::to_string(batch) + " sq" + std::to_string(seqlen_q) + " sk" +
@@ -130,6 +133,7 @@ struct Fp8Case {
     if (!varlen_q.empty()) text += " varlen";
     text += out_dtype == DType::bfloat16 ? " bf16" : " fp16";
     text += " descale" + std::to_string(descale_kind);
+    text += std::string(" schedule ") + cuda::hopper_fp8::fp8_schedule_name(schedule);
     return text;
   }
 };
@@ -344,7 +348,7 @@ class Fp8Problem {
     if (through_public_api) {
       flashattn::forward(public_args(params, q, k, v, out, lse, q_descale, k_descale, v_descale, alibi_slopes, cu_q, cu_k));
     } else {
-      cuda::hopper_fp8::forward(params, nullptr);
+      cuda::hopper_fp8::forward(params, nullptr, c.schedule);
     }
     check(cudaDeviceSynchronize(), "FP8 forward");
     check(cudaGetLastError(), "FP8 forward");
@@ -626,6 +630,38 @@ std::vector<Fp8Case> fp8_cases() {
     no_keys.seqlen_q = 70;
     no_keys.seqlen_k = 0;
     add(no_keys);
+    // Many key blocks (17-19 of 128 keys): every stage of each ring reused several
+    // times (phase parities), the in-place schedule's loader running ahead of the
+    // transposes; causal and window masks over long rows, varlen with long sequences.
+    Fp8Case long_keys;
+    long_keys.head_dim = d;
+    long_keys.seqlen_q = 200;
+    long_keys.seqlen_k = 2100;
+    add(long_keys);
+    Fp8Case long_causal;
+    long_causal.head_dim = d;
+    long_causal.heads_q = 1;
+    long_causal.heads_kv = 1;
+    long_causal.seqlen_q = 1500;
+    long_causal.seqlen_k = 2300;
+    long_causal.is_causal = true;
+    add(long_causal);
+    Fp8Case long_window = long_keys;
+    long_window.seqlen_q = 700;
+    long_window.window_left = 900;
+    long_window.window_right = 300;
+    add(long_window);
+    Fp8Case long_varlen;
+    long_varlen.head_dim = d;
+    long_varlen.heads_q = 2;
+    long_varlen.heads_kv = 1;
+    long_varlen.varlen_q = {130, 0, 257};
+    long_varlen.varlen_k = {2200, 300, 0};
+    long_varlen.batch = 3;
+    long_varlen.seqlen_q = 257;
+    long_varlen.seqlen_k = 2200;
+    long_varlen.is_causal = true;
+    add(long_varlen);
     // Sharp attention (large scores: P spans the e4m3 range, many subnormal P').
     Fp8Case sharp;
     sharp.head_dim = d;
@@ -681,6 +717,26 @@ INSTANTIATE_TEST_SUITE_P(Shapes, HopperFp8PublicApi, ::testing::ValuesIn(public_
                          });
 
 INSTANTIATE_TEST_SUITE_P(Shapes, HopperFp8Forward, ::testing::ValuesIn(fp8_cases()),
+                         [](const ::testing::TestParamInfo<Fp8Case>& info) {
+                           return "case" + std::to_string(info.index);
+                         });
+
+// The same cases under the other schedules (FLASHATTN_CUDA_FP8_SCHEDULE=in_place, =ping_pong;
+// d64 has no ping-pong kernel: its PingPong cases run in_place again).
+std::vector<Fp8Case> cases_with_schedule(cuda::hopper_fp8::Fp8Schedule schedule) {
+  std::vector<Fp8Case> cases = fp8_cases();
+  for (Fp8Case& c : cases) c.schedule = schedule;
+  return cases;
+}
+
+INSTANTIATE_TEST_SUITE_P(InPlace, HopperFp8Forward,
+                         ::testing::ValuesIn(cases_with_schedule(cuda::hopper_fp8::Fp8Schedule::transpose_in_place)),
+                         [](const ::testing::TestParamInfo<Fp8Case>& info) {
+                           return "case" + std::to_string(info.index);
+                         });
+
+INSTANTIATE_TEST_SUITE_P(PingPong, HopperFp8Forward,
+                         ::testing::ValuesIn(cases_with_schedule(cuda::hopper_fp8::Fp8Schedule::in_place_ping_pong)),
                          [](const ::testing::TestParamInfo<Fp8Case>& info) {
                            return "case" + std::to_string(info.index);
                          });

@@ -9,8 +9,12 @@
 // rms_diff_vs_bf16 are a smoke check at full size (expect ~1e-2 max, ~1e-3 rms on these
 // N(0, 1)-like inputs), `unwritten` counts output elements still NaN-poisoned.
 //
-// Usage: flashattn_fp8_timing [--quick]   prints CSV: kernel,batch,heads,seqlen,head_dim,causal,
-//   ms,tflops,speedup_vs_bf16,max_abs_diff_vs_bf16,rms_diff_vs_bf16,unwritten
+// Usage: flashattn_fp8_timing [--quick] [--schedules copy,in_place,ping_pong]   prints CSV: kernel,batch,
+//   heads,seqlen,head_dim,causal,ms,tflops,speedup_vs_bf16,max_abs_diff_vs_bf16,rms_diff_vs_bf16,unwritten
+// Without --schedules one FP8 row per shape, kernel flash3_fp8, the process's default
+// schedule (FLASHATTN_CUDA_FP8_SCHEDULE); with it one row per listed schedule,
+// kernel flash3_fp8_<schedule>, all timed in this process beside the same bf16 run (d64
+// has no ping-pong kernel: its ping_pong row runs in_place).
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
@@ -100,7 +104,8 @@ double median_ms(const std::function<void()>& run, int warmup, int reps) {
   return times[times.size() / 2];
 }
 
-void time_shape(const Shape& s, int warmup, int reps) {
+// An empty `schedules`: the default schedule, reported as flash3_fp8.
+void time_shape(const Shape& s, const std::vector<Fp8Schedule>& schedules, int warmup, int reps) {
   const std::int64_t elements = s.batch * s.seqlen * s.heads * s.head_dim;
   std::uint8_t *q8 = nullptr, *k8 = nullptr, *v8 = nullptr;
   __nv_bfloat16 *q = nullptr, *k = nullptr, *v = nullptr, *out_fp8 = nullptr, *out_bf16 = nullptr;
@@ -144,41 +149,45 @@ void time_shape(const Shape& s, int warmup, int reps) {
 
   run_bf16();
   const double bf16_ms = median_ms(run_bf16, warmup, reps);
-  FLASHATTN_CUDA_CHECK(cudaMemset(out_fp8, 0xff, elements * sizeof(__nv_bfloat16)));
-  hopper_fp8::forward(params, nullptr);
-  FLASHATTN_CUDA_CHECK(cudaDeviceSynchronize());
+  const double flops = 4.0 * s.batch * s.heads * s.seqlen * s.seqlen * s.head_dim * (s.causal ? 0.5 : 1.0);
+  auto print = [&](const std::string& kernel, double ms, double speedup, double max_diff, double rms_diff,
+                   unsigned long long unwritten_count) {
+    std::printf("%s,%lld,%lld,%lld,%lld,%d,%.4f,%.1f,%.3f,%.3g,%.3g,%llu\n", kernel.c_str(),
+                static_cast<long long>(s.batch), static_cast<long long>(s.heads), static_cast<long long>(s.seqlen),
+                static_cast<long long>(s.head_dim), s.causal ? 1 : 0, ms, flops / (ms * 1e-3) / 1e12, speedup,
+                max_diff, rms_diff, unwritten_count);
+    std::fflush(stdout);
+  };
+  print("flash3_bf16", bf16_ms, 1.0, 0.0, 0.0, 0);
   unsigned long long* device_unwritten = nullptr;
   int* device_max_bits = nullptr;
   double* device_sum = nullptr;
   FLASHATTN_CUDA_CHECK(cudaMalloc(&device_unwritten, sizeof(unsigned long long)));
   FLASHATTN_CUDA_CHECK(cudaMalloc(&device_max_bits, sizeof(int)));
   FLASHATTN_CUDA_CHECK(cudaMalloc(&device_sum, sizeof(double)));
-  FLASHATTN_CUDA_CHECK(cudaMemset(device_unwritten, 0, sizeof(unsigned long long)));
-  FLASHATTN_CUDA_CHECK(cudaMemset(device_max_bits, 0, sizeof(int)));
-  FLASHATTN_CUDA_CHECK(cudaMemset(device_sum, 0, sizeof(double)));
-  compare_outputs<<<1024, 256>>>(out_fp8, out_bf16, elements, device_unwritten, device_max_bits, device_sum);
-  FLASHATTN_CUDA_CHECK_LAUNCH();
-  unsigned long long unwritten = 0;
-  int max_bits = 0;
-  double sum_squares = 0;
-  FLASHATTN_CUDA_CHECK(cudaMemcpy(&unwritten, device_unwritten, sizeof unwritten, cudaMemcpyDeviceToHost));
-  FLASHATTN_CUDA_CHECK(cudaMemcpy(&max_bits, device_max_bits, sizeof max_bits, cudaMemcpyDeviceToHost));
-  FLASHATTN_CUDA_CHECK(cudaMemcpy(&sum_squares, device_sum, sizeof sum_squares, cudaMemcpyDeviceToHost));
-  float max_difference = 0.0f;
-  std::memcpy(&max_difference, &max_bits, sizeof max_difference);
-  const double fp8_ms = median_ms([&] { hopper_fp8::forward(params, nullptr); }, warmup, reps);
-
-  const double flops = 4.0 * s.batch * s.heads * s.seqlen * s.seqlen * s.head_dim * (s.causal ? 0.5 : 1.0);
-  auto print = [&](const char* kernel, double ms, double speedup, double max_diff, double rms_diff,
-                   unsigned long long unwritten_count) {
-    std::printf("%s,%lld,%lld,%lld,%lld,%d,%.4f,%.1f,%.3f,%.3g,%.3g,%llu\n", kernel, static_cast<long long>(s.batch),
-                static_cast<long long>(s.heads), static_cast<long long>(s.seqlen),
-                static_cast<long long>(s.head_dim), s.causal ? 1 : 0, ms, flops / (ms * 1e-3) / 1e12, speedup,
-                max_diff, rms_diff, unwritten_count);
-    std::fflush(stdout);
-  };
-  print("flash3_bf16", bf16_ms, 1.0, 0.0, 0.0, 0);
-  print("flash3_fp8", fp8_ms, bf16_ms / fp8_ms, max_difference, std::sqrt(sum_squares / elements), unwritten);
+  const bool is_default = schedules.empty();
+  for (const Fp8Schedule schedule : is_default ? std::vector<Fp8Schedule>{default_schedule()} : schedules) {
+    auto run_fp8 = [&] { hopper_fp8::forward(params, nullptr, schedule); };
+    FLASHATTN_CUDA_CHECK(cudaMemset(out_fp8, 0xff, elements * sizeof(__nv_bfloat16)));
+    run_fp8();
+    FLASHATTN_CUDA_CHECK(cudaDeviceSynchronize());
+    FLASHATTN_CUDA_CHECK(cudaMemset(device_unwritten, 0, sizeof(unsigned long long)));
+    FLASHATTN_CUDA_CHECK(cudaMemset(device_max_bits, 0, sizeof(int)));
+    FLASHATTN_CUDA_CHECK(cudaMemset(device_sum, 0, sizeof(double)));
+    compare_outputs<<<1024, 256>>>(out_fp8, out_bf16, elements, device_unwritten, device_max_bits, device_sum);
+    FLASHATTN_CUDA_CHECK_LAUNCH();
+    unsigned long long unwritten = 0;
+    int max_bits = 0;
+    double sum_squares = 0;
+    FLASHATTN_CUDA_CHECK(cudaMemcpy(&unwritten, device_unwritten, sizeof unwritten, cudaMemcpyDeviceToHost));
+    FLASHATTN_CUDA_CHECK(cudaMemcpy(&max_bits, device_max_bits, sizeof max_bits, cudaMemcpyDeviceToHost));
+    FLASHATTN_CUDA_CHECK(cudaMemcpy(&sum_squares, device_sum, sizeof sum_squares, cudaMemcpyDeviceToHost));
+    float max_difference = 0.0f;
+    std::memcpy(&max_difference, &max_bits, sizeof max_difference);
+    const double fp8_ms = median_ms(run_fp8, warmup, reps);
+    print(is_default ? std::string("flash3_fp8") : std::string("flash3_fp8_") + fp8_schedule_name(schedule), fp8_ms,
+          bf16_ms / fp8_ms, max_difference, std::sqrt(sum_squares / elements), unwritten);
+  }
 
   cudaFree(device_unwritten), cudaFree(device_max_bits), cudaFree(device_sum);
   cudaFree(q8), cudaFree(k8), cudaFree(v8), cudaFree(q), cudaFree(k), cudaFree(v);
@@ -191,13 +200,38 @@ void time_shape(const Shape& s, int warmup, int reps) {
 int main(int argc, char** argv) {
   using namespace flashattn::cuda::hopper_fp8;
   bool quick = false;
-  for (int i = 1; i < argc; ++i) quick = quick || std::strcmp(argv[i], "--quick") == 0;
+  std::vector<Fp8Schedule> schedules;  // empty: the default schedule
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--quick") == 0) {
+      quick = true;
+    } else if (std::strcmp(argv[i], "--schedules") == 0 && i + 1 < argc) {
+      const std::string list = argv[++i];
+      for (std::size_t begin = 0; begin <= list.size();) {
+        const std::size_t end = std::min(list.find(',', begin), list.size());
+        const std::string name = list.substr(begin, end - begin);
+        bool found = false;
+        for (const Fp8Schedule schedule : kFp8Schedules)
+          if (name == fp8_schedule_name(schedule)) {
+            schedules.push_back(schedule);
+            found = true;
+          }
+        if (!found) {
+          std::fprintf(stderr, "--schedules: unknown schedule '%s' (copy, in_place, ping_pong)\n", name.c_str());
+          return 2;
+        }
+        begin = end + 1;
+      }
+    } else {
+      std::fprintf(stderr, "usage: %s [--quick] [--schedules copy,in_place,ping_pong]\n", argv[0]);
+      return 2;
+    }
+  }
   const int warmup = 5, reps = quick ? 10 : 30;
   std::printf(
       "kernel,batch,heads,seqlen,head_dim,causal,ms,tflops,speedup_vs_bf16,max_abs_diff_vs_bf16,rms_diff_vs_bf16,"
       "unwritten\n");
   for (std::int64_t d : {64, 128, 256})
     for (std::int64_t n : {1024, 4096, 16384})
-      for (bool c : {false, true}) time_shape(Shape{16384 / n, 2048 / d, n, d, c}, warmup, reps);
+      for (bool c : {false, true}) time_shape(Shape{16384 / n, 2048 / d, n, d, c}, schedules, warmup, reps);
   return 0;
 }

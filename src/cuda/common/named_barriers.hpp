@@ -26,6 +26,13 @@ enum class NamedBarrier : int { kDsWritten = 1, kDqStaged = 2 };
 enum class WideNamedBarrier : int { kPAndDsWritten = 1, kStageRead = 2 };
 }  // namespace hopper_bwd
 
+namespace hopper_fp8 {
+// The FP8 Hopper forward (hopper_fp8/kernel.cuh): over the producer warpgroup, at d64
+// the in-place V transpose reads the whole V tile into registers before any warp writes
+// Vt over it (no smaller set of its blocks is closed under the transposition); per
+// consumer warpgroup c (two), its GEMM turn of the ping-pong schedule (ids 2..3).
+enum class NamedBarrier : int { kVTileRead = 1, kTurnFirst = 2 };
+}  // namespace hopper_fp8
 namespace decode {
 // The sm_90 decode kernel (decode/kernel_tma.cuh), over the consumer warps: the query
 // tile is in shared memory.

@@ -8,17 +8,32 @@
 // 1. Both wgmma operands must be K-major (8-bit types have no transpose bit). Q and K
 //    are (rows, d) with d contiguous: K-major for S = Q K^T as they arrive. For O += P V
 //    the B operand is V^T (N = d, K = keys) and must have keys contiguous, but V arrives
-//    (keys, d). So the producer warpgroup transposes every V tile in shared memory:
-//      thread 0 of warpgroup 0  TMA: Q, then K_j and V_j into kStages-deep rings, up to
-//                               kStages blocks ahead of the transpose;
-//      all 128 threads          wait for V_j, write Vt_j (d, 128 keys) = V_j^T in the
-//                               128-byte swizzle, fence the writes to the async proxy
-//                               (wgmma reads through it) and arrive on Vt_j's "full"
-//                               barrier and V_j's "empty" barrier (one arrival per thread).
+//    (keys, d). So the producer warpgroup transposes every V tile in shared memory,
+//    in one of two schedules (Fp8Schedule, tile_config.hpp; a template parameter, both
+//    built, chosen per call):
+//    transpose_copy
+//      thread 0 of warpgroup 0  TMA: Q, then K_j and V_j into S-deep rings, up to S
+//                               blocks ahead of the transpose, blocking on each stage;
+//      all 128 threads          wait for V_j and for Vt_j's stage, write Vt_j (d, 128
+//                               keys) = V_j^T into the Vt ring in the 128-byte swizzle,
+//                               fence the writes to the async proxy (wgmma reads through
+//                               it) and arrive on Vt_j's "full" barrier and V_j's "empty"
+//                               barrier (one arrival per thread).
+//    transpose_in_place
+//      thread 0 of warpgroup 0  TMA: Q, then whichever K_j or V_j has a free stage (K
+//                               ring kKStages deep, V ring kVStages), checked between
+//                               transposes and while waiting for the next V;
+//      all 128 threads          wait for V_j, write Vt_j over V_j in its stage (each warp
+//                               a set of blocks closed under the transposition: all its
+//                               loads before its stores), fence, arrive on Vt_j's "full"
+//                               barrier. The consumers' release of Vt_j frees the stage
+//                               for V_(j + kVStages): no Vt stage to wait for, and the
+//                               ring is as deep as the V and Vt rings together (d256:
+//                               4 stages instead of 2 + 2).
 //    The consumer warpgroups never touch V_j, only Vt_j. The transpose moves 16-bit
 //    pairs of head-dim bytes with ldmatrix.trans, separates the bytes of two keys with
-//    byte permutes, and writes rows of Vt with stmatrix (transpose_v below; FA3 does the
-//    same with LDSM/STSM).
+//    byte permutes, and writes rows of Vt with stmatrix (the producer below; FA3 does
+//    the same with LDSM/STSM, into a ring of its own).
 //
 // 2. P (fp32 accumulator layout) must become the e4m3 A fragment of the k32 steps,
 //    whose layout differs (wgmma.cuh; PTX ISA "Register Fragments", CuTe
@@ -78,6 +93,7 @@
 #include "flashattn/score.hpp"
 #include "src/core/params.hpp"
 #include "src/cuda/common/check.cuh"
+#include "src/cuda/common/named_barriers.hpp"
 #include "src/cuda/common/fragment.cuh"
 #include "src/cuda/common/numeric.cuh"
 #include "src/cuda/hopper_fp8/launch.hpp"
@@ -86,12 +102,17 @@
 #include "src/cuda/ptx/ldmatrix.cuh"
 #include "src/cuda/ptx/math.cuh"
 #include "src/cuda/ptx/mbarrier.cuh"
+#include "src/cuda/ptx/named_barrier.cuh"
 #include "src/cuda/ptx/stmatrix.cuh"
 #include "src/cuda/ptx/warpgroup.cuh"
 #include "src/cuda/ptx/wgmma.cuh"
 
 namespace flashattn::cuda::hopper_fp8 {
 
+// In-place schedule: how long the loader thread sleeps in one poll for V to land before
+// it checks for free K/V stages again (performance only: a K stage frees about once per
+// consumer round, ~1-2 us at d128/d256, and its copy has a round or more of slack).
+inline constexpr std::uint32_t kLoaderPollNanoseconds = 200;
 // P' = 2^kProbabilityLog2Offset · P: the exponent offset of the quantised probabilities.
 inline constexpr int kProbabilityLog2Offset = 8;
 // Every tile starts 1024-byte aligned: the largest swizzle atom (8 rows x 128 bytes).
@@ -140,14 +161,62 @@ __device__ __forceinline__ void load_byte_panels(unsigned char* destination, con
 #endif
 }
 
-template <int kHeadDimArg, int kBlockMArg, int kStagesArg>
-__global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx::kWarpgroupRows), 1)
+// The in-place V transpose (kernel below, producer): per 128-byte panel, a square of 4 x 4
+// blocks of 32 keys x 32 head-dim bytes, V block (a, b) going where block (b, a) was.
+// Each of the 4 transposing warps takes two items, each item two blocks (a1, b1),
+// (a2, b2) whose images (b1, a1), (b2, a2) are the same two blocks: a diagonal pair or
+// a block and its mirror. Packed one byte per item, a1 | b1 << 2 | a2 << 4 | b2 << 6,
+// item k of warp w in byte 2w + k.
+inline constexpr int kInPlaceItemsPerPanel = 2;
+struct InPlaceItem {
+  int a1, b1, a2, b2;
+};
+inline constexpr InPlaceItem kInPlaceItems[4][kInPlaceItemsPerPanel] = {
+    {{0, 0, 1, 1}, {0, 1, 1, 0}},
+    {{2, 2, 3, 3}, {2, 3, 3, 2}},
+    {{0, 2, 2, 0}, {1, 3, 3, 1}},
+    {{0, 3, 3, 0}, {1, 2, 2, 1}},
+};
+// Whether the items cover each of the 16 blocks once and each item is closed.
+constexpr bool in_place_items_are_valid() {
+  int seen[4][4] = {};
+  for (const auto& warp_items : kInPlaceItems)
+    for (const InPlaceItem& item : warp_items) {
+      const bool is_closed = (item.a1 == item.b1 && item.a2 == item.b2) || (item.a1 == item.b2 && item.b1 == item.a2);
+      if (!is_closed) return false;
+      ++seen[item.a1][item.b1];
+      ++seen[item.a2][item.b2];
+    }
+  for (const auto& row : seen)
+    for (int count : row)
+      if (count != 1) return false;
+  return true;
+}
+static_assert(in_place_items_are_valid(), "in-place items: every block once, each item closed under transposition");
+constexpr std::uint64_t pack_in_place_items() {
+  std::uint64_t codes = 0;
+  for (int warp = 0; warp < 4; ++warp)
+    for (int k = 0; k < kInPlaceItemsPerPanel; ++k) {
+      const InPlaceItem& item = kInPlaceItems[warp][k];
+      const std::uint64_t code = item.a1 | item.b1 << 2 | item.a2 << 4 | item.b2 << 6;
+      codes |= code << (8 * (kInPlaceItemsPerPanel * warp + k));
+    }
+  return codes;
+}
+inline constexpr std::uint64_t kInPlaceItemCodes = pack_in_place_items();
+
+template <int kHeadDimArg, Fp8Schedule kScheduleArg>
+__global__ void __launch_bounds__(fp8_tile_config(kHeadDimArg, kScheduleArg).threads(), 1)
     forward_kernel_fp8_sm90(const __grid_constant__ Fp8ForwardParams params) {
 #if FLASHATTN_HOPPER_DEVICE_CODE
-  constexpr Fp8TileConfig kConfig = fp8_tile_entry(kHeadDimArg, kBlockMArg, kStagesArg);
+  constexpr Fp8TileConfig kConfig = fp8_tile_config(kHeadDimArg, kScheduleArg);
+  static_assert(kConfig.schedule == kScheduleArg, "instantiate the schedule that runs (kernel_schedule)");
   constexpr int kHeadDim = kConfig.kernel_head_dim;
   constexpr int kBlockM = kConfig.block_m;
-  constexpr int kStages = kConfig.stages;
+  constexpr bool kIsInPlace = kConfig.is_in_place();
+  constexpr int kKStages = kConfig.k_stages;    // K ring
+  constexpr int kVStages = kConfig.v_stages;    // V ring (TMA)
+  constexpr int kVtStages = kConfig.vt_stages;  // Vt ring (in place: the V ring itself)
   constexpr int kPanelBytes = kConfig.panel_bytes();
   constexpr int kPanels = kConfig.panels();
   constexpr int kQBytes = kConfig.q_bytes();
@@ -157,11 +226,10 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
   static_assert(kBlockM % ptx::kWarpgroupRows == 0 && kConsumerWarpgroups >= 1 &&
                     kConsumerWarpgroups <= kMaxConsumerWarpgroups,
                 "each consumer warpgroup owns 64 query rows");
-  static_assert(ptx::kWarpgroupThreads * kConfig.producer_registers() +
-                    ptx::kWarpgroupThreads * kConsumerWarpgroups * kConfig.consumer_registers() <=
-                65536,
-                "register file: 64K 32-bit registers per SM");
+  static_assert(kConfig.fits_register_file(),
+                "setmaxnreg: the warpgroups' registers exceed those the CTA is launched with");
   static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256, "FP8 kernel head dims: 64, 128, 256");
+  static_assert(!kIsInPlace || kVtStages == kVStages, "in place, Vt_j lives in V_j's stage");
   static_assert(kVtRowBytes == 128, "Vt rows are one 128-byte swizzle row");
   static_assert(kQBytes % kTileAlignment == 0 && kKVBytes % kTileAlignment == 0 &&
                     (kBlockM * kPanelBytes) % kTileAlignment == 0 && (kBlockN * kPanelBytes) % kTileAlignment == 0,
@@ -202,33 +270,42 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
   extern __shared__ unsigned char shared_storage[];
   const std::uint32_t raw_address = static_cast<std::uint32_t>(__cvta_generic_to_shared(shared_storage));
   unsigned char* shared_q = shared_storage + ((kTileAlignment - raw_address % kTileAlignment) % kTileAlignment);
-  unsigned char* shared_k = shared_q + kQBytes;              // kStages x (kBlockN, kHeadDim) in panels
-  unsigned char* shared_v = shared_k + kStages * kKVBytes;   // kStages x (kBlockN, kHeadDim) in panels
-  unsigned char* shared_vt = shared_v + kStages * kKVBytes;  // kStages x (kHeadDim, kBlockN)
-  auto* barriers = reinterpret_cast<std::uint64_t*>(shared_vt + kStages * kKVBytes);
+  unsigned char* shared_k = shared_q + kQBytes;              // kKStages x (kBlockN, kHeadDim) in panels
+  unsigned char* shared_v = shared_k + kKStages * kKVBytes;  // kVStages x (kBlockN, kHeadDim) in panels
+  // kVtStages x (kHeadDim, kBlockN): after the V ring, or in place over it.
+  unsigned char* shared_vt = kIsInPlace ? shared_v : shared_v + kVStages * kKVBytes;
+  auto* barriers = reinterpret_cast<std::uint64_t*>(shared_q + kQBytes + kConfig.tile_slots() * kKVBytes);
   constexpr int kConsumerWarps = 4 * kConsumerWarpgroups;
   // Producer roles: thread 0 issues every TMA copy; all 4 warps (thread 0 between its
   // copies) transpose V. (A loader warp of its own, transposing with 3 warps, measured
-  // slower: the transpose sets the pace, TUNING.md.)
+  // slower in the copy schedule: the transpose set the pace, TUNING.md.)
   constexpr int kTransposeWarps = 4;
   constexpr int kTransposeThreads = 32 * kTransposeWarps;
-  std::uint64_t* q_full = barriers;                        // Q landed
-  std::uint64_t* k_full = barriers + 1;                    // [kStages]: K stage landed (TMA)
-  std::uint64_t* v_full = barriers + 1 + kStages;          // [kStages]: V stage landed (TMA)
-  std::uint64_t* vt_full = barriers + 1 + 2 * kStages;     // [kStages]: Vt written by every transposing thread
-  std::uint64_t* k_empty = barriers + 1 + 3 * kStages;     // [kStages]: every consumer warp is done with K
-  std::uint64_t* v_empty = barriers + 1 + 4 * kStages;     // [kStages]: every transposing thread is done with V
-  std::uint64_t* vt_empty = barriers + 1 + 5 * kStages;    // [kStages]: every consumer warp is done with Vt
-  static_assert((1 + 6 * kStages) * 8 <= 256, "mbarriers exceed their 256 bytes");
+  // Stage s of a ring holds blocks s, s + stages, ...: block `index`'s barriers are
+  // [index % stages], its phase index / stages.
+  std::uint64_t* q_full = barriers;                       // Q landed
+  std::uint64_t* k_full = q_full + 1;                     // [kKStages]: K stage landed (TMA)
+  std::uint64_t* k_empty = k_full + kKStages;             // [kKStages]: every consumer warp is done with K
+  std::uint64_t* v_full = k_empty + kKStages;             // [kVStages]: V stage landed (TMA)
+  std::uint64_t* vt_full = v_full + kVStages;             // [kVtStages]: Vt written by every transposing thread
+  std::uint64_t* vt_empty = vt_full + kVtStages;          // [kVtStages]: every consumer warp is done with Vt
+  std::uint64_t* v_empty = vt_empty + kVtStages;          // [kVStages], copy only: every transposing thread
+                                                          // is done with V (in place: vt_empty frees the stage)
+  constexpr int kBarriers = 1 + 2 * kKStages + kVStages + 2 * kVtStages + (kIsInPlace ? 0 : kVStages);
+  static_assert(kBarriers * 8 <= 256, "mbarriers exceed their 256 bytes");
 
   if (threadIdx.x == 0) {
     ::cuda::ptx::mbarrier_init(q_full, 1);
-    for (int stage = 0; stage < kStages; ++stage) {
+    for (int stage = 0; stage < kKStages; ++stage) {
       ::cuda::ptx::mbarrier_init(&k_full[stage], 1);
-      ::cuda::ptx::mbarrier_init(&v_full[stage], 1);
-      ::cuda::ptx::mbarrier_init(&vt_full[stage], kTransposeThreads);
       ::cuda::ptx::mbarrier_init(&k_empty[stage], kConsumerWarps);
-      ::cuda::ptx::mbarrier_init(&v_empty[stage], kTransposeThreads);
+    }
+    for (int stage = 0; stage < kVStages; ++stage) {
+      ::cuda::ptx::mbarrier_init(&v_full[stage], 1);
+      if (!kIsInPlace) ::cuda::ptx::mbarrier_init(&v_empty[stage], kTransposeThreads);
+    }
+    for (int stage = 0; stage < kVtStages; ++stage) {
+      ::cuda::ptx::mbarrier_init(&vt_full[stage], kTransposeThreads);
       ::cuda::ptx::mbarrier_init(&vt_empty[stage], kConsumerWarps);
     }
     ::cuda::ptx::fence_mbarrier_init(::cuda::ptx::sem_release, ::cuda::ptx::scope_cluster);
@@ -242,7 +319,7 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
 
   if (warpgroup == 0) {
     // ---- producer: TMA (thread 0) and the V transpose (all 128 threads) ---------------
-    ptx::setmaxnreg_decrease<kConfig.producer_registers()>();
+    ptx::setmaxnreg_decrease<kConfig.producer_registers>();
     const bool is_loader = threadIdx.x == 0;
     const std::int32_t batch_coordinate = is_varlen ? 0 : static_cast<std::int32_t>(tile.batch);
     const std::int64_t k_start = attention.k_start(tile.batch);
@@ -253,12 +330,11 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
           shared_q, &params.q_map, static_cast<std::int32_t>(attention.q_start(tile.batch) + tile.m0),
           static_cast<std::int32_t>(tile.head), batch_coordinate, q_full);
     }
-    // Block `index` of the visit order into its stage of a ring (thread 0); waits until
-    // the stage's previous block has been released.
-    auto load_block = [&](const CUtensorMap* tensor_map, unsigned char* ring, std::uint64_t* full,
-                          std::uint64_t* empty, int index) {
-      const int stage = index % kStages;
-      if (index >= kStages) ptx::mbarrier_wait(&empty[stage], ((index / kStages) - 1) & 1);
+    // The TMA copy of block `index` of the visit order into its stage of a ring of
+    // `stages` (thread 0; the stage's previous block must have been released).
+    auto issue_load = [&](const CUtensorMap* tensor_map, unsigned char* ring, std::uint64_t* full, int stages,
+                          int index) {
+      const int stage = index % stages;
       ::cuda::ptx::mbarrier_arrive_expect_tx(::cuda::ptx::sem_release, ::cuda::ptx::scope_cta,
                                              ::cuda::ptx::space_shared, &full[stage], kKVBytes);
       const std::int32_t row = static_cast<std::int32_t>(k_start + (tile.n_block_end - 1 - index) * kBlockN);
@@ -266,10 +342,18 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
                                                       static_cast<std::int32_t>(head_kv), batch_coordinate,
                                                       &full[stage]);
     };
-    // Vt_index = V_index^T with keys permuted by pi within each 32-key block (header,
-    // point 2), with ldmatrix.trans / stmatrix on 16-bit elements (pairs of head-dim
-    // bytes). One warp step moves keys 16 g .. 16 g + 15 (g = 2 kp + h) x head-dim bytes
-    // 32 e .. 32 e + 31 (16-byte chunks 2e, 2e+1):
+    // Whether the stage of block `index` of a ring has been released by its previous
+    // block (index - stages), without waiting.
+    auto is_stage_free = [&](std::uint64_t* empty, int stages, int index) {
+      return index < stages || ptx::mbarrier_test_wait(&empty[index % stages], ((index / stages) - 1) & 1);
+    };
+    auto wait_stage_free = [&](std::uint64_t* empty, int stages, int index) {
+      if (index >= stages) ptx::mbarrier_wait(&empty[index % stages], ((index / stages) - 1) & 1);
+    };
+    // Transpose steps (ldmatrix.trans / stmatrix on 16-bit elements, pairs of head-dim
+    // bytes). Step (g, e) moves keys 16 g .. 16 g + 15 (g = 2 kp + h) x head-dim bytes
+    // 32 e .. 32 e + 31 (16-byte chunks 2e, 2e+1) of V_index into Vt_index with keys
+    // permuted by pi within each 32-key block (header, point 2):
     //   ldmatrix.x4.trans  matrices (keys 16g + 0..7 | 16g + 8..15) x (chunk 2e | 2e+1),
     //                      8 key rows of 16 bytes each; lane t = 4 c + q receives, per
     //                      matrix, b16 column c (head-dim bytes 2c, 2c+1 of the chunk) of
@@ -285,67 +369,244 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
     // 0,2,4,6,1,3,5,7). The ldmatrix rows (8 consecutive keys at one chunk) are conflict
     // free through the same swizzle (64- or 128-byte).
     const int transpose_warp = threadIdx.x / 32;
-    const int matrix = lane / 8;     // ldmatrix / stmatrix: the matrix this lane addresses
+    const int matrix = lane / 8;      // ldmatrix / stmatrix: the matrix this lane addresses
     const int matrix_row = lane % 8;  // and its row
-    constexpr int kKeyGroups = kBlockN / 16;                       // g: 16 keys each
-    constexpr int kSteps = kKeyGroups * (kHeadDim / 32);           // (g, e) per tile
+    constexpr int kKeyGroups = kBlockN / 16;              // g: 16 keys each
+    constexpr int kSteps = kKeyGroups * (kHeadDim / 32);  // (g, e) per tile
     const bool is_swapped = lane / 4 >= 4;  // lane's c >= 4: its even/odd head-dim rows trade places
-    auto transpose_v = [&](int index) {
-      const int stage = index % kStages;
-      ptx::mbarrier_wait(&v_full[stage], (index / kStages) & 1);
-      if (index >= kStages) ptx::mbarrier_wait(&vt_empty[stage], ((index / kStages) - 1) & 1);
-      __syncwarp();  // ldmatrix/stmatrix are .aligned: the whole warp, converged
-      // 32-bit shared-window addresses (the producer has 24-32 registers).
-      const std::uint32_t v_tile = ptx::shared_address(shared_v + stage * kKVBytes);    // (kBlockN, kHeadDim) in panels
-      const std::uint32_t vt_tile = ptx::shared_address(shared_vt + stage * kKVBytes);  // (kHeadDim, kBlockN)
-#pragma unroll 1
-      for (int step = transpose_warp; step < kSteps; step += kTransposeWarps) {
-        const int g = step % kKeyGroups;
-        const int e = step / kKeyGroups;
-        // This lane's ldmatrix row: key 16g + 8 (matrix % 2) + row, chunk 2e + matrix / 2.
-        const int key = 16 * g + 8 * (matrix % 2) + matrix_row;
-        const int d_byte = 16 * (2 * e + matrix / 2);
-        const std::uint32_t v_row = v_tile + (d_byte / kPanelBytes) * (kBlockN * kPanelBytes) +
-                                    swizzle_offset<kPanelBytes>(key * kPanelBytes + d_byte % kPanelBytes);
-        std::uint32_t low_a, high_a, low_b, high_b;  // (keys 0..7 | 8..15) x (chunk 2e | 2e+1)
-        ptx::ldmatrix_x4_trans(low_a, high_a, low_b, high_b, v_row);
-        // Head-dim rows 2c (even) and 2c+1 (odd) of each chunk: bytes (2q, 2q+1, 2q+8, 2q+9).
-        const std::uint32_t even_a = __byte_perm(low_a, high_a, 0x6420);
-        const std::uint32_t odd_a = __byte_perm(low_a, high_a, 0x7531);
-        const std::uint32_t even_b = __byte_perm(low_b, high_b, 0x6420);
-        const std::uint32_t odd_b = __byte_perm(low_b, high_b, 0x7531);
-        // This lane's stmatrix row: head-dim row 32e + 16 (matrix / 2) + 2 row + parity.
-        const int parity = (matrix % 2) ^ (matrix_row >= 4 ? 1 : 0);
-        const int d_row = 32 * e + 16 * (matrix / 2) + 2 * matrix_row + parity;
-        const std::uint32_t vt_row = vt_tile + swizzle_offset<kVtRowBytes>(d_row * kVtRowBytes + 16 * g);
-        ptx::stmatrix_x4(vt_row, is_swapped ? odd_a : even_a, is_swapped ? even_a : odd_a,
-                         is_swapped ? odd_b : even_b, is_swapped ? even_b : odd_b);
-      }
-      // The Vt writes before the consumers' wgmma (async proxy) reads them, and the V
-      // reads before the next TMA write of the stage.
-      ptx::fence_proxy_async_shared();
-      ::cuda::ptx::mbarrier_arrive(&vt_full[stage]);
-      ::cuda::ptx::mbarrier_arrive(&v_empty[stage]);
+    // Offsets in the V tile (kBlockN, kHeadDim) in panels of this lane's ldmatrix row of
+    // step (g, e): key 16g + 8 (matrix % 2) + row, chunk 2e + matrix / 2; and in the Vt
+    // tile (kHeadDim, kBlockN) of its stmatrix row: head-dim row 32e + 16 (matrix / 2) +
+    // 2 row + parity, key bytes 16g..16g+15.
+    auto v_step_offset = [&](int g, int e) {
+      const int key = 16 * g + 8 * (matrix % 2) + matrix_row;
+      const int d_byte = 16 * (2 * e + matrix / 2);
+      return static_cast<std::uint32_t>((d_byte / kPanelBytes) * (kBlockN * kPanelBytes) +
+                                        swizzle_offset<kPanelBytes>(key * kPanelBytes + d_byte % kPanelBytes));
     };
-    // Before transposing V_i, thread 0 issues every K_j, V_j with j < i + kStages (each
-    // waits for its stage). No cycle: V_j's stage waits for the transpose of V_(j-kStages),
-    // j - kStages < i, done by this warpgroup already; K_j's for the consumers' S_(j-kStages),
-    // which needs Vt only up to j - kStages - 1 < i.
-    int loaded = 0;  // K/V blocks issued so far (thread 0)
-    for (int index = 0; index < num_n_blocks; ++index) {
+    auto vt_step_offset = [&](int g, int e) {
+      const int parity = (matrix % 2) ^ (matrix_row >= 4 ? 1 : 0);
+      const int d_row = 32 * e + 16 * (matrix / 2) + 2 * matrix_row + parity;
+      return static_cast<std::uint32_t>(swizzle_offset<kVtRowBytes>(d_row * kVtRowBytes + 16 * g));
+    };
+    // fragment: (keys 0..7 | 8..15) x (chunk 2e | 2e+1) of a step, as ldmatrix gave it;
+    // written as the step's Vt rows at this lane's stmatrix row address.
+    auto store_fragment = [&](std::uint32_t vt_row, const std::uint32_t (&fragment)[4]) {
+      // Head-dim rows 2c (even) and 2c+1 (odd) of each chunk: bytes (2q, 2q+1, 2q+8, 2q+9).
+      const std::uint32_t even_a = __byte_perm(fragment[0], fragment[1], 0x6420);
+      const std::uint32_t odd_a = __byte_perm(fragment[0], fragment[1], 0x7531);
+      const std::uint32_t even_b = __byte_perm(fragment[2], fragment[3], 0x6420);
+      const std::uint32_t odd_b = __byte_perm(fragment[2], fragment[3], 0x7531);
+      ptx::stmatrix_x4(vt_row, is_swapped ? odd_a : even_a, is_swapped ? even_a : odd_a,
+                       is_swapped ? odd_b : even_b, is_swapped ? even_b : odd_b);
+    };
+    // 32-bit shared-window addresses (the producer has 24-40 registers).
+    auto load_step = [&](std::uint32_t v_tile, int g, int e, std::uint32_t (&fragment)[4]) {
+      ptx::ldmatrix_x4_trans(fragment[0], fragment[1], fragment[2], fragment[3], v_tile + v_step_offset(g, e));
+    };
+    auto store_step = [&](std::uint32_t vt_tile, int g, int e, const std::uint32_t (&fragment)[4]) {
+      store_fragment(vt_tile + vt_step_offset(g, e), fragment);
+    };
+
+    if constexpr (!kIsInPlace) {
+      // Block `index` into its stage (thread 0), waiting until the stage is released.
+      auto load_block = [&](const CUtensorMap* tensor_map, unsigned char* ring, std::uint64_t* full,
+                            std::uint64_t* empty, int stages, int index) {
+        wait_stage_free(empty, stages, index);
+        issue_load(tensor_map, ring, full, stages, index);
+      };
+      // Vt_index = V_index^T into Vt's ring; all 4 warps (thread 0 between its copies),
+      // one step at a time.
+      auto transpose_v = [&](int index) {
+        ptx::mbarrier_wait(&v_full[index % kVStages], (index / kVStages) & 1);
+        wait_stage_free(vt_empty, kVtStages, index);
+        __syncwarp();  // ldmatrix/stmatrix are .aligned: the whole warp, converged
+        const std::uint32_t v_tile = ptx::shared_address(shared_v + (index % kVStages) * kKVBytes);
+        const std::uint32_t vt_tile = ptx::shared_address(shared_vt + (index % kVtStages) * kKVBytes);
+#pragma unroll 1
+        for (int step = transpose_warp; step < kSteps; step += kTransposeWarps) {
+          std::uint32_t fragment[4];
+          load_step(v_tile, step % kKeyGroups, step / kKeyGroups, fragment);
+          store_step(vt_tile, step % kKeyGroups, step / kKeyGroups, fragment);
+        }
+        // The Vt writes before the consumers' wgmma (async proxy) reads them, and the V
+        // reads before the next TMA write of the stage.
+        ptx::fence_proxy_async_shared();
+        ::cuda::ptx::mbarrier_arrive(&vt_full[index % kVtStages]);
+        ::cuda::ptx::mbarrier_arrive(&v_empty[index % kVStages]);
+      };
+      // Before transposing V_i, thread 0 issues every K_j, V_j with j < i + S (S stages of
+      // each; each waits for its stage). No cycle: V_j's stage waits for the transpose of
+      // V_(j-S), j - S < i, done by this warpgroup already; K_j's for the consumers'
+      // S_(j-S), which needs Vt only up to j - S - 1 < i.
+      static_assert(kKStages == kVStages && kVStages == kVtStages, "the copy schedule: one depth");
+      int loaded = 0;  // K/V blocks issued so far (thread 0)
+      for (int index = 0; index < num_n_blocks; ++index) {
+        if (is_loader) {
+          for (; loaded < num_n_blocks && loaded < index + kVStages; ++loaded) {
+            load_block(&params.k_map, shared_k, k_full, k_empty, kKStages, loaded);
+            load_block(&params.v_map, shared_v, v_full, v_empty, kVStages, loaded);
+          }
+        }
+        transpose_v(index);
+      }
+    } else {
+      // In place: Vt_index is written over V_index in its stage. Each warp moves whole
+      // sets of V's blocks that are closed under the transposition (every byte the set
+      // writes, it has read), all loads of a set before any store: the set's registers
+      // are its only buffer.
+      //  d128, d256: a 128-byte panel (keys x head-dim bytes 128p..128p+127) is a square
+      //   of 8 x 8 blocks of 16 keys x 16 bytes; V block (g, c) (keys 16g.., bytes 16c..)
+      //   becomes Vt rows 16c.. x key bytes 16g.. (pi permutes keys within 16-key
+      //   halves) — where V block (c, g) was: both tiles are 16 KB of 128-byte rows in
+      //   the same swizzle. Blocks (g, c) and (c, g) form a closed pair, (g, g) alone.
+      //   One ldmatrix.x2.trans reads a block (2 registers), one stmatrix.x2 writes its
+      //   image. Each warp takes two items of two 32x32 blocks (kInPlaceItemCodes) per
+      //   panel, each in two halves of 4 blocks of 16x16 (8 registers; the producer
+      //   has 24 at d256), a __syncwarp between their loads and stores.
+      //  d64: V (128 keys x 64 bytes, 64-byte swizzle) and Vt (64 x 128 bytes, 128-byte
+      //   swizzle) have no closed set short of the tile: each warp loads 4 steps (keys
+      //   32w..32w+31, all 64 bytes; 16 registers, the producer has 32), the warpgroup
+      //   syncs, then each stores its 4.
+      constexpr bool kIsWarpClosed = kPanelBytes == kVtRowBytes;
+      static_assert(kIsWarpClosed || kSteps == 4 * kTransposeWarps, "d64: 4 steps per warp cover the tile");
+      // Addresses with few registers, equal to v_step_offset / vt_step_offset's (the
+      // model check_in_place_transpose.py checks them):
+      //   d128/d256, block (g, c) (c counts 16-byte chunks over the panels):
+      //     V   2048 g + 16384 (c / 8) + (lane_load_offset ^ 16 (c % 8))
+      //     Vt  2048 c + (lane_store_offset ^ 16 g)
+      //   d64, step (g, e):
+      //     V   1024 g + (lane_load_offset ^ 32 e)
+      //     Vt  4096 e + (lane_store_offset ^ 16 g)
+      // where the lane terms are block / step (0, 0)'s offsets: the swizzles XOR offset
+      // bits 4-6 with row bits that g, c, e do not change, and the bits g, c, e move are
+      // zero in the lane terms.
+      const int block_lane = lane % 16;  // ldmatrix/stmatrix.x2: lanes 0-15 address matrices 0, 1
+      const int block_parity = (block_lane / 8) ^ (block_lane % 8 >= 4 ? 1 : 0);
+      const int block_d_row = 2 * (block_lane % 8) + block_parity;  // Vt row of block (0, 0)
+      const std::uint32_t lane_load_offset =
+          kIsWarpClosed ? static_cast<std::uint32_t>(swizzle_offset<kPanelBytes>(block_lane * kPanelBytes))
+                        : v_step_offset(0, 0);
+      const std::uint32_t lane_store_offset =
+          kIsWarpClosed ? static_cast<std::uint32_t>(swizzle_offset<kVtRowBytes>(block_d_row * kVtRowBytes))
+                        : vt_step_offset(0, 0);
+      const int warp_item_codes = static_cast<int>(
+          (kInPlaceItemCodes >> (8 * kInPlaceItemsPerPanel * transpose_warp)) & ((1u << (8 * kInPlaceItemsPerPanel)) - 1));
+      // Thread 0 issues every K or V copy whose stage is free, never waiting: K_j's stage
+      // frees when the consumers' S_(j-kKStages) is done, V_j's when their
+      // O += P V_(j-kVStages) is (the V/Vt stage is released by the consumers only).
+      int k_issued = 0, v_issued = 0;  // thread 0: blocks whose copy was issued
+      auto issue_free_loads = [&]() {
+        while (k_issued < num_n_blocks && is_stage_free(k_empty, kKStages, k_issued))
+          issue_load(&params.k_map, shared_k, k_full, kKStages, k_issued++);
+        while (v_issued < num_n_blocks && is_stage_free(vt_empty, kVStages, v_issued))
+          issue_load(&params.v_map, shared_v, v_full, kVStages, v_issued++);
+      };
+      for (int index = 0; index < num_n_blocks; ++index) {
+        const int stage = index % kVStages;
+        const std::uint32_t parity = (index / kVStages) & 1;
+        // V_index lands after its copy is issued, which its stage's release by the
+        // consumers allows (they need Vt only up to index - 1 before it): thread 0 keeps
+        // issuing until it has landed, the others wait. No false positive: V_index's
+        // phase of v_full cannot complete before its copy is issued. Thread 0 sleeps in
+        // each poll until V lands or kLoaderPollNanoseconds pass (a spinning lane would
+        // take issue slots from the consumer warps of its SM sub-partition).
+        if (is_loader) {
+          do {
+            issue_free_loads();
+          } while (!ptx::mbarrier_try_wait_for(&v_full[stage], parity, kLoaderPollNanoseconds));
+        } else {
+          ptx::mbarrier_wait(&v_full[stage], parity);
+        }
+        __syncwarp();  // ldmatrix/stmatrix are .aligned: the whole warp, converged
+        const std::uint32_t tile_address = ptx::shared_address(shared_v + stage * kKVBytes);
+        if constexpr (kIsWarpClosed) {
+          // Head-dim rows 2c' (even) and 2c'+1 (odd) of a chunk are bytes (2q, 2q+1, 2q+8,
+          // 2q+9) of the two key halves: byte permute 0x6420 (even) and 0x7531 (odd); the
+          // stmatrix.x2 takes the lane's row of matrix 0 first, odd for swapped lanes.
+          const std::uint32_t first_row_selector = is_swapped ? 0x7531u : 0x6420u;
+          // One 16x16 block: V block (g, c) read at `load`, its image written at `store`.
+          // The 4 blocks of a half are read, the warp syncs, then written.
+          auto move_blocks = [&](const std::uint32_t (&load)[4], const std::uint32_t (&store)[4]) {
+            std::uint32_t fragments[4][2];  // block i: (keys 0..7 | 8..15) x its chunk
+#pragma unroll
+            for (int i = 0; i < 4; ++i) ptx::ldmatrix_x2_trans(fragments[i][0], fragments[i][1], load[i]);
+            __syncwarp();  // every byte the stores below write, this warp has read
+#pragma unroll
+            for (int i = 0; i < 4; ++i)
+              ptx::stmatrix_x2(store[i], __byte_perm(fragments[i][0], fragments[i][1], first_row_selector),
+                               __byte_perm(fragments[i][0], fragments[i][1], first_row_selector ^ 0x1111));
+          };
+#pragma unroll 1
+          for (int item = 0; item < kInPlaceItemsPerPanel * kPanels; ++item) {
+            // 32x32 blocks (a1, b1), (a2, b2): bits 0-1, 2-3, 4-5, 6-7 of the item's code.
+            const int code = (warp_item_codes >> (8 * (item % kInPlaceItemsPerPanel))) & 0xFF;
+            const int a1 = code & 3, b1 = (code >> 2) & 3, a2 = (code >> 4) & 3;
+            const std::uint32_t panel_address = tile_address + 16384 * (item / kInPlaceItemsPerPanel);
+            // With the addresses above, 32x32 block (a, b)'s 16x16 block (2a + u, 2b + v):
+            //   V   panel + 4096 a + 2048 u + (lane_load_offset ^ 32 b ^ 16 v)
+            //   Vt  panel + 4096 b + 2048 v + (lane_store_offset ^ 32 a ^ 16 u)
+            if (a1 == b1) {
+              // Two diagonal 32x32 blocks, one per half: their 16x16 blocks (u, v) for
+              // u, v = 0, 1, (0, 1) and (1, 0) each other's image.
+#pragma unroll
+              for (int half = 0; half < 2; ++half) {
+                const int a = half == 0 ? a1 : a2;
+                const std::uint32_t load0 = panel_address + 4096 * a + (lane_load_offset ^ (32 * a));
+                const std::uint32_t load1 = panel_address + 4096 * a + (lane_load_offset ^ (32 * a) ^ 16);
+                const std::uint32_t store0 = panel_address + 4096 * a + (lane_store_offset ^ (32 * a));
+                const std::uint32_t store1 = panel_address + 4096 * a + (lane_store_offset ^ (32 * a) ^ 16);
+                // (u, v) = (0, 0), (0, 1), (1, 0), (1, 1)
+                move_blocks({load0, load1, load0 + 2048, load1 + 2048}, {store0, store0 + 2048, store1, store1 + 2048});
+              }
+            } else {
+              // A block and its image (a2, b2) = (b1, a1): half h moves 16x16 blocks
+              // (2 a1 + h, 2 b1 + j) and their images (2 b1 + j, 2 a1 + h), j = 0, 1.
+#pragma unroll
+              for (int half = 0; half < 2; ++half) {
+                const std::uint32_t block_load = panel_address + 4096 * a1 + 2048 * half + (lane_load_offset ^ (32 * b1));
+                const std::uint32_t image_load = panel_address + 4096 * b1 + (lane_load_offset ^ (32 * a1) ^ (16 * half));
+                const std::uint32_t block_store = panel_address + 4096 * b1 + (lane_store_offset ^ (32 * a1) ^ (16 * half));
+                const std::uint32_t image_store =
+                    panel_address + 4096 * a1 + 2048 * half + (lane_store_offset ^ (32 * b1));
+                move_blocks({block_load, block_load ^ 16, image_load, image_load + 2048},
+                            {block_store, block_store + 2048, image_store, image_store ^ 16});
+              }
+            }
+          }
+        } else {
+          std::uint32_t fragments[4][4];  // step i: (keys 0..7 | 8..15) x (chunk 2e | 2e+1)
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            const int g = 2 * transpose_warp + i % 2, e = i / 2;
+            ptx::ldmatrix_x4_trans(fragments[i][0], fragments[i][1], fragments[i][2], fragments[i][3],
+                                   tile_address + 16 * kPanelBytes * g + (lane_load_offset ^ (32 * e)));
+          }
+          ptx::named_barrier_sync(NamedBarrier::kVTileRead, kTransposeThreads);  // the whole tile read
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            const int g = 2 * transpose_warp + i % 2, e = i / 2;
+            store_fragment(tile_address + 32 * kVtRowBytes * e + (lane_store_offset ^ (16 * g)), fragments[i]);
+          }
+        }
+        // The Vt writes before the consumers' wgmma (async proxy) reads them and before
+        // the next TMA write of the stage (after the consumers release it).
+        ptx::fence_proxy_async_shared();
+        ::cuda::ptx::mbarrier_arrive(&vt_full[stage]);
+      }
+      // The remaining K copies (every V copy was issued before the last transpose).
       if (is_loader) {
-        for (; loaded < num_n_blocks && loaded < index + kStages; ++loaded) {
-          load_block(&params.k_map, shared_k, k_full, k_empty, loaded);
-          load_block(&params.v_map, shared_v, v_full, v_empty, loaded);
+        for (; k_issued < num_n_blocks; ++k_issued) {
+          wait_stage_free(k_empty, kKStages, k_issued);
+          issue_load(&params.k_map, shared_k, k_full, kKStages, k_issued);
         }
       }
-      transpose_v(index);
     }
     return;
   }
 
   // ---- consumers -------------------------------------------------------------------
-  ptx::setmaxnreg_increase<kConfig.consumer_registers()>();
+  ptx::setmaxnreg_increase<kConfig.consumer_registers>();
   const int consumer = warpgroup - 1;
   const int thread_in_warpgroup = threadIdx.x % ptx::kWarpgroupThreads;
   const int group = lane / 4;      // accumulator row within an 8-row half
@@ -401,7 +662,7 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
 
   // S = Q K^T for block `index` (issued and committed, not waited for).
   auto issue_qk = [&](int index) {
-    const std::uint64_t stage_k_descriptor = k_descriptor + (((index % kStages) * kKVBytes) >> 4);
+    const std::uint64_t stage_k_descriptor = k_descriptor + (((index % kKStages) * kKVBytes) >> 4);
     ptx::wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kHeadDim / 32; ++kk) {
@@ -413,7 +674,7 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
   // O += P' V for block `index`: k32 step kp reads bytes [32 kp, 32 kp + 32) of every Vt
   // row (keys 32 kp + pi(0..31)).
   auto issue_pv = [&](int index) {
-    const std::uint64_t stage_vt_descriptor = vt_descriptor + (((index % kStages) * kKVBytes) >> 4);
+    const std::uint64_t stage_vt_descriptor = vt_descriptor + (((index % kVtStages) * kKVBytes) >> 4);
     ptx::fence_operands(o);
     ptx::wgmma_fence();
 #pragma unroll
@@ -494,48 +755,84 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
       p[kp][3] = pack_e4m3x4(tiles[10], tiles[11], tiles[14], tiles[15]);
     }
   };
-  // This warp no longer reads the stage of block `index`: the producer may refill it.
-  auto release = [&](std::uint64_t* empty, int index) {
-    if (lane == 0) ::cuda::ptx::mbarrier_arrive(&empty[index % kStages]);
+  // This warp no longer reads the stage of block `index` of a ring of `stages`: the
+  // producer may refill it.
+  auto release = [&](std::uint64_t* empty, int stages, int index) {
+    if (lane == 0) ::cuda::ptx::mbarrier_arrive(&empty[index % stages]);
   };
-  auto wait_full = [&](std::uint64_t* full, int index) {
-    ptx::mbarrier_wait(&full[index % kStages], (index / kStages) & 1);
+  auto wait_full = [&](std::uint64_t* full, int stages, int index) {
+    ptx::mbarrier_wait(&full[index % stages], (index / stages) & 1);
+  };
+
+  // Ping-pong (in_place_ping_pong; FA3 section 3.1, as the bf16 kernel): the two consumer
+  // warpgroups take turns issuing their GEMMs, so one's softmax runs while the other's
+  // GEMMs occupy the tensor cores. Turn barrier of warpgroup c: its 128 threads sync, the
+  // other's 128 arrive. Consumer 1 opens consumer 0's first turn and skips its own last
+  // hand-over (the last PV), so every barrier completes exactly as often as it is waited
+  // on: n + 1 turns each for n key blocks.
+  constexpr bool kIsPingPong = kConfig.is_ping_pong;
+  static_assert(!kIsPingPong || kConsumerWarpgroups == 2, "ping-pong: two consumer warpgroups");
+  // (Barrier ids as constants in each branch: no registers held for them at d256.)
+  auto begin_turn = [&]() {
+    if constexpr (kIsPingPong) {
+      if (consumer == 0)
+        ptx::named_barrier_sync(NamedBarrier::kTurnFirst, 2 * ptx::kWarpgroupThreads, 0);
+      else
+        ptx::named_barrier_sync(NamedBarrier::kTurnFirst, 2 * ptx::kWarpgroupThreads, 1);
+    }
+  };
+  auto end_turn = [&](bool is_last_turn) {
+    if constexpr (kIsPingPong) {
+      if (consumer == 0)
+        ptx::named_barrier_arrive(NamedBarrier::kTurnFirst, 2 * ptx::kWarpgroupThreads, 1);
+      else if (!is_last_turn)
+        ptx::named_barrier_arrive(NamedBarrier::kTurnFirst, 2 * ptx::kWarpgroupThreads, 0);
+    }
   };
 
 #pragma unroll
   for (int i = 0; i < kHeadDim / 2; ++i) o[i] = 0.0f;
   ptx::mbarrier_wait(q_full, 0);
+  if constexpr (kIsPingPong)
+    if (consumer == 1 && num_n_blocks > 0)
+      ptx::named_barrier_arrive(NamedBarrier::kTurnFirst, 2 * ptx::kWarpgroupThreads, 0);
   // Software pipeline (FA3 section 3.2), as the bf16 kernel: S_j = Q K_j^T is issued
   // with O += P'_(j-1) V_(j-1), and the softmax of block j runs while that PV GEMM does.
   if (num_n_blocks > 0) {
-    wait_full(k_full, 0);
+    wait_full(k_full, kKStages, 0);
+    begin_turn();
     issue_qk(0);
+    end_turn(false);
     ptx::wgmma_wait_group<0>();
-    release(k_empty, 0);
+    release(k_empty, kKStages, 0);
     softmax_block(0);
     rescale_o();
     convert_p();
   }
   for (int index = 1; index < num_n_blocks; ++index) {
-    wait_full(k_full, index);
-    wait_full(vt_full, index - 1);
+    wait_full(k_full, kKStages, index);
+    wait_full(vt_full, kVtStages, index - 1);
+    begin_turn();
     issue_qk(index);
     issue_pv(index - 1);
+    end_turn(false);
     ptx::wgmma_wait_group<1>();  // S_index done, O += P' V still running
-    release(k_empty, index);
+    release(k_empty, kKStages, index);
     softmax_block(index);
     ptx::wgmma_wait_group<0>();
     ptx::fence_operands(o);
-    release(vt_empty, index - 1);
+    release(vt_empty, kVtStages, index - 1);
     rescale_o();
     convert_p();
   }
   if (num_n_blocks > 0) {
-    wait_full(vt_full, num_n_blocks - 1);
+    wait_full(vt_full, kVtStages, num_n_blocks - 1);
+    begin_turn();
     issue_pv(num_n_blocks - 1);
+    end_turn(true);
     ptx::wgmma_wait_group<0>();
     ptx::fence_operands(o);
-    release(vt_empty, num_n_blocks - 1);
+    release(vt_empty, kVtStages, num_n_blocks - 1);
   }
 
   // ---- epilogue: normalise once (v_descale / l'), LSE, O straight from registers -------
@@ -571,10 +868,10 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
 
 // Launches forward_kernel_fp8_sm90 for already validated params: one CTA per (query
 // tile, head, batch). No allocation, no synchronisation; launch errors throw CudaError.
-template <int kHeadDim>
-void run_forward_fp8(const Fp8ForwardParams& params, cudaStream_t stream) {
-  constexpr Fp8TileConfig kConfig = fp8_tile_config(kHeadDim);
-  static_assert(kConfig.kernel_head_dim == kHeadDim, "no FP8 tile config for this head dim");
+template <int kHeadDim, Fp8Schedule kSchedule>
+void launch_forward_fp8(const Fp8ForwardParams& params, cudaStream_t stream) {
+  constexpr Fp8TileConfig kConfig = fp8_tile_config(kHeadDim, kSchedule);
+  static_assert(kConfig.kernel_head_dim == kHeadDim, "no FP8 tile config for this head dim and schedule");
   const AttentionParams& attention = params.attention;
   const std::int64_t num_m_blocks = (attention.seqlen_q + kConfig.block_m - 1) / kConfig.block_m;
   const std::int64_t num_tiles = num_m_blocks * attention.heads_q * attention.batch;
@@ -585,8 +882,8 @@ void run_forward_fp8(const Fp8ForwardParams& params, cudaStream_t stream) {
   int device = 0;
   FLASHATTN_CUDA_CHECK(cudaGetDevice(&device));
   constexpr int kSharedBytes = kConfig.shared_bytes();
-  auto* kernel = forward_kernel_fp8_sm90<kConfig.kernel_head_dim, kConfig.block_m, kConfig.stages>;
-  // Above 48 KB of dynamic shared memory a kernel must opt in, once per device.
+  auto* kernel = forward_kernel_fp8_sm90<kHeadDim, kSchedule>;
+  // Above 48 KB of dynamic shared memory a kernel must opt in, once per device (and kernel).
   static std::atomic<std::uint64_t> opted_in_devices{0};
   const std::uint64_t device_bit = device < 64 ? (std::uint64_t{1} << device) : 0;
   if (device_bit == 0 || (opted_in_devices.load(std::memory_order_acquire) & device_bit) == 0) {
@@ -595,6 +892,21 @@ void run_forward_fp8(const Fp8ForwardParams& params, cudaStream_t stream) {
   }
   kernel<<<static_cast<unsigned>(num_tiles), kConfig.threads(), kSharedBytes, stream>>>(params);
   FLASHATTN_CUDA_CHECK_LAUNCH();
+}
+
+// One kernel per schedule the head dim has (tile_config.hpp), chosen per call by
+// params.schedule.
+template <int kHeadDim>
+void run_forward_fp8(const Fp8ForwardParams& params, cudaStream_t stream) {
+  switch (params.schedule) {
+    case Fp8Schedule::transpose_copy:
+      return launch_forward_fp8<kHeadDim, Fp8Schedule::transpose_copy>(params, stream);
+    case Fp8Schedule::transpose_in_place:
+      return launch_forward_fp8<kHeadDim, Fp8Schedule::transpose_in_place>(params, stream);
+    case Fp8Schedule::in_place_ping_pong:
+      return launch_forward_fp8<kHeadDim, kernel_schedule(kHeadDim, Fp8Schedule::in_place_ping_pong)>(params, stream);
+  }
+  throw NotSupported("flashattn: FP8 forward: unknown schedule " + std::to_string(static_cast<int>(params.schedule)));
 }
 
 }  // namespace flashattn::cuda::hopper_fp8

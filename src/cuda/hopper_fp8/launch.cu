@@ -4,6 +4,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 
 #include "flashattn/error.hpp"
@@ -36,15 +37,16 @@ Fp8ForwardParams make_fp8_forward_params(const AttentionParams& params, const Fp
   const std::int64_t batch = is_varlen ? 1 : params.batch;
   Fp8ForwardParams fp8_params{};
   fp8_params.attention = params;
+  fp8_params.schedule = config.schedule;
   if (rows_q == 0 || batch == 0 || params.heads_q == 0) return fp8_params;
   const int panel_bytes = config.panel_bytes();
   fp8_params.q_map = make_tensor_map("q", params.q, params.head_dim, rows_q, params.heads_q, batch, params.q_row_stride,
                                      params.q_head_stride, params.q_batch_stride, panel_bytes, config.block_m);
   if (rows_k == 0) return fp8_params;
   fp8_params.k_map = make_tensor_map("k", params.k, params.head_dim, rows_k, params.heads_kv, batch, params.k_row_stride,
-                                     params.k_head_stride, params.k_batch_stride, panel_bytes, config.block_n);
+                                     params.k_head_stride, params.k_batch_stride, panel_bytes, config.block_n());
   fp8_params.v_map = make_tensor_map("v", params.v, params.head_dim, rows_k, params.heads_kv, batch, params.v_row_stride,
-                                     params.v_head_stride, params.v_batch_stride, panel_bytes, config.block_n);
+                                     params.v_head_stride, params.v_batch_stride, panel_bytes, config.block_n());
   return fp8_params;
 }
 
@@ -110,12 +112,26 @@ std::string why_unsupported(const AttentionParams& params) {
 
 bool supports(const AttentionParams& params) { return why_unsupported(params).empty(); }
 
-void forward(const AttentionParams& params, cudaStream_t stream) {
+Fp8Schedule default_schedule() {
+  static const Fp8Schedule schedule = [] {
+    const char* value = std::getenv("FLASHATTN_CUDA_FP8_SCHEDULE");
+    if (value != nullptr)
+      for (const Fp8Schedule candidate : kFp8Schedules)
+        if (std::string(value) == fp8_schedule_name(candidate)) return candidate;
+    return Fp8Schedule::transpose_copy;
+  }();
+  return schedule;
+}
+
+void forward(const AttentionParams& params, cudaStream_t stream, Fp8Schedule schedule) {
   const std::string why_not = why_unsupported(params);
   if (!why_not.empty()) throw NotSupported("flashattn: " + why_not);
   if (params.batch == 0 || params.seqlen_q == 0 || params.heads_q == 0) return;
   const int kernel_head_dim = kernel_head_dim_for(params.head_dim);
-  run_for_head_dim(kernel_head_dim, make_fp8_forward_params(params, fp8_tile_config(kernel_head_dim)), stream);
+  run_for_head_dim(kernel_head_dim, make_fp8_forward_params(params, fp8_tile_config(kernel_head_dim, schedule)),
+                   stream);
 }
+
+void forward(const AttentionParams& params, cudaStream_t stream) { forward(params, stream, default_schedule()); }
 
 }  // namespace flashattn::cuda::hopper_fp8

@@ -27,6 +27,8 @@ struct Fp8ForwardParams {
   CUtensorMap q_map;  // box rows block_m
   CUtensorMap k_map;  // box rows block_n
   CUtensorMap v_map;  // box rows block_n
+  // Which kernel runs (tile_config.hpp: the schedules share the tensor maps' boxes).
+  Fp8Schedule schedule = Fp8Schedule::transpose_copy;
 };
 
 template <int kHeadDim>
@@ -35,7 +37,14 @@ void run_forward_fp8(const Fp8ForwardParams& params, cudaStream_t stream);
 // The FP8 forward (params.is_fp8(), out bfloat16/float16 = params.dtype) of already
 // validated params: throws NotSupported saying why when the problem is not covered
 // (why_unsupported), else launches on `stream` (no allocation, no synchronisation).
+// The two-argument form runs default_schedule(); tests and timings name one.
 void forward(const AttentionParams& params, cudaStream_t stream);
+void forward(const AttentionParams& params, cudaStream_t stream, Fp8Schedule schedule);
+
+// FLASHATTN_CUDA_FP8_SCHEDULE=in_place runs Fp8Schedule::transpose_in_place, =ping_pong
+// in_place_ping_pong, anything else (or unset) transpose_copy: an A/B switch until
+// timed, read once per process.
+Fp8Schedule default_schedule();
 
 // Whether forward() runs these params (on their device); why_unsupported() says why not.
 bool supports(const AttentionParams& params);

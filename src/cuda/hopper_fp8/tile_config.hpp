@@ -1,4 +1,5 @@
-// src/cuda/hopper_fp8/tile_config.hpp — tile shapes of the FP8 (e4m3) Hopper forward kernel.
+// src/cuda/hopper_fp8/tile_config.hpp — tile shapes and schedules of the FP8 (e4m3)
+// Hopper forward kernel.
 //
 // PERFORMANCE ONLY: these numbers choose speed and shared-memory use; every entry
 // computes the same attention (only the fp32 summation order inside a row may differ
@@ -8,9 +9,15 @@
 // CTA = 1 producer warpgroup + block_m / 64 consumer warpgroups (wgmma, 64 query rows
 // each). The producer's thread 0 issues the TMA copies; all 128 producer threads
 // transpose each V tile in shared memory into the K-major Vt tile the FP8 P V product
-// needs (kernel.cuh).
-// Shared memory, all 1-byte elements (HopperTileConfig::shared_bytes):
-//   Q (block_m, d) + stages x [K (block_n, d) + V (block_n, d) + Vt (d, block_n)]
+// needs (kernel.cuh). Two schedules (Fp8Schedule), selectable at run time:
+//   transpose_copy      Vt written to a ring of its own; K, V and Vt rings of one depth.
+//   transpose_in_place  Vt written over its own V tile (V and Vt share one ring, as deep
+//                       as the memory of both), K's ring of its own depth.
+//   in_place_ping_pong  transpose_in_place with the consumer warpgroups taking turns
+//                       issuing their GEMMs (d128, d256).
+// Shared memory, all 1-byte elements (Fp8TileConfig::shared_bytes):
+//   Q (block_m, d) + k_stages x K (block_n, d) + v_stages x V (block_n, d)
+//     [+ vt_stages x Vt (d, block_n) for transpose_copy]
 // Q, K and V rows are d bytes: one swizzle panel of d bytes (64-byte swizzle) at d64,
 // 128-byte panels (128-byte swizzle) at d128 and d256. Vt rows are block_n = 128 bytes:
 // one 128-byte panel.
@@ -27,30 +34,126 @@ using hopper::kMaxSharedBytes;
 // transpose's addressing and the P V descriptor assume.
 inline constexpr int kBlockN = 128;
 
-// The bf16 kernel's config type with 1-byte elements (hopper/tile_config.hpp: panels of
-// min(d, 128) bytes, K, V and Vt per stage); the schedule is the bf16 kernel's
-// intra-warpgroup overlap, one CTA per tile.
-using Fp8TileConfig = hopper::HopperTileConfig;
-constexpr Fp8TileConfig fp8_tile_entry(int kernel_head_dim, int block_m, int stages) {
-  return Fp8TileConfig{kernel_head_dim, block_m, kBlockN, stages, /*is_intra_overlap=*/true, /*is_ping_pong=*/false,
-                       /*is_persistent=*/false, /*element_bytes=*/1};
-}
-
-// First version (not tuned on the device yet; TUNING.md): block_n 128 everywhere (one
-// Vt swizzle row), block_m 128 with two consumer warpgroups at d128/d256 (240
-// registers: O is 128 fp32 registers per thread at d256), three at d64 as the bf16
-// kernel found best; as many stages as fit (d256: 2 stages = 225 KB of 227).
-inline constexpr Fp8TileConfig kFp8TileTable[] = {
-    //             dim  M   stages
-    fp8_tile_entry(64, 192, 3),
-    fp8_tile_entry(128, 128, 3),
-    fp8_tile_entry(256, 128, 2),
+// How the producer warpgroup turns V into Vt and when it issues its loads (kernel.cuh).
+enum class Fp8Schedule : int {
+  // Vt_j in a ring of its own (V_j's stage freed once transposed); thread 0 issues K_j,
+  // V_j in order, blocking on each stage, between its warp's transposes. At d256 only 2
+  // stages of each fit: Vt_j's stage frees one consumer round before Vt_j is needed.
+  transpose_copy = 0,
+  // Vt_j written over V_j in its own stage (kernel.cuh: each producer warp reads a set of
+  // blocks that is closed under the transposition, then writes it back), so the V/Vt
+  // ring is as deep as both rings were (d256: 4 stages instead of 2 + 2); thread 0
+  // issues whichever K or V load has a free stage between transposes, never blocking
+  // its warp on one while V tiles wait to be transposed.
+  transpose_in_place = 1,
+  // transpose_in_place, and the two consumer warpgroups take turns issuing their GEMMs
+  // (FA3's ping-pong, section 3.1: one's softmax runs under the other's GEMMs; FA3 uses
+  // it for FP8 from d128). Two consumer warpgroups only: d64 (three) runs
+  // transpose_in_place (kernel_schedule below).
+  in_place_ping_pong = 2,
 };
 
-constexpr Fp8TileConfig fp8_tile_config(int kernel_head_dim) {
+constexpr const char* fp8_schedule_name(Fp8Schedule schedule) {
+  switch (schedule) {
+    case Fp8Schedule::transpose_copy: return "copy";
+    case Fp8Schedule::transpose_in_place: return "in_place";
+    case Fp8Schedule::in_place_ping_pong: return "ping_pong";
+  }
+  return "unknown";
+}
+inline constexpr Fp8Schedule kFp8Schedules[] = {Fp8Schedule::transpose_copy, Fp8Schedule::transpose_in_place,
+                                                Fp8Schedule::in_place_ping_pong};
+
+struct Fp8TileConfig {
+  int kernel_head_dim;     // head dim the kernel is compiled for: 64, 128 or 256
+  int block_m;             // query rows per CTA (64 per consumer warpgroup)
+  int k_stages;            // K tiles in flight (TMA ring)
+  int v_stages;            // V tiles in flight (TMA ring; in place: V then Vt in each stage)
+  int vt_stages;           // Vt tiles (transpose_copy: a ring of their own; in place: = v_stages)
+  Fp8Schedule schedule;
+  bool is_ping_pong;       // the consumer warpgroups take turns issuing GEMMs (exactly 2 of them)
+  int producer_registers;  // setmaxnreg of the producer warpgroup (TMA + transpose)
+  int consumer_registers;  // and of each consumer warpgroup
+
+  constexpr bool is_in_place() const { return schedule != Fp8Schedule::transpose_copy; }
+  constexpr int block_n() const { return kBlockN; }
+  constexpr int consumer_warpgroups() const { return block_m / 64; }
+  constexpr int threads() const { return 128 * (1 + consumer_warpgroups()); }
+  // Registers per thread at launch: __launch_bounds__(threads, 1) caps it at the 64K
+  // register file over the threads, in units of 8; setmaxnreg only moves registers
+  // between the warpgroups of this budget.
+  constexpr int launch_registers() const { return (65536 / threads()) / 8 * 8; }
+  constexpr bool fits_register_file() const {
+    return 128 * producer_registers + 128 * consumer_warpgroups() * consumer_registers <= launch_registers() * threads();
+  }
+  // e4m3 rows of d bytes in panels of up to one 128-byte swizzle row.
+  constexpr int row_bytes() const { return kernel_head_dim; }
+  constexpr int panel_bytes() const { return row_bytes() < hopper::kSwizzleRowBytes ? row_bytes() : hopper::kSwizzleRowBytes; }
+  constexpr int panels() const { return row_bytes() / panel_bytes(); }
+  constexpr int q_bytes() const { return block_m * row_bytes(); }
+  constexpr int kv_tile_bytes() const { return kBlockN * row_bytes(); }
+  constexpr int tile_slots() const { return k_stages + v_stages + (is_in_place() ? 0 : vt_stages); }
+  // Tiles + mbarriers (256 bytes) + slack to align the tiles to 1024 bytes (the swizzle atom).
+  constexpr int shared_bytes() const { return q_bytes() + tile_slots() * kv_tile_bytes() + 256 + 1024; }
+};
+
+constexpr Fp8TileConfig fp8_copy_entry(int kernel_head_dim, int block_m, int stages, int producer_registers,
+                                       int consumer_registers) {
+  return Fp8TileConfig{kernel_head_dim,    block_m, stages, stages, stages, Fp8Schedule::transpose_copy,
+                       /*is_ping_pong=*/false, producer_registers, consumer_registers};
+}
+constexpr Fp8TileConfig fp8_in_place_entry(int kernel_head_dim, int block_m, int k_stages, int v_stages,
+                                           int producer_registers, int consumer_registers,
+                                           bool is_ping_pong = false) {
+  return Fp8TileConfig{kernel_head_dim,
+                       block_m,
+                       k_stages,
+                       v_stages,
+                       v_stages,
+                       is_ping_pong ? Fp8Schedule::in_place_ping_pong : Fp8Schedule::transpose_in_place,
+                       is_ping_pong,
+                       producer_registers,
+                       consumer_registers};
+}
+
+// transpose_copy (first version, TUNING.md): block_n 128 everywhere (one Vt swizzle row),
+// block_m 128 with two consumer warpgroups at d128/d256 (240 registers: O is 128 fp32
+// registers per thread at d256), three at d64 as the bf16 kernel found best; as many
+// stages as fit (d256: 2 stages = 225 KB of 227).
+// transpose_in_place (not timed yet): the same block_m; the V/Vt ring takes the memory
+// the Vt ring had (d256: K 2 + V/Vt 4 stages = 225 KB); d64/d128 have memory to spare
+// and take one V/Vt stage more than the copy's 3. d128's consumers have registers to
+// spare (144 live of 240): 232, the producer 40 (room for its loader bookkeeping and
+// transpose sets without spills); d256's consumers need all 240 (at 232 ptxas
+// serialises their wgmmas), so the producer keeps 24 and moves 8-register sets.
+inline constexpr Fp8TileConfig kFp8TileTable[] = {
+    //              dim  M   stages        registers
+    fp8_copy_entry(64, 192, 3,            32, 160),
+    fp8_copy_entry(128, 128, 3,           24, 240),
+    fp8_copy_entry(256, 128, 2,           24, 240),
+    //                  dim  M   K  V/Vt  registers
+    fp8_in_place_entry(64, 192, 3, 4,     32, 160),
+    fp8_in_place_entry(128, 128, 3, 4,    40, 232),
+    fp8_in_place_entry(256, 128, 2, 4,    24, 240),
+    //                  dim  M   K  V/Vt  registers  ping-pong
+    fp8_in_place_entry(128, 128, 3, 4,    40, 232,   true),
+    fp8_in_place_entry(256, 128, 2, 4,    24, 240,   true),
+};
+
+// The schedule that runs `schedule` at this head dim: the table's entry if it has one,
+// else the ping-pong's fallback, transpose_in_place (d64: three consumer warpgroups).
+constexpr Fp8Schedule kernel_schedule(int kernel_head_dim, Fp8Schedule schedule) {
   for (const Fp8TileConfig& config : kFp8TileTable)
-    if (config.kernel_head_dim == kernel_head_dim) return config;
-  return fp8_tile_entry(0, 0, 0);
+    if (config.kernel_head_dim == kernel_head_dim && config.schedule == schedule) return schedule;
+  return Fp8Schedule::transpose_in_place;
+}
+
+// The entry of (head dim, kernel_schedule(head dim, schedule)); kernel_head_dim 0 if none.
+constexpr Fp8TileConfig fp8_tile_config(int kernel_head_dim, Fp8Schedule schedule) {
+  const Fp8Schedule resolved = kernel_schedule(kernel_head_dim, schedule);
+  for (const Fp8TileConfig& config : kFp8TileTable)
+    if (config.kernel_head_dim == kernel_head_dim && config.schedule == resolved) return config;
+  return Fp8TileConfig{0, 0, 0, 0, 0, resolved, false, 0, 0};
 }
 
 }  // namespace flashattn::cuda::hopper_fp8

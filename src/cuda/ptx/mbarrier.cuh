@@ -10,6 +10,7 @@
 //                                 (acquire, CTA scope: .acquire and .cta are the
 //                                 defaults when not spelled out); a bounded wait, so it
 //                                 is polled;
+//   mbarrier.test_wait.parity     the same test without waiting;
 //   fence.mbarrier_init           the initialised barriers visible to the async proxy.
 //
 // Two address forms, one per TMA interface in the tree (both compile to the same
@@ -40,6 +41,46 @@ __device__ __forceinline__ void mbarrier_wait(std::uint64_t* barrier, std::uint3
   while (!::cuda::ptx::mbarrier_try_wait_parity(barrier, parity)) {
   }
 #endif
+}
+
+// Whether the phase of the given parity has completed, without waiting (mbarrier.test_wait:
+// never suspends the thread, so a thread with other work can poll between its tasks).
+// volatile: each call must probe again (libcu++'s form is not volatile).
+__device__ __forceinline__ bool mbarrier_test_wait(std::uint64_t* barrier, std::uint32_t parity) {
+  std::uint32_t done = 1;
+#if FLASHATTN_SM90_DEVICE_CODE
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "mbarrier.test_wait.parity.acquire.cta.shared::cta.b64 p, [%1], %2;\n"
+      "selp.u32 %0, 1, 0, p;\n"
+      "}\n"
+      : "=r"(done)
+      : "r"(static_cast<std::uint32_t>(__cvta_generic_to_shared(barrier))), "r"(parity)
+      : "memory");
+#endif
+  return done != 0;
+}
+
+// Whether the phase of the given parity has completed, waiting at most about
+// `suspend_nanoseconds` for it (mbarrier.try_wait's suspendTimeHint: the thread sleeps
+// until the phase completes or the hint expires): a poll that costs no issue slots
+// while it waits, for a thread with other work to check between polls.
+__device__ __forceinline__ bool mbarrier_try_wait_for(std::uint64_t* barrier, std::uint32_t parity,
+                                                      std::uint32_t suspend_nanoseconds) {
+  std::uint32_t done = 1;
+#if FLASHATTN_SM90_DEVICE_CODE
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "mbarrier.try_wait.parity.acquire.cta.shared::cta.b64 p, [%1], %2, %3;\n"
+      "selp.u32 %0, 1, 0, p;\n"
+      "}\n"
+      : "=r"(done)
+      : "r"(static_cast<std::uint32_t>(__cvta_generic_to_shared(barrier))), "r"(parity), "r"(suspend_nanoseconds)
+      : "memory");
+#endif
+  return done != 0;
 }
 
 // ---- 32-bit shared-memory addresses (raw PTX; below sm_90 they compile to nothing) ----

@@ -16,6 +16,12 @@
 
 namespace flashattn::cuda::ptx {
 
+// .x2: lanes 0-15 give the row addresses of matrices 0 and 1 (the others are ignored).
+__device__ __forceinline__ void stmatrix_x2(std::uint32_t address, std::uint32_t r0, std::uint32_t r1) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x2.shared.b16 [%0], {%1, %2};\n" ::"r"(address), "r"(r0), "r"(r1)
+               : "memory");
+}
+
 __device__ __forceinline__ void stmatrix_x4(std::uint32_t address, std::uint32_t r0, std::uint32_t r1,
                                             std::uint32_t r2, std::uint32_t r3) {
   asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(address), "r"(r0),
