@@ -1,6 +1,7 @@
 // src/core/dense_mask_blocks.cpp — the host side of dense_mask_blocks.hpp.
 #include "src/core/dense_mask_blocks.hpp"
 
+#include <atomic>
 #include <climits>
 #include <cstdlib>
 #include <cstring>
@@ -17,13 +18,30 @@ std::int64_t dense_mask_block_for_tile(std::int64_t tile) {
 }
 
 bool is_dense_mask_convertible(const AttentionParams& params) {
-  return params.has_attn_mask() && !params.attn_mask_is_bias && !params.has_block_mask() && !params.is_varlen();
+  // A mask broadcast along rows or columns (a key-padding mask [B, 1, 1, Sk]) is small in
+  // memory, but its block form would store bits for every (row, column): left per element.
+  const bool rows_broadcast = params.attn_mask_strides[2] == 0 && params.seqlen_q > 1;
+  const bool columns_broadcast = params.attn_mask_strides[3] == 0 && params.seqlen_k > 1;
+  return params.has_attn_mask() && !params.attn_mask_is_bias && !params.has_block_mask() && !params.is_varlen() &&
+         !rows_broadcast && !columns_broadcast;
 }
 
+namespace {
+// -1: follow FLASHATTN_DENSE_MASK (read once); 0 / 1: the override of the tests.
+std::atomic<int> dense_mask_conversion_override{-1};
+}  // namespace
+
 bool is_dense_mask_conversion_requested() {
-  const char* value = std::getenv("FLASHATTN_DENSE_MASK");
-  return value != nullptr && std::strcmp(value, "blocks") == 0;
+  const int forced = dense_mask_conversion_override.load(std::memory_order_relaxed);
+  if (forced >= 0) return forced == 1;
+  static const bool requested = [] {
+    const char* value = std::getenv("FLASHATTN_DENSE_MASK");
+    return value != nullptr && std::strcmp(value, "blocks") == 0;
+  }();
+  return requested;
 }
+
+void set_dense_mask_conversion_override(int mode) { dense_mask_conversion_override.store(mode, std::memory_order_relaxed); }
 
 DenseMaskGrid dense_mask_grid(const AttentionParams& params, std::int64_t block_m, std::int64_t block_n) {
   if (!is_valid_mask_block_size(block_m) || !is_valid_mask_block_size(block_n))

@@ -83,13 +83,16 @@ struct DenseMaskGrid {
 // the block kinds classify kernel tiles exactly.
 std::int64_t dense_mask_block_for_tile(std::int64_t tile);
 
-// Whether params' masks are a dense boolean attn_mask alone (no block mask, no varlen):
-// the case the conversion handles. A block mask with it keeps the per-element reads
+// Whether params' masks are a dense boolean attn_mask alone (no block mask, no varlen,
+// not broadcast along rows or columns): the case the conversion handles. A block mask with it keeps the per-element reads
 // (two element rules would have to be combined), as does a float attn_mask (a bias).
 bool is_dense_mask_convertible(const AttentionParams& params);
 
-// Whether FLASHATTN_DENSE_MASK=blocks is set (read at every call).
+// Whether FLASHATTN_DENSE_MASK=blocks is set (read once per process), unless a test
+// overrides it.
 bool is_dense_mask_conversion_requested();
+// Tests: 1 converts, 0 does not, -1 follows the environment again.
+void set_dense_mask_conversion_override(int mode);
 
 // The grid of params' dense mask at these block sizes (is_dense_mask_convertible; valid
 // block sizes); Error when its block count does not fit the int32 partial ids.

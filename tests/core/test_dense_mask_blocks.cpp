@@ -212,6 +212,14 @@ TEST(DenseMaskBlocks, WhatConverts) {
   AttentionParams none = p;
   none.maybe_attn_mask = nullptr;
   EXPECT_FALSE(is_dense_mask_convertible(none));
+  // Broadcast along rows (a key-padding mask) or columns: the block form would hold bits
+  // for every (row, column).
+  const Mask rows = make_mask(1, 1, 40, 40, {1, 1, 1, 40}, 3);
+  EXPECT_FALSE(is_dense_mask_convertible(rows.params()));
+  const Mask columns = make_mask(1, 1, 40, 40, {1, 1, 40, 1}, 3);
+  EXPECT_FALSE(is_dense_mask_convertible(columns.params()));
+  const Mask one_row = make_mask(1, 1, 1, 40, {1, 1, 1, 40}, 3);
+  EXPECT_TRUE(is_dense_mask_convertible(one_row.params()));
 }
 
 // Block ids are int32: a grid past 2^31 blocks is refused, naming attn_mask.

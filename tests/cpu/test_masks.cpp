@@ -14,6 +14,7 @@
 
 #include "flashattn/attention.hpp"
 #include "flashattn/error.hpp"
+#include "src/core/dense_mask_blocks.hpp"
 #include "tests/cpu/attention_problem.hpp"
 
 namespace flashattn::testing {
@@ -301,25 +302,16 @@ TEST(BlockMasks, DenseAndBlockSparseAgree) {
     }
 }
 
-// FLASHATTN_DENSE_MASK for one scope (the library reads it at every call): "blocks", or
-// null for unset (the per-element path); the previous value is restored after.
+// The dense-mask conversion for one scope: "blocks" converts, null keeps the per-element
+// path (the library reads FLASHATTN_DENSE_MASK once per process; tests override it).
+// Outside these scopes the environment decides, so a whole run under
+// FLASHATTN_DENSE_MASK=blocks runs every other case converted.
 class DenseMaskMode {
  public:
-  explicit DenseMaskMode(const char* value) {
-    const char* previous = std::getenv("FLASHATTN_DENSE_MASK");
-    if (previous != nullptr) previous_ = previous;
-    if (value != nullptr) setenv("FLASHATTN_DENSE_MASK", value, 1);
-    else unsetenv("FLASHATTN_DENSE_MASK");
-  }
-  ~DenseMaskMode() {
-    if (previous_) setenv("FLASHATTN_DENSE_MASK", previous_->c_str(), 1);
-    else unsetenv("FLASHATTN_DENSE_MASK");
-  }
+  explicit DenseMaskMode(const char* value) { set_dense_mask_conversion_override(value != nullptr ? 1 : 0); }
+  ~DenseMaskMode() { set_dense_mask_conversion_override(-1); }
   DenseMaskMode(const DenseMaskMode&) = delete;
   DenseMaskMode& operator=(const DenseMaskMode&) = delete;
-
- private:
-  std::optional<std::string> previous_;
 };
 
 // A boolean mask whose 64 x 64 blocks (the CPU conversion's) come in every kind: random

@@ -691,26 +691,16 @@ std::vector<MaskCase> small_dense_blocks_cases() {
   };
 }
 
-// FLASHATTN_DENSE_MASK for one scope (the library reads it at every call): "blocks", or
-// null for unset (the per-element path); the previous value is restored after, so a
-// whole run under FLASHATTN_DENSE_MASK=blocks runs every other case converted.
+// The dense-mask conversion for one scope: "blocks" converts, null keeps the per-element
+// path (the library reads FLASHATTN_DENSE_MASK once per process; tests override it).
+// Outside these scopes the environment decides, so a whole run under
+// FLASHATTN_DENSE_MASK=blocks runs every other case converted.
 class DenseMaskMode {
  public:
-  explicit DenseMaskMode(const char* value) {
-    const char* previous = std::getenv("FLASHATTN_DENSE_MASK");
-    if (previous != nullptr) previous_ = previous;
-    if (value != nullptr) setenv("FLASHATTN_DENSE_MASK", value, 1);
-    else unsetenv("FLASHATTN_DENSE_MASK");
-  }
-  ~DenseMaskMode() {
-    if (previous_) setenv("FLASHATTN_DENSE_MASK", previous_->c_str(), 1);
-    else unsetenv("FLASHATTN_DENSE_MASK");
-  }
+  explicit DenseMaskMode(const char* value) { set_dense_mask_conversion_override(value != nullptr ? 1 : 0); }
+  ~DenseMaskMode() { set_dense_mask_conversion_override(-1); }
   DenseMaskMode(const DenseMaskMode&) = delete;
   DenseMaskMode& operator=(const DenseMaskMode&) = delete;
-
- private:
-  std::optional<std::string> previous_;
 };
 
 // ---- the tests ------------------------------------------------------------------------
@@ -1005,6 +995,10 @@ void check_dense_blocks_tables(const MaskCase& c, int query_tile, int key_tile) 
   const cuda::masks::MaskTables tables =
       cuda::masks::prepare(params, cuda::masks::KernelTiles{query_tile, key_tile, true, true}, nullptr);
   cuda_or_throw(cudaDeviceSynchronize(), "mask tables");
+  if (!is_dense_mask_convertible(params)) {  // broadcast along rows or columns: read per element
+    EXPECT_FALSE(tables.has_dense_mask_blocks()) << label;
+    return;
+  }
   ASSERT_TRUE(tables.has_dense_mask_blocks()) << label;
   BackwardParams bound = params;
   tables.bind(bound);
