@@ -140,17 +140,17 @@ class _DenseMaskReadAsItIs:
 
 
 class _LibraryDenseMaskBlocks:
-    """Sets FLASHATTN_DENSE_MASK=blocks while active (the library reads it at every call)."""
+    """The library's own dense-mask conversion while active (FLASHATTN_DENSE_MASK=blocks,
+    which the library reads once per process, forced through its test hook)."""
+
+    def __init__(self, flashattn):
+        self.native = flashattn._C
 
     def __enter__(self):
-        self.saved = os.environ.get("FLASHATTN_DENSE_MASK")
-        os.environ["FLASHATTN_DENSE_MASK"] = "blocks"
+        self.native._set_dense_mask_conversion(1)
 
     def __exit__(self, *exc):
-        if self.saved is None:
-            del os.environ["FLASHATTN_DENSE_MASK"]
-        else:
-            os.environ["FLASHATTN_DENSE_MASK"] = self.saved
+        self.native._set_dense_mask_conversion(-1)
         return False
 
 
@@ -288,7 +288,7 @@ def short(exc):
 
 def run_contender(impl, flashattn, case, inputs, dout, pass_name, timer, anchor):
     """(row fields, values or None): one contender on one (mask, pass)."""
-    library = _LibraryDenseMaskBlocks() if impl == "ours_dense_cxx" else contextlib.nullcontext()
+    library = _LibraryDenseMaskBlocks(flashattn) if impl == "ours_dense_cxx" else contextlib.nullcontext()
     try:
         with library:
             forward = make_series(impl, flashattn, case, inputs[0].device.type)

@@ -18,6 +18,7 @@
 #include <optional>
 
 #include "flashattn/attention.hpp"
+#include "src/core/dense_mask_blocks.hpp"
 #include "python/src/array_arguments.hpp"
 #include "python/src/call_arguments.hpp"
 
@@ -118,6 +119,9 @@ void register_mask_bindings(nb::module_& m) {
         "causal"_a, "window_left"_a, "window_right"_a, "dropout_p"_a, "dropout_seed"_a, "dropout_offset"_a,
         "num_threads"_a, "stream"_a.none(), "dropout_seed_offset"_a = nb::none(),
         "Attention backward with masks into preallocated dq, dk, dv (and dbias, the gradient of a float attn_mask).");
+  m.def("_set_dense_mask_conversion", &flashattn::set_dense_mask_conversion_override, "mode"_a,
+        "Benchmarks and tests: 1 converts a dense boolean attn_mask to blocks inside the library, 0 does not, "
+        "-1 follows FLASHATTN_DENSE_MASK (read once per process).");
 }
 
 }  // namespace flashattn::python
