@@ -41,10 +41,10 @@ void run_forward_fp8(const Fp8ForwardParams& params, cudaStream_t stream);
 void forward(const AttentionParams& params, cudaStream_t stream);
 void forward(const AttentionParams& params, cudaStream_t stream, Fp8Schedule schedule);
 
-// FLASHATTN_CUDA_FP8_SCHEDULE=in_place runs Fp8Schedule::transpose_in_place, =ping_pong
-// in_place_ping_pong, anything else (or unset) transpose_copy: an A/B switch until
-// timed, read once per process.
-Fp8Schedule default_schedule();
+// The schedule of a kernel head dim: transpose_copy at 128, transpose_in_place at 64 and
+// 256 (timed); FLASHATTN_CUDA_FP8_SCHEDULE=copy|in_place|ping_pong forces one for every
+// head dim (an A/B switch, read once per process).
+Fp8Schedule default_schedule(int kernel_head_dim);
 
 // Whether forward() runs these params (on their device); why_unsupported() says why not.
 bool supports(const AttentionParams& params);
