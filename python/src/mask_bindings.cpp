@@ -121,7 +121,7 @@ void register_mask_bindings(nb::module_& m) {
         "Attention backward with masks into preallocated dq, dk, dv (and dbias, the gradient of a float attn_mask).");
   m.def("_set_dense_mask_conversion", &flashattn::set_dense_mask_conversion_override, "mode"_a,
         "Benchmarks and tests: 1 converts a dense boolean attn_mask to blocks inside the library, 0 does not, "
-        "-1 follows FLASHATTN_DENSE_MASK (read once per process).");
+        "-1 follows the default (converts unless FLASHATTN_DENSE_MASK=elements, read once per process).");
 }
 
 }  // namespace flashattn::python

@@ -27,7 +27,7 @@ bool is_dense_mask_convertible(const AttentionParams& params) {
 }
 
 namespace {
-// -1: follow FLASHATTN_DENSE_MASK (read once); 0 / 1: the override of the tests.
+// -1: follow FLASHATTN_DENSE_MASK (read once; converts unless "elements"); 0 / 1: the override of the tests.
 std::atomic<int> dense_mask_conversion_override{-1};
 }  // namespace
 
@@ -36,7 +36,7 @@ bool is_dense_mask_conversion_requested() {
   if (forced >= 0) return forced == 1;
   static const bool requested = [] {
     const char* value = std::getenv("FLASHATTN_DENSE_MASK");
-    return value != nullptr && std::strcmp(value, "blocks") == 0;
+    return value == nullptr || std::strcmp(value, "elements") != 0;
   }();
   return requested;
 }

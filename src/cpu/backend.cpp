@@ -85,7 +85,7 @@ PackedKV gather_paged_kv(const AttentionParams& paged) {
   return packed;
 }
 
-// FLASHATTN_DENSE_MASK=blocks (src/core/dense_mask_blocks.hpp): the flash paths run a
+// Unless FLASHATTN_DENSE_MASK=elements (src/core/dense_mask_blocks.hpp): the flash paths run a
 // dense boolean attn_mask as its block form, so they skip its empty blocks (no Q·K^T
 // there) and test elements in its partial blocks only; the results are equal. The
 // reference keeps reading the dense mask (the oracle).

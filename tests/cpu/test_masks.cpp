@@ -304,8 +304,8 @@ TEST(BlockMasks, DenseAndBlockSparseAgree) {
 
 // The dense-mask conversion for one scope: "blocks" converts, null keeps the per-element
 // path (the library reads FLASHATTN_DENSE_MASK once per process; tests override it).
-// Outside these scopes the environment decides, so a whole run under
-// FLASHATTN_DENSE_MASK=blocks runs every other case converted.
+// Outside these scopes the default decides (converted, unless FLASHATTN_DENSE_MASK=elements
+// for the whole run).
 class DenseMaskMode {
  public:
   explicit DenseMaskMode(const char* value) { set_dense_mask_conversion_override(value != nullptr ? 1 : 0); }

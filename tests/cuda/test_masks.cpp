@@ -693,8 +693,8 @@ std::vector<MaskCase> small_dense_blocks_cases() {
 
 // The dense-mask conversion for one scope: "blocks" converts, null keeps the per-element
 // path (the library reads FLASHATTN_DENSE_MASK once per process; tests override it).
-// Outside these scopes the environment decides, so a whole run under
-// FLASHATTN_DENSE_MASK=blocks runs every other case converted.
+// Outside these scopes the default decides (converted, unless FLASHATTN_DENSE_MASK=elements
+// for the whole run).
 class DenseMaskMode {
  public:
   explicit DenseMaskMode(const char* value) { set_dense_mask_conversion_override(value != nullptr ? 1 : 0); }
@@ -1053,8 +1053,8 @@ TEST(CudaMasksTablesSmall, DenseMaskBlocksEqualTheHostConversion) {
   for (const MaskCase& c : small_dense_blocks_cases()) check_dense_blocks_tables(c, 64, 80);
 }
 
-// FLASHATTN_DENSE_MASK unset: a dense boolean mask is read per element (no conversion).
-TEST(CudaMasksTablesSmall, DenseMaskStaysDenseByDefault) {
+// The conversion off (FLASHATTN_DENSE_MASK=elements): a dense boolean mask is read per element.
+TEST(CudaMasksTablesSmall, DenseMaskStaysDenseWhenTheConversionIsOff) {
   skip_without_gpu();
   if (::testing::Test::IsSkipped()) return;
   skip_unless_forward_binary();

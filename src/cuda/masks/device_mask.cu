@@ -370,7 +370,7 @@ MaskTables MaskTables::build(const AttentionParams& given, const BackwardParams*
   if (given.is_varlen())
     throw NotSupported(std::string("flashattn: ") + (given.has_attn_mask() ? "attn_mask" : "block_mask") +
                        ": masks are not supported with variable-length batches (cu_seqlens_q, cu_seqlens_k)");
-  // A dense boolean mask alone, when asked (FLASHATTN_DENSE_MASK=blocks): its block form
+  // A dense boolean mask alone (unless FLASHATTN_DENSE_MASK=elements): its block form
   // at mask blocks matching the kernel's tiles (src/core/dense_mask_blocks.hpp). From here
   // on `params` are the masks as the kernels will read them (bind()): the converted mask
   // is a block mask with bits and no attn_mask (the bits pointer is set once allocated).

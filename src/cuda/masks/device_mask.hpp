@@ -10,7 +10,7 @@
 //   kernel<<<...>>>(launch_params);  // tables must outlive the enqueue only (stream-ordered free)
 //
 // A dense boolean attn_mask alone (src/core/dense_mask_blocks.hpp) is converted on the
-// device into its block form when FLASHATTN_DENSE_MASK=blocks: block codes and bits at
+// device into its block form (unless FLASHATTN_DENSE_MASK=elements): block codes and bits at
 // mask blocks matching the kernel's tiles, made by one kernel that reads the mask once.
 // The kernels then see a block mask with bits and no attn_mask (bind()): empty tiles are
 // not listed, full ones get no element pass, partial ones the fast pass on the bits.
