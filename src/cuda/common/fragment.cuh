@@ -12,6 +12,7 @@
 // step (decode/kernel_mma.cuh score_tile), reads an element's row and column from it.
 #pragma once
 
+#include <climits>
 #include <cstdint>
 
 #include "flashattn/dropout.hpp"
@@ -50,19 +51,79 @@ __device__ __forceinline__ void for_each_element(F&& f) {
 // Scores of raw q·k → ScoreRule::log2_score (called only when the rule is not a plain
 // positive scale: the fast path folds the scale into the exponent instead). The ALiBi
 // distance row + diagonal − column is one float add per element from a per-lane base.
+// Each rule test is made once per call, outside the element loop: tested per element
+// (inside log2_score_unbiased), the softcap test stayed one uniform branch around each
+// element (sm90 d128 SASS: 64 taken branches per 128-key block, the elements' FMULs
+// in 128 basic blocks that ptxas could not interleave — most of ALiBi's 37-42% cost).
 template <int kNTiles>
 __device__ __forceinline__ void apply_score_rule(float (&s)[4 * kNTiles], const ScoreRule& rule, std::int64_t row0,
                                                  std::int64_t col0) {
-  if (!rule.has_bias()) {
-#pragma unroll
-    for (int i = 0; i < 4 * kNTiles; ++i) s[i] = rule.log2_score_unbiased(s[i]);
-    return;
-  }
   // Distance of this lane's (half 0, e = 0) element of n8 tile 0, as a float: each
   // element then adds a compile-time offset (no int-to-float per element).
   const float base = static_cast<float>(row0 + rule.diagonal - col0 - 2 * quad_lane());
-  for_each_element<kNTiles>([&](int index, int row, int column) {
-    s[index] = rule.log2_score_at_distance(s[index], base + static_cast<float>(row - column));
+  auto apply = [&]() {
+    for_each_element<kNTiles>([&](int index, int row, int column) {
+      s[index] = rule.log2_score_at_distance(s[index], base + static_cast<float>(row - column));
+    });
+  };
+  // The same loop under each combination: inside, the rule's own tests are known and fold.
+  if (rule.has_softcap()) {
+    if (rule.has_bias()) apply();
+    else apply();
+  } else {
+    if (rule.has_bias()) apply();
+    else apply();
+  }
+}
+
+// ALiBi's affine form (ScoreRule::affine_*) for one lane over one tile of rows: what
+// the lane computes once per tile, so that a key block costs two compares (its side)
+// and one FFMA per element. 32-bit: key positions are 32-bit coordinates (TMA, and the
+// launches' size checks), and the side bounds are clamped to 32 bits, which keeps
+// every comparison with such a position.
+struct AffineBiasLane {
+  float dot_scale = 0.0f;                 // ScoreRule::affine_dot_scale()
+  std::int32_t last_left = INT32_MIN;     // ScoreRule::SideBounds of the lane's rows (the
+  std::int32_t first_right = INT32_MAX;   // defaults: every block straddles, the affine form off)
+  std::int32_t distance = 0;              // row0 + diagonal − 2·quad: its distance to column 0
+
+  // `rule` with has_affine_bias(), `bounds` = rule.side_bounds over the rows that take
+  // one branch together (a warp's 16, say), row0 as in the fragment layout above.
+  __device__ __forceinline__ static AffineBiasLane of(const ScoreRule& rule, const ScoreRule::SideBounds& bounds,
+                                                      std::int64_t row0) {
+    auto clamp32 = [](std::int64_t x) {
+      return static_cast<std::int32_t>(x < INT32_MIN ? INT32_MIN : (x > INT32_MAX ? INT32_MAX : x));
+    };
+    AffineBiasLane lane;
+    lane.dot_scale = rule.affine_dot_scale();
+    lane.last_left = clamp32(bounds.last_left);
+    lane.first_right = clamp32(bounds.first_right);
+    lane.distance = static_cast<std::int32_t>(row0 + rule.diagonal - 2 * quad_lane());
+    return lane;
+  }
+  __device__ __forceinline__ DiagonalSide side(std::int32_t col0) const {
+    if (col0 <= last_left) return DiagonalSide::left;
+    if (col0 >= first_right) return DiagonalSide::right;
+    return DiagonalSide::straddles;
+  }
+};
+
+// ALiBi in its affine form on the block of columns from col0, whose elements lie on
+// kSide of the diagonal (lane.side(col0)): s[i] becomes x = dot · dot_scale ± (column −
+// the lane's first column), one FFMA with a compile-time offset per element, and
+// row_offset[half] the offset of the lane's row of that half, so that an element's log2
+// score is rule.affine_log2_score(x, row_offset[half]).
+template <int kNTiles, DiagonalSide kSide>
+__device__ __forceinline__ void apply_affine_bias(float (&s)[4 * kNTiles], const ScoreRule& rule,
+                                                  const AffineBiasLane& lane, std::int32_t col0,
+                                                  float (&row_offset)[2]) {
+  static_assert(kSide != DiagonalSide::straddles, "the affine form holds on one side of the diagonal");
+  // The lane's first column is col0 + 2·quad (in lane.distance): element columns are 8·j + e further.
+  const float distance0 = static_cast<float>(lane.distance - col0);
+  row_offset[0] = rule.affine_row_offset(kSide, distance0);
+  row_offset[1] = rule.affine_row_offset(kSide, distance0 + 8.0f);
+  for_each_element<kNTiles>([&](int index, int, int column) {
+    s[index] = ScoreRule::affine_x(s[index], lane.dot_scale, kSide, static_cast<float>(column));
   });
 }
 
