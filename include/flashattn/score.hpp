@@ -109,9 +109,14 @@ struct ScoreRule {
   FLASHATTN_HOST_DEVICE static float affine_x(float dot, float dot_scale, DiagonalSide side, float column_offset) {
     return fmaf(dot, dot_scale, static_cast<float>(static_cast<int>(side)) * column_offset);
   }
+  // The bias at a distance of the side's sign (left ≥ 0, right ≤ 0): −slope·|distance|
+  // there is linear in the distance (log2 units).
+  FLASHATTN_HOST_DEVICE float bias_on_side(DiagonalSide side, float distance) const {
+    return -static_cast<float>(static_cast<int>(side)) * alibi_slope_log2 * distance;
+  }
   // row_offset of a row whose distance to col0 is `distance0` = row + diagonal − col0.
   FLASHATTN_HOST_DEVICE float affine_row_offset(DiagonalSide side, float distance0) const {
-    return -static_cast<float>(static_cast<int>(side)) * alibi_slope_log2 * distance0;
+    return bias_on_side(side, distance0);
   }
   FLASHATTN_HOST_DEVICE float affine_log2_score(float x, float row_offset) const {
     return fmaf(x, alibi_slope_log2, row_offset);
@@ -140,6 +145,28 @@ struct ScoreRule {
     bounds.last_left = is_mask_aligned && mask.window_right == 0 ? kEverything : row_first + diagonal - (block_columns - 1);
     // Right: the block's first column ≥ the last row's diagonal column.
     bounds.first_right = is_mask_aligned && mask.window_left == 0 ? -kEverything : row_last + diagonal;
+    return bounds;
+  }
+  // The transpose: rows [row_first, row_first + block_rows) move, the columns [col_first,
+  // col_last] stay (the backward's key-outer loop); bounds on row_first.
+  struct RowSideBounds {
+    std::int64_t first_left;  // row_first ≥ first_left: left
+    std::int64_t last_right;  // row_first ≤ last_right: right
+    FLASHATTN_HOST_DEVICE DiagonalSide side(std::int64_t row_first) const {
+      if (row_first >= first_left) return DiagonalSide::left;
+      if (row_first <= last_right) return DiagonalSide::right;
+      return DiagonalSide::straddles;
+    }
+  };
+  FLASHATTN_HOST_DEVICE RowSideBounds row_side_bounds(std::int64_t col_first, std::int64_t col_last,
+                                                      std::int64_t block_rows, const MaskRule& mask) const {
+    constexpr std::int64_t kEverything = std::int64_t{1} << 62;
+    const bool is_mask_aligned = mask.seqlen_k - mask.seqlen_q == diagonal;
+    RowSideBounds bounds;
+    // Left: the last column ≤ the first row's diagonal column.
+    bounds.first_left = is_mask_aligned && mask.window_right == 0 ? -kEverything : col_last - diagonal;
+    // Right: the first column ≥ the last row's diagonal column.
+    bounds.last_right = is_mask_aligned && mask.window_left == 0 ? kEverything : col_first - diagonal - (block_rows - 1);
     return bounds;
   }
 

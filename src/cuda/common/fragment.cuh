@@ -76,36 +76,57 @@ __device__ __forceinline__ void apply_score_rule(float (&s)[4 * kNTiles], const 
   }
 }
 
+// ScoreRule::SideBounds and RowSideBounds in 32 bits, for one compare pair per block:
+// key and query positions are 32-bit coordinates (TMA, and the launches' size checks),
+// and clamping a bound to 32 bits keeps every comparison with such a position. The
+// defaults put every block on no side (the affine form off).
+__device__ __forceinline__ std::int32_t clamp_to_int32(std::int64_t x) {
+  return static_cast<std::int32_t>(x < INT32_MIN ? INT32_MIN : (x > INT32_MAX ? INT32_MAX : x));
+}
+struct ColumnBlockSides {  // key blocks move past fixed rows (the forward)
+  std::int32_t last_left = INT32_MIN;
+  std::int32_t first_right = INT32_MAX;
+  __device__ __forceinline__ static ColumnBlockSides of(const ScoreRule::SideBounds& bounds) {
+    return {clamp_to_int32(bounds.last_left), clamp_to_int32(bounds.first_right)};
+  }
+  __device__ __forceinline__ DiagonalSide side(std::int32_t col_first) const {
+    if (col_first <= last_left) return DiagonalSide::left;
+    if (col_first >= first_right) return DiagonalSide::right;
+    return DiagonalSide::straddles;
+  }
+};
+struct RowBlockSides {  // query blocks move past fixed keys (the backward)
+  std::int32_t first_left = INT32_MAX;
+  std::int32_t last_right = INT32_MIN;
+  __device__ __forceinline__ static RowBlockSides of(const ScoreRule::RowSideBounds& bounds) {
+    return {clamp_to_int32(bounds.first_left), clamp_to_int32(bounds.last_right)};
+  }
+  __device__ __forceinline__ DiagonalSide side(std::int32_t row_first) const {
+    if (row_first >= first_left) return DiagonalSide::left;
+    if (row_first <= last_right) return DiagonalSide::right;
+    return DiagonalSide::straddles;
+  }
+};
+
 // ALiBi's affine form (ScoreRule::affine_*) for one lane over one tile of rows: what
 // the lane computes once per tile, so that a key block costs two compares (its side)
-// and one FFMA per element. 32-bit: key positions are 32-bit coordinates (TMA, and the
-// launches' size checks), and the side bounds are clamped to 32 bits, which keeps
-// every comparison with such a position.
+// and one FFMA per element.
 struct AffineBiasLane {
-  float dot_scale = 0.0f;                 // ScoreRule::affine_dot_scale()
-  std::int32_t last_left = INT32_MIN;     // ScoreRule::SideBounds of the lane's rows (the
-  std::int32_t first_right = INT32_MAX;   // defaults: every block straddles, the affine form off)
-  std::int32_t distance = 0;              // row0 + diagonal − 2·quad: its distance to column 0
+  float dot_scale = 0.0f;     // ScoreRule::affine_dot_scale()
+  ColumnBlockSides sides;     // of the rows that take one branch together
+  std::int32_t distance = 0;  // row0 + diagonal − 2·quad: the lane's distance to column 0
 
   // `rule` with has_affine_bias(), `bounds` = rule.side_bounds over the rows that take
   // one branch together (a warp's 16, say), row0 as in the fragment layout above.
   __device__ __forceinline__ static AffineBiasLane of(const ScoreRule& rule, const ScoreRule::SideBounds& bounds,
                                                       std::int64_t row0) {
-    auto clamp32 = [](std::int64_t x) {
-      return static_cast<std::int32_t>(x < INT32_MIN ? INT32_MIN : (x > INT32_MAX ? INT32_MAX : x));
-    };
     AffineBiasLane lane;
     lane.dot_scale = rule.affine_dot_scale();
-    lane.last_left = clamp32(bounds.last_left);
-    lane.first_right = clamp32(bounds.first_right);
+    lane.sides = ColumnBlockSides::of(bounds);
     lane.distance = static_cast<std::int32_t>(row0 + rule.diagonal - 2 * quad_lane());
     return lane;
   }
-  __device__ __forceinline__ DiagonalSide side(std::int32_t col0) const {
-    if (col0 <= last_left) return DiagonalSide::left;
-    if (col0 >= first_right) return DiagonalSide::right;
-    return DiagonalSide::straddles;
-  }
+  __device__ __forceinline__ DiagonalSide side(std::int32_t col0) const { return sides.side(col0); }
 };
 
 // ALiBi in its affine form on the block of columns from col0, whose elements lie on
@@ -183,6 +204,9 @@ __device__ __forceinline__ void for_each_score(const float (&dot)[4 * kNTiles], 
     const float value = dot[index];
     // Both rule calls under one softcap test: the compiler then shares their tanh
     // (with the tests apart it computed tanh twice: PTX, 64 vs 32 rcp per 32 elements).
+    // The test stays per element (a uniform branch): hoisted out of the loop, the two
+    // copies of the caller's per-element work spilled the sm90 backward (180 bytes at
+    // d128); the kernels keep ALiBi off this loop except on diagonal blocks.
     float score, factor = 1.0f;
     if (rule.has_softcap()) {
       score = rule.log2_score_at_distance(value, distance);
