@@ -55,7 +55,10 @@ __device__ __forceinline__ void for_each_element(F&& f) {
 // (inside log2_score_unbiased), the softcap test stayed one uniform branch around each
 // element (sm90 d128 SASS: 64 taken branches per 128-key block, the elements' FMULs
 // in 128 basic blocks that ptxas could not interleave — most of ALiBi's 37-42% cost).
-template <int kNTiles>
+// kSplitOnBias: one copy of the loop per (softcap, bias) pair instead of per softcap
+// branch (the bias test is then a predicated FFMA): fewer spills in the sm90 forward's
+// d128 kernels, more in d64's three consumer warpgroups (ptxas -v, 4-20 bytes).
+template <int kNTiles, bool kSplitOnBias = true>
 __device__ __forceinline__ void apply_score_rule(float (&s)[4 * kNTiles], const ScoreRule& rule, std::int64_t row0,
                                                  std::int64_t col0) {
   // Distance of this lane's (half 0, e = 0) element of n8 tile 0, as a float: each
@@ -66,12 +69,12 @@ __device__ __forceinline__ void apply_score_rule(float (&s)[4 * kNTiles], const 
       s[index] = rule.log2_score_at_distance(s[index], base + static_cast<float>(row - column));
     });
   };
-  // The same loop under each combination: inside, the rule's own tests are known and fold.
+  // The same loop under each branch: inside, the rule's own tests are known and fold.
   if (rule.has_softcap()) {
-    if (rule.has_bias()) apply();
+    if (kSplitOnBias && rule.has_bias()) apply();
     else apply();
   } else {
-    if (rule.has_bias()) apply();
+    if (kSplitOnBias && rule.has_bias()) apply();
     else apply();
   }
 }

@@ -378,7 +378,10 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
   Tile tile{};         // the tile being run
   ScoreRule score_rule{};          // the tile's (batch, head): its ALiBi slope (set only off the fast path)
   // ALiBi's affine form on the key blocks this warp's 16 rows see off the diagonal
-  // (default: off, every block takes the per-element form).
+  // (default: off, every block takes the per-element form). Compiled where it costs no
+  // spills: d64 and d128 with two consumer warpgroups (ptxas -v: d256 and d64's three
+  // consumer warpgroups of 160 registers spilled 32-72 bytes more with it).
+  constexpr bool kHasAffineAlibi = kHeadDim <= 128 && kConsumerWarpgroups == 2;
   fragment::AffineBiasLane alibi_lane{};
   std::uint32_t dropout_head = 0;  // the tile's (batch, head) in the dropout generator
   int block_base = 0;  // K/V blocks consumed for earlier tiles: the rings' position
@@ -474,13 +477,13 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
       // The side of the diagonal this warp's 16 rows see the block on (a warp-uniform
       // branch; n0 is a 32-bit TMA coordinate).
       const std::int32_t n0_32 = static_cast<std::int32_t>(n0);
-      const DiagonalSide side = alibi_lane.side(n0_32);
+      const DiagonalSide side = kHasAffineAlibi ? alibi_lane.side(n0_32) : DiagonalSide::straddles;
       if (side == DiagonalSide::left) {
         fragment::apply_affine_bias<kNTiles, DiagonalSide::left>(s, score_rule, alibi_lane, n0_32, score_offset);
       } else if (side == DiagonalSide::right) {
         fragment::apply_affine_bias<kNTiles, DiagonalSide::right>(s, score_rule, alibi_lane, n0_32, score_offset);
       } else {
-        fragment::apply_score_rule<kNTiles>(s, score_rule, tile.m0 + thread_row0, n0);
+        fragment::apply_score_rule<kNTiles, kConsumerWarpgroups == 2>(s, score_rule, tile.m0 + thread_row0, n0);
       }
       if (side != DiagonalSide::straddles) {
         score_scale = score_rule.alibi_slope_log2;
@@ -661,7 +664,7 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
     if (!is_positive_scale) {
       score_rule = attention.score_of(tile.batch, tile.head, tile.mask);
       alibi_lane = fragment::AffineBiasLane{};
-      if (params.is_alibi_affine && score_rule.has_affine_bias()) {
+      if (kHasAffineAlibi && params.is_alibi_affine && score_rule.has_affine_bias()) {
         const std::int64_t warp_row_first = tile.m0 + thread_row0 - group;
         alibi_lane = fragment::AffineBiasLane::of(
             score_rule, score_rule.side_bounds(warp_row_first, warp_row_first + 15, kBlockN, tile.mask),
