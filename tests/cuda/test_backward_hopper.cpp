@@ -342,6 +342,15 @@ TEST_F(CudaBackwardHopper, AlibiMatchesTheOracle) {
     check_variant_case(c);
   }
   for (std::int64_t d : kHeadDims) {
+    // Many query blocks on each side of the keys' diagonal (ALiBi's affine form there,
+    // the per-element form across it), and window_left 0 (every block on the right).
+    Case c = variant_case(DType::bfloat16, 700, 900, d, Alibi::per_head, 0.0);
+    c.heads_q = 2, c.heads_kv = 2;
+    check_variant_case(c);
+    c.window_left = 0, c.window_right = 40;
+    check_variant_case(c);
+  }
+  for (std::int64_t d : kHeadDims) {
     Case c = variant_case(DType::float16, 0, 0, d, Alibi::per_batch_head, 0.0);
     c.varlen_q = {0, 1, 70, 129, 5, 0, 200};
     c.varlen_k = {3, 1, 200, 64, 0, 0, 190};

@@ -84,6 +84,7 @@
 #include "flashattn/online_softmax.hpp"
 #include "flashattn/score.hpp"
 #include "src/core/params.hpp"
+#include "src/cuda/common/alibi_path.hpp"
 #include "src/cuda/common/check.cuh"
 #include "src/cuda/common/fragment.cuh"
 #include "src/cuda/common/mask_fragment.cuh"
@@ -376,6 +377,12 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
 
   Tile tile{};         // the tile being run
   ScoreRule score_rule{};          // the tile's (batch, head): its ALiBi slope (set only off the fast path)
+  // ALiBi's affine form on the key blocks this warp's 16 rows see off the diagonal
+  // (default: off, every block takes the per-element form). Compiled where it costs no
+  // spills: d64 and d128 with two consumer warpgroups (ptxas -v: d256 and d64's three
+  // consumer warpgroups of 160 registers spilled 32-72 bytes more with it).
+  constexpr bool kHasAffineAlibi = kHeadDim <= 128 && kConsumerWarpgroups == 2;
+  fragment::AffineBiasLane alibi_lane{};
   std::uint32_t dropout_head = 0;  // the tile's (batch, head) in the dropout generator
   int block_base = 0;  // K/V blocks consumed for earlier tiles: the rings' position
   int tile_count = 0;  // tiles run so far: Q's phase
@@ -436,7 +443,7 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
   // compile in 14.5 s, without spills (ptxas -v; 8 did not spill either, 23 s).
   constexpr int kMaskStepTiles = kNTiles % 4 == 0 ? 4 : 2;  // block_n 80: 10 tiles
   static_assert(kNTiles % kMaskStepTiles == 0, "whole steps");
-  auto apply_device_mask = [&](std::int64_t n0, std::int32_t code) {
+  auto apply_device_mask = [&](std::int64_t n0, std::int32_t code, float bias_factor) {
     if (code != kGeneralTile) {
       // One block code under the tile: spans and bits, loaded once, tested in registers.
       fragment::apply_fragment_mask<kNTiles>(s, attention, tile.mask, code, tile.batch, tile.m0 + thread_row0, n0);
@@ -448,7 +455,7 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
 #pragma unroll
       for (int i = 0; i < 4 * kMaskStepTiles; ++i) step_s[i] = s[i];
       fragment::apply_mask<kMaskStepTiles>(step_s, attention, tile.mask, tile.batch, tile.head, tile.m0 + thread_row0,
-                                           n0 + 8 * j, mask_bias_factor);
+                                           n0 + 8 * j, bias_factor);
 #pragma unroll
       for (int i = 0; i < 4 * (kNTiles - kMaskStepTiles); ++i) s[i] = s[i + 4 * kMaskStepTiles];
 #pragma unroll
@@ -456,13 +463,35 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
     }
   };
   // Score rule, element mask, online softmax of `block` (S complete in registers):
-  // S becomes P (fp32) and row_factor the rescale O still needs.
+  // S becomes P (fp32) and row_factor the rescale O still needs. After the score rule
+  // an element's log2 score is score_scale * s + score_offset[half]: on the fast path
+  // (exp_scale, 0), with the per-element rule (1, 0), with ALiBi's affine form (the
+  // slope, the row's offset); score_scale > 0, so the row max is taken on s and mapped.
   auto softmax_block = [&](const KeyBlock& block) {
     ptx::fence_operands(s);
     const std::int64_t n0 = block.n0;
-    if (!is_positive_scale) fragment::apply_score_rule<kNTiles>(s, score_rule, tile.m0 + thread_row0, n0);
+    float score_scale = exp_scale;
+    float score_offset[2] = {0.0f, 0.0f};
+    float bias_factor = mask_bias_factor;  // an attn_mask bias in the unit of s
+    if (!is_positive_scale) {
+      // The side of the diagonal this warp's 16 rows see the block on (a warp-uniform
+      // branch; n0 is a 32-bit TMA coordinate).
+      const std::int32_t n0_32 = static_cast<std::int32_t>(n0);
+      const DiagonalSide side = kHasAffineAlibi ? alibi_lane.side(n0_32) : DiagonalSide::straddles;
+      if (side == DiagonalSide::left) {
+        fragment::apply_affine_bias<kNTiles, DiagonalSide::left>(s, score_rule, alibi_lane, n0_32, score_offset);
+      } else if (side == DiagonalSide::right) {
+        fragment::apply_affine_bias<kNTiles, DiagonalSide::right>(s, score_rule, alibi_lane, n0_32, score_offset);
+      } else {
+        fragment::apply_score_rule<kNTiles, kConsumerWarpgroups == 2>(s, score_rule, tile.m0 + thread_row0, n0);
+      }
+      if (side != DiagonalSide::straddles) {
+        score_scale = score_rule.alibi_slope_log2;
+        bias_factor = mask_bias_factor / score_rule.alibi_slope_log2;
+      }
+    }
     if (is_listed(tile)) {
-      if (block.is_partial) apply_device_mask(n0, block.code);  // listed full blocks: no mask at all
+      if (block.is_partial) apply_device_mask(n0, block.code, bias_factor);  // listed full blocks: no mask at all
     } else if (n0 + kBlockN > tile.seqlen_k || !tile.mask.tile_fully_allowed(tile.m0, tile.row_end, n0, n0 + kBlockN)) {
       // Interval range: the element mask only where the block crosses a mask edge or
       // the end of the keys.
@@ -487,18 +516,20 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
 #pragma unroll
       for (int j = 0; j < kBlockN / 8; ++j)
         block_max = fmaxf(block_max, fmaxf(s[4 * j + 2 * half], s[4 * j + 2 * half + 1]));
-      // The 4 lanes of a quad hold the row's columns: reduce across them.
+      // In log2 units (-inf stays -inf), then across the quad's 4 lanes, which hold the
+      // row's columns (the affine form's offsets differ per lane: mapped first).
+      block_max = fmaf(block_max, score_scale, score_offset[half]);
       block_max = fmaxf(block_max, __shfl_xor_sync(0xffffffffu, block_max, 1));
       block_max = fmaxf(block_max, __shfl_xor_sync(0xffffffffu, block_max, 2));
       online_softmax::State<float>& state = row_state[half];
-      row_factor[half] = state.raise_max(block_max * exp_scale);  // -inf stays -inf
-      const float base = state.base();
+      row_factor[half] = state.raise_max(block_max);
+      const float exponent_offset = score_offset[half] - state.base();
       float block_sum = 0.0f;
 #pragma unroll
       for (int j = 0; j < kBlockN / 8; ++j)
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
-          const float probability = ptx::exp2_approx_ftz(fmaf(s[4 * j + 2 * half + e], exp_scale, -base));
+          const float probability = ptx::exp2_approx_ftz(fmaf(s[4 * j + 2 * half + e], score_scale, exponent_offset));
           s[4 * j + 2 * half + e] = probability;
           block_sum += probability;
         }
@@ -630,7 +661,16 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
     for (int i = 0; i < kHeadDim / 2; ++i) o[i] = 0.0f;
     row_state[0] = online_softmax::State<float>{};
     row_state[1] = online_softmax::State<float>{};
-    if (!is_positive_scale) score_rule = attention.score_of(tile.batch, tile.head, tile.mask);
+    if (!is_positive_scale) {
+      score_rule = attention.score_of(tile.batch, tile.head, tile.mask);
+      alibi_lane = fragment::AffineBiasLane{};
+      if (kHasAffineAlibi && params.is_alibi_affine && score_rule.has_affine_bias()) {
+        const std::int64_t warp_row_first = tile.m0 + thread_row0 - group;
+        alibi_lane = fragment::AffineBiasLane::of(
+            score_rule, score_rule.side_bounds(warp_row_first, warp_row_first + 15, kBlockN, tile.mask),
+            tile.m0 + thread_row0);
+      }
+    }
     if constexpr (kHasDropout) dropout_head = attention.dropout_head(tile.batch, tile.head);
     ptx::mbarrier_wait(q_full, tile_count & 1);
     if constexpr (kPingPongArg) {
@@ -779,6 +819,7 @@ void launch_forward_sm90(const HopperForwardParams& params, cudaStream_t stream)
   HopperForwardParams launch_params = params;
   launch_params.tile_order = TileOrder{static_cast<std::int32_t>(num_m_blocks),
                                        static_cast<std::int32_t>(attention.heads_q * attention.batch), 0};
+  launch_params.is_alibi_affine = is_affine_alibi_enabled();
   if (kConfig.is_persistent && params.maybe_tile_counter != nullptr && is_l2_section_order_requested())
     launch_params.tile_order.section_heads = l2_section_heads(
         attention.seqlen_k * kConfig.kernel_head_dim * 2 * kConfig.element_bytes, static_cast<std::int32_t>(attention.group_size));

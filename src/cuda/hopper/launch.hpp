@@ -33,6 +33,9 @@ struct HopperForwardParams {
   unsigned int* maybe_tile_counter = nullptr;
   // Which tile a running index names (tile_order.hpp); set by launch_forward_sm90.
   TileOrder tile_order;
+  // ALiBi's affine form on key blocks off the diagonal (common/alibi_path.hpp); set by
+  // launch_forward_sm90.
+  bool is_alibi_affine = true;
 };
 
 template <class T, int kHeadDim>

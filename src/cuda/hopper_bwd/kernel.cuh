@@ -284,6 +284,20 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
   const float scale_log2 = attention.softmax_scale_log2;
   // dBias needs a float attn_mask, hence lists (the interval path never accumulates it).
   const bool has_dbias = is_listed && attention.device_mask.maybe_dbias_sum != nullptr;
+  // ALiBi's affine form: the query blocks this warp's 16 keys see on one side of the
+  // diagonal (ScoreRule::row_side_bounds; the defaults: none, the switch off).
+  // Only where S^T is 32 registers per thread (d128's block_m 64): at d64 (64) the
+  // affine form's fast-path instance spilled 40 bytes (ptxas -v; as much with the
+  // plain exponent in it, so it is the second instance), and ALiBi keeps the
+  // per-element path there.
+  constexpr bool kHasAffineAlibi = kBlockM / 2 <= 32;
+  fragment::RowBlockSides alibi_sides{};
+  if (kHasAffineAlibi && params.is_alibi_affine && attention.has_alibi()) {
+    const ScoreRule geometry = attention.score_of(batch, head_kv * attention.group_size, mask);  // its diagonal
+    const std::int64_t warp_key_first = n0 + key_row0 - group;
+    alibi_sides =
+        fragment::RowBlockSides::of(geometry.row_side_bounds(warp_key_first, warp_key_first + 15, kBlockM, mask));
+  }
 
   float dv[kHeadDim / 2];  // (64 keys, kHeadDim) per consumer, fp32
   float dk[kHeadDim / 2];  // (64 keys, kHeadDim) per consumer, unscaled
@@ -387,21 +401,18 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
     // accumulators in flight it spilled loop state in every step, masks or not: 72 bytes
     // at d128).
     const bool is_partial = is_listed && step_slots[stage].is_partial != 0 && step_slots[stage].code == kGeneralTile;
-    if (rule.is_positive_scale() && !is_partial) {
-      // P^T = exp2(S^T scale_log2 - LSE) while dP^T is still being computed.
+    // ALiBi on a step whose query block this warp's keys see on one side of the
+    // diagonal: the fast path with the bias linear in the distance (below).
+    const DiagonalSide side =
+        rule.has_affine_bias() ? alibi_sides.side(static_cast<std::int32_t>(m0)) : DiagonalSide::straddles;
+    // The fast path: P^T while dP^T is still being computed (compute_p: P^T = exp2(...)
+    // of S^T in place), then the masks and dS^T. One instance per exponent form: both
+    // forms behind a branch in one instance made the element mask after it spill 160
+    // bytes at d128 (ptxas -v).
+    auto fast_path = [&](auto&& compute_p) {
       ptx::wgmma_wait_group<1>();
       ptx::fence_operands(s);
-#pragma unroll
-      for (int j = 0; j < kBlockM / 8; ++j)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const float lse_log2 = lse[8 * j + 2 * quad_lane + e];
-#pragma unroll
-          for (int half = 0; half < 2; ++half) {
-            float& value = s[4 * j + 2 * half + e];
-            value = ptx::exp2_approx_ftz(fmaf(value, scale_log2, -lse_log2));
-          }
-        }
+      compute_p();
       if (needs_mask) apply_mask(s);
       if (is_listed) fragment::apply_allowed_bits<kBlockM / 8>(s, allowed, 0.0f);
       ptx::wgmma_wait_group<0>();
@@ -436,6 +447,46 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
       // dS^T is the gradient w.r.t. scale·q·k + bias here: natural-log units.
       if (has_dbias)
         fragment::accumulate_dbias<kBlockM / 8, true>(dp, attention, mask, batch, head_q, n0 + key_row0, m0, 1.0f);
+    };
+    if (rule.is_positive_scale() && !is_partial) {
+      // P^T = exp2(S^T scale_log2 - LSE).
+      fast_path([&]() {
+#pragma unroll
+        for (int j = 0; j < kBlockM / 8; ++j)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const float lse_log2 = lse[8 * j + 2 * quad_lane + e];
+#pragma unroll
+            for (int half = 0; half < 2; ++half) {
+              float& value = s[4 * j + 2 * half + e];
+              value = ptx::exp2_approx_ftz(fmaf(value, scale_log2, -lse_log2));
+            }
+          }
+      });
+    } else if (kHasAffineAlibi && side != DiagonalSide::straddles && !is_partial) {
+      // ALiBi on one side of the diagonal, where the bias is linear in the distance
+      // q + diagonal - k (ScoreRule::bias_on_side): the exponent is the fast path's
+      // fmaf(dot, scale_log2, c), c = bias(D0) - LSE + bias(8 j + e - 8 half) with D0 the
+      // distance of the lane's (q0, key0), q0 = m0 + 2 quad: per query one add, per
+      // element one FFMA with a compile-time distance.
+      fast_path([&]() {
+        const std::int32_t distance0 = static_cast<std::int32_t>(m0) + 2 * quad_lane +
+                                       static_cast<std::int32_t>(rule.diagonal - n0) - key_row0;
+        const float bias0 = rule.bias_on_side(side, static_cast<float>(distance0));
+        const float bias_per_distance = rule.bias_on_side(side, 1.0f);
+#pragma unroll
+        for (int j = 0; j < kBlockM / 8; ++j)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const float bias0_minus_lse = bias0 - lse[8 * j + 2 * quad_lane + e];
+#pragma unroll
+            for (int half = 0; half < 2; ++half) {
+              float& value = s[4 * j + 2 * half + e];
+              const float c = fmaf(bias_per_distance, static_cast<float>(8 * j + e - 8 * half), bias0_minus_lse);
+              value = ptx::exp2_approx_ftz(fmaf(value, scale_log2, c));
+            }
+          }
+      });
     } else {
       // Softcap and/or ALiBi (and listed partial tiles): P^T = exp2(score - LSE); dS^T
       // also needs the rule's gradient factor (softcap: 1 - tanh²), taken from the same

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "flashattn/error.hpp"
+#include "src/cuda/common/alibi_path.hpp"
 #include "src/cuda/head_dims.hpp"
 #include "src/cuda/hopper/launch.hpp"
 #include "src/cuda/hopper_bwd/launch.hpp"
@@ -98,6 +99,7 @@ HopperBackwardParams make_params_with_boxes(const BackwardParams& params, const 
   HopperBackwardParams hopper_params{};
   hopper_params.backward = params;
   hopper_params.workspace = workspace;
+  hopper_params.is_alibi_affine = is_affine_alibi_enabled();
   using hopper::make_panel_tensor_map;
   // Maps of empty tensors stay zero: the kernel never reads them (no step without query rows).
   if (rows_q > 0) {

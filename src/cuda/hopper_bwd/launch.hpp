@@ -28,6 +28,8 @@ struct HopperBackwardParams {
   CUtensorMap dout_map;  // box rows block_m
   CUtensorMap k_map;     // box rows block_n
   CUtensorMap v_map;     // box rows block_n
+  // ALiBi's affine form on steps off the diagonal (common/alibi_path.hpp).
+  bool is_alibi_affine = true;
 };
 
 // kDeterministic: the dQ reductions of each query block ordered by key block (needs
