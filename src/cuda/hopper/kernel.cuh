@@ -50,10 +50,11 @@
 //                            dropout) tile t + 1's Q loads into the other buffer during
 //                            tile t; after tile t's last P V the consumers stage its O in
 //                            tile t's Q buffer (stmatrix) and go straight on to tile t + 1,
-//                            whose Q and K_0 are in place; the loader stores the staged O
-//                            with the TMA (64-row boxes per consumer warpgroup) when it
-//                            next needs that buffer, and loads Q of tile t + 2 once the
-//                            store has read it. With one buffer (no room or no registers
+//                            whose Q and K_0 are in place; a storer lane of the producer
+//                            warpgroup stores the staged O with the TMA (64-row boxes per
+//                            consumer warpgroup) as soon as it is staged, and hands the
+//                            buffer to the loader (Q of tile t + 2) once the store has
+//                            read it. With one buffer (no room or no registers
 //                            to spare) Q is released after the last S = Q K^T instead of
 //                            the last P V, so the next Q loads during that P V.
 //
@@ -249,7 +250,8 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
   std::uint64_t* tile_full = barriers + 6 + 4 * kStages;   // [2]: the slot holds the next tile
   std::uint64_t* tile_empty = barriers + 8 + 4 * kStages;  // [2]: the loader and every consumer warp read it
   auto* tile_slots = reinterpret_cast<std::int32_t*>(barriers + 10 + 4 * kStages);  // [2]
-  // Two Q buffers: where the O staged in buffer b goes (written and read by the loader).
+  // Two Q buffers: where the O staged in buffer b goes (the loader writes it with the
+  // tile's Q load, the storer reads it once the O is staged).
   struct StoreHeader {
     std::int32_t row, head, batch_coordinate, rows;  // out's first row of the tile, its rows
   };
@@ -271,7 +273,8 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
   if (threadIdx.x == 0) {
     for (int buffer = 0; buffer < 2; ++buffer) {
       ::cuda::ptx::mbarrier_init(&q_full[buffer], 1);
-      ::cuda::ptx::mbarrier_init(&q_empty[buffer], kConsumerWarps);
+      // One buffer: every consumer warp; two: the storer, once the buffer's O is stored.
+      ::cuda::ptx::mbarrier_init(&q_empty[buffer], has_two_q_buffers ? 1 : kConsumerWarps);
       ::cuda::ptx::mbarrier_init(&o_full[buffer], kConsumerWarps);
     }
     for (int stage = 0; stage < kStages; ++stage) {
@@ -282,16 +285,17 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
     }
     for (int slot = 0; slot < 2; ++slot) {
       ::cuda::ptx::mbarrier_init(&tile_full[slot], 1);
-      ::cuda::ptx::mbarrier_init(&tile_empty[slot], kConsumerWarps + 1);  // + the loader
+      // + the loader, and the storer with two Q buffers
+      ::cuda::ptx::mbarrier_init(&tile_empty[slot], kConsumerWarps + (has_two_q_buffers ? 2 : 1));
     }
     ::cuda::ptx::fence_mbarrier_init(::cuda::ptx::sem_release, ::cuda::ptx::scope_cluster);
   }
   __syncthreads();
 
   // Persistent: the CTA's tile number `taken` from the scheduler's queue (num_tiles: none
-  // left). Every consumer warp and the loader read each slot, then release it; every
-  // reading lane has read it before lane 0 does: the loader is lane 0 of the producer's
-  // first warp alone, a consumer warp is whole and converged here (it has just left
+  // left). Every consumer warp, the loader and (two Q buffers) the storer read each slot,
+  // then release it; every reading lane has read it before lane 0 does: the loader and
+  // the storer are lane 0 of a producer warp alone, a consumer warp is whole and converged here (it has just left
   // aligned wgmma code), so the active mask is the whole warp.
   auto take_tile = [&](int taken) {
     const int slot = taken & 1;
@@ -332,28 +336,49 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
         }
       }
     }
+    if constexpr (kHasTwoQBuffers) {
+      if (threadIdx.x == 64 && has_two_q_buffers) {
+        // Two Q buffers: the O of the CTA's tile number `count`, staged by the consumers in
+        // its Q buffer, to out: one TMA store per consumer warpgroup's 64 rows and panel,
+        // where the consumers staged it (a varlen warpgroup whose rows cross the sequence's
+        // end stored its rows from registers: the box would write into the next sequence;
+        // rows past a dense tensor's end and columns past head_dim the map clips).
+        auto store_staged_output = [&](int count) {
+          const int buffer = count & 1;
+          ptx::mbarrier_wait(&o_full[buffer], (count >> 1) & 1);
+          if (!params.has_o_map) return;
+          const StoreHeader header = store_headers[buffer];
+          for (int band = 0; band < kConsumerWarpgroups; ++band) {
+            const int band_rows = header.rows - band * ptx::kWarpgroupRows;
+            if (band_rows <= 0 || (is_varlen && band_rows < ptx::kWarpgroupRows)) break;
+            store_panels<kPanels, kBlockM>(q_tile(buffer) + band * ptx::kWarpgroupRows * kPanelColumns, &params.o_map,
+                                           header.row + band * ptx::kWarpgroupRows, header.head,
+                                           header.batch_coordinate, static_cast<int>(attention.head_dim));
+          }
+          ptx::bulk_commit_group();
+        };
+        // The storer (one lane of the producer's third warp): takes the CTA's tiles like
+        // the loader and the consumers; stores each tile's O as soon as every consumer
+        // warp has staged it, and hands the buffer back to the loader (q_empty) once the
+        // store has read it — for Q of the tile after next, loaded about a tile later.
+        int count = 0;
+        for (int taken = 0;; ++taken) {
+          const std::int32_t linear = take_tile(taken);
+          if (linear >= tile_end) break;
+          Tile tile;
+          if (!decode_tile(linear, tile)) continue;
+          store_staged_output(count);
+          ptx::bulk_wait_group_read<0>();
+          ::cuda::ptx::mbarrier_arrive(&q_empty[count & 1]);
+          ++count;
+        }
+        ptx::bulk_wait_group<0>();  // the last stores complete before the CTA's shared memory goes
+        return;
+      }
+    }
     if (threadIdx.x != 0) return;
     int tile_count = 0;   // tiles run so far by this CTA: Q's buffer and phase
     int block_base = 0;   // K/V blocks loaded for earlier tiles: the rings' position
-    // Two Q buffers: the O of the CTA's tile number `count`, staged by the consumers in
-    // its Q buffer, to out: one TMA store per consumer warpgroup's 64 rows and panel,
-    // where the consumers staged it (a varlen warpgroup whose rows cross the sequence's
-    // end stored its rows from registers: the box would write into the next sequence;
-    // rows past a dense tensor's end and columns past head_dim the map clips).
-    auto store_staged_output = [&](int count) {
-      const int buffer = count & 1;
-      ptx::mbarrier_wait(&o_full[buffer], (count >> 1) & 1);
-      if (!params.has_o_map) return;
-      const StoreHeader header = store_headers[buffer];
-      for (int band = 0; band < kConsumerWarpgroups; ++band) {
-        const int band_rows = header.rows - band * ptx::kWarpgroupRows;
-        if (band_rows <= 0 || (is_varlen && band_rows < ptx::kWarpgroupRows)) break;
-        store_panels<kPanels, kBlockM>(q_tile(buffer) + band * ptx::kWarpgroupRows * kPanelColumns, &params.o_map,
-                                       header.row + band * ptx::kWarpgroupRows, header.head,
-                                       header.batch_coordinate, static_cast<int>(attention.head_dim));
-      }
-      ptx::bulk_commit_group();
-    };
     for (int taken = 0;; ++taken) {
       std::int32_t linear = static_cast<std::int32_t>(blockIdx.x);
       if constexpr (kPersistentArg) {
@@ -365,22 +390,17 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
       Tile tile;
       if (!decode_tile(linear, tile)) continue;
       const std::int32_t batch_coordinate = is_varlen ? 0 : static_cast<std::int32_t>(tile.batch);
-      // The tile's Q buffer released by every consumer warp after its previous use
-      // (persistent launches); with two buffers, it holds the O of tile_count - 2 until
-      // its store has read it.
+      // The tile's Q buffer released after its previous use (persistent launches): by
+      // every consumer warp, or with two buffers by the storer once the O staged there
+      // (tile_count - 2) is stored. The header tells the storer where this tile's O goes
+      // (written before Q is loaded, read after the consumers' o_full: ordered through them).
       const int q_buffer = q_buffer_of(tile_count);
       const int q_use = q_use_of(tile_count);
+      if (q_use > 0) ptx::mbarrier_wait(&q_empty[q_buffer], (q_use - 1) & 1);
       const std::int32_t q_row = static_cast<std::int32_t>(attention.q_start(tile.batch) + tile.m0);
-      if (has_two_q_buffers) {
-        if (q_use > 0) {
-          store_staged_output(tile_count - 2);
-          ptx::bulk_wait_group_read<0>();
-        }
+      if (has_two_q_buffers)
         store_headers[q_buffer] = StoreHeader{q_row, static_cast<std::int32_t>(tile.head), batch_coordinate,
                                               static_cast<std::int32_t>(tile.row_end - tile.m0)};
-      } else if (q_use > 0) {
-        ptx::mbarrier_wait(&q_empty[q_buffer], (q_use - 1) & 1);
-      }
       ::cuda::ptx::mbarrier_arrive_expect_tx(::cuda::ptx::sem_release, ::cuda::ptx::scope_cta,
                                              ::cuda::ptx::space_shared, &q_full[q_buffer], kQBytes);
       load_panels<kPanels, kBlockM>(q_tile(q_buffer), &params.q_map, q_row, static_cast<std::int32_t>(tile.head),
@@ -410,12 +430,6 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
       if (num_n_blocks > 0) load_block(&params.v_map, shared_v, v_full, v_empty, num_n_blocks - 1);
       block_base += num_n_blocks;
       ++tile_count;
-    }
-    if (has_two_q_buffers) {
-      // The O of the last two tiles; the shared memory stays allocated until the stores
-      // have read it.
-      for (int count = tile_count >= 2 ? tile_count - 2 : 0; count < tile_count; ++count) store_staged_output(count);
-      ptx::bulk_wait_group<0>();
     }
     return;
   }
@@ -732,10 +746,10 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
     if (lane == 0) ::cuda::ptx::mbarrier_arrive(&q_empty[buffer]);
   };
   // Two buffers: O through this warpgroup's rows of the tile's Q buffer (only this
-  // warpgroup reads them, and after the barrier all its S = Q K^T are done); the loader
+  // warpgroup reads them, and after the barrier all its S = Q K^T are done); the storer
   // stores them with the TMA once every consumer warp has arrived on o_full, while the
   // consumers run the next tile. A varlen warpgroup whose 64 rows pass its sequence's end
-  // stores from registers, row by row (the loader skips it: store_staged_output).
+  // stores from registers, row by row (the storer skips it: store_staged_output).
   auto stage_output = [&](const OutputTile& tile) {
     const int q_buffer = q_buffer_of(tile_count);
     if (params.has_o_map && (!is_varlen || tile.m0 + warpgroup_row0 + ptx::kWarpgroupRows <= tile.seqlen_q)) {

@@ -49,7 +49,7 @@ struct HopperForwardParams {
 //     then the next tile's Q, K_0 and first S = Q K_0^T;
 //   tma_overlap: two Q buffers (overlaps_with_two_q_buffers: d128, d64 with block_m
 //     128; not with dropout) — the next tile's Q loads during this tile, and O goes
-//     through this tile's Q buffer to a TMA store (issued by the loader) that drains
+//     through this tile's Q buffer to a TMA store (issued by a producer lane) that drains
 //     while the next tile runs; one buffer (d256, d64 block_m 192, dropout): Q released
 //     after the last S = Q K^T, O stored from registers.
 enum class HopperEpilogue : int { registers, tma_overlap };
