@@ -152,6 +152,7 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
   static_assert(kBlockN % 16 == 0 && kBlockN <= 256, "wgmma N: multiple of 16 (P's k16 steps), at most 256");
   static_assert(kConfig.shared_bytes() <= kMaxSharedBytes, "tiles exceed 227 KB of shared memory");
   static_assert(!kPingPongArg || kIntraOverlapArg, "ping-pong is built on the overlapped mainloop");
+  static_assert(kOutputStoreRows == ptx::kWarpgroupRows, "out's TMA store box: one consumer warpgroup's rows");
 
   const AttentionParams& attention = params.attention;
   // Tiles: one running index, mapped by params.tile_order (tile_order.hpp) — flat: query
