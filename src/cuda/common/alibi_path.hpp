@@ -4,7 +4,8 @@
 //                     (ScoreRule::affine_*, fragment::apply_affine_bias)
 //   generic           the per-element |distance| form everywhere (fragment::apply_score_rule)
 // FLASHATTN_CUDA_ALIBI_PATH=generic selects the second: an A/B switch for timing, read
-// once per process. Results agree to rounding (tests/cuda run both).
+// once per process. Results agree to rounding: scripts/device_check.sh runs the ALiBi
+// tests both ways (step alibi_generic).
 #pragma once
 
 #include <cstdlib>
