@@ -14,7 +14,9 @@
 // Skips without a GPU.
 #include "tests/cuda/backward_case.hpp"
 
+#include <cstdlib>
 #include <memory>
+#include <string>
 
 #include "src/cuda/hopper_bwd/launch.hpp"
 
@@ -96,6 +98,16 @@ TEST_F(CudaBackwardHopper, DispatchPicksTheHopperKernelOnSm90) {
     if (reason_64.rfind("head_dim 64 not built", 0) != 0)  // a build with FLASHATTN_CUDA_HEAD_DIMS=128
       EXPECT_EQ(reason_64, "") << "d64 should run on the Hopper backward kernel too";
   }
+}
+
+// kernel.cuh's schedule follows FLASHATTN_CUDA_HOPPER_BWD_SCHEDULE (ctest runs this binary
+// twice, the second time as "overlapped.*" with the variable set: this pins that the
+// cases there really run the overlapped schedule).
+TEST_F(CudaBackwardHopper, ScheduleFollowsTheEnvironment) {
+  const char* value = std::getenv("FLASHATTN_CUDA_HOPPER_BWD_SCHEDULE");
+  const bool is_overlapped = value != nullptr && std::string(value) == "overlapped";
+  EXPECT_EQ(cuda::hopper_bwd::backward_schedule(),
+            is_overlapped ? cuda::hopper_bwd::BackwardSchedule::overlapped : cuda::hopper_bwd::BackwardSchedule::lockstep);
 }
 
 TEST_F(CudaBackwardHopper, TailsOfBothSequences) {

@@ -71,9 +71,10 @@ std::uint64_t encodable_stride_bytes(std::int64_t stride_elements, std::int64_t 
   return extent <= 1 ? 16 : static_cast<std::uint64_t>(stride_elements * element_bytes);
 }
 
-// 4-D map (head_dim, rows, heads, batch) over one 16-bit or e4m3 tensor (the latter as
-// bytes); box (panel_bytes of columns, box_rows, 1, 1) with the swizzle of the panel
-// width (128 bytes: 64 16-bit columns; the FP8 kernel also uses 64).
+// 4-D map (head_dim, rows, heads, batch) over one 16-bit, e4m3 (as bytes) or fp32 tensor
+// (the backward's dq_accum, for TMA reductions); box (panel_bytes of columns, box_rows, 1,
+// 1) with the swizzle of the panel width (128 bytes: 64 16-bit or 32 fp32 columns; the
+// FP8 kernel also uses 64).
 CUtensorMap make_tensor_map(const char* name, const void* data, DType dtype, std::int64_t head_dim, std::int64_t rows,
                             std::int64_t heads, std::int64_t batch, std::int64_t row_stride, std::int64_t head_stride,
                             std::int64_t batch_stride, int box_rows, int panel_bytes = 2 * kPanelColumns) {
@@ -91,6 +92,7 @@ CUtensorMap make_tensor_map(const char* name, const void* data, DType dtype, std
   const cuuint32_t element_strides[4] = {1, 1, 1, 1};
   const CUtensorMapDataType data_type = dtype == DType::bfloat16      ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
                                         : dtype == DType::float8_e4m3 ? CU_TENSOR_MAP_DATA_TYPE_UINT8
+                                        : dtype == DType::float32     ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32
                                                                       : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
   CUtensorMap map;
   const CUresult result =

@@ -165,11 +165,16 @@ __device__ __noinline__ std::int32_t listed_turn_out_of_line(const TileLists& by
 // listed key tiles above n_block, listed_turn), adds, waits until the addition is
 // performed in global memory (not only read from shared memory) and publishes the next
 // turn (release). kTurnOutOfLine: see listed_turn_out_of_line.
+// A key block's turn in one dQ tile: the tile's semaphore and the value it waits for.
+struct DqTurn {
+  std::int32_t* semaphore;
+  std::int32_t turn;
+};
+
 template <int kBlockM, int kBlockN, bool kTurnOutOfLine>
-__device__ __forceinline__ void ordered_reduce_add(const BackwardParams& attention, const bwd::Workspace& workspace,
-                                                   const MaskRule& mask, std::int64_t batch, std::int64_t head_q,
-                                                   std::int64_t m0, std::int64_t n_block, std::uint32_t source,
-                                                   int bytes) {
+__device__ __forceinline__ DqTurn dq_turn_of(const BackwardParams& attention, const bwd::Workspace& workspace,
+                                             const MaskRule& mask, std::int64_t batch, std::int64_t head_q,
+                                             std::int64_t m0, std::int64_t n_block) {
   const std::int64_t m_block = m0 / kBlockM;
   const TileLists& by_query_tile = attention.device_mask.by_query_tile;
   std::int32_t turn;
@@ -180,15 +185,34 @@ __device__ __forceinline__ void ordered_reduce_add(const BackwardParams& attenti
     const KeyBlockRange visitors = key_blocks_of_query_block(mask, m_block, kBlockM, kBlockN);
     turn = static_cast<std::int32_t>(visitors.first + visitors.count - 1 - n_block);
   }
-  std::int32_t* semaphore = workspace.dq_semaphore + workspace.semaphore_index(attention, batch, m_block, kBlockM, head_q);
-  ptx::wait_until_equal_acquire_gpu(semaphore, turn);
-  ptx::fence_proxy_async_global();  // the earlier turns' additions before ours
-  ptx::bulk_reduce_add_f32(workspace.dq_accum + workspace.dq_offset(attention, batch, m0, head_q), source, bytes);
-  ptx::bulk_commit_group();
+  return {workspace.dq_semaphore + workspace.semaphore_index(attention, batch, m_block, kBlockM, head_q), turn};
+}
+
+// Waits (acquire) for the turn; then the earlier turns' additions are ordered before ours.
+__device__ __forceinline__ void acquire_dq_turn(const DqTurn& turn) {
+  ptx::wait_until_equal_acquire_gpu(turn.semaphore, turn.turn);
+  ptx::fence_proxy_async_global();
+}
+
+// After this thread's reductions of the turn: waits until they are performed in global
+// memory and publishes the next turn (release).
+__device__ __forceinline__ void release_dq_turn(const DqTurn& turn) {
   ptx::bulk_wait_group<0>();
   ptx::fence_proxy_async_global();
   __threadfence();
-  ptx::store_release_gpu(semaphore, turn + 1);
+  ptx::store_release_gpu(turn.semaphore, turn.turn + 1);
+}
+
+template <int kBlockM, int kBlockN, bool kTurnOutOfLine>
+__device__ __forceinline__ void ordered_reduce_add(const BackwardParams& attention, const bwd::Workspace& workspace,
+                                                   const MaskRule& mask, std::int64_t batch, std::int64_t head_q,
+                                                   std::int64_t m0, std::int64_t n_block, std::uint32_t source,
+                                                   int bytes) {
+  const DqTurn turn = dq_turn_of<kBlockM, kBlockN, kTurnOutOfLine>(attention, workspace, mask, batch, head_q, m0, n_block);
+  acquire_dq_turn(turn);
+  ptx::bulk_reduce_add_f32(workspace.dq_accum + workspace.dq_offset(attention, batch, m0, head_q), source, bytes);
+  ptx::bulk_commit_group();
+  release_dq_turn(turn);
 }
 #endif
 
