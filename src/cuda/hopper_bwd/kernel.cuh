@@ -25,6 +25,13 @@
 //                            MN-major (transpose-A), K MN-major; fp32 into the staging
 //                            tile, which one thread adds to dq_accum with one bulk
 //                            TMA reduction per step.
+//   That is the lockstep schedule (kSchedule, tile_config.hpp). The overlapped one
+//   (FA3's order): dS^T goes to the buffer of the step's parity and dV is issued; one
+//   barrier (both halves written); dQ, then dK; with dQ done (dK running) the consumer
+//   stores its dQ part in 32-column fp32 panels (128-byte swizzle: conflict-free) once
+//   the dQ writer (producer warpgroup, warp 1) has released them (kDqEmpty), signals
+//   kDqFull, and the writer adds them with TMA tensor reductions (dq_accum_map); it
+//   takes the deterministic turns too. The consumers never wait for each other over dQ.
 //   Computing S^T (keys as rows) rather than S keeps P^T and dS^T in the accumulator
 //   layout the dV/dK products take from registers (FA3's SdP_swapAB): no shared-memory
 //   round trip for P at all, and dS^T's round trip serves only the dQ product.
@@ -45,7 +52,8 @@
 // (dq_order.hpp gives the visitors of a query block, exactly those whose
 // rows_of_columns range holds it), after it waits for the reduction to complete and
 // publishes turn + 1 (release). Fp32 addition in a fixed order: dQ is bitwise
-// repeatable. The key blocks are mapped onto blockIdx.x in reverse (highest first):
+// repeatable. The key blocks are mapped onto blockIdx.x in reverse (highest first; within
+// a sequence and kv head, in both CTA orders: pipeline.cuh's cta_key_block):
 //   - deadlock freedom: a CTA only waits for CTAs of the same (sequence, kv head) with a
 //     higher key block, which have a lower blockIdx.x. CTAs are dispatched in blockIdx
 //     order, so those are resident or finished when it waits, and by induction on
@@ -154,14 +162,11 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
 
   const BackwardParams& attention = params.backward;
   const bwd::Workspace& workspace = params.workspace;
-  const std::int64_t num_n_blocks = (attention.seqlen_k + kBlockN - 1) / kBlockN;
-  // Key block fastest: under a causal mask the low key blocks (the most query blocks)
-  // start first, the short ones fill the tail (as the FA2-class kernel).
-  // Deterministic: highest key block first (see the top of the file).
-  const std::int64_t n_block =
-      kDeterministic ? num_n_blocks - 1 - blockIdx.x % num_n_blocks : blockIdx.x % num_n_blocks;
-  const std::int64_t head_kv = (blockIdx.x / num_n_blocks) % attention.heads_kv;
-  const std::int64_t batch = blockIdx.x / num_n_blocks / attention.heads_kv;
+  // Flat: key block fastest, so under a causal mask the low key blocks (the most query
+  // blocks) start first and the short ones fill the tail (as the FA2-class kernel); or in
+  // L2 sections (launch.hpp). Deterministic: highest key block first (see the top of the file).
+  const KeyBlockCoordinates cta = cta_key_block<kDeterministic>(params);
+  const std::int64_t n_block = cta.n_block, head_kv = cta.head_kv, batch = cta.batch;
   const std::int64_t seqlen_q = attention.seqlen_q_of(batch), seqlen_k = attention.seqlen_k_of(batch);
   const std::int64_t n0 = n_block * kBlockN;
   if (n0 >= seqlen_k) return;
@@ -235,33 +240,15 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
         // dq_accum rows (of a head) below total_q + kMaxBlockM < 2^31 (launch.cu): 32-bit.
         const auto packed_start = static_cast<std::int32_t>(attention.is_varlen() ? attention.q_start(batch)
                                                                                   : batch * attention.seqlen_q);
-        ListedSteps listed_steps(key_tile_lists, batch, head_kv * attention.group_size, attention.group_size, n_block);
-        // The interval's steps, counted (32-bit, no division: this warp has 24 registers).
-        auto interval_head = static_cast<std::int32_t>(head_kv * attention.group_size);
-        std::int32_t interval_m_block = m_block_begin;
 #pragma unroll
         for (int consumer = 0; consumer < kConsumerWarpgroups; ++consumer)
           ptx::named_barrier_arrive(NamedBarrier::kDqEmptyFirst, kDqHandshakeThreads, consumer);
-        for (int step = 0; step < steps; ++step) {
-          std::int32_t head_q, m_block;
-          if (is_listed) {
-            const ListedStep listed = listed_steps.next();
-            head_q = listed.head_q;
-            m_block = listed.m_block;
-          } else {
-            head_q = interval_head;
-            m_block = interval_m_block;
-            if (++interval_m_block == m_block_begin + m_blocks) {
-              interval_m_block = m_block_begin;
-              ++interval_head;
-            }
-          }
-          const std::int64_t m0 = static_cast<std::int64_t>(m_block) * kBlockM;
+        auto write_step = [&](int step, std::int32_t head_q, std::int32_t m_block) {
           DqTurn turn{nullptr, 0};
           if constexpr (kDeterministic) {
             if (lane == 0) {
-              turn = dq_turn_of<kBlockM, kBlockN, /*kTurnOutOfLine=*/false>(attention, workspace, mask, batch, head_q,
-                                                                           m0, n_block);
+              turn = dq_turn_of<kBlockM, kBlockN, /*kTurnOutOfLine=*/false>(
+                  attention, workspace, mask, batch, head_q, static_cast<std::int64_t>(m_block) * kBlockM, n_block);
               acquire_dq_turn(turn);
             }
             __syncwarp();
@@ -294,6 +281,26 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
           if constexpr (kDeterministic) {
             if (lane == 0) release_dq_turn(turn);
             __syncwarp();
+          }
+        };
+        // Two loops, so that each holds only its own walk (this warp has 24 registers).
+        if (is_listed) {
+          ListedSteps listed_steps(key_tile_lists, batch, head_kv * attention.group_size, attention.group_size,
+                                   n_block);
+          for (int step = 0; step < steps; ++step) {
+            const ListedStep listed = listed_steps.next();
+            write_step(step, listed.head_q, listed.m_block);
+          }
+        } else {
+          // The interval's steps, counted (32-bit, no division).
+          auto head_q = static_cast<std::int32_t>(head_kv * attention.group_size);
+          std::int32_t m_block = m_block_begin;
+          for (int step = 0; step < steps; ++step) {
+            write_step(step, head_q, m_block);
+            if (++m_block == m_block_begin + m_blocks) {
+              m_block = m_block_begin;
+              ++head_q;
+            }
           }
         }
         // The staging panels stay readable until the TMA is done with them.

@@ -48,6 +48,14 @@ BackwardSchedule backward_schedule() {
   return schedule;
 }
 
+bool is_l2_section_order_requested() {
+  static const bool requested = [] {
+    const char* value = std::getenv("FLASHATTN_CUDA_HOPPER_BWD_ORDER");
+    return value != nullptr && std::string(value) == "l2_sections";
+  }();
+  return requested;
+}
+
 namespace {
 
 template <class T, bool kDeterministic>
@@ -111,6 +119,17 @@ HopperBackwardParams make_params_with_boxes(const BackwardParams& params, const 
   HopperBackwardParams hopper_params{};
   hopper_params.backward = params;
   hopper_params.workspace = workspace;
+  // The CTAs' order (launch.hpp). A section's kv heads share their query heads' Q, dO
+  // (16-bit) and dq_accum (fp32): 8 d bytes per query row, seqlen_q rows (varlen: the
+  // longest sequence), group_size query heads; FA3 budgets 40 MB of L2 for them.
+  const std::int64_t num_n_blocks = (params.seqlen_k + block_n - 1) / block_n;
+  hopper_params.key_block_order.num_m_blocks = static_cast<std::int32_t>(num_n_blocks);
+  hopper_params.key_block_order.num_heads_batches = static_cast<std::int32_t>(params.heads_kv * params.batch);
+  if (is_l2_section_order_requested()) {
+    const std::int64_t kv_head_bytes = params.group_size * params.seqlen_q * params.head_dim * 8;
+    hopper_params.key_block_order.section_heads =
+        hopper::l2_section_heads(kv_head_bytes, /*group_size=*/1, std::int64_t{40} << 20);
+  }
   using hopper::make_panel_tensor_map;
   // Maps of empty tensors stay zero: the kernel never reads them (no step without query rows).
   if (rows_q > 0) {

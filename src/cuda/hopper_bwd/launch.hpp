@@ -15,6 +15,7 @@
 
 #include "src/core/params.hpp"
 #include "src/cuda/bwd/workspace.hpp"
+#include "src/cuda/hopper/tile_order.hpp"
 #include "src/cuda/hopper_bwd/tile_config.hpp"
 
 namespace flashattn::cuda::hopper_bwd {
@@ -32,11 +33,21 @@ struct HopperBackwardParams {
   // (head_dim, dq rows of a head, heads_q) over workspace.dq_accum, box (32 columns, 64
   // rows, 1), 128-byte swizzle; zero when unused.
   CUtensorMap dq_accum_map;
+  // Which (key block, kv head, sequence) CTA blockIdx.x runs (pipeline.cuh: cta_key_block):
+  // hopper::TileOrder over (key blocks) x (heads_kv x batch), flat or in L2 sections.
+  hopper::TileOrder key_block_order;
 };
 
 // The schedule kernel.cuh runs (tile_config.hpp): FLASHATTN_CUDA_HOPPER_BWD_SCHEDULE=
 // overlapped selects FA3's order, anything else (or unset) lockstep; read once per process.
 BackwardSchedule backward_schedule();
+
+// The CTAs' order (both kernels): key block fastest (flat, the default), or, with
+// FLASHATTN_CUDA_HOPPER_BWD_ORDER=l2_sections, FA3's backward order: the kv heads x
+// sequences cut into sections whose Q, dO and dq_accum fit in L2, the key block slowest
+// inside a section (first key block first: under a causal mask the longest CTAs first;
+// deterministic: last first, the turns' order). Read once per process.
+bool is_l2_section_order_requested();
 
 // kDeterministic: the dQ reductions of each query block ordered by key block (needs
 // params.backward.deterministic and the workspace's dq_semaphore; see kernel.cuh); in

@@ -47,6 +47,21 @@ __device__ __forceinline__ void load_statistics(float* lse, float* dsum, const b
                              bytes, barrier);
 }
 
+// ---- the CTA's key block ------------------------------------------------------------
+struct KeyBlockCoordinates {
+  std::int64_t n_block, head_kv, batch;
+};
+
+// The (key block, kv head, sequence) of CTA blockIdx.x in params.key_block_order
+// (dq_order.hpp: key_block_of_cta).
+template <bool kDeterministic>
+__device__ __forceinline__ KeyBlockCoordinates cta_key_block(const HopperBackwardParams& params) {
+  const KeyBlockOfCta cta =
+      key_block_of_cta(params.key_block_order, static_cast<std::int32_t>(blockIdx.x), kDeterministic);
+  const std::int64_t heads_kv = params.backward.heads_kv;
+  return {cta.n_block, cta.head_batch % heads_kv, cta.head_batch / heads_kv};
+}
+
 // ---- a device mask: the steps come from the key tile's lists -----------------------
 // With params.device_mask.by_key_tile present a CTA's steps are, for each query head of
 // its group (ascending), the query tiles its key tile's list names (in list order:
