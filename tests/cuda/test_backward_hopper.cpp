@@ -100,14 +100,19 @@ TEST_F(CudaBackwardHopper, DispatchPicksTheHopperKernelOnSm90) {
   }
 }
 
-// kernel.cuh's schedule follows FLASHATTN_CUDA_HOPPER_BWD_SCHEDULE (ctest runs this binary
-// twice, the second time as "overlapped.*" with the variable set: this pins that the
-// cases there really run the overlapped schedule).
+// kernel.cuh's schedule and the CTA order follow FLASHATTN_CUDA_HOPPER_BWD_SCHEDULE and
+// FLASHATTN_CUDA_HOPPER_BWD_ORDER (ctest runs this binary three times, as "overlapped.*"
+// and "l2_order.*" with one of them set: this pins that the cases there really run them).
 TEST_F(CudaBackwardHopper, ScheduleFollowsTheEnvironment) {
-  const char* value = std::getenv("FLASHATTN_CUDA_HOPPER_BWD_SCHEDULE");
-  const bool is_overlapped = value != nullptr && std::string(value) == "overlapped";
-  EXPECT_EQ(cuda::hopper_bwd::backward_schedule(),
-            is_overlapped ? cuda::hopper_bwd::BackwardSchedule::overlapped : cuda::hopper_bwd::BackwardSchedule::lockstep);
+  auto is_set_to = [](const char* name, const std::string& expected) {
+    const char* value = std::getenv(name);
+    return value != nullptr && std::string(value) == expected;
+  };
+  EXPECT_EQ(cuda::hopper_bwd::backward_schedule(), is_set_to("FLASHATTN_CUDA_HOPPER_BWD_SCHEDULE", "overlapped")
+                                                       ? cuda::hopper_bwd::BackwardSchedule::overlapped
+                                                       : cuda::hopper_bwd::BackwardSchedule::lockstep);
+  EXPECT_EQ(cuda::hopper_bwd::is_l2_section_order_requested(),
+            is_set_to("FLASHATTN_CUDA_HOPPER_BWD_ORDER", "l2_sections"));
 }
 
 TEST_F(CudaBackwardHopper, TailsOfBothSequences) {

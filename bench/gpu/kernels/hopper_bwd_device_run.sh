@@ -52,7 +52,7 @@ if [ "${SKIP_OVERLAPPED:-0}" != 1 ]; then
   step "overlapped schedule: tests, sanitizers, lockstep vs overlapped"
   "$tree/tests/cuda/test_cuda_hopper_bwd_dq_order" --gtest_brief=1 > "$logs/test_dq_order.log" 2>&1
   echo "test_cuda_hopper_bwd_dq_order rc=$?" | tee -a "$log"
-  export FLASHATTN_CUDA_HOPPER_BWD_SCHEDULE=overlapped
+  export FLASHATTN_CUDA_HOPPER_BWD_SCHEDULE=overlapped FLASHATTN_CUDA_HOPPER_BWD_ORDER=l2_sections
   for t in test_cuda_backward_hopper test_cuda_masks_hopper_bwd test_cuda_backward; do
     timeout "${HOPPER_TEST_LIMIT:-300}" "$tree/tests/cuda/$t" --gtest_brief=1 > "$logs/overlapped_$t.log" 2>&1
     rc=$?; echo "overlapped $t rc=$rc" | tee -a "$log"; grep -E "FAILED|Failure|PASSED" "$logs/overlapped_$t.log" | head -20 | tee -a "$log"
@@ -63,7 +63,7 @@ if [ "${SKIP_OVERLAPPED:-0}" != 1 ]; then
       --gtest_brief=1 --gtest_filter='*TailsOfBothSequences*:*Varlen*:*DeterministicModeIsBitwise*' > "$logs/overlapped_$tool.log" 2>&1
     echo "overlapped $tool rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$logs/overlapped_$tool.log" | tail -1)" | tee -a "$log"
   done
-  unset FLASHATTN_CUDA_HOPPER_BWD_SCHEDULE
+  unset FLASHATTN_CUDA_HOPPER_BWD_SCHEDULE FLASHATTN_CUDA_HOPPER_BWD_ORDER
   for extra in "" "--deterministic"; do
     timeout "${TIMING_LIMIT:-120}" "$tree/bench/gpu/kernels/flashattn_hopper_bwd_timing" 20 --schedules --quick $extra \
       > "$out/schedules${extra:+_deterministic}.csv" 2>> "$logs/timing.err"
