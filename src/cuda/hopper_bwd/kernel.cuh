@@ -697,20 +697,18 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
 
       // This consumer's panels are free once the writer's previous reductions have read them.
       ptx::named_barrier_sync(NamedBarrier::kDqEmptyFirst, kDqHandshakeThreads, consumer);
-      // dq[4 j + 2 half + e] = dQ part (warp_row0 + 8 half, 8 j + 2 quad_lane + e): column c in
-      // panel c / 32, 16-byte chunk (c % 32) / 4 of the row (swizzled by row % 8 = group, so a
-      // warp's float2 stores of one j hit each bank group twice: conflict-free).
+      // dq[4 j + 2 half + e] = dQ part (warp_row0 + 8 half, 8 j + 2 quad_lane + e), in the
+      // fp32 panels' swizzle (common/swizzle.cuh: a warp's float2 stores are conflict-free).
+      static_assert(kDqPanelBytes == kDqPanelRows * kSwizzleRowBytes, "float_panels_offset's panels");
       unsigned char* staging =
           reinterpret_cast<unsigned char*>(shared_dq) + consumer * kDqPanelsPerConsumer * kDqPanelBytes;
 #pragma unroll
       for (int j = 0; j < kDqColumns / 8; ++j)
 #pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          const int row = warp_row0 + 8 * half;
-          const int chunk = 2 * (j % 4) + quad_lane / 2;
-          *reinterpret_cast<float2*>(staging + (j / 4) * kDqPanelBytes + panel_chunk_offset(row, chunk) +
-                                     (quad_lane % 2) * 8) = make_float2(dq[4 * j + 2 * half], dq[4 * j + 2 * half + 1]);
-        }
+        for (int half = 0; half < 2; ++half)
+          *reinterpret_cast<float2*>(staging + float_panels_offset<kDqPanelRows>(warp_row0 + 8 * half,
+                                                                                 8 * j + 2 * quad_lane)) =
+              make_float2(dq[4 * j + 2 * half], dq[4 * j + 2 * half + 1]);
       ptx::fence_proxy_async_shared();
       ptx::named_barrier_arrive(NamedBarrier::kDqFullFirst, kDqHandshakeThreads, consumer);
 
