@@ -47,7 +47,9 @@
 //
 // Deterministic mode (kDeterministic): the bulk reductions of the CTAs into one
 // (sequence, query head, query block) tile of dq_accum happen in a fixed order, by
-// descending key block: before its reduction the issuer waits (acquire) until the
+// descending key block: before its reduction the issuer (lockstep: consumer 0's first
+// thread; overlapped: the dQ writer, for both consumers' parts, whose reductions of one
+// tile all fall in the turn) waits (acquire) until the
 // tile's semaphore equals its turn = last visiting key block - its key block
 // (dq_order.hpp gives the visitors of a query block, exactly those whose
 // rows_of_columns range holds it), after it waits for the reduction to complete and

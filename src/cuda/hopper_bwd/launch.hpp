@@ -29,9 +29,9 @@ struct HopperBackwardParams {
   CUtensorMap dout_map;  // box rows block_m
   CUtensorMap k_map;     // box rows block_n
   CUtensorMap v_map;     // box rows block_n
-  // The overlapped schedule's dQ reductions (kernel.cuh, not the wide kernel): 3-D fp32 map
-  // (head_dim, dq rows of a head, heads_q) over workspace.dq_accum, box (32 columns, 64
-  // rows, 1), 128-byte swizzle; zero when unused.
+  // The overlapped schedule's dQ reductions (kernel.cuh, not the wide kernel): fp32 map
+  // (head_dim, dq rows of a head, heads_q, 1) over workspace.dq_accum, box (32 columns, 64
+  // rows, 1, 1), 128-byte swizzle; zero when unused.
   CUtensorMap dq_accum_map;
   // Which (key block, kv head, sequence) CTA blockIdx.x runs (pipeline.cuh: cta_key_block):
   // hopper::TileOrder over (key blocks) x (heads_kv x batch), flat or in L2 sections.

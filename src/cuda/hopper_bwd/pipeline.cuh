@@ -173,13 +173,6 @@ __device__ __noinline__ std::int32_t listed_turn_out_of_line(const TileLists& by
   return listed_turn(by_query_tile, batch, head_q, m_block, n_block);
 }
 
-// Deterministic mode (the order and why it cannot deadlock: the top of kernel.cuh): one
-// thread adds the staged dQ tile of query rows [m0, m0 + kBlockM) of head_q to dq_accum
-// in its key block's turn: it waits (acquire) until the tile's semaphore equals the turn
-// (the last visiting key block - n_block, dq_order.hpp; under a device mask the number of
-// listed key tiles above n_block, listed_turn), adds, waits until the addition is
-// performed in global memory (not only read from shared memory) and publishes the next
-// turn (release). kTurnOutOfLine: see listed_turn_out_of_line.
 // A key block's turn in one dQ tile: the tile's semaphore and the value it waits for.
 struct DqTurn {
   std::int32_t* semaphore;
@@ -218,6 +211,13 @@ __device__ __forceinline__ void release_dq_turn(const DqTurn& turn) {
   ptx::store_release_gpu(turn.semaphore, turn.turn + 1);
 }
 
+// Deterministic mode (the order and why it cannot deadlock: the top of kernel.cuh): one
+// thread adds the staged dQ tile of query rows [m0, m0 + kBlockM) of head_q to dq_accum
+// in its key block's turn: it waits (acquire) until the tile's semaphore equals the turn
+// (the last visiting key block - n_block, dq_order.hpp; under a device mask the number of
+// listed key tiles above n_block, listed_turn), adds, waits until the addition is
+// performed in global memory (not only read from shared memory) and publishes the next
+// turn (release). kTurnOutOfLine: see listed_turn_out_of_line.
 template <int kBlockM, int kBlockN, bool kTurnOutOfLine>
 __device__ __forceinline__ void ordered_reduce_add(const BackwardParams& attention, const bwd::Workspace& workspace,
                                                    const MaskRule& mask, std::int64_t batch, std::int64_t head_q,
