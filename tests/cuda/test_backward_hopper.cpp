@@ -14,7 +14,9 @@
 // Skips without a GPU.
 #include "tests/cuda/backward_case.hpp"
 
+#include <cstdlib>
 #include <memory>
+#include <string>
 
 #include "src/cuda/hopper_bwd/launch.hpp"
 
@@ -96,6 +98,21 @@ TEST_F(CudaBackwardHopper, DispatchPicksTheHopperKernelOnSm90) {
     if (reason_64.rfind("head_dim 64 not built", 0) != 0)  // a build with FLASHATTN_CUDA_HEAD_DIMS=128
       EXPECT_EQ(reason_64, "") << "d64 should run on the Hopper backward kernel too";
   }
+}
+
+// kernel.cuh's schedule and the CTA order follow FLASHATTN_CUDA_HOPPER_BWD_SCHEDULE and
+// FLASHATTN_CUDA_HOPPER_BWD_ORDER (ctest runs this binary three times, as "overlapped.*"
+// and "l2_order.*" with one of them set: this pins that the cases there really run them).
+TEST_F(CudaBackwardHopper, ScheduleFollowsTheEnvironment) {
+  auto is_set_to = [](const char* name, const std::string& expected) {
+    const char* value = std::getenv(name);
+    return value != nullptr && std::string(value) == expected;
+  };
+  EXPECT_EQ(cuda::hopper_bwd::backward_schedule(), is_set_to("FLASHATTN_CUDA_HOPPER_BWD_SCHEDULE", "overlapped")
+                                                       ? cuda::hopper_bwd::BackwardSchedule::overlapped
+                                                       : cuda::hopper_bwd::BackwardSchedule::lockstep);
+  EXPECT_EQ(cuda::hopper_bwd::is_l2_section_order_requested(),
+            is_set_to("FLASHATTN_CUDA_HOPPER_BWD_ORDER", "l2_sections"));
 }
 
 TEST_F(CudaBackwardHopper, TailsOfBothSequences) {

@@ -71,10 +71,11 @@ std::uint64_t encodable_stride_bytes(std::int64_t stride_elements, std::int64_t 
   return extent <= 1 ? 16 : static_cast<std::uint64_t>(stride_elements * element_bytes);
 }
 
-// 4-D map (head_dim, rows, heads, batch) over one 16-bit or e4m3 tensor (the latter as
-// bytes); box (panel_bytes of columns, box_rows, 1, 1) with the swizzle of the panel
-// width (128 bytes: 64 16-bit columns; the FP8 kernel also uses 64). Returns the
-// driver's result; encode is the driver's entry point (non-null).
+// 4-D map (head_dim, rows, heads, batch) over one 16-bit, e4m3 (as bytes) or fp32 tensor
+// (the backward's dq_accum, for TMA reductions); box (panel_bytes of columns, box_rows, 1,
+// 1) with the swizzle of the panel width (128 bytes: 64 16-bit or 32 fp32 columns; the
+// FP8 kernel also uses 64). Returns the driver's result; encode is the driver's entry
+// point (non-null).
 CUresult encode_tensor_map(CUtensorMap& map, PFN_cuTensorMapEncodeTiled_v12000 encode, const void* data, DType dtype,
                            std::int64_t head_dim, std::int64_t rows, std::int64_t heads, std::int64_t batch,
                            std::int64_t row_stride, std::int64_t head_stride, std::int64_t batch_stride, int box_rows,
@@ -91,6 +92,7 @@ CUresult encode_tensor_map(CUtensorMap& map, PFN_cuTensorMapEncodeTiled_v12000 e
   const cuuint32_t element_strides[4] = {1, 1, 1, 1};
   const CUtensorMapDataType data_type = dtype == DType::bfloat16      ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
                                         : dtype == DType::float8_e4m3 ? CU_TENSOR_MAP_DATA_TYPE_UINT8
+                                        : dtype == DType::float32     ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32
                                                                       : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
   return encode(&map, data_type, 4, const_cast<void*>(data), extents, strides, box, element_strides,
                 CU_TENSOR_MAP_INTERLEAVE_NONE, panel_bytes == 128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B,

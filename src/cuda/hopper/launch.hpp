@@ -137,7 +137,8 @@ HopperForwardParams make_forward_params(const AttentionParams& params, const Hop
 // For the Hopper backward (src/cuda/hopper_bwd) and the FP8 forward (src/cuda/hopper_fp8):
 // the same TMA map encoding (4-D (head_dim, rows, heads, batch), box (panel_bytes of
 // columns, box_rows, 1, 1), the swizzle of the panel width, 128 or 64 bytes; 16-bit
-// dtypes or float8_e4m3 as bytes; throws NotSupported on failure), its stride rule, and
+// dtypes, float8_e4m3 as bytes, or float32; throws NotSupported on failure), its stride
+// rule (strides in elements of element_bytes), and
 // the cached compute capability.
 CUtensorMap make_panel_tensor_map(const char* name, const void* data, DType dtype, std::int64_t head_dim,
                                   std::int64_t rows, std::int64_t heads, std::int64_t batch, std::int64_t row_stride,

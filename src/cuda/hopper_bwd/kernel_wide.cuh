@@ -95,13 +95,10 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
 
   const BackwardParams& attention = params.backward;
   const bwd::Workspace& workspace = params.workspace;
-  const std::int64_t num_n_blocks = (attention.seqlen_k + kBlockN - 1) / kBlockN;
-  // Key block fastest (as kernel.cuh): under a causal mask the long CTAs start first;
-  // deterministic: highest key block first (kernel.cuh says why).
-  const std::int64_t n_block =
-      kDeterministic ? num_n_blocks - 1 - blockIdx.x % num_n_blocks : blockIdx.x % num_n_blocks;
-  const std::int64_t head_kv = (blockIdx.x / num_n_blocks) % attention.heads_kv;
-  const std::int64_t batch = blockIdx.x / num_n_blocks / attention.heads_kv;
+  // As kernel.cuh: flat (key block fastest: under a causal mask the long CTAs start first)
+  // or in L2 sections; deterministic: highest key block first (kernel.cuh says why).
+  const KeyBlockCoordinates cta = cta_key_block<kDeterministic>(params);
+  const std::int64_t n_block = cta.n_block, head_kv = cta.head_kv, batch = cta.batch;
   const std::int64_t seqlen_q = attention.seqlen_q_of(batch), seqlen_k = attention.seqlen_k_of(batch);
   const std::int64_t n0 = n_block * kBlockN;
   if (n0 >= seqlen_k) return;
