@@ -32,6 +32,9 @@
 //   the dQ writer (producer warpgroup, warp 1) has released them (kDqEmpty), signals
 //   kDqFull, and the writer adds them with TMA tensor reductions (dq_accum_map); it
 //   takes the deterministic turns too. The consumers never wait for each other over dQ.
+//   deferred_dk (d128, default mode): as overlapped, but step s's dK is issued in step
+//   s + 1 right after S^T and dP^T (from dS^T fragments kept in registers), so it runs
+//   during step s + 1's dS^T math; step s's stage is released after it completes.
 //   Computing S^T (keys as rows) rather than S keeps P^T and dS^T in the accumulator
 //   layout the dV/dK products take from registers (FA3's SdP_swapAB): no shared-memory
 //   round trip for P at all, and dS^T's round trip serves only the dQ product.
@@ -125,7 +128,9 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
 #if FLASHATTN_HOPPER_DEVICE_CODE
   constexpr HopperBwdTileConfig kConfig =
       HopperBwdTileConfig{kHeadDimArg, kBlockMArg, kBlockNArg, kStagesArg}.for_schedule(kSchedule);
-  constexpr bool kOverlapped = kSchedule == BackwardSchedule::overlapped;
+  constexpr bool kOverlapped = kSchedule != BackwardSchedule::lockstep;
+  constexpr bool kDeferDk = kSchedule == BackwardSchedule::deferred_dk;
+  constexpr int kDkPending = kDeferDk ? 1 : 0;
   constexpr int kHeadDim = kHeadDimArg, kBlockM = kBlockMArg, kBlockN = kBlockNArg, kStages = kStagesArg;
   constexpr int kPanels = kConfig.panels();
   constexpr int kKVBytes = kConfig.kv_tile_bytes();
@@ -399,6 +404,10 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
 #pragma unroll
   for (int i = 0; i < kHeadDim / 2; ++i) dv[i] = dk[i] = 0.0f;
 
+  // deferred_dk: the previous step's dS^T fragments (the A of its dK) and stage.
+  std::uint32_t ds_previous[kBlockM / 16][4];
+  int previous_stage = 0;
+
   if (steps > 0) ptx::mbarrier_wait(kv_full, 0);
   for (int step = 0; step < steps; ++step) {
     const int stage = step % kStages;
@@ -446,6 +455,16 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
       ptx::wgmma_ss<kBlockM, kInput, 0>(dp, v_as_a + k_step_offset(kk, kBlockN),
                                          do_as_b + stage_offset + k_step_offset(kk, kBlockM), kk > 0 ? 1 : 0);
     ptx::wgmma_commit_group();
+    if constexpr (kDeferDk) {
+      // The previous step's dK_w += dS^T Q: it runs during this step's dS math.
+      if (step > 0) {
+        const std::uint64_t previous_offset = (previous_stage * kQBytes) >> 4;
+#pragma unroll
+        for (int kq = 0; kq < kBlockM / 16; ++kq)
+          ptx::wgmma_rs<kHeadDim, kInput, 1>(dk, ds_previous[kq], q_as_b_mn + previous_offset + mn_step_offset(kq), 1);
+      }
+      ptx::wgmma_commit_group();  // empty at step 0
+    }
 
     const float* lse = shared_lse + stage * kBlockM;
     const float* dsum = shared_dsum + stage * kBlockM;
@@ -498,7 +517,7 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
     const bool is_partial = is_listed && step_slots[stage].is_partial != 0 && step_slots[stage].code == kGeneralTile;
     if (rule.is_positive_scale() && !is_partial) {
       // P^T = exp2(S^T scale_log2 - LSE) while dP^T is still being computed.
-      ptx::wgmma_wait_group<1>();
+      ptx::wgmma_wait_group<1 + kDkPending>();
       ptx::fence_operands(s);
 #pragma unroll
       for (int j = 0; j < kBlockM / 8; ++j)
@@ -513,7 +532,7 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
         }
       if (needs_mask) apply_mask(s);
       if (is_listed) fragment::apply_allowed_bits<kBlockM / 8>(s, allowed, 0.0f);
-      ptx::wgmma_wait_group<0>();
+      ptx::wgmma_wait_group<kDkPending>();
       ptx::fence_operands(dp);
       // dS^T = P^T ∘ (dP^T - D), dropout: P^T ∘ (Z ∘ dP^T / (1 - p) - D) (two loops:
       // the default one stays free of the decisions).
@@ -549,7 +568,7 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
       // Softcap and/or ALiBi (and listed partial tiles): P^T = exp2(score - LSE); dS^T
       // also needs the rule's gradient factor (softcap: 1 - tanh²), taken from the same
       // dot product.
-      ptx::wgmma_wait_group<0>();
+      ptx::wgmma_wait_group<kDkPending>();
       ptx::fence_operands(s);
       ptx::fence_operands(dp);
       // A listed partial tile's element pass and dBias per element here: dBias takes dS
@@ -667,7 +686,7 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
     } else {
       // dV_w += P^T dO: runs while the consumers meet.
       ptx::fence_operands(dv);
-      ptx::fence_operands(dk);
+      if constexpr (!kDeferDk) ptx::fence_operands(dk);  // deferred_dk: the previous dK is in flight
       ptx::wgmma_fence();
 #pragma unroll
       for (int kq = 0; kq < kBlockM / 16; ++kq)
@@ -689,11 +708,19 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
             dq, ds_as_a_mn + ((ds_buffer * kConfig.ds_bytes()) >> 4) + mn_step_offset(kk),
             k_as_b_mn + mn_step_offset(kk), kk > 0 ? 1 : 0);
       ptx::wgmma_commit_group();
+      if constexpr (!kDeferDk) {
 #pragma unroll
-      for (int kq = 0; kq < kBlockM / 16; ++kq)
-        ptx::wgmma_rs<kHeadDim, kInput, 1>(dk, ds_fragment[kq], q_as_b_mn + stage_offset + mn_step_offset(kq), 1);
-      ptx::wgmma_commit_group();
-      ptx::wgmma_wait_group<1>();  // dV and dQ (groups complete in order)
+        for (int kq = 0; kq < kBlockM / 16; ++kq)
+          ptx::wgmma_rs<kHeadDim, kInput, 1>(dk, ds_fragment[kq], q_as_b_mn + stage_offset + mn_step_offset(kq), 1);
+        ptx::wgmma_commit_group();
+        ptx::wgmma_wait_group<1>();  // dV and dQ (groups complete in order)
+      } else {
+        ptx::wgmma_wait_group<0>();  // the previous dK, dV and dQ
+        ptx::fence_operands(dk);
+        // The previous step's Q, dO, LSE, D are no longer read by this warp.
+        __syncwarp();
+        if (step > 0 && lane == 0) ::cuda::ptx::mbarrier_arrive(&empty[previous_stage]);
+      }
       ptx::fence_operands(dq);
       ptx::fence_operands(dv);
 
@@ -714,11 +741,33 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
       ptx::fence_proxy_async_shared();
       ptx::named_barrier_arrive(NamedBarrier::kDqFullFirst, kDqHandshakeThreads, consumer);
 
-      ptx::wgmma_wait_group<0>();  // dK: Q and dO of the stage are no longer read
+      if constexpr (!kDeferDk) {
+        ptx::wgmma_wait_group<0>();  // dK: Q and dO of the stage are no longer read
+        ptx::fence_operands(dk);
+        // Q, dO, LSE, D of this stage are no longer read by this warp.
+        __syncwarp();
+        if (lane == 0) ::cuda::ptx::mbarrier_arrive(&empty[stage]);
+      } else {
+#pragma unroll
+        for (int kq = 0; kq < kBlockM / 16; ++kq)
+#pragma unroll
+          for (int r = 0; r < 4; ++r) ds_previous[kq][r] = ds_fragment[kq][r];
+        previous_stage = stage;
+      }
+    }
+  }
+  if constexpr (kDeferDk) {
+    // The last step's dK.
+    if (steps > 0) {
+      const std::uint64_t previous_offset = (previous_stage * kQBytes) >> 4;
       ptx::fence_operands(dk);
-      // Q, dO, LSE, D of this stage are no longer read by this warp.
-      __syncwarp();
-      if (lane == 0) ::cuda::ptx::mbarrier_arrive(&empty[stage]);
+      ptx::wgmma_fence();
+#pragma unroll
+      for (int kq = 0; kq < kBlockM / 16; ++kq)
+        ptx::wgmma_rs<kHeadDim, kInput, 1>(dk, ds_previous[kq], q_as_b_mn + previous_offset + mn_step_offset(kq), 1);
+      ptx::wgmma_commit_group();
+      ptx::wgmma_wait_group<0>();
+      ptx::fence_operands(dk);
     }
   }
   // The staging tile must stay readable until the TMA has added it.
@@ -776,7 +825,16 @@ template <class T, int kHeadDim, bool kDeterministic>
 void run_backward_sm90(const HopperBackwardParams& params, cudaStream_t stream, BackwardSchedule schedule) {
   constexpr HopperBwdTileConfig kConfig = hopper_bwd_tile_config(kHeadDim);
   static_assert(kConfig.kernel_head_dim == kHeadDim, "no Hopper backward tile config for this head dim");
-  if (schedule == BackwardSchedule::overlapped)
+  if constexpr (kHeadDim == 128 && !kDeterministic) {
+    if (schedule == BackwardSchedule::deferred_dk) {
+      // A step's stage stays until its dK is done, in the next step: a third stage, so the
+      // producer still loads a step and a half ahead (d128: 226.8 KB).
+      constexpr HopperBwdTileConfig kThreeStages{kConfig.kernel_head_dim, kConfig.block_m, kConfig.block_n, 3};
+      launch_backward_sm90<T, kThreeStages, kDeterministic, BackwardSchedule::deferred_dk>(params, stream);
+      return;
+    }
+  }
+  if (schedule != BackwardSchedule::lockstep)  // deferred_dk elsewhere: overlapped
     launch_backward_sm90<T, kConfig, kDeterministic, BackwardSchedule::overlapped>(params, stream);
   else
     launch_backward_sm90<T, kConfig, kDeterministic, BackwardSchedule::lockstep>(params, stream);
