@@ -238,8 +238,11 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
       // Per step, per consumer c: wait until c has staged its part (kDqFull), add its
       // panels to dq_accum (TMA tensor reductions), and once the TMA has read them hand
       // them back (kDqEmpty). Deterministic: the step's turn is taken before the first
-      // reduction and published after the last is performed. The steps are the
-      // producer's (its own walk of the lists under a device mask).
+      // reduction and published once they are performed, which the writer waits for only
+      // after the next step's reductions are issued (FA3's next step: the completion's
+      // latency overlaps the next turn; a CTA still waits only for higher key blocks,
+      // which never wait for it, so holding a turn longer cannot deadlock). The steps are
+      // the producer's (its own walk of the lists under a device mask).
       if (threadIdx.x / 32 == 1) {
         if (steps == 0) return;
         const int lane = threadIdx.x % 32;
@@ -250,6 +253,7 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
 #pragma unroll
         for (int consumer = 0; consumer < kConsumerWarpgroups; ++consumer)
           ptx::named_barrier_arrive(NamedBarrier::kDqEmptyFirst, kDqHandshakeThreads, consumer);
+        DqTurn previous_turn{nullptr, 0};  // deterministic: taken, not yet published
         auto write_step = [&](int step, std::int32_t head_q, std::int32_t m_block) {
           DqTurn turn{nullptr, 0};
           if constexpr (kDeterministic) {
@@ -286,7 +290,10 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
             if (step + 1 < steps) ptx::named_barrier_arrive(NamedBarrier::kDqEmptyFirst, kDqHandshakeThreads, consumer);
           }
           if constexpr (kDeterministic) {
-            if (lane == 0) release_dq_turn(turn);
+            // The previous step's reductions are performed (this step's kConsumerWarpgroups
+            // groups may still run): publish its turn.
+            if (lane == 0 && step > 0) release_dq_turn<kConsumerWarpgroups>(previous_turn);
+            previous_turn = turn;
             __syncwarp();
           }
         };
@@ -310,8 +317,12 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
             }
           }
         }
-        // The staging panels stay readable until the TMA is done with them.
-        if (lane == 0) ptx::bulk_wait_group<0>();
+        // The staging panels stay readable until the TMA is done with them; deterministic:
+        // the last turn.
+        if (lane == 0) {
+          if constexpr (kDeterministic) release_dq_turn(previous_turn);
+          else ptx::bulk_wait_group<0>();
+        }
         return;
       }
     }
