@@ -34,3 +34,6 @@ foreach(overlapped_test test_cuda_backward_hopper test_cuda_backward test_cuda_m
 endforeach()
 gtest_discover_tests(test_cuda_backward_hopper DISCOVERY_TIMEOUT 120 TEST_PREFIX "l2_order."
                      PROPERTIES ENVIRONMENT "FLASHATTN_CUDA_HOPPER_BWD_ORDER=l2_sections")
+# The experimental deferred_dk schedule (d128, default mode; elsewhere it runs overlapped).
+gtest_discover_tests(test_cuda_backward_hopper DISCOVERY_TIMEOUT 120 TEST_PREFIX "deferred_dk."
+                     PROPERTIES ENVIRONMENT "FLASHATTN_CUDA_HOPPER_BWD_SCHEDULE=deferred_dk")

@@ -101,16 +101,20 @@ TEST_F(CudaBackwardHopper, DispatchPicksTheHopperKernelOnSm90) {
 }
 
 // kernel.cuh's schedule and the CTA order follow FLASHATTN_CUDA_HOPPER_BWD_SCHEDULE and
-// FLASHATTN_CUDA_HOPPER_BWD_ORDER (ctest runs this binary three times, as "overlapped.*"
-// and "l2_order.*" with one of them set: this pins that the cases there really run them).
+// FLASHATTN_CUDA_HOPPER_BWD_ORDER (ctest runs this binary again as "overlapped.*",
+// "deferred_dk.*" and "l2_order.*" with one of them set: this pins that the cases there
+// really run them).
 TEST_F(CudaBackwardHopper, ScheduleFollowsTheEnvironment) {
   auto is_set_to = [](const char* name, const std::string& expected) {
     const char* value = std::getenv(name);
     return value != nullptr && std::string(value) == expected;
   };
-  EXPECT_EQ(cuda::hopper_bwd::backward_schedule(), is_set_to("FLASHATTN_CUDA_HOPPER_BWD_SCHEDULE", "overlapped")
-                                                       ? cuda::hopper_bwd::BackwardSchedule::overlapped
-                                                       : cuda::hopper_bwd::BackwardSchedule::lockstep);
+  using cuda::hopper_bwd::BackwardSchedule;
+  const char* const kSchedule = "FLASHATTN_CUDA_HOPPER_BWD_SCHEDULE";
+  const BackwardSchedule expected = is_set_to(kSchedule, "overlapped")    ? BackwardSchedule::overlapped
+                                    : is_set_to(kSchedule, "deferred_dk") ? BackwardSchedule::deferred_dk
+                                                                          : BackwardSchedule::lockstep;
+  EXPECT_EQ(cuda::hopper_bwd::backward_schedule(), expected);
   EXPECT_EQ(cuda::hopper_bwd::is_l2_section_order_requested(),
             is_set_to("FLASHATTN_CUDA_HOPPER_BWD_ORDER", "l2_sections"));
 }

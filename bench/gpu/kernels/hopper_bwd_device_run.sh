@@ -5,8 +5,9 @@
 # SDPA anchors (FA2, cuDNN) in the same call. Logs/CSVs under $OUT.
 #   TIMING_ARGS: arguments of flashattn_hopper_bwd_timing (default "20 --quick")
 #   SKIP_TESTS=1: timing only; VARIANT_LIMIT=0 skips the tile-config variants
-#   SKIP_OVERLAPPED=1: skips the overlapped schedule's tests, sanitizers and A/B timing
-#   (FLASHATTN_CUDA_HOPPER_BWD_SCHEDULE=overlapped; kernel.cuh, tile_config.hpp)
+#   SKIP_OVERLAPPED=1: skips the overlapped/deferred_dk schedules' and the L2-section
+#   order's tests, sanitizers and A/B timing (FLASHATTN_CUDA_HOPPER_BWD_SCHEDULE,
+#   FLASHATTN_CUDA_HOPPER_BWD_ORDER; kernel.cuh, tile_config.hpp, launch.hpp)
 # Runs in the tree it lives in: the repo root, or (what the 2026-11-23 runs did, so
 # that other work in progress in a shared checkout cannot break the build) a
 # `git archive HEAD` snapshot with .device-deps copied in, in an ignored folder named
@@ -63,7 +64,11 @@ if [ "${SKIP_OVERLAPPED:-0}" != 1 ]; then
       --gtest_brief=1 --gtest_filter='*TailsOfBothSequences*:*Varlen*:*DeterministicModeIsBitwise*' > "$logs/overlapped_$tool.log" 2>&1
     echo "overlapped $tool rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$logs/overlapped_$tool.log" | tail -1)" | tee -a "$log"
   done
-  unset FLASHATTN_CUDA_HOPPER_BWD_SCHEDULE FLASHATTN_CUDA_HOPPER_BWD_ORDER
+  unset FLASHATTN_CUDA_HOPPER_BWD_ORDER
+  FLASHATTN_CUDA_HOPPER_BWD_SCHEDULE=deferred_dk timeout "${HOPPER_TEST_LIMIT:-300}" \
+    "$tree/tests/cuda/test_cuda_backward_hopper" --gtest_brief=1 > "$logs/deferred_dk_tests.log" 2>&1
+  echo "deferred_dk test_cuda_backward_hopper rc=$?" | tee -a "$log"; grep -E "FAILED|Failure|PASSED" "$logs/deferred_dk_tests.log" | head -20 | tee -a "$log"
+  unset FLASHATTN_CUDA_HOPPER_BWD_SCHEDULE
   for extra in "" "--deterministic"; do
     timeout "${TIMING_LIMIT:-120}" "$tree/bench/gpu/kernels/flashattn_hopper_bwd_timing" 20 --schedules --quick $extra \
       > "$out/schedules${extra:+_deterministic}.csv" 2>> "$logs/timing.err"

@@ -15,9 +15,11 @@
 // flashattn_hopper_bwd_timing [repeats] --variants     tile configs other than the table's
 // flashattn_hopper_bwd_timing [repeats] --head-dim D   the sweeps of head dim D only (64, 128, 256)
 // flashattn_hopper_bwd_timing [repeats] --schedules [--quick] [--deterministic]
-//     kernel.cuh's schedules (lockstep, overlapped: tile_config.hpp) side by side on the
-//     d64/d128 sweeps, whatever FLASHATTN_CUDA_HOPPER_BWD_SCHEDULE says; max_rel_diff
-//     compares their gradients (deterministic: dQ/dK/dV must be bitwise equal, 0).
+//     kernel.cuh's schedules (lockstep, overlapped, deferred_dk: tile_config.hpp) side by
+//     side on the d64/d128 sweeps, whatever FLASHATTN_CUDA_HOPPER_BWD_SCHEDULE says;
+//     max_rel_diff compares the others' gradients with lockstep's (deterministic: dQ/dK/dV
+//     must be bitwise equal, 0). deferred_dk runs only at d128 in the default mode
+//     (elsewhere it is the overlapped kernel again).
 // Anywhere after [repeats]: --dropout P (dropout probability P on every shape) and
 // --alibi (ALiBi, one slope per head); sm90_plain_ms is then the same shape without
 // them (same call, so their cost is sm90_ms / sm90_plain_ms), and the anchors run
@@ -301,7 +303,7 @@ void run_schedule(const flashattn::BackwardArgs& args, flashattn::cuda::hopper_b
   bwd::launch_convert_dq(params, workspace, nullptr);
 }
 
-// Times the lockstep and overlapped schedules on one shape.
+// Times the schedules on one shape.
 void compare_schedules(const Shape& shape, int repeats, const Variants& variants) {
   using flashattn::cuda::hopper_bwd::BackwardSchedule;
   Problem p(shape, variants);
@@ -312,36 +314,45 @@ void compare_schedules(const Shape& shape, int repeats, const Variants& variants
     return;
   }
   auto run = [&](BackwardSchedule schedule) { run_schedule(p.args, schedule); };
+  // Max |difference| / max |lockstep gradient| over dQ, dK, dV (NaN if either has a NaN).
   p.poison_gradients();
   run(BackwardSchedule::lockstep);
   check(cudaDeviceSynchronize(), "lockstep run");
   const std::vector<float> reference = p.gradients();
-  p.poison_gradients();
-  run(BackwardSchedule::overlapped);
-  check(cudaDeviceSynchronize(), "overlapped run");
-  const std::vector<float> ours = p.gradients();
-  double difference = 0, magnitude = 0;
-  bool has_nan = false;
-  for (std::size_t i = 0; i < ours.size(); ++i) {
-    has_nan = has_nan || std::isnan(ours[i]) || std::isnan(reference[i]);
-    difference = std::max(difference, static_cast<double>(std::fabs(ours[i] - reference[i])));
-    magnitude = std::max(magnitude, static_cast<double>(std::fabs(reference[i])));
-  }
+  auto difference_to_lockstep = [&](BackwardSchedule schedule) {
+    p.poison_gradients();
+    run(schedule);
+    check(cudaDeviceSynchronize(), "schedule run");
+    const std::vector<float> ours = p.gradients();
+    double difference = 0, magnitude = 0;
+    bool has_nan = false;
+    for (std::size_t i = 0; i < ours.size(); ++i) {
+      has_nan = has_nan || std::isnan(ours[i]) || std::isnan(reference[i]);
+      difference = std::max(difference, static_cast<double>(std::fabs(ours[i] - reference[i])));
+      magnitude = std::max(magnitude, static_cast<double>(std::fabs(reference[i])));
+    }
+    return has_nan ? NAN : (magnitude > 0 ? difference / magnitude : difference);
+  };
+  const double overlapped_diff = difference_to_lockstep(BackwardSchedule::overlapped);
+  const double deferred_diff = difference_to_lockstep(BackwardSchedule::deferred_dk);
   const double lockstep_ms = median_ms([&] { run(BackwardSchedule::lockstep); }, repeats);
   const double overlapped_ms = median_ms([&] { run(BackwardSchedule::overlapped); }, repeats);
+  const double deferred_ms = median_ms([&] { run(BackwardSchedule::deferred_dk); }, repeats);
   const double flops = 2.5 * p.forward_flops();
-  std::printf("%s,%s,%lld,%lld,%lld,%lld,%d,%d,%.4f,%.1f,%.4f,%.1f,%.3f,%.3g\n", shape.sweep,
+  auto tflops = [&](double ms) { return flops / (ms * 1e-3) / 1e12; };
+  std::printf("%s,%s,%lld,%lld,%lld,%lld,%d,%d,%.4f,%.1f,%.4f,%.1f,%.4f,%.1f,%.3f,%.3f,%.3g,%.3g\n", shape.sweep,
               flashattn::dtype_name(shape.dtype), static_cast<long long>(shape.batch),
               static_cast<long long>(shape.heads), static_cast<long long>(shape.seqlen),
               static_cast<long long>(shape.head_dim), shape.causal ? 1 : 0, variants.deterministic ? 1 : 0, lockstep_ms,
-              flops / (lockstep_ms * 1e-3) / 1e12, overlapped_ms, flops / (overlapped_ms * 1e-3) / 1e12,
-              lockstep_ms / overlapped_ms, has_nan ? NAN : (magnitude > 0 ? difference / magnitude : difference));
+              tflops(lockstep_ms), overlapped_ms, tflops(overlapped_ms), deferred_ms, tflops(deferred_ms),
+              lockstep_ms / overlapped_ms, lockstep_ms / deferred_ms, overlapped_diff, deferred_diff);
   std::fflush(stdout);
 }
 
 void sweep_schedules(int repeats, bool quick, const Variants& variants) {
   std::printf("sweep,dtype,batch,heads,seqlen,head_dim,causal,deterministic,lockstep_ms,lockstep_tflops,"
-              "overlapped_ms,overlapped_tflops,speedup,max_rel_diff\n");
+              "overlapped_ms,overlapped_tflops,deferred_dk_ms,deferred_dk_tflops,overlapped_speedup,"
+              "deferred_dk_speedup,overlapped_max_rel_diff,deferred_dk_max_rel_diff\n");
   const std::vector<std::int64_t> seqlens =
       quick ? std::vector<std::int64_t>{1024, 4096, 16384} : std::vector<std::int64_t>{512, 1024, 2048, 4096, 8192, 16384};
   for (std::int64_t n : seqlens)

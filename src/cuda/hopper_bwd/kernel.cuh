@@ -32,6 +32,9 @@
 //   the dQ writer (producer warpgroup, warp 1) has released them (kDqEmpty), signals
 //   kDqFull, and the writer adds them with TMA tensor reductions (dq_accum_map); it
 //   takes the deterministic turns too. The consumers never wait for each other over dQ.
+//   deferred_dk (d128, default mode): as overlapped, but step s's dK is issued in step
+//   s + 1 right after S^T and dP^T (from dS^T fragments kept in registers), so it runs
+//   during step s + 1's dS^T math; step s's stage is released after it completes.
 //   Computing S^T (keys as rows) rather than S keeps P^T and dS^T in the accumulator
 //   layout the dV/dK products take from registers (FA3's SdP_swapAB): no shared-memory
 //   round trip for P at all, and dS^T's round trip serves only the dQ product.
@@ -125,7 +128,9 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
 #if FLASHATTN_HOPPER_DEVICE_CODE
   constexpr HopperBwdTileConfig kConfig =
       HopperBwdTileConfig{kHeadDimArg, kBlockMArg, kBlockNArg, kStagesArg}.for_schedule(kSchedule);
-  constexpr bool kOverlapped = kSchedule == BackwardSchedule::overlapped;
+  constexpr bool kOverlapped = kSchedule != BackwardSchedule::lockstep;
+  constexpr bool kDeferDk = kSchedule == BackwardSchedule::deferred_dk;
+  constexpr int kDkPending = kDeferDk ? 1 : 0;
   constexpr int kHeadDim = kHeadDimArg, kBlockM = kBlockMArg, kBlockN = kBlockNArg, kStages = kStagesArg;
   constexpr int kPanels = kConfig.panels();
   constexpr int kKVBytes = kConfig.kv_tile_bytes();
@@ -233,8 +238,11 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
       // Per step, per consumer c: wait until c has staged its part (kDqFull), add its
       // panels to dq_accum (TMA tensor reductions), and once the TMA has read them hand
       // them back (kDqEmpty). Deterministic: the step's turn is taken before the first
-      // reduction and published after the last is performed. The steps are the
-      // producer's (its own walk of the lists under a device mask).
+      // reduction and published once they are performed, which the writer waits for only
+      // after the next step's reductions are issued (FA3's next step: the completion's
+      // latency overlaps the next turn; a CTA still waits only for higher key blocks,
+      // which never wait for it, so holding a turn longer cannot deadlock). The steps are
+      // the producer's (its own walk of the lists under a device mask).
       if (threadIdx.x / 32 == 1) {
         if (steps == 0) return;
         const int lane = threadIdx.x % 32;
@@ -245,6 +253,7 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
 #pragma unroll
         for (int consumer = 0; consumer < kConsumerWarpgroups; ++consumer)
           ptx::named_barrier_arrive(NamedBarrier::kDqEmptyFirst, kDqHandshakeThreads, consumer);
+        DqTurn previous_turn{nullptr, 0};  // deterministic: taken, not yet published
         auto write_step = [&](int step, std::int32_t head_q, std::int32_t m_block) {
           DqTurn turn{nullptr, 0};
           if constexpr (kDeterministic) {
@@ -281,7 +290,10 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
             if (step + 1 < steps) ptx::named_barrier_arrive(NamedBarrier::kDqEmptyFirst, kDqHandshakeThreads, consumer);
           }
           if constexpr (kDeterministic) {
-            if (lane == 0) release_dq_turn(turn);
+            // The previous step's reductions are performed (this step's kConsumerWarpgroups
+            // groups may still run): publish its turn.
+            if (lane == 0 && step > 0) release_dq_turn<kConsumerWarpgroups>(previous_turn);
+            previous_turn = turn;
             __syncwarp();
           }
         };
@@ -305,8 +317,12 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
             }
           }
         }
-        // The staging panels stay readable until the TMA is done with them.
-        if (lane == 0) ptx::bulk_wait_group<0>();
+        // The staging panels stay readable until the TMA is done with them; deterministic:
+        // the last turn.
+        if (lane == 0) {
+          if constexpr (kDeterministic) release_dq_turn(previous_turn);
+          else ptx::bulk_wait_group<0>();
+        }
         return;
       }
     }
@@ -413,6 +429,10 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
 #pragma unroll
   for (int i = 0; i < kHeadDim / 2; ++i) dv[i] = dk[i] = 0.0f;
 
+  // deferred_dk: the previous step's dS^T fragments (the A of its dK) and stage.
+  std::uint32_t ds_previous[kBlockM / 16][4];
+  int previous_stage = 0;
+
   if (steps > 0) ptx::mbarrier_wait(kv_full, 0);
   for (int step = 0; step < steps; ++step) {
     const int stage = step % kStages;
@@ -460,6 +480,16 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
       ptx::wgmma_ss<kBlockM, kInput, 0>(dp, v_as_a + k_step_offset(kk, kBlockN),
                                          do_as_b + stage_offset + k_step_offset(kk, kBlockM), kk > 0 ? 1 : 0);
     ptx::wgmma_commit_group();
+    if constexpr (kDeferDk) {
+      // The previous step's dK_w += dS^T Q: it runs during this step's dS math.
+      if (step > 0) {
+        const std::uint64_t previous_offset = (previous_stage * kQBytes) >> 4;
+#pragma unroll
+        for (int kq = 0; kq < kBlockM / 16; ++kq)
+          ptx::wgmma_rs<kHeadDim, kInput, 1>(dk, ds_previous[kq], q_as_b_mn + previous_offset + mn_step_offset(kq), 1);
+      }
+      ptx::wgmma_commit_group();  // empty at step 0
+    }
 
     const float* lse = shared_lse + stage * kBlockM;
     const float* dsum = shared_dsum + stage * kBlockM;
@@ -519,12 +549,12 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
     // forms behind a branch in one instance made the element mask after it spill 160
     // bytes at d128 (ptxas -v).
     auto fast_path = [&](auto&& compute_p) {
-      ptx::wgmma_wait_group<1>();
+      ptx::wgmma_wait_group<1 + kDkPending>();
       ptx::fence_operands(s);
       compute_p();
       if (needs_mask) apply_mask(s);
       if (is_listed) fragment::apply_allowed_bits<kBlockM / 8>(s, allowed, 0.0f);
-      ptx::wgmma_wait_group<0>();
+      ptx::wgmma_wait_group<kDkPending>();
       ptx::fence_operands(dp);
       // dS^T = P^T ∘ (dP^T - D), dropout: P^T ∘ (Z ∘ dP^T / (1 - p) - D) (two loops:
       // the default one stays free of the decisions).
@@ -600,7 +630,7 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
       // Softcap and/or ALiBi (and listed partial tiles): P^T = exp2(score - LSE); dS^T
       // also needs the rule's gradient factor (softcap: 1 - tanh²), taken from the same
       // dot product.
-      ptx::wgmma_wait_group<0>();
+      ptx::wgmma_wait_group<kDkPending>();
       ptx::fence_operands(s);
       ptx::fence_operands(dp);
       // A listed partial tile's element pass and dBias per element here: dBias takes dS
@@ -718,7 +748,7 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
     } else {
       // dV_w += P^T dO: runs while the consumers meet.
       ptx::fence_operands(dv);
-      ptx::fence_operands(dk);
+      if constexpr (!kDeferDk) ptx::fence_operands(dk);  // deferred_dk: the previous dK is in flight
       ptx::wgmma_fence();
 #pragma unroll
       for (int kq = 0; kq < kBlockM / 16; ++kq)
@@ -740,11 +770,19 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
             dq, ds_as_a_mn + ((ds_buffer * kConfig.ds_bytes()) >> 4) + mn_step_offset(kk),
             k_as_b_mn + mn_step_offset(kk), kk > 0 ? 1 : 0);
       ptx::wgmma_commit_group();
+      if constexpr (!kDeferDk) {
 #pragma unroll
-      for (int kq = 0; kq < kBlockM / 16; ++kq)
-        ptx::wgmma_rs<kHeadDim, kInput, 1>(dk, ds_fragment[kq], q_as_b_mn + stage_offset + mn_step_offset(kq), 1);
-      ptx::wgmma_commit_group();
-      ptx::wgmma_wait_group<1>();  // dV and dQ (groups complete in order)
+        for (int kq = 0; kq < kBlockM / 16; ++kq)
+          ptx::wgmma_rs<kHeadDim, kInput, 1>(dk, ds_fragment[kq], q_as_b_mn + stage_offset + mn_step_offset(kq), 1);
+        ptx::wgmma_commit_group();
+        ptx::wgmma_wait_group<1>();  // dV and dQ (groups complete in order)
+      } else {
+        ptx::wgmma_wait_group<0>();  // the previous dK, dV and dQ
+        ptx::fence_operands(dk);
+        // The previous step's Q, dO, LSE, D are no longer read by this warp.
+        __syncwarp();
+        if (step > 0 && lane == 0) ::cuda::ptx::mbarrier_arrive(&empty[previous_stage]);
+      }
       ptx::fence_operands(dq);
       ptx::fence_operands(dv);
 
@@ -765,11 +803,33 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
       ptx::fence_proxy_async_shared();
       ptx::named_barrier_arrive(NamedBarrier::kDqFullFirst, kDqHandshakeThreads, consumer);
 
-      ptx::wgmma_wait_group<0>();  // dK: Q and dO of the stage are no longer read
+      if constexpr (!kDeferDk) {
+        ptx::wgmma_wait_group<0>();  // dK: Q and dO of the stage are no longer read
+        ptx::fence_operands(dk);
+        // Q, dO, LSE, D of this stage are no longer read by this warp.
+        __syncwarp();
+        if (lane == 0) ::cuda::ptx::mbarrier_arrive(&empty[stage]);
+      } else {
+#pragma unroll
+        for (int kq = 0; kq < kBlockM / 16; ++kq)
+#pragma unroll
+          for (int r = 0; r < 4; ++r) ds_previous[kq][r] = ds_fragment[kq][r];
+        previous_stage = stage;
+      }
+    }
+  }
+  if constexpr (kDeferDk) {
+    // The last step's dK.
+    if (steps > 0) {
+      const std::uint64_t previous_offset = (previous_stage * kQBytes) >> 4;
       ptx::fence_operands(dk);
-      // Q, dO, LSE, D of this stage are no longer read by this warp.
-      __syncwarp();
-      if (lane == 0) ::cuda::ptx::mbarrier_arrive(&empty[stage]);
+      ptx::wgmma_fence();
+#pragma unroll
+      for (int kq = 0; kq < kBlockM / 16; ++kq)
+        ptx::wgmma_rs<kHeadDim, kInput, 1>(dk, ds_previous[kq], q_as_b_mn + previous_offset + mn_step_offset(kq), 1);
+      ptx::wgmma_commit_group();
+      ptx::wgmma_wait_group<0>();
+      ptx::fence_operands(dk);
     }
   }
   // The staging tile must stay readable until the TMA has added it.
@@ -827,7 +887,16 @@ template <class T, int kHeadDim, bool kDeterministic>
 void run_backward_sm90(const HopperBackwardParams& params, cudaStream_t stream, BackwardSchedule schedule) {
   constexpr HopperBwdTileConfig kConfig = hopper_bwd_tile_config(kHeadDim);
   static_assert(kConfig.kernel_head_dim == kHeadDim, "no Hopper backward tile config for this head dim");
-  if (schedule == BackwardSchedule::overlapped)
+  if constexpr (kHeadDim == 128 && !kDeterministic) {
+    if (schedule == BackwardSchedule::deferred_dk) {
+      // A step's stage stays until its dK is done, in the next step: a third stage, so the
+      // producer still loads a step and a half ahead (d128: 226.8 KB).
+      constexpr HopperBwdTileConfig kThreeStages{kConfig.kernel_head_dim, kConfig.block_m, kConfig.block_n, 3};
+      launch_backward_sm90<T, kThreeStages, kDeterministic, BackwardSchedule::deferred_dk>(params, stream);
+      return;
+    }
+  }
+  if (schedule != BackwardSchedule::lockstep)  // deferred_dk elsewhere: overlapped
     launch_backward_sm90<T, kConfig, kDeterministic, BackwardSchedule::overlapped>(params, stream);
   else
     launch_backward_sm90<T, kConfig, kDeterministic, BackwardSchedule::lockstep>(params, stream);

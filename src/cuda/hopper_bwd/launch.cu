@@ -43,8 +43,10 @@ bool is_disabled_by_environment() {
 BackwardSchedule backward_schedule() {
   static const BackwardSchedule schedule = [] {
     const char* value = std::getenv("FLASHATTN_CUDA_HOPPER_BWD_SCHEDULE");
-    return value != nullptr && std::string(value) == "overlapped" ? BackwardSchedule::overlapped
-                                                                  : BackwardSchedule::lockstep;
+    const std::string name = value != nullptr ? value : "";
+    return name == "overlapped"    ? BackwardSchedule::overlapped
+           : name == "deferred_dk" ? BackwardSchedule::deferred_dk
+                                   : BackwardSchedule::lockstep;
   }();
   return schedule;
 }

@@ -41,7 +41,8 @@ struct HopperBackwardParams {
 };
 
 // The schedule kernel.cuh runs (tile_config.hpp): FLASHATTN_CUDA_HOPPER_BWD_SCHEDULE=
-// overlapped selects FA3's order, anything else (or unset) lockstep; read once per process.
+// overlapped selects FA3's order, =deferred_dk that with dK a step later (d128, default
+// mode), anything else (or unset) lockstep; read once per process.
 BackwardSchedule backward_schedule();
 
 // The CTAs' order (both kernels): key block fastest (flat, the default), or, with

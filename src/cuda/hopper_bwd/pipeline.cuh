@@ -203,9 +203,11 @@ __device__ __forceinline__ void acquire_dq_turn(const DqTurn& turn) {
 }
 
 // After this thread's reductions of the turn: waits until they are performed in global
-// memory and publishes the next turn (release).
+// memory and publishes the next turn (release). kNewerGroups: bulk groups this thread has
+// committed since (a later turn's reductions), which may stay in flight.
+template <int kNewerGroups = 0>
 __device__ __forceinline__ void release_dq_turn(const DqTurn& turn) {
-  ptx::bulk_wait_group<0>();
+  ptx::bulk_wait_group<kNewerGroups>();
   ptx::fence_proxy_async_global();
   __threadfence();
   ptx::store_release_gpu(turn.semaphore, turn.turn + 1);

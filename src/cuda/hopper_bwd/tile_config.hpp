@@ -26,7 +26,12 @@ namespace flashattn::cuda::hopper_bwd {
 //               and hands it to a dQ-writer warp of the producer warpgroup, which adds it
 //               to dq_accum with TMA tensor reductions (and in deterministic mode waits for
 //               the turns, so the consumers never spin).
-enum class BackwardSchedule { lockstep, overlapped };
+//   deferred_dk: overlapped, but each step's dK product is issued in the next step, after
+//               its S^T and dP^T products, so it runs during that step's dS^T math (when
+//               the tensor cores idle otherwise); its stage is released a step later (a
+//               third stage: kernel.cuh's run_backward_sm90). Head dim 128, default mode
+//               only (elsewhere the overlapped schedule runs); experimental.
+enum class BackwardSchedule { lockstep, overlapped, deferred_dk };
 
 // The overlapped schedule's dQ staging: fp32 panels of 32 columns (128 bytes a row: the
 // TMA's 128-byte swizzle) x 64 rows (a consumer's m64 wgmma rows); the dq_accum tensor
@@ -50,7 +55,7 @@ struct HopperBwdTileConfig {
   // The config a schedule runs (the table holds the lockstep one).
   constexpr HopperBwdTileConfig for_schedule(BackwardSchedule schedule) const {
     HopperBwdTileConfig config = *this;
-    config.ds_buffers = schedule == BackwardSchedule::overlapped ? 2 : 1;
+    config.ds_buffers = schedule == BackwardSchedule::lockstep ? 1 : 2;
     return config;
   }
 
