@@ -15,6 +15,7 @@
 #include "flashattn/attention.hpp"
 #include "flashattn/error.hpp"
 #include "src/core/dense_mask_blocks.hpp"
+#include "src/core/validate.hpp"
 #include "tests/cpu/attention_problem.hpp"
 
 namespace flashattn::testing {
@@ -353,6 +354,11 @@ TEST(DenseMaskBlocks, EqualsThePerElementPath) {
     DenseMask mask = structured_bool_mask(resolve(c.mask_shape, c.shape), 21);
     t.extra.maybe_attn_mask = mask.view();
     t.reference_extra = t.extra;
+    // Which path "blocks" takes: the block form, except for a mask broadcast along rows
+    // (the [B, 1, 1, Sk] case), which stays per element.
+    const bool rows_broadcast = c.mask_shape[2] == 1;
+    EXPECT_EQ(is_dense_mask_convertible(validate_forward(t.forward_args(t.extra, Algorithm::flash2))), !rows_broadcast)
+        << label;
     for (Algorithm algorithm : {Algorithm::flash2, Algorithm::flash1}) {
       const std::string name = label + (algorithm == Algorithm::flash2 ? " flash2" : " flash1");
       {
