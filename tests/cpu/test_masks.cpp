@@ -15,6 +15,7 @@
 #include "flashattn/attention.hpp"
 #include "flashattn/error.hpp"
 #include "src/core/dense_mask_blocks.hpp"
+#include "tests/support/dense_mask_mode.hpp"
 #include "src/core/validate.hpp"
 #include "tests/cpu/attention_problem.hpp"
 
@@ -303,17 +304,6 @@ TEST(BlockMasks, DenseAndBlockSparseAgree) {
     }
 }
 
-// The dense-mask conversion for one scope: "blocks" converts, null keeps the per-element
-// path (the library reads FLASHATTN_DENSE_MASK once per process; tests override it).
-// Outside these scopes the default decides (converted, unless FLASHATTN_DENSE_MASK=elements
-// for the whole run).
-class DenseMaskMode {
- public:
-  explicit DenseMaskMode(const char* value) { set_dense_mask_conversion_override(value != nullptr ? 1 : 0); }
-  ~DenseMaskMode() { set_dense_mask_conversion_override(-1); }
-  DenseMaskMode(const DenseMaskMode&) = delete;
-  DenseMaskMode& operator=(const DenseMaskMode&) = delete;
-};
 
 // A boolean mask whose 64 x 64 blocks (the CPU conversion's) come in every kind: random
 // elements (keep 0.7), row 3 and rows [64, 128) see nothing (whole empty blocks), keys
