@@ -1,6 +1,8 @@
 // src/core/dense_mask_blocks.cpp — the host side of dense_mask_blocks.hpp.
 #include "src/core/dense_mask_blocks.hpp"
 
+#include <omp.h>
+
 #include <atomic>
 #include <climits>
 #include <cstdlib>
@@ -90,7 +92,8 @@ BlockMaskView DenseBlockMask::view() const {
   return v;
 }
 
-void build_dense_block_mask(const AttentionParams& params, std::int64_t block_m, std::int64_t block_n, DenseBlockMask& out) {
+void build_dense_block_mask(const AttentionParams& params, std::int64_t block_m, std::int64_t block_n, DenseBlockMask& out,
+                            int num_threads) {
   const DenseMaskGrid grid = dense_mask_grid(params, block_m, block_n);
   out.grid = grid;
   const auto blocks = static_cast<std::size_t>(grid.block_count());
@@ -99,7 +102,7 @@ void build_dense_block_mask(const AttentionParams& params, std::int64_t block_m,
   const auto* mask = static_cast<const std::uint8_t*>(params.maybe_attn_mask);
   // One pass over the mask; block rows write disjoint codes and bits.
   const std::int64_t block_rows = grid.batches * grid.heads * grid.q_blocks;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) num_threads(num_threads > 0 ? num_threads : omp_get_max_threads())
   for (std::int64_t block_row = 0; block_row < block_rows; ++block_row) {
     const std::int64_t m = block_row % grid.q_blocks;
     const std::int64_t h = (block_row / grid.q_blocks) % grid.heads, b = block_row / (grid.q_blocks * grid.heads);

@@ -121,7 +121,9 @@ struct DenseBlockMask {
 };
 
 // Converts params' dense boolean mask (host memory) at these block sizes.
-void build_dense_block_mask(const AttentionParams& params, std::int64_t block_m, std::int64_t block_n, DenseBlockMask& out);
+// num_threads: OpenMP threads of the conversion (0: OpenMP's default), as the CPU calls take.
+void build_dense_block_mask(const AttentionParams& params, std::int64_t block_m, std::int64_t block_n, DenseBlockMask& out,
+                            int num_threads = 0);
 
 // The mask blocks of the CPU flash paths: 64 x 64, a few of them per key block of 128
 // (performance only: any valid size gives the same results).

@@ -94,8 +94,8 @@ bool runs_dense_mask_as_blocks(const AttentionParams& params, Algorithm algorith
 }
 // params with its dense mask replaced by the block form held in `storage`.
 template <class Params>
-Params with_block_form(const Params& params, DenseBlockMask& storage) {
-  build_dense_block_mask(params, kCpuDenseMaskBlock, kCpuDenseMaskBlock, storage);
+Params with_block_form(const Params& params, DenseBlockMask& storage, int num_threads) {
+  build_dense_block_mask(params, kCpuDenseMaskBlock, kCpuDenseMaskBlock, storage, num_threads);
   Params converted = params;
   converted.block_mask = storage.view();
   converted.maybe_attn_mask = nullptr;
@@ -117,7 +117,7 @@ void forward(const AttentionParams& params, Algorithm algorithm, int num_threads
   }
   if (runs_dense_mask_as_blocks(params, algorithm)) {
     DenseBlockMask blocks;
-    forward(with_block_form(params, blocks), algorithm, num_threads);
+    forward(with_block_form(params, blocks, num_threads), algorithm, num_threads);
     return;
   }
   switch (algorithm) {
@@ -133,7 +133,7 @@ void backward(const BackwardParams& params, Algorithm algorithm, int num_threads
   require_float_dtype(params.dtype, "backward");
   if (runs_dense_mask_as_blocks(params, algorithm)) {
     DenseBlockMask blocks;
-    backward(with_block_form(params, blocks), algorithm, num_threads);
+    backward(with_block_form(params, blocks, num_threads), algorithm, num_threads);
     return;
   }
   switch (algorithm) {

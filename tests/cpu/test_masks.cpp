@@ -15,6 +15,8 @@
 #include "flashattn/attention.hpp"
 #include "flashattn/error.hpp"
 #include "src/core/dense_mask_blocks.hpp"
+#include "tests/support/dense_mask_mode.hpp"
+#include "src/core/validate.hpp"
 #include "tests/cpu/attention_problem.hpp"
 
 namespace flashattn::testing {
@@ -302,17 +304,6 @@ TEST(BlockMasks, DenseAndBlockSparseAgree) {
     }
 }
 
-// The dense-mask conversion for one scope: "blocks" converts, null keeps the per-element
-// path (the library reads FLASHATTN_DENSE_MASK once per process; tests override it).
-// Outside these scopes the default decides (converted, unless FLASHATTN_DENSE_MASK=elements
-// for the whole run).
-class DenseMaskMode {
- public:
-  explicit DenseMaskMode(const char* value) { set_dense_mask_conversion_override(value != nullptr ? 1 : 0); }
-  ~DenseMaskMode() { set_dense_mask_conversion_override(-1); }
-  DenseMaskMode(const DenseMaskMode&) = delete;
-  DenseMaskMode& operator=(const DenseMaskMode&) = delete;
-};
 
 // A boolean mask whose 64 x 64 blocks (the CPU conversion's) come in every kind: random
 // elements (keep 0.7), row 3 and rows [64, 128) see nothing (whole empty blocks), keys
@@ -353,6 +344,11 @@ TEST(DenseMaskBlocks, EqualsThePerElementPath) {
     DenseMask mask = structured_bool_mask(resolve(c.mask_shape, c.shape), 21);
     t.extra.maybe_attn_mask = mask.view();
     t.reference_extra = t.extra;
+    // Which path "blocks" takes: the block form, except for a mask broadcast along rows
+    // (the [B, 1, 1, Sk] case), which stays per element.
+    const bool rows_broadcast = c.mask_shape[2] == 1;
+    EXPECT_EQ(is_dense_mask_convertible(validate_forward(t.forward_args(t.extra, Algorithm::flash2))), !rows_broadcast)
+        << label;
     for (Algorithm algorithm : {Algorithm::flash2, Algorithm::flash1}) {
       const std::string name = label + (algorithm == Algorithm::flash2 ? " flash2" : " flash1");
       {

@@ -39,6 +39,7 @@
 #include "src/core/backend.hpp"
 #include "src/core/validate.hpp"
 #include "src/core/dense_mask_blocks.hpp"
+#include "tests/support/dense_mask_mode.hpp"
 #include "src/cuda/masks/device_mask.hpp"
 #include "tests/cuda/device_problem.hpp"
 
@@ -691,17 +692,6 @@ std::vector<MaskCase> small_dense_blocks_cases() {
   };
 }
 
-// The dense-mask conversion for one scope: "blocks" converts, null keeps the per-element
-// path (the library reads FLASHATTN_DENSE_MASK once per process; tests override it).
-// Outside these scopes the default decides (converted, unless FLASHATTN_DENSE_MASK=elements
-// for the whole run).
-class DenseMaskMode {
- public:
-  explicit DenseMaskMode(const char* value) { set_dense_mask_conversion_override(value != nullptr ? 1 : 0); }
-  ~DenseMaskMode() { set_dense_mask_conversion_override(-1); }
-  DenseMaskMode(const DenseMaskMode&) = delete;
-  DenseMaskMode& operator=(const DenseMaskMode&) = delete;
-};
 
 // ---- the tests ------------------------------------------------------------------------
 
