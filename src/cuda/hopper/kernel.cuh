@@ -481,13 +481,36 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
   const DropoutRule dropout = kHasDropout ? attention.dropout() : DropoutRule{};
 
   Tile tile{};         // the tile being run
-  ScoreRule score_rule{};          // the tile's (batch, head): its ALiBi slope (set only off the fast path)
   // ALiBi's affine form on the key blocks this warp's 16 rows see off the diagonal
   // (default: off, every block takes the per-element form). Compiled where it costs no
   // spills: d64 and d128 with two consumer warpgroups (ptxas -v: d256 and d64's three
   // consumer warpgroups of 160 registers spilled 32-72 bytes more with it).
   constexpr bool kHasAffineAlibi = kHeadDim <= 128 && kConsumerWarpgroups == 2;
-  fragment::AffineBiasLane alibi_lane{};
+  // The tile's score rule and ALiBi's affine state for this lane (read only off the fast
+  // path): built from the slope (the one memory read), the tile and launch constants.
+  struct TileScore {
+    ScoreRule rule;
+    fragment::AffineBiasLane alibi_lane;  // default: every block straddles (the affine form off)
+  };
+  auto tile_score_of = [&](float alibi_slope_log2) {
+    TileScore score{attention.score_of_slope(alibi_slope_log2, tile.mask), {}};
+    if (kHasAffineAlibi && params.is_alibi_affine && score.rule.has_affine_bias()) {
+      const std::int64_t warp_row_first = tile.m0 + thread_row0 - group;
+      score.alibi_lane = fragment::AffineBiasLane::of(
+          score.rule, score.rule.side_bounds(warp_row_first, warp_row_first + 15, kBlockN, tile.mask),
+          tile.m0 + thread_row0);
+    }
+    return score;
+  };
+  // Persistent kernels keep only the slope across the mainloop and rebuild the rest per
+  // key block inside the score-rule branch: kept live, the rule and the affine state sat
+  // in every path's registers across the consumers' loop (ptxas -v, bf16 d128 with the
+  // tile overlap: 112/92 bytes of spills and a local load of seqlen_k per key block on
+  // the fast path; rebuilt: 28/36, none in the loop). One-tile kernels keep the whole
+  // state (rebuilt per block, bf16 d128 went from 0/0 to 48/40).
+  constexpr bool kRebuildsTileScore = kPersistentArg;
+  float alibi_slope_log2 = 0.0f;  // log2 units, set only off the fast path
+  TileScore tile_score{};         // set only off the fast path, without kRebuildsTileScore
   std::uint32_t dropout_head = 0;  // the tile's (batch, head) in the dropout generator
   int block_base = 0;  // K/V blocks consumed for earlier tiles: the rings' position
   int tile_count = 0;  // tiles run so far: Q's buffer and phase
@@ -580,6 +603,9 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
     float score_offset[2] = {0.0f, 0.0f};
     float bias_factor = mask_bias_factor;  // an attn_mask bias in the unit of s
     if (!is_positive_scale) {
+      const TileScore score = kRebuildsTileScore ? tile_score_of(alibi_slope_log2) : tile_score;
+      const ScoreRule& score_rule = score.rule;
+      const fragment::AffineBiasLane& alibi_lane = score.alibi_lane;
       // The side of the diagonal this warp's 16 rows see the block on (a warp-uniform
       // branch; n0 is a 32-bit TMA coordinate).
       const std::int32_t n0_32 = static_cast<std::int32_t>(n0);
@@ -822,14 +848,8 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
     row_state[0] = online_softmax::State<float>{};
     row_state[1] = online_softmax::State<float>{};
     if (!is_positive_scale) {
-      score_rule = attention.score_of(tile.batch, tile.head, tile.mask);
-      alibi_lane = fragment::AffineBiasLane{};
-      if (kHasAffineAlibi && params.is_alibi_affine && score_rule.has_affine_bias()) {
-        const std::int64_t warp_row_first = tile.m0 + thread_row0 - group;
-        alibi_lane = fragment::AffineBiasLane::of(
-            score_rule, score_rule.side_bounds(warp_row_first, warp_row_first + 15, kBlockN, tile.mask),
-            tile.m0 + thread_row0);
-      }
+      alibi_slope_log2 = attention.alibi_slope_log2_of(tile.batch, tile.head);
+      if constexpr (!kRebuildsTileScore) tile_score = tile_score_of(alibi_slope_log2);
     }
     if constexpr (kHasDropout) dropout_head = attention.dropout_head(tile.batch, tile.head);
     ptx::mbarrier_wait(&q_full[q_buffer], q_use_of(tile_count) & 1);
