@@ -506,9 +506,10 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
   // key block inside the score-rule branch: kept live, the rule and the affine state sat
   // in every path's registers across the consumers' loop (ptxas -v, bf16 d128 with the
   // tile overlap: 112/92 bytes of spills and a local load of seqlen_k per key block on
-  // the fast path; rebuilt: 28/36, none in the loop). One-tile kernels keep the whole
-  // state (rebuilt per block, bf16 d128 went from 0/0 to 48/40).
-  constexpr bool kRebuildsTileScore = kPersistentArg;
+  // the fast path; rebuilt: 28/36, all in the producer). One-tile kernels keep the whole
+  // state (rebuilt per block, bf16 d128 went from 0/0 to 48/40), and so does d256, which
+  // has no affine form (rebuilt, its dropout kernel spilled 8/8 bytes more per tile).
+  constexpr bool kRebuildsTileScore = kPersistentArg && kHeadDim <= 128;
   float alibi_slope_log2 = 0.0f;  // log2 units, set only off the fast path
   TileScore tile_score{};         // set only off the fast path, without kRebuildsTileScore
   std::uint32_t dropout_head = 0;  // the tile's (batch, head) in the dropout generator
