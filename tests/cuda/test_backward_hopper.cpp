@@ -111,9 +111,9 @@ TEST_F(CudaBackwardHopper, ScheduleFollowsTheEnvironment) {
   };
   using cuda::hopper_bwd::BackwardSchedule;
   const char* const kSchedule = "FLASHATTN_CUDA_HOPPER_BWD_SCHEDULE";
-  const BackwardSchedule expected = is_set_to(kSchedule, "overlapped")    ? BackwardSchedule::overlapped
+  const BackwardSchedule expected = is_set_to(kSchedule, "lockstep")      ? BackwardSchedule::lockstep
                                     : is_set_to(kSchedule, "deferred_dk") ? BackwardSchedule::deferred_dk
-                                                                          : BackwardSchedule::lockstep;
+                                                                          : BackwardSchedule::overlapped;
   EXPECT_EQ(cuda::hopper_bwd::backward_schedule(), expected);
   EXPECT_EQ(cuda::hopper_bwd::is_l2_section_order_requested(),
             is_set_to("FLASHATTN_CUDA_HOPPER_BWD_ORDER", "l2_sections"));

@@ -131,8 +131,8 @@ TEST_F(HopperForwardTest, PersistentGridRunsSeveralTilesPerCta) {
 }
 
 // More than two tiles per CTA on 132 SMs, of every kind the persistent kernels serve,
-// so that under FLASHATTN_CUDA_HOPPER_EPILOGUE=tma_overlap (the ctest prefix
-// tma_overlap.) both Q buffers are reused, the next tile's first S = Q K^T runs beside
+// so that under the tile-overlap schedule (the default; the ctest prefix
+// registers_epilogue. runs the other) both Q buffers are reused, the next tile's first S = Q K^T runs beside
 // the previous tile's O store, and the store meets every edge: dense tails clipped by
 // the TMA (a block_m 192 tile of 65 rows: one whole warpgroup, one with a single row,
 // one with none), varlen warpgroups that cross their sequence's end (stored row by row)

@@ -867,7 +867,7 @@ template <class T, HopperBwdTileConfig kConfig, bool kDeterministic = false,
 void launch_backward_sm90(const HopperBackwardParams& params, cudaStream_t stream) {
   if (params.backward.deterministic != kDeterministic || (kDeterministic && params.workspace.dq_semaphore == nullptr))
     throw Error("flashattn: cuda backward: Hopper kernel instantiated for the other deterministic mode");
-  if constexpr (kSchedule == BackwardSchedule::overlapped) {
+  if constexpr (kSchedule != BackwardSchedule::lockstep) {
     const auto* map_bytes = reinterpret_cast<const unsigned char*>(&params.dq_accum_map);
     bool has_map = false;
     for (std::size_t i = 0; i < sizeof(params.dq_accum_map); ++i) has_map = has_map || map_bytes[i] != 0;
