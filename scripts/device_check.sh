@@ -11,7 +11,8 @@
 #   6. (step bench, not in the default list) the forward and backward harness
 #      (bench/gpu/bench_attention.py: ours beside SDPA FA2 and cuDNN, CSV + PNG;
 #      BENCH_PASSES="fwd bwd", HARNESS_ARGS);
-#   (steps features / features_sanitize, not in the default list: the masks and FP8
+#   (step alibi_generic, not in the default list: the ALiBi tests with the per-element form;
+#   steps features / features_sanitize, not in the default list: the masks and FP8
 #   suites alone, and compute-sanitizer on their small cases)
 #   7. (step masks, not in the default list) bench/gpu/bench_masks.py (issue 15's table and
 #      the block-density sweep against FlexAttention, forward and backward; MASKS_ARGS, e.g.
@@ -96,6 +97,14 @@ for t in test_cuda_masks test_cuda_masks_sm80_backward test_cuda_masks_hopper te
   timeout "${FEATURE_LIMIT:-100}" "$tree/tests/cuda/$t" --gtest_brief=1 > "$logs/$t.log" 2>&1
   note "$t rc=$? $(grep -E '^\[  PASSED|^\[  FAILED' "$logs/$t.log" | head -2 | tr '\n' ' ')"
   grep -E '^\[  FAILED|Failure|what\(\)' "$logs/$t.log" | head -6 | tee -a "$logs/summary.txt"
+done
+fi
+
+if wants alibi_generic; then
+step "ALiBi tests with the per-element form everywhere (FLASHATTN_CUDA_ALIBI_PATH=generic)"
+for t in test_cuda_forward_hopper_variants test_cuda_backward_hopper; do
+  FLASHATTN_CUDA_ALIBI_PATH=generic timeout 120 "$tree/tests/cuda/$t" --gtest_brief=1 --gtest_filter='*Alibi*:*ALiBi*:*Variant*' > "$logs/alibi_generic_$t.log" 2>&1
+  note "alibi generic $t rc=$? $(grep -E '^\[  PASSED|^\[  FAILED' "$logs/alibi_generic_$t.log" | head -2 | tr '\n' ' ')"
 done
 fi
 

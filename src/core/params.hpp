@@ -168,14 +168,23 @@ struct AttentionParams {
   }
   // The score rule of (sequence b, query head h) under b's mask (flashattn/score.hpp).
   FLASHATTN_HOST_DEVICE ScoreRule score_of(std::int64_t b, std::int64_t h, const MaskRule& mask) const {
+    return score_of_slope(alibi_slope_log2_of(b, h), mask);
+  }
+  // score_of in two parts, for kernels that keep only the slope (the one memory read)
+  // across their loops and rebuild the rule where they use it.
+  FLASHATTN_HOST_DEVICE float alibi_slope_log2_of(std::int64_t b, std::int64_t h) const {
+    return maybe_alibi_slopes != nullptr
+               ? maybe_alibi_slopes[b * alibi_batch_stride + h] * static_cast<float>(online_softmax::kLog2e)
+               : 0.0f;
+  }
+  FLASHATTN_HOST_DEVICE ScoreRule score_of_slope(float alibi_slope_log2, const MaskRule& mask) const {
     ScoreRule rule;
     rule.scale_log2 = softmax_scale_log2;
     if (has_softcap()) {
       rule.softcap_input_scale = softmax_scale / softcap;
       rule.softcap_log2 = softcap * static_cast<float>(online_softmax::kLog2e);
     }
-    if (maybe_alibi_slopes != nullptr)
-      rule.alibi_slope_log2 = maybe_alibi_slopes[b * alibi_batch_stride + h] * static_cast<float>(online_softmax::kLog2e);
+    rule.alibi_slope_log2 = alibi_slope_log2;
     rule.diagonal = mask.seqlen_k - mask.seqlen_q;
     return rule;
   }

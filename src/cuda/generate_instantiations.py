@@ -90,7 +90,7 @@ def units():
                 yield f"hopper_bwd/instantiations/{prefix}_{name}_hdim{d}.cu", unit(
                     "src/cuda/hopper_bwd/kernel.cuh", "flashattn::cuda::hopper_bwd",
                     f"template void run_backward_sm90<{ctype}, {d}, {deterministic}>(const HopperBackwardParams&, "
-                    "cudaStream_t);")
+                    "cudaStream_t, BackwardSchedule);")
             for d in SM90_BWD_WIDE_HEAD_DIMS:
                 yield f"hopper_bwd/instantiations/{prefix}_{name}_hdim{d}.cu", unit(
                     "src/cuda/hopper_bwd/kernel_wide.cuh", "flashattn::cuda::hopper_bwd",

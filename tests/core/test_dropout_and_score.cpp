@@ -212,5 +212,103 @@ TEST(ScoreRule, PlainScaleSoftcapAndAlibi) {
   EXPECT_NEAR(rule.gradient_factor(dot), 1.0 - t * t, 1e-6);
 }
 
+// ALiBi's affine form: on blocks on one side of the diagonal, slope x + row offset (and
+// the bias linear in the distance) is the per-element score, to float rounding; the
+// side bounds put a block on a side exactly when every allowed element of it is there.
+TEST(ScoreRule, AffineAlibiEqualsThePerElementScore) {
+  ScoreRule rule;
+  rule.scale_log2 = 0.125f * 1.44269504f;
+  rule.alibi_slope_log2 = 0.0625f * 1.44269504f;
+  rule.diagonal = 37;
+  ASSERT_TRUE(rule.has_affine_bias());
+  const float dot_scale = rule.affine_dot_scale();
+  const std::int64_t col0 = 96;
+  for (DiagonalSide side : {DiagonalSide::left, DiagonalSide::right}) {
+    // Rows whose diagonal column lies right of the block (left side) or left of it.
+    const std::int64_t row_first = side == DiagonalSide::left ? 200 : 0;
+    for (std::int64_t row = row_first; row < row_first + 16; ++row) {
+      const float row_offset = rule.affine_row_offset(side, static_cast<float>(row + rule.diagonal - col0));
+      for (std::int64_t col = col0; col < col0 + 128; col += 5) {
+        ASSERT_EQ(side == DiagonalSide::left ? row + rule.diagonal >= col : row + rule.diagonal <= col, true);
+        for (float dot : {-7.5f, 0.0f, 3.25f}) {
+          const float x = ScoreRule::affine_x(dot, dot_scale, side, static_cast<float>(col - col0));
+          const float expected = rule.log2_score(dot, row, col);
+          EXPECT_NEAR(rule.affine_log2_score(x, row_offset), expected, 1e-5 * (1.0 + std::fabs(expected)))
+              << row << " " << col << " " << dot;
+          const float linear = dot * rule.scale_log2 + rule.bias_on_side(side, static_cast<float>(row + rule.diagonal - col));
+          EXPECT_NEAR(linear, expected, 1e-5 * (1.0 + std::fabs(expected)));
+        }
+      }
+    }
+  }
+  // Off where the form does not hold or would overflow.
+  ScoreRule capped = rule;
+  capped.softcap_input_scale = 0.1f, capped.softcap_log2 = 2.0f;
+  EXPECT_FALSE(capped.has_affine_bias());
+  ScoreRule negative = rule;
+  negative.alibi_slope_log2 = -0.1f;
+  EXPECT_FALSE(negative.has_affine_bias());
+  ScoreRule tiny = rule;
+  tiny.alibi_slope_log2 = rule.scale_log2 * 0x1p-40f;
+  EXPECT_FALSE(tiny.has_affine_bias());
+}
+
+// side_bounds (key blocks moving) and row_side_bounds (query blocks moving) against the
+// sign of every allowed element's distance, for masks with and without windows.
+TEST(ScoreRule, SideBoundsMatchTheElements) {
+  const std::int64_t seqlen_q = 150, seqlen_k = 190, kBlock = 32, kRows = 16;
+  for (auto [left, right] : {std::pair<std::int64_t, std::int64_t>{-1, -1}, {-1, 0}, {0, -1}, {20, 0}, {0, 9}, {5, 5}}) {
+    MaskRule mask{seqlen_q, seqlen_k, left, right};
+    ScoreRule rule;
+    rule.scale_log2 = 1.0f, rule.alibi_slope_log2 = 1.0f, rule.diagonal = seqlen_k - seqlen_q;
+    // The side of the allowed elements of rows [r0, r1) x columns [c0, c1), from scratch.
+    auto actual_side = [&](std::int64_t r0, std::int64_t r1, std::int64_t c0, std::int64_t c1) {
+      bool any_left = false, any_right = false;
+      for (std::int64_t r = r0; r < r1; ++r)
+        for (std::int64_t c = c0; c < c1; ++c) {
+          if (!mask.allowed(r, c)) continue;
+          any_left |= r + rule.diagonal - c > 0;
+          any_right |= r + rule.diagonal - c < 0;
+        }
+      return std::pair{any_left, any_right};
+    };
+    for (std::int64_t r0 = 0; r0 < seqlen_q; r0 += kRows) {
+      const ScoreRule::SideBounds bounds = rule.side_bounds(r0, r0 + kRows - 1, kBlock, mask);
+      for (std::int64_t c0 = 0; c0 < seqlen_k + kBlock; c0 += 8) {
+        const auto [any_left, any_right] = actual_side(r0, r0 + kRows, c0, c0 + kBlock);
+        const DiagonalSide side = bounds.side(c0);
+        if (side == DiagonalSide::left) EXPECT_FALSE(any_right) << r0 << " " << c0;
+        if (side == DiagonalSide::right) EXPECT_FALSE(any_left) << r0 << " " << c0;
+      }
+    }
+    for (std::int64_t c0 = 0; c0 < seqlen_k; c0 += kRows) {
+      const ScoreRule::RowSideBounds bounds = rule.row_side_bounds(c0, c0 + kRows - 1, kBlock, mask);
+      for (std::int64_t r0 = 0; r0 < seqlen_q + kBlock; r0 += 8) {
+        const auto [any_left, any_right] = actual_side(r0, r0 + kBlock, c0, c0 + kRows);
+        const DiagonalSide side = bounds.side(r0);
+        if (side == DiagonalSide::left) EXPECT_FALSE(any_right) << c0 << " " << r0;
+        if (side == DiagonalSide::right) EXPECT_FALSE(any_left) << c0 << " " << r0;
+      }
+    }
+    // Causal: a block across the diagonal is on the left (its right part is masked);
+    // window_left 0: on the right. Rows 0..15 have diagonal columns 40..55.
+    if (right == 0) EXPECT_EQ(rule.side_bounds(0, kRows - 1, kBlock, mask).side(32), DiagonalSide::left);
+    if (left == 0 && right != 0) {
+      EXPECT_EQ(rule.side_bounds(0, kRows - 1, kBlock, mask).side(32), DiagonalSide::right);
+      EXPECT_EQ(rule.row_side_bounds(40, 55, kBlock, mask).side(0), DiagonalSide::right);
+    }
+  }
+  // Unmasked: blocks far enough on either side are classified, not only straddling.
+  MaskRule unmasked{100, 100, -1, -1};
+  ScoreRule rule;
+  rule.alibi_slope_log2 = 1.0f;
+  const ScoreRule::SideBounds bounds = rule.side_bounds(64, 79, 32, unmasked);
+  EXPECT_EQ(bounds.side(0), DiagonalSide::left);    // columns 0..31 <= 64
+  EXPECT_EQ(bounds.side(33), DiagonalSide::left);   // 33..64
+  EXPECT_EQ(bounds.side(34), DiagonalSide::straddles);
+  EXPECT_EQ(bounds.side(79), DiagonalSide::right);  // 79.. >= row 79's diagonal
+  EXPECT_EQ(bounds.side(78), DiagonalSide::straddles);
+}
+
 }  // namespace
 }  // namespace flashattn

@@ -23,3 +23,17 @@ target_link_libraries(test_cuda_backward_variants PRIVATE CUDA::cudart_static)
 # The Hopper backward kernels under device masks (attn_mask, dBias, deterministic turns).
 flashattn_add_test(test_cuda_masks_hopper_bwd test_masks_hopper_bwd.cpp)
 target_link_libraries(test_cuda_masks_hopper_bwd PRIVATE CUDA::cudart_static)
+# The same Hopper backward cases with kernel.cuh's lockstep schedule (the default is the
+# overlapped one; FLASHATTN_CUDA_HOPPER_BWD_SCHEDULE=lockstep is read once per process:
+# hence a second registration of each binary, ctest names prefixed "lockstep."), and the Hopper cases
+# with the L2-section CTA order ("l2_order.", FLASHATTN_CUDA_HOPPER_BWD_ORDER=l2_sections:
+# the deterministic turns under the other order, all three kernels).
+foreach(lockstep_test test_cuda_backward_hopper test_cuda_backward test_cuda_masks_hopper_bwd)
+  gtest_discover_tests(${lockstep_test} DISCOVERY_TIMEOUT 120 TEST_PREFIX "lockstep."
+                       PROPERTIES ENVIRONMENT "FLASHATTN_CUDA_HOPPER_BWD_SCHEDULE=lockstep")
+endforeach()
+gtest_discover_tests(test_cuda_backward_hopper DISCOVERY_TIMEOUT 120 TEST_PREFIX "l2_order."
+                     PROPERTIES ENVIRONMENT "FLASHATTN_CUDA_HOPPER_BWD_ORDER=l2_sections")
+# The experimental deferred_dk schedule (d128, default mode; elsewhere it runs overlapped).
+gtest_discover_tests(test_cuda_backward_hopper DISCOVERY_TIMEOUT 120 TEST_PREFIX "deferred_dk."
+                     PROPERTIES ENVIRONMENT "FLASHATTN_CUDA_HOPPER_BWD_SCHEDULE=deferred_dk")

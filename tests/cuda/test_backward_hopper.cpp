@@ -14,7 +14,9 @@
 // Skips without a GPU.
 #include "tests/cuda/backward_case.hpp"
 
+#include <cstdlib>
 #include <memory>
+#include <string>
 
 #include "src/cuda/hopper_bwd/launch.hpp"
 
@@ -96,6 +98,25 @@ TEST_F(CudaBackwardHopper, DispatchPicksTheHopperKernelOnSm90) {
     if (reason_64.rfind("head_dim 64 not built", 0) != 0)  // a build with FLASHATTN_CUDA_HEAD_DIMS=128
       EXPECT_EQ(reason_64, "") << "d64 should run on the Hopper backward kernel too";
   }
+}
+
+// kernel.cuh's schedule and the CTA order follow FLASHATTN_CUDA_HOPPER_BWD_SCHEDULE and
+// FLASHATTN_CUDA_HOPPER_BWD_ORDER (ctest runs this binary again as "overlapped.*",
+// "deferred_dk.*" and "l2_order.*" with one of them set: this pins that the cases there
+// really run them).
+TEST_F(CudaBackwardHopper, ScheduleFollowsTheEnvironment) {
+  auto is_set_to = [](const char* name, const std::string& expected) {
+    const char* value = std::getenv(name);
+    return value != nullptr && std::string(value) == expected;
+  };
+  using cuda::hopper_bwd::BackwardSchedule;
+  const char* const kSchedule = "FLASHATTN_CUDA_HOPPER_BWD_SCHEDULE";
+  const BackwardSchedule expected = is_set_to(kSchedule, "lockstep")      ? BackwardSchedule::lockstep
+                                    : is_set_to(kSchedule, "deferred_dk") ? BackwardSchedule::deferred_dk
+                                                                          : BackwardSchedule::overlapped;
+  EXPECT_EQ(cuda::hopper_bwd::backward_schedule(), expected);
+  EXPECT_EQ(cuda::hopper_bwd::is_l2_section_order_requested(),
+            is_set_to("FLASHATTN_CUDA_HOPPER_BWD_ORDER", "l2_sections"));
 }
 
 TEST_F(CudaBackwardHopper, TailsOfBothSequences) {
@@ -342,11 +363,26 @@ TEST_F(CudaBackwardHopper, AlibiMatchesTheOracle) {
     check_variant_case(c);
   }
   for (std::int64_t d : kHeadDims) {
+    // Many query blocks on each side of the keys' diagonal (ALiBi's affine form there,
+    // the per-element form across it), and window_left 0 (every block on the right).
+    Case c = variant_case(DType::bfloat16, 700, 900, d, Alibi::per_head, 0.0);
+    c.heads_q = 2, c.heads_kv = 2;
+    check_variant_case(c);
+    c.window_left = 0, c.window_right = 40;
+    check_variant_case(c);
+  }
+  for (std::int64_t d : kHeadDims) {
     Case c = variant_case(DType::float16, 0, 0, d, Alibi::per_batch_head, 0.0);
     c.varlen_q = {0, 1, 70, 129, 5, 0, 200};
     c.varlen_k = {3, 1, 200, 64, 0, 0, 190};
     c.batch = 7, c.heads_q = 4, c.heads_kv = 2, c.causal = d == 64;
     check_variant_case(c);
+    if (d != 64) {  // the affine form (d128, d256) with sequence offsets under a causal mask
+      c.varlen_q = {0, 1, 300, 129, 5, 0, 700};
+      c.varlen_k = {3, 1, 300, 200, 0, 0, 900};
+      c.causal = true;
+      check_variant_case(c);
+    }
   }
 }
 

@@ -130,6 +130,29 @@ TEST_F(HopperForwardTest, PersistentGridRunsSeveralTilesPerCta) {
   check_against_reference(varlen(make(DType::float16, 0, 0, 0, 64, 8, 64), {300, 0, 5, 700}, {100, 50, 0, 900}));
 }
 
+// More than two tiles per CTA on 132 SMs, of every kind the persistent kernels serve,
+// so that under the tile-overlap schedule (the default; the ctest prefix
+// registers_epilogue. runs the other) both Q buffers are reused, the next tile's first S = Q K^T runs beside
+// the previous tile's O store, and the store meets every edge: dense tails clipped by
+// the TMA (a block_m 192 tile of 65 rows: one whole warpgroup, one with a single row,
+// one with none), varlen warpgroups that cross their sequence's end (stored row by row)
+// or end exactly on it, empty sequences, d256 with one Q buffer.
+TEST_F(HopperForwardTest, PersistentTilesBackToBack) {
+  // Causal, short: the dynamic tile scheduler; GQA 4:1; 384 tiles.
+  check_against_reference(causal(make(DType::bfloat16, 2, 300, 300, 64, 16, 128)));
+  // Unmasked d64 (block_m 192): 288 tiles, the last of each head 65 rows.
+  check_against_reference(make(DType::float16, 3, 257, 129, 48, 48, 64));
+  // Varlen causal d64 (block_m 128): 432 tiles with rows; sequences of 65 and 129 rows
+  // end one row into a warpgroup, 300 and 200 mid-warpgroup, 1 and 0 rows.
+  check_against_reference(
+      causal(varlen(make(DType::bfloat16, 0, 0, 0, 48, 8, 64), {300, 0, 65, 129, 1, 200}, {300, 7, 65, 100, 1, 260})));
+  // Local window over varlen d128 (128-row sequence: exactly one tile).
+  check_against_reference(
+      window(varlen(make(DType::float16, 0, 0, 0, 48, 48, 128), {500, 3, 128, 0}, {400, 0, 260, 9}), 64, 16));
+  // d256: one Q buffer (released after the last S = Q K^T), 288 tiles.
+  check_against_reference(make(DType::bfloat16, 2, 300, 200, 48, 48, 256));
+}
+
 TEST_F(HopperForwardTest, LongKeySequence) {
   check_against_reference(make(DType::bfloat16, 1, 64, 16384, 2, 1, 128));
   check_against_reference(causal(make(DType::float16, 1, 300, 8192, 1, 1, 64)));

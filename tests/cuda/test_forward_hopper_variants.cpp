@@ -201,6 +201,14 @@ std::vector<VariantCase> variant_cases() {
       cases.push_back(with_alibi(causal(make(t, 1, 203, 113, 2, 1, d)), kPerHead));
     }
     cases.push_back(with_alibi(make(t, 2, 300, 17, 4, 2, 128), kPerHead));
+    // Many key blocks on each side of the diagonal (ALiBi's affine form there, the
+    // per-element form across it), and window_left 0 (every block on the right).
+    cases.push_back(with_alibi(make(t, 1, 700, 1000, 2, 2, 128), kPerHead));
+    cases.push_back(with_alibi(causal(make(t, 1, 900, 700, 2, 2, 128)), kPerBatchHead));
+    cases.push_back(with_alibi(causal(make(t, 1, 700, 1000, 2, 2, 128)), kPerHead));  // causal, seqlen_q < seqlen_k
+    cases.push_back(with_alibi(causal(varlen(make(t, 0, 0, 0, 2, 2, 128), {129, 1, 0, 300, 700}, {140, 1, 7, 300, 1000})),
+                               kPerBatchHead));  // d128's affine form with sequence offsets
+    cases.push_back(with_alibi(window(make(t, 1, 300, 350, 2, 2, 128), 0, 40), kPerBatchHead));
     cases.push_back(with_alibi(softcap(causal(make(t, 1, 270, 250, 2, 2, 128)), 2.0), kPerBatchHead));
     cases.push_back(with_alibi(window(make(t, 1, 400, 350, 2, 2, 64), 20, 20), kPerHead));
     cases.push_back(with_alibi(make(t, 2, 97, 113, 8, 2, 64), kPerBatchHead));           // GQA 4:1

@@ -139,5 +139,45 @@ TEST(HopperBwdDqOrder, SemaphoreIndicesAreDistinctAndInBounds) {
     }
 }
 
+// The CTAs' order (key_block_of_cta, both kernels): a bijection of the grid onto (key
+// block, head_batch) in both orders and modes; flat is the kernels' original order (key
+// block fastest; deterministic: reversed); in sections the default mode starts every
+// section's heads at key block 0 (heaviest first under a causal mask); deterministic: a
+// CTA's higher key blocks of its head_batch come at lower blockIdx.x (no deadlock).
+TEST(HopperBwdDqOrder, CtaOrderIsABijectionAndKeepsTheTurnsAhead) {
+  for (const std::int32_t key_blocks : {1, 2, 3, 8, 33})
+    for (const std::int32_t head_batches : {1, 2, 5, 16, 37})
+      for (const std::int32_t section_heads : {0, 1, 2, 4, 8, 16, 64})
+        for (const bool deterministic : {false, true}) {
+          SCOPED_TRACE("key blocks " + std::to_string(key_blocks) + " head_batches " + std::to_string(head_batches) +
+                       " section " + std::to_string(section_heads) + (deterministic ? " deterministic" : ""));
+          const hopper::TileOrder order{key_blocks, head_batches, section_heads};
+          std::vector<std::int32_t> linear_of(static_cast<std::size_t>(key_blocks * head_batches), -1);
+          for (std::int32_t linear = 0; linear < key_blocks * head_batches; ++linear) {
+            const KeyBlockOfCta cta = key_block_of_cta(order, linear, deterministic);
+            ASSERT_GE(cta.n_block, 0);
+            ASSERT_LT(cta.n_block, key_blocks);
+            ASSERT_GE(cta.head_batch, 0);
+            ASSERT_LT(cta.head_batch, head_batches);
+            std::int32_t& slot = linear_of[static_cast<std::size_t>(cta.head_batch * key_blocks + cta.n_block)];
+            EXPECT_EQ(slot, -1) << "two CTAs for key block " << cta.n_block << " of " << cta.head_batch;
+            slot = linear;
+            if (section_heads == 0) {
+              EXPECT_EQ(cta.n_block, deterministic ? key_blocks - 1 - linear % key_blocks : linear % key_blocks);
+              EXPECT_EQ(cta.head_batch, linear / key_blocks);
+            } else if (!deterministic && linear % (section_heads * key_blocks) == 0) {
+              EXPECT_EQ(cta.n_block, 0) << "a section starts with its heaviest (first) key block";
+            }
+          }
+          for (std::int32_t head_batch = 0; head_batch < head_batches; ++head_batch)
+            for (std::int32_t n = 0; n + 1 < key_blocks; ++n) {
+              const std::int32_t lower = linear_of[static_cast<std::size_t>(head_batch * key_blocks + n)];
+              const std::int32_t higher = linear_of[static_cast<std::size_t>(head_batch * key_blocks + n + 1)];
+              if (deterministic) EXPECT_LT(higher, lower) << "key block " << n + 1 << " waits behind " << n;
+              else EXPECT_LT(lower, higher) << "key block " << n << " (more query blocks) after " << n + 1;
+            }
+        }
+}
+
 }  // namespace
 }  // namespace flashattn::cuda::hopper_bwd

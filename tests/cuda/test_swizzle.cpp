@@ -80,5 +80,39 @@ TEST(Swizzle, PanelsOf128ByteSwizzle) {
   check_panels<64, 256>();
 }
 
+// fp32 panels (the Hopper backward's dQ staging, 64 rows x 64 columns per consumer): a
+// bijection onto the tile's bytes, TMA's 128-byte swizzle (16-byte chunk c of row r at
+// c ^ (r % 8), element order kept inside a chunk), and every warp float2 store of an
+// accumulator column tile (warp w's rows 16 w + group (+ 8), columns 8 j + 2 quad_lane)
+// uses each 4-byte bank exactly twice: 2 wavefronts for its 256 bytes, the minimum.
+TEST(Swizzle, FloatPanelsAreTheTmaSwizzleAndConflictFree) {
+  constexpr int kRows = 64, kColumns = 64;
+  std::set<int> seen;
+  for (int row = 0; row < kRows; ++row)
+    for (int column = 0; column < kColumns; ++column) {
+      const int offset = float_panels_offset<kRows>(row, column);
+      EXPECT_EQ(offset % 4, 0);
+      const int panel_offset = offset % (kRows * 128), panel = offset / (kRows * 128);
+      EXPECT_EQ(panel, column / 32);
+      EXPECT_EQ(panel_offset / 128, row);
+      EXPECT_EQ((panel_offset % 128) / 16, ((column % 32) / 4) ^ (row % 8)) << row << ", " << column;
+      EXPECT_EQ(panel_offset % 16, (column % 4) * 4);
+      seen.insert(offset);
+    }
+  EXPECT_EQ(static_cast<int>(seen.size()), kRows * kColumns);
+  for (int warp = 0; warp < 4; ++warp)
+    for (int j = 0; j < kColumns / 8; ++j)
+      for (int half = 0; half < 2; ++half) {
+        int uses[32] = {};
+        for (int lane = 0; lane < 32; ++lane) {
+          const int offset = float_panels_offset<kRows>(16 * warp + lane / 4 + 8 * half, 8 * j + 2 * (lane % 4));
+          EXPECT_EQ(offset % 8, 0) << "float2 alignment";
+          ++uses[(offset / 4) % 32];
+          ++uses[(offset / 4 + 1) % 32];
+        }
+        for (int bank = 0; bank < 32; ++bank) EXPECT_EQ(uses[bank], 2) << "warp " << warp << " j " << j;
+      }
+}
+
 }  // namespace
 }  // namespace flashattn::cuda

@@ -5,6 +5,9 @@
 # SDPA anchors (FA2, cuDNN) in the same call. Logs/CSVs under $OUT.
 #   TIMING_ARGS: arguments of flashattn_hopper_bwd_timing (default "20 --quick")
 #   SKIP_TESTS=1: timing only; VARIANT_LIMIT=0 skips the tile-config variants
+#   SKIP_OVERLAPPED=1: skips the overlapped/deferred_dk schedules' and the L2-section
+#   order's tests, sanitizers and A/B timing (FLASHATTN_CUDA_HOPPER_BWD_SCHEDULE,
+#   FLASHATTN_CUDA_HOPPER_BWD_ORDER; kernel.cuh, tile_config.hpp, launch.hpp)
 # Runs in the tree it lives in: the repo root, or (what the 2026-11-23 runs did, so
 # that other work in progress in a shared checkout cannot break the build) a
 # `git archive HEAD` snapshot with .device-deps copied in, in an ignored folder named
@@ -26,7 +29,8 @@ deps=$root/.device-deps
 cmake -S . -B "$tree" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHATTN_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a-real \
   -DFLASHATTN_CUDA_HEAD_DIMS="${HEAD_DIMS:-64;128}" -DFLASHATTN_BUILD_TESTS=ON -DGTEST_ROOT="$deps/gtest" -DCLI11_INCLUDE_DIR="$deps" \
   > "$logs/build.log" 2>&1
-timeout "${BUILD_LIMIT:-200}" ninja -C "$tree" -j16 test_cuda_backward test_cuda_backward_hopper flashattn_hopper_bwd_timing >> "$logs/build.log" 2>&1
+timeout "${BUILD_LIMIT:-200}" ninja -C "$tree" -j16 test_cuda_backward test_cuda_backward_hopper test_cuda_masks_hopper_bwd \
+  test_cuda_hopper_bwd_dq_order flashattn_hopper_bwd_timing >> "$logs/build.log" 2>&1
 echo "build rc=$?" | tee -a "$log"
 grep -B2 -A12 -E "error|FAILED" "$logs/build.log" | head -60 | tee -a "$log"
 
@@ -43,6 +47,36 @@ if [ "${SKIP_TESTS:-0}" != 1 ]; then
   timeout "${SANITIZER_LIMIT:-60}" compute-sanitizer --tool racecheck --error-exitcode 3 "$tree/tests/cuda/test_cuda_backward_hopper" --gtest_brief=1 \
     --gtest_filter='*LongQueryRange*' >> "$logs/sanitizer.log" 2>&1
   echo "racecheck rc=$? $(grep 'RACECHECK SUMMARY' "$logs/sanitizer.log" | tail -1)" | tee -a "$log"
+fi
+
+if [ "${SKIP_OVERLAPPED:-0}" != 1 ]; then
+  step "overlapped schedule: tests, sanitizers, lockstep vs overlapped"
+  "$tree/tests/cuda/test_cuda_hopper_bwd_dq_order" --gtest_brief=1 > "$logs/test_dq_order.log" 2>&1
+  echo "test_cuda_hopper_bwd_dq_order rc=$?" | tee -a "$log"
+  export FLASHATTN_CUDA_HOPPER_BWD_SCHEDULE=overlapped FLASHATTN_CUDA_HOPPER_BWD_ORDER=l2_sections
+  for t in test_cuda_backward_hopper test_cuda_masks_hopper_bwd test_cuda_backward; do
+    timeout "${HOPPER_TEST_LIMIT:-300}" "$tree/tests/cuda/$t" --gtest_brief=1 > "$logs/overlapped_$t.log" 2>&1
+    rc=$?; echo "overlapped $t rc=$rc" | tee -a "$log"; grep -E "FAILED|Failure|PASSED" "$logs/overlapped_$t.log" | head -20 | tee -a "$log"
+    if [ "$rc" = 124 ]; then tail -20 "$logs/overlapped_$t.log" | tee -a "$log"; echo "hang: stopping" | tee -a "$log"; tar -czf "$out/logs.tar.gz" -C "$logs" .; exit 1; fi
+  done
+  for tool in memcheck racecheck synccheck; do
+    timeout "${SANITIZER_LIMIT:-60}" compute-sanitizer --tool $tool --error-exitcode 3 "$tree/tests/cuda/test_cuda_backward_hopper" \
+      --gtest_brief=1 --gtest_filter='*TailsOfBothSequences*:*Varlen*:*DeterministicModeIsBitwise*' > "$logs/overlapped_$tool.log" 2>&1
+    echo "overlapped $tool rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$logs/overlapped_$tool.log" | tail -1)" | tee -a "$log"
+  done
+  unset FLASHATTN_CUDA_HOPPER_BWD_ORDER
+  FLASHATTN_CUDA_HOPPER_BWD_SCHEDULE=deferred_dk timeout "${HOPPER_TEST_LIMIT:-300}" \
+    "$tree/tests/cuda/test_cuda_backward_hopper" --gtest_brief=1 > "$logs/deferred_dk_tests.log" 2>&1
+  echo "deferred_dk test_cuda_backward_hopper rc=$?" | tee -a "$log"; grep -E "FAILED|Failure|PASSED" "$logs/deferred_dk_tests.log" | head -20 | tee -a "$log"
+  unset FLASHATTN_CUDA_HOPPER_BWD_SCHEDULE
+  for extra in "" "--deterministic"; do
+    timeout "${TIMING_LIMIT:-120}" "$tree/bench/gpu/kernels/flashattn_hopper_bwd_timing" 20 --schedules --quick $extra \
+      > "$out/schedules${extra:+_deterministic}.csv" 2>> "$logs/timing.err"
+    echo "schedules $extra rc=$?" | tee -a "$log"; cat "$out/schedules${extra:+_deterministic}.csv" | tee -a "$log"
+  done
+  FLASHATTN_CUDA_HOPPER_BWD_ORDER=l2_sections timeout "${TIMING_LIMIT:-120}" \
+    "$tree/bench/gpu/kernels/flashattn_hopper_bwd_timing" 20 --schedules --quick > "$out/schedules_l2_sections.csv" 2>> "$logs/timing.err"
+  echo "schedules l2_sections rc=$?" | tee -a "$log"; cat "$out/schedules_l2_sections.csv" | tee -a "$log"
 fi
 
 step "variants"

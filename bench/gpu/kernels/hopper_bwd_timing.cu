@@ -14,6 +14,12 @@
 // flashattn_hopper_bwd_timing [repeats] [--quick]      the sweeps, Hopper vs FA2-class kernel
 // flashattn_hopper_bwd_timing [repeats] --variants     tile configs other than the table's
 // flashattn_hopper_bwd_timing [repeats] --head-dim D   the sweeps of head dim D only (64, 128, 256)
+// flashattn_hopper_bwd_timing [repeats] --schedules [--quick] [--deterministic]
+//     kernel.cuh's schedules (lockstep, overlapped, deferred_dk: tile_config.hpp) side by
+//     side on the d64/d128 sweeps, whatever FLASHATTN_CUDA_HOPPER_BWD_SCHEDULE says;
+//     max_rel_diff compares the others' gradients with lockstep's (deterministic: dQ/dK/dV
+//     must be bitwise equal, 0). deferred_dk runs only at d128 in the default mode
+//     (elsewhere it is the overlapped kernel again).
 // Anywhere after [repeats]: --dropout P (dropout probability P on every shape) and
 // --alibi (ALiBi, one slope per head); sm90_plain_ms is then the same shape without
 // them (same call, so their cost is sm90_ms / sm90_plain_ms), and the anchors run
@@ -78,6 +84,7 @@ struct Shape {
 struct Variants {
   double dropout_p = 0.0;
   bool alibi = false;
+  bool deterministic = false;  // --schedules --deterministic
 };
 
 // Device tensors and BackwardArgs of one shape (contiguous [b, n, h, d]).
@@ -119,6 +126,7 @@ struct Problem {
       args.options.maybe_alibi_slopes = TensorView::contiguous(alibi_slopes, flashattn::DType::float32, {h}, device);
     }
     args.options.dropout_p = variants.dropout_p;
+    args.options.deterministic = variants.deterministic;
     args.options.dropout_seed = 0x5eed;
     args.options.dropout_offset = 7;
     const std::size_t workspace_bytes = flashattn::backward_workspace_bytes(args);
@@ -247,8 +255,9 @@ void run_variant(const flashattn::BackwardArgs& args) {
   const flashattn::BackwardParams params = flashattn::validate_backward(args);
   const bwd::Workspace workspace = bwd::carve_workspace(params);
   bwd::launch_preprocess(params, workspace, nullptr);
-  hopper_bwd::launch_backward_sm90<Element, kConfig>(hopper_bwd::make_backward_params(params, workspace, kConfig),
-                                                     nullptr);
+  // The lockstep schedule (the variants' extra stages leave little room for the overlapped one's second dS^T).
+  hopper_bwd::launch_backward_sm90<Element, kConfig>(
+      hopper_bwd::make_backward_params(params, workspace, kConfig, hopper_bwd::BackwardSchedule::lockstep), nullptr);
   bwd::launch_convert_dq(params, workspace, nullptr);
 }
 
@@ -283,6 +292,80 @@ void compare_variant(const Shape& shape, int repeats, const char* name) {
   std::fflush(stdout);
 }
 
+// The backward pass with the library's Hopper kernels, kernel.cuh in `schedule` (no
+// kernel compiled here: backward_main dispatches to the library's instantiations).
+void run_schedule(const flashattn::BackwardArgs& args, flashattn::cuda::hopper_bwd::BackwardSchedule schedule) {
+  namespace bwd = flashattn::cuda::bwd;
+  const flashattn::BackwardParams params = flashattn::validate_backward(args);
+  const bwd::Workspace workspace = bwd::carve_workspace(params);
+  bwd::launch_preprocess(params, workspace, nullptr);
+  flashattn::cuda::hopper_bwd::backward_main(params, workspace, nullptr, schedule);
+  bwd::launch_convert_dq(params, workspace, nullptr);
+}
+
+// Times the schedules on one shape.
+void compare_schedules(const Shape& shape, int repeats, const Variants& variants) {
+  using flashattn::cuda::hopper_bwd::BackwardSchedule;
+  Problem p(shape, variants);
+  const std::string reason = flashattn::cuda::hopper_bwd::why_unsupported(flashattn::validate_backward(p.args));
+  if (!reason.empty()) {
+    std::printf("# %s n%lld: not on the Hopper kernel: %s\n", shape.sweep, static_cast<long long>(shape.seqlen),
+                reason.c_str());
+    return;
+  }
+  auto run = [&](BackwardSchedule schedule) { run_schedule(p.args, schedule); };
+  // Max |difference| / max |lockstep gradient| over dQ, dK, dV (NaN if either has a NaN).
+  p.poison_gradients();
+  run(BackwardSchedule::lockstep);
+  check(cudaDeviceSynchronize(), "lockstep run");
+  const std::vector<float> reference = p.gradients();
+  auto difference_to_lockstep = [&](BackwardSchedule schedule) {
+    p.poison_gradients();
+    run(schedule);
+    check(cudaDeviceSynchronize(), "schedule run");
+    const std::vector<float> ours = p.gradients();
+    double difference = 0, magnitude = 0;
+    bool has_nan = false;
+    for (std::size_t i = 0; i < ours.size(); ++i) {
+      has_nan = has_nan || std::isnan(ours[i]) || std::isnan(reference[i]);
+      difference = std::max(difference, static_cast<double>(std::fabs(ours[i] - reference[i])));
+      magnitude = std::max(magnitude, static_cast<double>(std::fabs(reference[i])));
+    }
+    return has_nan ? NAN : (magnitude > 0 ? difference / magnitude : difference);
+  };
+  const double overlapped_diff = difference_to_lockstep(BackwardSchedule::overlapped);
+  const double deferred_diff = difference_to_lockstep(BackwardSchedule::deferred_dk);
+  const double lockstep_ms = median_ms([&] { run(BackwardSchedule::lockstep); }, repeats);
+  const double overlapped_ms = median_ms([&] { run(BackwardSchedule::overlapped); }, repeats);
+  const double deferred_ms = median_ms([&] { run(BackwardSchedule::deferred_dk); }, repeats);
+  const double flops = 2.5 * p.forward_flops();
+  auto tflops = [&](double ms) { return flops / (ms * 1e-3) / 1e12; };
+  std::printf("%s,%s,%lld,%lld,%lld,%lld,%d,%d,%.4f,%.1f,%.4f,%.1f,%.4f,%.1f,%.3f,%.3f,%.3g,%.3g\n", shape.sweep,
+              flashattn::dtype_name(shape.dtype), static_cast<long long>(shape.batch),
+              static_cast<long long>(shape.heads), static_cast<long long>(shape.seqlen),
+              static_cast<long long>(shape.head_dim), shape.causal ? 1 : 0, variants.deterministic ? 1 : 0, lockstep_ms,
+              tflops(lockstep_ms), overlapped_ms, tflops(overlapped_ms), deferred_ms, tflops(deferred_ms),
+              lockstep_ms / overlapped_ms, lockstep_ms / deferred_ms, overlapped_diff, deferred_diff);
+  std::fflush(stdout);
+}
+
+void sweep_schedules(int repeats, bool quick, const Variants& variants) {
+  std::printf("sweep,dtype,batch,heads,seqlen,head_dim,causal,deterministic,lockstep_ms,lockstep_tflops,"
+              "overlapped_ms,overlapped_tflops,deferred_dk_ms,deferred_dk_tflops,overlapped_speedup,"
+              "deferred_dk_speedup,overlapped_max_rel_diff,deferred_dk_max_rel_diff\n");
+  const std::vector<std::int64_t> seqlens =
+      quick ? std::vector<std::int64_t>{1024, 4096, 16384} : std::vector<std::int64_t>{512, 1024, 2048, 4096, 8192, 16384};
+  for (std::int64_t n : seqlens)
+    for (bool causal : {false, true}) {
+      if (n >= 1024)
+        compare_schedules({"seed004_fp16_b4h48_d64", flashattn::DType::float16, 4, 48, n, 64, causal}, repeats,
+                          variants);
+      for (std::int64_t d : {64, 128})
+        compare_schedules({"fa3_bf16_16k_tokens", flashattn::DType::bfloat16, 16384 / n, 2048 / d, n, d, causal},
+                          repeats, variants);
+    }
+}
+
 // Variant names: m<block_m>_n<block_n>_s<stages>.
 void sweep_variants(int repeats) {
   using flashattn::cuda::hopper_bwd::HopperBwdTileConfig;
@@ -307,6 +390,7 @@ int main(int argc, char** argv) {
   for (int i = 2; i < argc; ++i) {
     if (std::string(argv[i]) == "--dropout" && i + 1 < argc) variants.dropout_p = std::atof(argv[i + 1]);
     if (std::string(argv[i]) == "--alibi") variants.alibi = true;
+    if (std::string(argv[i]) == "--deterministic") variants.deterministic = true;
   }
   if (!flashattn::cuda_available()) {
     std::fprintf(stderr, "no CUDA device\n");
@@ -314,6 +398,12 @@ int main(int argc, char** argv) {
   }
   if (argc > 2 && std::string(argv[2]) == "--variants") {
     sweep_variants(repeats);
+    return 0;
+  }
+  if (argc > 2 && std::string(argv[2]) == "--schedules") {
+    bool quick_schedules = false;
+    for (int i = 3; i < argc; ++i) quick_schedules = quick_schedules || std::string(argv[i]) == "--quick";
+    sweep_schedules(repeats, quick_schedules, variants);
     return 0;
   }
   // The sweeps of shared/BENCHMARKS.md at the kernel's head dims: seed 004 (fp16 B4 H48

@@ -12,6 +12,7 @@
 // step (decode/kernel_mma.cuh score_tile), reads an element's row and column from it.
 #pragma once
 
+#include <climits>
 #include <cstdint>
 
 #include "flashattn/dropout.hpp"
@@ -50,19 +51,103 @@ __device__ __forceinline__ void for_each_element(F&& f) {
 // Scores of raw q·k → ScoreRule::log2_score (called only when the rule is not a plain
 // positive scale: the fast path folds the scale into the exponent instead). The ALiBi
 // distance row + diagonal − column is one float add per element from a per-lane base.
-template <int kNTiles>
+// Each rule test is made once per call, outside the element loop: tested per element
+// (inside log2_score_unbiased), the softcap test stayed one uniform branch around each
+// element (sm90 d128 SASS: 64 taken branches per 128-key block, the elements' FMULs
+// in 128 basic blocks that ptxas could not interleave — most of ALiBi's 37-42% cost).
+// kSplitOnBias: one copy of the loop per (softcap, bias) pair instead of per softcap
+// branch (the bias test is then a predicated FFMA): fewer spills in the sm90 forward's
+// d128 kernels, more in d64's three consumer warpgroups (ptxas -v, 4-20 bytes).
+template <int kNTiles, bool kSplitOnBias = true>
 __device__ __forceinline__ void apply_score_rule(float (&s)[4 * kNTiles], const ScoreRule& rule, std::int64_t row0,
                                                  std::int64_t col0) {
-  if (!rule.has_bias()) {
-#pragma unroll
-    for (int i = 0; i < 4 * kNTiles; ++i) s[i] = rule.log2_score_unbiased(s[i]);
-    return;
-  }
   // Distance of this lane's (half 0, e = 0) element of n8 tile 0, as a float: each
   // element then adds a compile-time offset (no int-to-float per element).
   const float base = static_cast<float>(row0 + rule.diagonal - col0 - 2 * quad_lane());
-  for_each_element<kNTiles>([&](int index, int row, int column) {
-    s[index] = rule.log2_score_at_distance(s[index], base + static_cast<float>(row - column));
+  auto apply = [&]() {
+    for_each_element<kNTiles>([&](int index, int row, int column) {
+      s[index] = rule.log2_score_at_distance(s[index], base + static_cast<float>(row - column));
+    });
+  };
+  // The same loop under each branch: inside, the rule's own tests are known and fold.
+  if (rule.has_softcap()) {
+    if (kSplitOnBias && rule.has_bias()) apply();
+    else apply();
+  } else {
+    if (kSplitOnBias && rule.has_bias()) apply();
+    else apply();
+  }
+}
+
+// ScoreRule::SideBounds and RowSideBounds in 32 bits, for one compare pair per block:
+// key and query positions are 32-bit coordinates (TMA, and the launches' size checks),
+// and clamping a bound to 32 bits keeps every comparison with such a position. The
+// defaults put every block on no side (the affine form off).
+__device__ __forceinline__ std::int32_t clamp_to_int32(std::int64_t x) {
+  return static_cast<std::int32_t>(x < INT32_MIN ? INT32_MIN : (x > INT32_MAX ? INT32_MAX : x));
+}
+struct ColumnBlockSides {  // key blocks move past fixed rows (the forward)
+  std::int32_t last_left = INT32_MIN;
+  std::int32_t first_right = INT32_MAX;
+  __device__ __forceinline__ static ColumnBlockSides of(const ScoreRule::SideBounds& bounds) {
+    return {clamp_to_int32(bounds.last_left), clamp_to_int32(bounds.first_right)};
+  }
+  __device__ __forceinline__ DiagonalSide side(std::int32_t col_first) const {
+    if (col_first <= last_left) return DiagonalSide::left;
+    if (col_first >= first_right) return DiagonalSide::right;
+    return DiagonalSide::straddles;
+  }
+};
+struct RowBlockSides {  // query blocks move past fixed keys (the backward)
+  std::int32_t first_left = INT32_MAX;
+  std::int32_t last_right = INT32_MIN;
+  __device__ __forceinline__ static RowBlockSides of(const ScoreRule::RowSideBounds& bounds) {
+    return {clamp_to_int32(bounds.first_left), clamp_to_int32(bounds.last_right)};
+  }
+  __device__ __forceinline__ DiagonalSide side(std::int32_t row_first) const {
+    if (row_first >= first_left) return DiagonalSide::left;
+    if (row_first <= last_right) return DiagonalSide::right;
+    return DiagonalSide::straddles;
+  }
+};
+
+// ALiBi's affine form (ScoreRule::affine_*) for one lane over one tile of rows: what
+// the lane computes once per tile, so that a key block costs two compares (its side)
+// and one FFMA per element.
+struct AffineBiasLane {
+  float dot_scale = 0.0f;     // ScoreRule::affine_dot_scale()
+  ColumnBlockSides sides;     // of the rows that take one branch together
+  std::int32_t distance = 0;  // row0 + diagonal − 2·quad: the lane's distance to column 0
+
+  // `rule` with has_affine_bias(), `bounds` = rule.side_bounds over the rows that take
+  // one branch together (a warp's 16, say), row0 as in the fragment layout above.
+  __device__ __forceinline__ static AffineBiasLane of(const ScoreRule& rule, const ScoreRule::SideBounds& bounds,
+                                                      std::int64_t row0) {
+    AffineBiasLane lane;
+    lane.dot_scale = rule.affine_dot_scale();
+    lane.sides = ColumnBlockSides::of(bounds);
+    lane.distance = static_cast<std::int32_t>(row0 + rule.diagonal - 2 * quad_lane());
+    return lane;
+  }
+  __device__ __forceinline__ DiagonalSide side(std::int32_t col0) const { return sides.side(col0); }
+};
+
+// ALiBi in its affine form on the block of columns from col0, whose elements lie on
+// kSide of the diagonal (lane.side(col0)): s[i] becomes x = dot · dot_scale ± (column −
+// the lane's first column), one FFMA with a compile-time offset per element, and
+// row_offset[half] the offset of the lane's row of that half, so that an element's log2
+// score is rule.affine_log2_score(x, row_offset[half]).
+template <int kNTiles, DiagonalSide kSide>
+__device__ __forceinline__ void apply_affine_bias(float (&s)[4 * kNTiles], const ScoreRule& rule,
+                                                  const AffineBiasLane& lane, std::int32_t col0,
+                                                  float (&row_offset)[2]) {
+  static_assert(kSide != DiagonalSide::straddles, "the affine form holds on one side of the diagonal");
+  // The lane's first column is col0 + 2·quad (in lane.distance): element columns are 8·j + e further.
+  const float distance0 = static_cast<float>(lane.distance - col0);
+  row_offset[0] = rule.affine_row_offset(kSide, distance0);
+  row_offset[1] = rule.affine_row_offset(kSide, distance0 + 8.0f);
+  for_each_element<kNTiles>([&](int index, int, int column) {
+    s[index] = ScoreRule::affine_x(s[index], lane.dot_scale, kSide, static_cast<float>(column));
   });
 }
 
@@ -122,6 +207,9 @@ __device__ __forceinline__ void for_each_score(const float (&dot)[4 * kNTiles], 
     const float value = dot[index];
     // Both rule calls under one softcap test: the compiler then shares their tanh
     // (with the tests apart it computed tanh twice: PTX, 64 vs 32 rcp per 32 elements).
+    // The test stays per element (a uniform branch): hoisted out of the loop, the two
+    // copies of the caller's per-element work spilled the sm90 backward (180 bytes at
+    // d128); the kernels keep ALiBi off this loop except on diagonal blocks.
     float score, factor = 1.0f;
     if (rule.has_softcap()) {
       score = rule.log2_score_at_distance(value, distance);

@@ -18,8 +18,11 @@ enum class NamedBarrier : int { kConsumerEpilogueFirst = 1, kTurnFirst = 4 };
 namespace hopper_bwd {
 // The Hopper backward (hopper_bwd/kernel.cuh), over the consumer warpgroups: dS^T
 // written to shared memory for the dQ GEMM; the step's dQ staged (and every consumer's
-// dQ GEMM done, so dS^T may be rewritten).
-enum class NamedBarrier : int { kDsWritten = 1, kDqStaged = 2 };
+// dQ GEMM done, so dS^T may be rewritten; lockstep schedule only). The overlapped
+// schedule's per-consumer handshake with the dQ-writer warp (one barrier each per
+// consumer warpgroup c, 128 + 32 threads): consumer c's dQ staging panels free (the
+// writer's reduction has read them: ids 3..4), and staged (ids 5..6).
+enum class NamedBarrier : int { kDsWritten = 1, kDqStaged = 2, kDqEmptyFirst = 3, kDqFullFirst = 5 };
 // The wide (d256) Hopper backward (hopper_bwd/kernel_wide.cuh), over both consumers:
 // both halves of P and dS written (and fenced for the async proxy); both consumers
 // done reading the stage's Q, dO and the P, dS tiles.

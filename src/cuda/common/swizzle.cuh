@@ -87,4 +87,15 @@ FLASHATTN_HOST_DEVICE constexpr int panels_chunk_offset(int row, int chunk) {
          (((chunk % 8) ^ (row % kSwizzleAtomRows)) * kSwizzleChunkBytes);
 }
 
+// The same swizzle over fp32: a (kRows, n) fp32 tile as n / 32 panels of 32 columns (128
+// bytes a row), the layout a TMA copy or reduction of (32, kRows) boxes with
+// CU_TENSOR_MAP_SWIZZLE_128B reads. Byte offset of element (row, column); a warp's float2
+// stores of an mma accumulator's n8 column tile (rows group and group + 8, columns
+// 2 quad_lane + {0, 1}) hit each bank twice: the minimum for 256 bytes (the Hopper
+// backward's dQ staging; tests/cuda/test_swizzle.cpp).
+template <int kRows>
+FLASHATTN_HOST_DEVICE constexpr int float_panels_offset(int row, int column) {
+  return (column / 32) * kRows * kSwizzleRowBytes + panel_chunk_offset(row, (column % 32) / 4) + (column % 4) * 4;
+}
+
 }  // namespace flashattn::cuda

@@ -43,6 +43,20 @@
 //                            the per-tile prologue and epilogue. The producer
 //                            takes the tile and hands its index to the consumers through
 //                            a two-slot queue in shared memory (tile_full / tile_empty).
+//   tile overlap             (persistent kernels, FLASHATTN_CUDA_HOPPER_EPILOGUE=tma_overlap,
+//                            launch.hpp; off by default until timed) tiles run back to
+//                            back across their boundary, as FA3's: with two Q buffers
+//                            (overlaps_with_two_q_buffers: d128, d64 block_m 128, no
+//                            dropout) tile t + 1's Q loads into the other buffer during
+//                            tile t; after tile t's last P V the consumers stage its O in
+//                            tile t's Q buffer (stmatrix) and go straight on to tile t + 1,
+//                            whose Q and K_0 are in place; a storer lane of the producer
+//                            warpgroup stores the staged O with the TMA (64-row boxes per
+//                            consumer warpgroup) as soon as it is staged, and hands the
+//                            buffer to the loader (Q of tile t + 2) once the store has
+//                            read it. With one buffer (no room or no registers
+//                            to spare) Q is released after the last S = Q K^T instead of
+//                            the last P V, so the next Q loads during that P V.
 //
 // Shared-memory tiles are stored as 64-column panels (128 bytes per row, the TMA/wgmma
 // 128-byte swizzle: 16-byte chunk c of row r lives at chunk c ^ (r % 8) of its 1024-byte
@@ -84,6 +98,7 @@
 #include "flashattn/online_softmax.hpp"
 #include "flashattn/score.hpp"
 #include "src/core/params.hpp"
+#include "src/cuda/common/alibi_path.hpp"
 #include "src/cuda/common/check.cuh"
 #include "src/cuda/common/fragment.cuh"
 #include "src/cuda/common/mask_fragment.cuh"
@@ -93,9 +108,11 @@
 #include "src/cuda/common/tma_panels.cuh"
 #include "src/cuda/hopper/launch.hpp"
 #include "src/cuda/hopper/tile_config.hpp"
+#include "src/cuda/ptx/bulk_reduce.cuh"
 #include "src/cuda/ptx/math.cuh"
 #include "src/cuda/ptx/mbarrier.cuh"
 #include "src/cuda/ptx/named_barrier.cuh"
+#include "src/cuda/ptx/stmatrix.cuh"
 #include "src/cuda/ptx/warpgroup.cuh"
 #include "src/cuda/ptx/wgmma.cuh"
 
@@ -136,6 +153,7 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
   static_assert(kBlockN % 16 == 0 && kBlockN <= 256, "wgmma N: multiple of 16 (P's k16 steps), at most 256");
   static_assert(kConfig.shared_bytes() <= kMaxSharedBytes, "tiles exceed 227 KB of shared memory");
   static_assert(!kPingPongArg || kIntraOverlapArg, "ping-pong is built on the overlapped mainloop");
+  static_assert(kOutputStoreRows == ptx::kWarpgroupRows, "out's TMA store box: one consumer warpgroup's rows");
 
   const AttentionParams& attention = params.attention;
   // Tiles: one running index, mapped by params.tile_order (tile_order.hpp) — flat: query
@@ -208,25 +226,59 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
   T* shared_k = shared_q + kBlockM * kHeadDim;                       // kStages x (kBlockN, kHeadDim)
   T* shared_v = shared_k + kStages * kBlockN * kHeadDim;             // kStages x (kBlockN, kHeadDim)
   auto* barriers = reinterpret_cast<std::uint64_t*>(shared_v + kStages * kBlockN * kHeadDim);
+  // The tile-overlap schedule's second Q buffer (tile_config.hpp: after the mbarriers,
+  // where the launch gave the shared memory for it: has_two_q_buffers below).
+  constexpr bool kHasTwoQBuffers = overlaps_with_two_q_buffers(kConfig, kHasDropout);
+  static_assert(kConfig.second_q_offset() ==
+                    kQBytes + 2 * kStages * kKVBytes + static_cast<int>(kSwizzleAtomBytes),
+                "the second Q buffer starts one swizzle atom after the K/V rings (past the mbarriers)");
+  // Q buffer `buffer` (0 or 1): (kBlockM, kHeadDim) in panels.
+  auto q_tile = [&](int buffer) {
+    return reinterpret_cast<T*>(shared_base + (buffer == 0 ? 0 : kConfig.second_q_offset()));
+  };
   // K and V have their own rings of barriers: with the overlapped mainloop K_j is
   // released (S_j done) one block before V_j (O += P_j V_j done).
-  std::uint64_t* q_full = barriers;                      // Q landed
-  std::uint64_t* k_full = barriers + 1;                  // [kStages]: K stage landed
-  std::uint64_t* v_full = barriers + 1 + kStages;        // [kStages]: V stage landed
-  std::uint64_t* k_empty = barriers + 1 + 2 * kStages;   // [kStages]: every consumer warp is done with it
-  std::uint64_t* v_empty = barriers + 1 + 3 * kStages;   // [kStages]
-  std::uint64_t* q_empty = barriers + 1 + 4 * kStages;   // every consumer warp is done with Q (persistent)
+  std::uint64_t* q_full = barriers;                      // [2]: Q buffer landed
+  std::uint64_t* q_empty = barriers + 2;                 // [2]: every consumer warp is done with the buffer
+                                                         //      (persistent, one Q buffer)
+  std::uint64_t* o_full = barriers + 4;                  // [2]: every consumer warp is done with the buffer,
+                                                         //      its O staged (two Q buffers)
+  std::uint64_t* k_full = barriers + 6;                  // [kStages]: K stage landed
+  std::uint64_t* v_full = barriers + 6 + kStages;        // [kStages]: V stage landed
+  std::uint64_t* k_empty = barriers + 6 + 2 * kStages;   // [kStages]: every consumer warp is done with it
+  std::uint64_t* v_empty = barriers + 6 + 3 * kStages;   // [kStages]
   // Persistent launches: the tile queue, two slots of tile indices (the producer takes
   // tile t + 1 while the consumers still read t's slot).
-  std::uint64_t* tile_full = barriers + 2 + 4 * kStages;   // [2]: the slot holds the next tile
-  std::uint64_t* tile_empty = barriers + 4 + 4 * kStages;  // [2]: the loader and every consumer warp read it
-  auto* tile_slots = reinterpret_cast<std::int32_t*>(barriers + 6 + 4 * kStages);  // [2]
+  std::uint64_t* tile_full = barriers + 6 + 4 * kStages;   // [2]: the slot holds the next tile
+  std::uint64_t* tile_empty = barriers + 8 + 4 * kStages;  // [2]: the loader and every consumer warp read it
+  auto* tile_slots = reinterpret_cast<std::int32_t*>(barriers + 10 + 4 * kStages);  // [2]
+  // Two Q buffers: where the O staged in buffer b goes (the loader writes it with the
+  // tile's Q load, the storer reads it once the O is staged).
+  struct StoreHeader {
+    std::int32_t row, head, batch_coordinate, rows;  // out's first row of the tile, its rows
+  };
+  auto* store_headers = reinterpret_cast<StoreHeader*>(tile_slots + 2);  // [2]
   constexpr int kConsumerWarps = 4 * kConsumerWarpgroups;
-  static_assert((6 + 4 * kStages) * 8 + 2 * 4 <= 256, "mbarriers and tile slots exceed their 256 bytes");
+  static_assert((10 + 4 * kStages) * 8 + 2 * 4 + 2 * 16 <= 256,
+                "mbarriers, tile slots and store headers exceed their 256 bytes");
+
+  // The tile-overlap schedule (HopperEpilogue::tma_overlap, launch.hpp), where this
+  // kernel has it (can_overlap_tiles) and the launch asks for it. With two Q buffers
+  // (the launch gave the shared memory for them) tile t runs in buffer t % 2; with one,
+  // Q is released after the tile's last S = Q K^T instead of its last P V.
+  const bool is_tile_overlap = can_overlap_tiles(kConfig) && params.is_tile_overlap;
+  const bool has_two_q_buffers = kHasTwoQBuffers && is_tile_overlap;
+  // The Q buffer of the CTA's tile number `count`, and how often that buffer was used before.
+  auto q_buffer_of = [&](int count) { return has_two_q_buffers ? count & 1 : 0; };
+  auto q_use_of = [&](int count) { return has_two_q_buffers ? count >> 1 : count; };
 
   if (threadIdx.x == 0) {
-    ::cuda::ptx::mbarrier_init(q_full, 1);
-    ::cuda::ptx::mbarrier_init(q_empty, kConsumerWarps);
+    for (int buffer = 0; buffer < 2; ++buffer) {
+      ::cuda::ptx::mbarrier_init(&q_full[buffer], 1);
+      // One buffer: every consumer warp; two: the storer, once the buffer's O is stored.
+      ::cuda::ptx::mbarrier_init(&q_empty[buffer], has_two_q_buffers ? 1 : kConsumerWarps);
+      ::cuda::ptx::mbarrier_init(&o_full[buffer], kConsumerWarps);
+    }
     for (int stage = 0; stage < kStages; ++stage) {
       ::cuda::ptx::mbarrier_init(&k_full[stage], 1);
       ::cuda::ptx::mbarrier_init(&v_full[stage], 1);
@@ -235,16 +287,17 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
     }
     for (int slot = 0; slot < 2; ++slot) {
       ::cuda::ptx::mbarrier_init(&tile_full[slot], 1);
-      ::cuda::ptx::mbarrier_init(&tile_empty[slot], kConsumerWarps + 1);  // + the loader
+      // + the loader, and the storer with two Q buffers
+      ::cuda::ptx::mbarrier_init(&tile_empty[slot], kConsumerWarps + (has_two_q_buffers ? 2 : 1));
     }
     ::cuda::ptx::fence_mbarrier_init(::cuda::ptx::sem_release, ::cuda::ptx::scope_cluster);
   }
   __syncthreads();
 
   // Persistent: the CTA's tile number `taken` from the scheduler's queue (num_tiles: none
-  // left). Every consumer warp and the loader read each slot, then release it; every
-  // reading lane has read it before lane 0 does: the loader is lane 0 of the producer's
-  // first warp alone, a consumer warp is whole and converged here (it has just left
+  // left). Every consumer warp, the loader and (two Q buffers) the storer read each slot,
+  // then release it; every reading lane has read it before lane 0 does: the loader and
+  // the storer are lane 0 of a producer warp alone, a consumer warp is whole and converged here (it has just left
   // aligned wgmma code), so the active mask is the whole warp.
   auto take_tile = [&](int taken) {
     const int slot = taken & 1;
@@ -285,8 +338,48 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
         }
       }
     }
+    if constexpr (kHasTwoQBuffers) {
+      if (threadIdx.x == 64 && has_two_q_buffers) {
+        // Two Q buffers: the O of the CTA's tile number `count`, staged by the consumers in
+        // its Q buffer, to out: one TMA store per consumer warpgroup's 64 rows and panel,
+        // where the consumers staged it (a varlen warpgroup whose rows cross the sequence's
+        // end stored its rows from registers: the box would write into the next sequence;
+        // rows past a dense tensor's end and columns past head_dim the map clips).
+        auto store_staged_output = [&](int count) {
+          const int buffer = count & 1;
+          ptx::mbarrier_wait(&o_full[buffer], (count >> 1) & 1);
+          if (!params.has_o_map) return;
+          const StoreHeader header = store_headers[buffer];
+          for (int band = 0; band < kConsumerWarpgroups; ++band) {
+            const int band_rows = header.rows - band * ptx::kWarpgroupRows;
+            if (band_rows <= 0 || (is_varlen && band_rows < ptx::kWarpgroupRows)) break;
+            store_panels<kPanels, kBlockM>(q_tile(buffer) + band * ptx::kWarpgroupRows * kPanelColumns, &params.o_map,
+                                           header.row + band * ptx::kWarpgroupRows, header.head,
+                                           header.batch_coordinate, static_cast<int>(attention.head_dim));
+          }
+          ptx::bulk_commit_group();
+        };
+        // The storer (one lane of the producer's third warp): takes the CTA's tiles like
+        // the loader and the consumers; stores each tile's O as soon as every consumer
+        // warp has staged it, and hands the buffer back to the loader (q_empty) once the
+        // store has read it — for Q of the tile after next, loaded about a tile later.
+        int count = 0;
+        for (int taken = 0;; ++taken) {
+          const std::int32_t linear = take_tile(taken);
+          if (linear >= tile_end) break;
+          Tile tile;
+          if (!decode_tile(linear, tile)) continue;
+          store_staged_output(count);
+          ptx::bulk_wait_group_read<0>();
+          ::cuda::ptx::mbarrier_arrive(&q_empty[count & 1]);
+          ++count;
+        }
+        ptx::bulk_wait_group<0>();  // the last stores complete before the CTA's shared memory goes
+        return;
+      }
+    }
     if (threadIdx.x != 0) return;
-    int tile_count = 0;   // tiles run so far by this CTA: Q's phase
+    int tile_count = 0;   // tiles run so far by this CTA: Q's buffer and phase
     int block_base = 0;   // K/V blocks loaded for earlier tiles: the rings' position
     for (int taken = 0;; ++taken) {
       std::int32_t linear = static_cast<std::int32_t>(blockIdx.x);
@@ -299,13 +392,21 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
       Tile tile;
       if (!decode_tile(linear, tile)) continue;
       const std::int32_t batch_coordinate = is_varlen ? 0 : static_cast<std::int32_t>(tile.batch);
-      // Q of the previous tile released by every consumer warp (persistent launches).
-      if (tile_count > 0) ptx::mbarrier_wait(q_empty, (tile_count - 1) & 1);
+      // The tile's Q buffer released after its previous use (persistent launches): by
+      // every consumer warp, or with two buffers by the storer once the O staged there
+      // (tile_count - 2) is stored. The header tells the storer where this tile's O goes
+      // (written before Q is loaded, read after the consumers' o_full: ordered through them).
+      const int q_buffer = q_buffer_of(tile_count);
+      const int q_use = q_use_of(tile_count);
+      if (q_use > 0) ptx::mbarrier_wait(&q_empty[q_buffer], (q_use - 1) & 1);
       const std::int32_t q_row = static_cast<std::int32_t>(attention.q_start(tile.batch) + tile.m0);
+      if (has_two_q_buffers)
+        store_headers[q_buffer] = StoreHeader{q_row, static_cast<std::int32_t>(tile.head), batch_coordinate,
+                                              static_cast<std::int32_t>(tile.row_end - tile.m0)};
       ::cuda::ptx::mbarrier_arrive_expect_tx(::cuda::ptx::sem_release, ::cuda::ptx::scope_cta,
-                                             ::cuda::ptx::space_shared, q_full, kQBytes);
-      load_panels<kPanels, kBlockM>(shared_q, &params.q_map, q_row, static_cast<std::int32_t>(tile.head),
-                                    batch_coordinate, q_full);
+                                             ::cuda::ptx::space_shared, &q_full[q_buffer], kQBytes);
+      load_panels<kPanels, kBlockM>(q_tile(q_buffer), &params.q_map, q_row, static_cast<std::int32_t>(tile.head),
+                                    batch_coordinate, &q_full[q_buffer]);
       const std::int64_t k_start = attention.k_start(tile.batch);
       const std::int32_t head_kv = static_cast<std::int32_t>(tile.head / attention.group_size);
       // Block `index` of the tile's visit order into its stage of a ring; waits until the
@@ -353,6 +454,11 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
   const std::uint64_t q_descriptor =
       ptx::make_smem_descriptor(q_address + warpgroup_row0 * kSwizzleRowBytes, 16, kSwizzleAtomBytes,
                                 ptx::SwizzleMode::bytes128);
+  // This warpgroup's rows of Q buffer `buffer` (the second one kConfig.second_q_offset()
+  // bytes further: under 2^18, the start-address field's reach).
+  auto q_descriptor_of = [&](int buffer) {
+    return q_descriptor + (buffer == 0 ? 0 : static_cast<std::uint64_t>(kConfig.second_q_offset() >> 4));
+  };
   const std::uint64_t k_descriptor =
       ptx::make_smem_descriptor(k_address, 16, kSwizzleAtomBytes, ptx::SwizzleMode::bytes128);
   const std::uint64_t v_descriptor =
@@ -375,10 +481,40 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
   const DropoutRule dropout = kHasDropout ? attention.dropout() : DropoutRule{};
 
   Tile tile{};         // the tile being run
-  ScoreRule score_rule{};          // the tile's (batch, head): its ALiBi slope (set only off the fast path)
+  // ALiBi's affine form on the key blocks this warp's 16 rows see off the diagonal
+  // (default: off, every block takes the per-element form). Compiled where it costs no
+  // spills: d64 and d128 with two consumer warpgroups (ptxas -v: d256 and d64's three
+  // consumer warpgroups of 160 registers spilled 32-72 bytes more with it).
+  constexpr bool kHasAffineAlibi = kHeadDim <= 128 && kConsumerWarpgroups == 2;
+  // The tile's score rule and ALiBi's affine state for this lane (read only off the fast
+  // path): built from the slope (the one memory read), the tile and launch constants.
+  struct TileScore {
+    ScoreRule rule;
+    fragment::AffineBiasLane alibi_lane;  // default: every block straddles (the affine form off)
+  };
+  auto tile_score_of = [&](float alibi_slope_log2) {
+    TileScore score{attention.score_of_slope(alibi_slope_log2, tile.mask), {}};
+    if (kHasAffineAlibi && params.is_alibi_affine && score.rule.has_affine_bias()) {
+      const std::int64_t warp_row_first = tile.m0 + thread_row0 - group;
+      score.alibi_lane = fragment::AffineBiasLane::of(
+          score.rule, score.rule.side_bounds(warp_row_first, warp_row_first + 15, kBlockN, tile.mask),
+          tile.m0 + thread_row0);
+    }
+    return score;
+  };
+  // Persistent kernels keep only the slope across the mainloop and rebuild the rest per
+  // key block inside the score-rule branch: kept live, the rule and the affine state sat
+  // in every path's registers across the consumers' loop (ptxas -v, bf16 d128 with the
+  // tile overlap: 112/92 bytes of spills and a local load of seqlen_k per key block on
+  // the fast path; rebuilt: 28/36, all in the producer). One-tile kernels keep the whole
+  // state (rebuilt per block, bf16 d128 went from 0/0 to 48/40), and so does d256, which
+  // has no affine form (rebuilt, its dropout kernel spilled 8/8 bytes more per tile).
+  constexpr bool kRebuildsTileScore = kPersistentArg && kHeadDim <= 128;
+  float alibi_slope_log2 = 0.0f;  // log2 units, set only off the fast path
+  TileScore tile_score{};         // set only off the fast path, without kRebuildsTileScore
   std::uint32_t dropout_head = 0;  // the tile's (batch, head) in the dropout generator
   int block_base = 0;  // K/V blocks consumed for earlier tiles: the rings' position
-  int tile_count = 0;  // tiles run so far: Q's phase
+  int tile_count = 0;  // tiles run so far: Q's buffer and phase
   float o[kHeadDim / 2];                      // (64, kHeadDim) per warpgroup, fp32 accumulator
   float s[kBlockN / 2];                       // (64, kBlockN) per warpgroup: S, then P in fp32
   std::uint32_t p[kBlockN / 16][4];           // (64, kBlockN) per warpgroup: P as wgmma A fragments
@@ -392,10 +528,11 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
   // S = Q K^T for block `index` (issued and committed, not waited for).
   auto issue_qk = [&](int index) {
     const std::uint64_t stage_k_descriptor = k_descriptor + ((((block_base + index) % kStages) * kKVBytes) >> 4);
+    const std::uint64_t tile_q_descriptor = q_descriptor_of(q_buffer_of(tile_count));
     ptx::wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kHeadDim / 16; ++kk) {
-      ptx::wgmma_ss<kBlockN, kInput, 0>(s, q_descriptor + k_step_offset(kk, kBlockM),
+      ptx::wgmma_ss<kBlockN, kInput, 0>(s, tile_q_descriptor + k_step_offset(kk, kBlockM),
                                          stage_k_descriptor + k_step_offset(kk, kBlockN), kk > 0 ? 1 : 0);
     }
     ptx::wgmma_commit_group();
@@ -436,7 +573,7 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
   // compile in 14.5 s, without spills (ptxas -v; 8 did not spill either, 23 s).
   constexpr int kMaskStepTiles = kNTiles % 4 == 0 ? 4 : 2;  // block_n 80: 10 tiles
   static_assert(kNTiles % kMaskStepTiles == 0, "whole steps");
-  auto apply_device_mask = [&](std::int64_t n0, std::int32_t code) {
+  auto apply_device_mask = [&](std::int64_t n0, std::int32_t code, float bias_factor) {
     if (code != kGeneralTile) {
       // One block code under the tile: spans and bits, loaded once, tested in registers.
       fragment::apply_fragment_mask<kNTiles>(s, attention, tile.mask, code, tile.batch, tile.m0 + thread_row0, n0);
@@ -448,7 +585,7 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
 #pragma unroll
       for (int i = 0; i < 4 * kMaskStepTiles; ++i) step_s[i] = s[i];
       fragment::apply_mask<kMaskStepTiles>(step_s, attention, tile.mask, tile.batch, tile.head, tile.m0 + thread_row0,
-                                           n0 + 8 * j, mask_bias_factor);
+                                           n0 + 8 * j, bias_factor);
 #pragma unroll
       for (int i = 0; i < 4 * (kNTiles - kMaskStepTiles); ++i) s[i] = s[i + 4 * kMaskStepTiles];
 #pragma unroll
@@ -456,13 +593,38 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
     }
   };
   // Score rule, element mask, online softmax of `block` (S complete in registers):
-  // S becomes P (fp32) and row_factor the rescale O still needs.
+  // S becomes P (fp32) and row_factor the rescale O still needs. After the score rule
+  // an element's log2 score is score_scale * s + score_offset[half]: on the fast path
+  // (exp_scale, 0), with the per-element rule (1, 0), with ALiBi's affine form (the
+  // slope, the row's offset); score_scale > 0, so the row max is taken on s and mapped.
   auto softmax_block = [&](const KeyBlock& block) {
     ptx::fence_operands(s);
     const std::int64_t n0 = block.n0;
-    if (!is_positive_scale) fragment::apply_score_rule<kNTiles>(s, score_rule, tile.m0 + thread_row0, n0);
+    float score_scale = exp_scale;
+    float score_offset[2] = {0.0f, 0.0f};
+    float bias_factor = mask_bias_factor;  // an attn_mask bias in the unit of s
+    if (!is_positive_scale) {
+      const TileScore score = kRebuildsTileScore ? tile_score_of(alibi_slope_log2) : tile_score;
+      const ScoreRule& score_rule = score.rule;
+      const fragment::AffineBiasLane& alibi_lane = score.alibi_lane;
+      // The side of the diagonal this warp's 16 rows see the block on (a warp-uniform
+      // branch; n0 is a 32-bit TMA coordinate).
+      const std::int32_t n0_32 = static_cast<std::int32_t>(n0);
+      const DiagonalSide side = kHasAffineAlibi ? alibi_lane.side(n0_32) : DiagonalSide::straddles;
+      if (side == DiagonalSide::left) {
+        fragment::apply_affine_bias<kNTiles, DiagonalSide::left>(s, score_rule, alibi_lane, n0_32, score_offset);
+      } else if (side == DiagonalSide::right) {
+        fragment::apply_affine_bias<kNTiles, DiagonalSide::right>(s, score_rule, alibi_lane, n0_32, score_offset);
+      } else {
+        fragment::apply_score_rule<kNTiles, kConsumerWarpgroups == 2>(s, score_rule, tile.m0 + thread_row0, n0);
+      }
+      if (side != DiagonalSide::straddles) {
+        score_scale = score_rule.alibi_slope_log2;
+        bias_factor = mask_bias_factor / score_rule.alibi_slope_log2;
+      }
+    }
     if (is_listed(tile)) {
-      if (block.is_partial) apply_device_mask(n0, block.code);  // listed full blocks: no mask at all
+      if (block.is_partial) apply_device_mask(n0, block.code, bias_factor);  // listed full blocks: no mask at all
     } else if (n0 + kBlockN > tile.seqlen_k || !tile.mask.tile_fully_allowed(tile.m0, tile.row_end, n0, n0 + kBlockN)) {
       // Interval range: the element mask only where the block crosses a mask edge or
       // the end of the keys.
@@ -487,18 +649,20 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
 #pragma unroll
       for (int j = 0; j < kBlockN / 8; ++j)
         block_max = fmaxf(block_max, fmaxf(s[4 * j + 2 * half], s[4 * j + 2 * half + 1]));
-      // The 4 lanes of a quad hold the row's columns: reduce across them.
+      // In log2 units (-inf stays -inf), then across the quad's 4 lanes, which hold the
+      // row's columns (the affine form's offsets differ per lane: mapped first).
+      block_max = fmaf(block_max, score_scale, score_offset[half]);
       block_max = fmaxf(block_max, __shfl_xor_sync(0xffffffffu, block_max, 1));
       block_max = fmaxf(block_max, __shfl_xor_sync(0xffffffffu, block_max, 2));
       online_softmax::State<float>& state = row_state[half];
-      row_factor[half] = state.raise_max(block_max * exp_scale);  // -inf stays -inf
-      const float base = state.base();
+      row_factor[half] = state.raise_max(block_max);
+      const float exponent_offset = score_offset[half] - state.base();
       float block_sum = 0.0f;
 #pragma unroll
       for (int j = 0; j < kBlockN / 8; ++j)
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
-          const float probability = ptx::exp2_approx_ftz(fmaf(s[4 * j + 2 * half + e], exp_scale, -base));
+          const float probability = ptx::exp2_approx_ftz(fmaf(s[4 * j + 2 * half + e], score_scale, exponent_offset));
           s[4 * j + 2 * half + e] = probability;
           block_sum += probability;
         }
@@ -561,7 +725,14 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
   // with output_scale = 1 / (l (1 - p)) (dropout's scale of kept entries folded in) and
   // writes the row's LSE (of the undropped P).
   float* maybe_lse = attention.maybe_lse;
-  auto finish_rows = [&](auto&& store_row) {
+  // What the epilogue needs of its tile: the tile-overlap schedule decodes the next tile
+  // before this one's epilogue.
+  struct OutputTile {
+    std::int64_t batch, head, m0, seqlen_q;
+    __device__ std::int64_t rows() const { return seqlen_q - m0 < kBlockM ? seqlen_q - m0 : kBlockM; }
+  };
+  auto output_tile_of = [](const Tile& of) { return OutputTile{of.batch, of.head, of.m0, of.seqlen_q}; };
+  auto finish_rows = [&](const OutputTile& tile, auto&& store_row) {
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       online_softmax::State<float> state = row_state[half];
@@ -578,11 +749,11 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
   // Only this warpgroup reads its 64 Q rows, so after its own barrier it may overwrite
   // them; the other consumer warpgroups are not waited for. (One tile per CTA: the next
   // Q never arrives in this buffer.)
-  auto store_output_through_shared_memory = [&]() {
+  auto store_output_through_shared_memory = [&](const OutputTile& tile) {
     const int epilogue_barrier = static_cast<int>(NamedBarrier::kConsumerEpilogueFirst) + consumer;
     ptx::named_barrier_sync(epilogue_barrier, ptx::kWarpgroupThreads);
     unsigned char* shared_q_bytes = reinterpret_cast<unsigned char*>(shared_q);
-    finish_rows([&](int half, int tile_row, float output_scale) {
+    finish_rows(tile, [&](int half, int tile_row, float output_scale) {
 #pragma unroll
       for (int j = 0; j < kHeadDim / 8; ++j) {
         // Column 8j + 2 quad_lane: panel j / 8, 16-byte chunk j % 8 of the row.
@@ -599,7 +770,7 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
     for (int index = thread_in_warpgroup; index < ptx::kWarpgroupRows * kRowChunks; index += ptx::kWarpgroupThreads) {
       const int tile_row = warpgroup_row0 + index / kRowChunks;
       const int chunk = index % kRowChunks;
-      if (tile_row < tile.row_end - tile.m0 && chunk * 8 < attention.head_dim) {
+      if (tile_row < tile.rows() && chunk * 8 < attention.head_dim) {
         const int byte_offset = panels_chunk_offset<kBlockM>(tile_row, chunk);
         *reinterpret_cast<uint4*>(out + tile_row * attention.out_row_stride + chunk * 8) =
             *reinterpret_cast<const uint4*>(shared_q_bytes + byte_offset);
@@ -608,11 +779,11 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
   };
   // Straight from the accumulator: each quad writes 16 contiguous bytes of a row per
   // 8-column tile. Leaves shared memory to the next tile's loads (persistent launches).
-  auto store_output_from_registers = [&]() {
+  auto store_output_from_registers = [&](const OutputTile& tile) {
     T* out = static_cast<T*>(attention.out) + attention.out_offset(tile.batch, tile.head) +
              tile.m0 * attention.out_row_stride;
-    finish_rows([&](int half, int tile_row, float output_scale) {
-      if (tile_row >= tile.row_end - tile.m0) return;
+    finish_rows(tile, [&](int half, int tile_row, float output_scale) {
+      if (tile_row >= tile.rows()) return;
       T* out_row = out + tile_row * attention.out_row_stride;
 #pragma unroll
       for (int j = 0; j < kHeadDim / 8; ++j) {
@@ -623,16 +794,66 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
       }
     });
   };
-  // One tile: mainloop and epilogue.
+
+  // ---- Q buffer releases (persistent launches) ----------------------------------------
+  // One arrival per consumer warp and tile. One buffer: on q_empty, after the tile's last
+  // P V (every wgmma done), or with the tile overlap (is_q_released_early) after the last
+  // S = Q K^T, before the last P V is waited for: the next Q loads during that P V and
+  // the epilogue. Two buffers: on o_full once O is staged (stage_output).
+  const bool is_q_released_early = is_tile_overlap && !has_two_q_buffers;
+  auto release_q = [&](int buffer) {
+    if (lane == 0) ::cuda::ptx::mbarrier_arrive(&q_empty[buffer]);
+  };
+  // Two buffers: O through this warpgroup's rows of the tile's Q buffer (only this
+  // warpgroup reads them, and after the barrier all its S = Q K^T are done); the storer
+  // stores them with the TMA once every consumer warp has arrived on o_full, while the
+  // consumers run the next tile. A varlen warpgroup whose 64 rows pass its sequence's end
+  // stores from registers, row by row (the storer skips it: store_staged_output).
+  auto stage_output = [&](const OutputTile& tile) {
+    const int q_buffer = q_buffer_of(tile_count);
+    if (params.has_o_map && (!is_varlen || tile.m0 + warpgroup_row0 + ptx::kWarpgroupRows <= tile.seqlen_q)) {
+      ptx::named_barrier_sync(static_cast<int>(NamedBarrier::kConsumerEpilogueFirst) + consumer,
+                              ptx::kWarpgroupThreads);
+      float output_scale[2];
+      finish_rows(tile, [&](int half, int, float scale) { output_scale[half] = scale; });
+      // stmatrix x4 per two n8 column tiles: matrices (tile j, rows 0-7 | 8-15 of the
+      // warp's 16), (tile j + 1, ...) are the accumulator's fragments as they are (ptx/
+      // stmatrix.cuh); lane 8 i + r gives row r of matrix i. A 32-bit shared address: a
+      // generic pointer kept across the loop costs the consumers registers.
+      const std::uint32_t staging =
+          q_address + (q_buffer == 0 ? 0u : static_cast<std::uint32_t>(kConfig.second_q_offset()));
+      const int matrix = lane / 8;
+      const int staging_row = warpgroup_row0 + (thread_in_warpgroup / 32) * 16 + 8 * (matrix % 2) + lane % 8;
+#pragma unroll
+      for (int j = 0; j < kHeadDim / 8; j += 2) {
+        ptx::stmatrix_x4(staging + panels_chunk_offset<kBlockM>(staging_row, j + matrix / 2),
+                         pack_pair<T>(o[4 * j] * output_scale[0], o[4 * j + 1] * output_scale[0]),
+                         pack_pair<T>(o[4 * j + 2] * output_scale[1], o[4 * j + 3] * output_scale[1]),
+                         pack_pair<T>(o[4 * j + 4] * output_scale[0], o[4 * j + 5] * output_scale[0]),
+                         pack_pair<T>(o[4 * j + 6] * output_scale[1], o[4 * j + 7] * output_scale[1]));
+      }
+      ptx::fence_proxy_async_shared();  // the staged O visible to the TMA (async proxy)
+    } else {
+      store_output_from_registers(tile);
+    }
+    __syncwarp();
+    if (lane == 0) ::cuda::ptx::mbarrier_arrive(&o_full[q_buffer]);
+  };
+
+  // One tile's mainloop; O and row_state hold the unnormalised result after it.
   auto consume_tile = [&]() {
     const int num_n_blocks = tile.num_n_blocks;
+    const int q_buffer = q_buffer_of(tile_count);
 #pragma unroll
     for (int i = 0; i < kHeadDim / 2; ++i) o[i] = 0.0f;
     row_state[0] = online_softmax::State<float>{};
     row_state[1] = online_softmax::State<float>{};
-    if (!is_positive_scale) score_rule = attention.score_of(tile.batch, tile.head, tile.mask);
+    if (!is_positive_scale) {
+      alibi_slope_log2 = attention.alibi_slope_log2_of(tile.batch, tile.head);
+      if constexpr (!kRebuildsTileScore) tile_score = tile_score_of(alibi_slope_log2);
+    }
     if constexpr (kHasDropout) dropout_head = attention.dropout_head(tile.batch, tile.head);
-    ptx::mbarrier_wait(q_full, tile_count & 1);
+    ptx::mbarrier_wait(&q_full[q_buffer], q_use_of(tile_count) & 1);
     if constexpr (kPingPongArg) {
       gemm_rounds = num_n_blocks + 1;
       round = 0;
@@ -680,6 +901,7 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
         begin_turn();
         issue_pv(num_n_blocks - 1);
         end_turn();
+        if (is_q_released_early) release_q(q_buffer);  // every S = Q K^T of the tile is done
         ptx::wgmma_wait_group<0>();
         ptx::fence_operands(o);
         release(v_empty, num_n_blocks - 1);
@@ -703,28 +925,43 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
         release(v_empty, index);
       }
     }
-
-    if constexpr (kPersistentArg) {
-      // Every wgmma of this warp is complete: the producer may load the next tile's Q
-      // while this warp stores O straight from registers.
-      if (lane == 0) ::cuda::ptx::mbarrier_arrive(q_empty);
-      store_output_from_registers();
-    } else {
-      store_output_through_shared_memory();
-    }
-    block_base += num_n_blocks;
-    ++tile_count;
   };
   // Without a persistent grid there is no loop at all (one tile per CTA): the loop
   // would keep more values live across the mainloop (measured: spills at d256).
   if constexpr (kPersistentArg) {
-    for (int taken = 0;; ++taken) {
-      const std::int32_t linear = take_tile(taken);
-      if (linear >= num_tiles) break;
-      if (decode_tile(linear, tile)) consume_tile();
+    int taken = 0;
+    // num_tiles in 32 bits from two launch parameters: kept in registers across the loop
+    // (or spilled), the 64-bit num_tiles cost the consumers a reload per tile (ptxas).
+    const std::int32_t tile_end = params.tile_order.num_m_blocks * params.tile_order.num_heads_batches;
+    // The CTA's next tile with rows, into `tile`; false once none is left.
+    auto take_next_tile = [&]() {
+      for (;;) {
+        const std::int32_t linear = take_tile(taken++);
+        if (linear >= tile_end) return false;
+        if (decode_tile(linear, tile)) return true;
+      }
+    };
+    for (bool has_tile = take_next_tile(); has_tile; has_tile = take_next_tile()) {
+      consume_tile();
+      if (has_two_q_buffers) {
+        // Tile t + 1's Q (loaded during tile t into the other buffer) and K_0 are in place
+        // once tile t's O is staged in tile t's Q buffer; its store drains while tile t + 1
+        // runs.
+        stage_output(output_tile_of(tile));
+      } else {
+        // Every wgmma of this warp is complete: the producer may load the next tile's Q
+        // (if it has not already) while this warp stores O straight from registers.
+        if (!is_q_released_early || tile.num_n_blocks == 0) release_q(0);
+        store_output_from_registers(output_tile_of(tile));
+      }
+      block_base += tile.num_n_blocks;
+      ++tile_count;
     }
   } else {
-    if (decode_tile(blockIdx.x, tile)) consume_tile();
+    if (decode_tile(blockIdx.x, tile)) {
+      consume_tile();
+      store_output_through_shared_memory(output_tile_of(tile));
+    }
   }
 #endif
 }
@@ -779,20 +1016,28 @@ void launch_forward_sm90(const HopperForwardParams& params, cudaStream_t stream)
   HopperForwardParams launch_params = params;
   launch_params.tile_order = TileOrder{static_cast<std::int32_t>(num_m_blocks),
                                        static_cast<std::int32_t>(attention.heads_q * attention.batch), 0};
+  launch_params.is_alibi_affine = is_affine_alibi_enabled();
   if (kConfig.is_persistent && params.maybe_tile_counter != nullptr && is_l2_section_order_requested())
     launch_params.tile_order.section_heads = l2_section_heads(
         attention.seqlen_k * kConfig.kernel_head_dim * 2 * kConfig.element_bytes, static_cast<std::int32_t>(attention.group_size));
+  // The tile-overlap schedule where requested and this kernel has it; its second Q
+  // buffer where shared memory has room (tile_config.hpp).
+  launch_params.is_tile_overlap = can_overlap_tiles(kConfig) && requested_epilogue() == HopperEpilogue::tma_overlap;
   constexpr int kSharedBytes = kConfig.shared_bytes();
+  constexpr int kMaxKernelSharedBytes =
+      overlaps_with_two_q_buffers(kConfig, kHasDropout) ? kConfig.two_q_shared_bytes() : kSharedBytes;
+  const int shared_bytes = launch_params.is_tile_overlap ? kMaxKernelSharedBytes : kSharedBytes;
   auto* kernel = forward_kernel_sm90<T, kConfig.kernel_head_dim, kConfig.block_m, kConfig.block_n, kConfig.stages,
                                      kConfig.is_intra_overlap, kConfig.is_ping_pong, kConfig.is_persistent, kHasDropout>;
   // Above 48 KB of dynamic shared memory a kernel must opt in, once per device.
   static std::atomic<std::uint64_t> opted_in_devices{0};
   const std::uint64_t device_bit = device < 64 ? (std::uint64_t{1} << device) : 0;
   if (device_bit == 0 || (opted_in_devices.load(std::memory_order_acquire) & device_bit) == 0) {
-    FLASHATTN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSharedBytes));
+    FLASHATTN_CUDA_CHECK(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kMaxKernelSharedBytes));
     opted_in_devices.fetch_or(device_bit, std::memory_order_release);
   }
-  kernel<<<static_cast<unsigned>(num_ctas), kConfig.threads(), kSharedBytes, stream>>>(launch_params);
+  kernel<<<static_cast<unsigned>(num_ctas), kConfig.threads(), shared_bytes, stream>>>(launch_params);
   FLASHATTN_CUDA_CHECK_LAUNCH();
 }
 

@@ -71,15 +71,16 @@ std::uint64_t encodable_stride_bytes(std::int64_t stride_elements, std::int64_t 
   return extent <= 1 ? 16 : static_cast<std::uint64_t>(stride_elements * element_bytes);
 }
 
-// 4-D map (head_dim, rows, heads, batch) over one 16-bit or e4m3 tensor (the latter as
-// bytes); box (panel_bytes of columns, box_rows, 1, 1) with the swizzle of the panel
-// width (128 bytes: 64 16-bit columns; the FP8 kernel also uses 64).
-CUtensorMap make_tensor_map(const char* name, const void* data, DType dtype, std::int64_t head_dim, std::int64_t rows,
-                            std::int64_t heads, std::int64_t batch, std::int64_t row_stride, std::int64_t head_stride,
-                            std::int64_t batch_stride, int box_rows, int panel_bytes = 2 * kPanelColumns) {
+// 4-D map (head_dim, rows, heads, batch) over one 16-bit, e4m3 (as bytes) or fp32 tensor
+// (the backward's dq_accum, for TMA reductions); box (panel_bytes of columns, box_rows, 1,
+// 1) with the swizzle of the panel width (128 bytes: 64 16-bit or 32 fp32 columns; the
+// FP8 kernel also uses 64). Returns the driver's result; encode is the driver's entry
+// point (non-null).
+CUresult encode_tensor_map(CUtensorMap& map, PFN_cuTensorMapEncodeTiled_v12000 encode, const void* data, DType dtype,
+                           std::int64_t head_dim, std::int64_t rows, std::int64_t heads, std::int64_t batch,
+                           std::int64_t row_stride, std::int64_t head_stride, std::int64_t batch_stride, int box_rows,
+                           int panel_bytes) {
   const std::int64_t element_bytes = static_cast<std::int64_t>(dtype_size(dtype));
-  const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
-  if (encode == nullptr) throw NotSupported("flashattn: algorithm: flash3 needs the driver's cuTensorMapEncodeTiled");
   const cuuint64_t extents[4] = {static_cast<cuuint64_t>(head_dim), static_cast<cuuint64_t>(rows > 0 ? rows : 1),
                                  static_cast<cuuint64_t>(heads > 0 ? heads : 1),
                                  static_cast<cuuint64_t>(batch > 0 ? batch : 1)};
@@ -91,16 +92,41 @@ CUtensorMap make_tensor_map(const char* name, const void* data, DType dtype, std
   const cuuint32_t element_strides[4] = {1, 1, 1, 1};
   const CUtensorMapDataType data_type = dtype == DType::bfloat16      ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
                                         : dtype == DType::float8_e4m3 ? CU_TENSOR_MAP_DATA_TYPE_UINT8
+                                        : dtype == DType::float32     ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32
                                                                       : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+  return encode(&map, data_type, 4, const_cast<void*>(data), extents, strides, box, element_strides,
+                CU_TENSOR_MAP_INTERLEAVE_NONE, panel_bytes == 128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B,
+                CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+}
+
+// encode_tensor_map, throwing NotSupported (naming the tensor) where it cannot be encoded.
+CUtensorMap make_tensor_map(const char* name, const void* data, DType dtype, std::int64_t head_dim, std::int64_t rows,
+                            std::int64_t heads, std::int64_t batch, std::int64_t row_stride, std::int64_t head_stride,
+                            std::int64_t batch_stride, int box_rows, int panel_bytes = 2 * kPanelColumns) {
+  const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
+  if (encode == nullptr) throw NotSupported("flashattn: algorithm: flash3 needs the driver's cuTensorMapEncodeTiled");
   CUtensorMap map;
-  const CUresult result =
-      encode(&map, data_type, 4, const_cast<void*>(data), extents, strides, box, element_strides,
-             CU_TENSOR_MAP_INTERLEAVE_NONE, panel_bytes == 128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B,
-             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  const CUresult result = encode_tensor_map(map, encode, data, dtype, head_dim, rows, heads, batch, row_stride,
+                                            head_stride, batch_stride, box_rows, panel_bytes);
   if (result != CUDA_SUCCESS)
     throw NotSupported(std::string("flashattn: ") + name + ": cuTensorMapEncodeTiled failed (CUresult " +
                        std::to_string(static_cast<int>(result)) + ") for the flash3 kernel's TMA tensor map");
   return map;
+}
+
+// Out as the TMA store target of the tile-overlap schedule, box (64 columns, 64 rows):
+// false (the kernel then stores O from registers) where out's address or strides are
+// not encodable. Never throws: the registers path runs any out the API accepts.
+bool make_output_store_map(const AttentionParams& params, std::int64_t rows, std::int64_t batch, CUtensorMap& map) {
+  const bool encodable = reinterpret_cast<std::uintptr_t>(params.out) % 16 == 0 &&
+                         is_encodable_stride(params.out_row_stride, rows) &&
+                         is_encodable_stride(params.out_head_stride, params.heads_q) &&
+                         is_encodable_stride(params.out_batch_stride, batch);
+  const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
+  if (!encodable || encode == nullptr) return false;
+  return encode_tensor_map(map, encode, params.out, params.dtype, params.head_dim, rows, params.heads_q, batch,
+                           params.out_row_stride, params.out_head_stride, params.out_batch_stride,
+                           kOutputStoreRows, 2 * kPanelColumns) == CUDA_SUCCESS;
 }
 
 template <class T>
@@ -175,6 +201,8 @@ HopperForwardParams make_forward_params(const AttentionParams& params, const Hop
   hopper_params.q_map = make_tensor_map("q", params.q, params.dtype, params.head_dim, rows_q, params.heads_q, batch,
                                         params.q_row_stride, params.q_head_stride, params.q_batch_stride,
                                         config.block_m);
+  if (overlaps_with_two_q_buffers(config, params.has_dropout()) && requested_epilogue() == HopperEpilogue::tma_overlap)
+    hopper_params.has_o_map = make_output_store_map(params, rows_q, batch, hopper_params.o_map);
   if (rows_k == 0) return hopper_params;
   hopper_params.k_map = make_tensor_map("k", params.k, params.dtype, params.head_dim, rows_k, params.heads_kv, batch,
                                         params.k_row_stride, params.k_head_stride, params.k_batch_stride,

@@ -33,7 +33,55 @@ struct HopperForwardParams {
   unsigned int* maybe_tile_counter = nullptr;
   // Which tile a running index names (tile_order.hpp); set by launch_forward_sm90.
   TileOrder tile_order;
+  // ALiBi's affine form on key blocks off the diagonal (common/alibi_path.hpp); set by
+  // launch_forward_sm90.
+  bool is_alibi_affine = true;
+  // The tile-overlap schedule of the persistent kernels (kernel.cuh; set by
+  // launch_forward_sm90 where FLASHATTN_CUDA_HOPPER_EPILOGUE=tma_overlap asks for it).
+  bool is_tile_overlap = false;
+  // Out as a TMA store target, box (64, 64 rows, 1, 1): one consumer warpgroup's rows of
+  // a 64-column panel. Encoded only for the tile-overlap schedule, and only where out's
+  // address and strides allow; has_o_map false: O is stored from registers.
+  bool has_o_map = false;
+  CUtensorMap o_map;
 };
+
+// FLASHATTN_CUDA_HOPPER_EPILOGUE selects the persistent kernels' tile boundary
+// (kernel.cuh), read once per process; an A/B switch until timed on the device:
+//   registers (default): Q released after the tile's last P V, O stored from registers,
+//     then the next tile's Q, K_0 and first S = Q K_0^T;
+//   tma_overlap: two Q buffers (overlaps_with_two_q_buffers: d128, d64 with block_m
+//     128; not with dropout) — the next tile's Q loads during this tile, and O goes
+//     through this tile's Q buffer to a TMA store (issued by a producer lane) that drains
+//     while the next tile runs; one buffer (d256, d64 block_m 192, dropout): Q released
+//     after the last S = Q K^T, O stored from registers.
+enum class HopperEpilogue : int { registers, tma_overlap };
+
+inline HopperEpilogue requested_epilogue() {
+  static const HopperEpilogue requested = [] {
+    const char* value = std::getenv("FLASHATTN_CUDA_HOPPER_EPILOGUE");
+    // The tile overlap by default: up to 1.14x the register epilogue at 1k-2k tokens, d128
+    // (H200, 2026-11-27); =registers restores the other.
+    return value != nullptr && std::string(value) == "registers" ? HopperEpilogue::registers
+                                                                   : HopperEpilogue::tma_overlap;
+  }();
+  return requested;
+}
+
+// Whether a kernel of `config` runs the tile-overlap schedule when it is requested: the
+// persistent kernels with the intra-warpgroup overlap and without ping-pong (the turn
+// barriers count GEMM rounds per tile).
+constexpr bool can_overlap_tiles(const HopperTileConfig& config) {
+  return config.is_persistent && config.is_intra_overlap && !config.is_ping_pong;
+}
+// Whether its tile-overlap schedule has two Q buffers: where shared memory has room
+// (tile_config.hpp) and the consumers have registers to spare — not with dropout (d128:
+// the mainloop would spill, ptxas) nor with three consumer warpgroups at 160 registers
+// (d64 block_m 192: spill stores 18 -> 82 per consumer).
+constexpr bool overlaps_with_two_q_buffers(const HopperTileConfig& config, bool has_dropout) {
+  return can_overlap_tiles(config) && config.has_room_for_two_q() && !has_dropout &&
+         config.consumer_warpgroups() == 2;
+}
 
 template <class T, int kHeadDim>
 void run_forward_sm90(const HopperForwardParams& params, cudaStream_t stream);
@@ -91,7 +139,8 @@ HopperForwardParams make_forward_params(const AttentionParams& params, const Hop
 // For the Hopper backward (src/cuda/hopper_bwd) and the FP8 forward (src/cuda/hopper_fp8):
 // the same TMA map encoding (4-D (head_dim, rows, heads, batch), box (panel_bytes of
 // columns, box_rows, 1, 1), the swizzle of the panel width, 128 or 64 bytes; 16-bit
-// dtypes or float8_e4m3 as bytes; throws NotSupported on failure), its stride rule, and
+// dtypes, float8_e4m3 as bytes, or float32; throws NotSupported on failure), its stride
+// rule (strides in elements of element_bytes), and
 // the cached compute capability.
 CUtensorMap make_panel_tensor_map(const char* name, const void* data, DType dtype, std::int64_t head_dim,
                                   std::int64_t rows, std::int64_t heads, std::int64_t batch, std::int64_t row_stride,

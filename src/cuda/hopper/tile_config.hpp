@@ -20,6 +20,7 @@ inline constexpr int kMaxConsumerWarpgroups = 3;
 inline constexpr int kPanelColumns = 64;  // 128 bytes of 16-bit elements: one swizzle row
 inline constexpr int kSwizzleRowBytes = 128;  // the widest TMA/wgmma swizzle
 inline constexpr int kMaxSharedBytes = 227 * 1024;
+inline constexpr int kOutputStoreRows = 64;  // box rows of out's TMA store map: one consumer warpgroup's
 
 struct HopperTileConfig {
   int kernel_head_dim;  // head dim the kernel is compiled for (a multiple of 64)
@@ -53,6 +54,15 @@ struct HopperTileConfig {
   constexpr int kv_tiles_per_stage() const { return element_bytes == 1 ? 3 : 2; }
   // Tiles + mbarriers (256 bytes) + slack to align the tiles to 1024 bytes (the swizzle atom).
   constexpr int shared_bytes() const { return q_bytes() + kv_tiles_per_stage() * stages * kv_tile_bytes() + 256 + 1024; }
+  // The tile-overlap schedule of persistent kernels (kernel.cuh, FLASHATTN_CUDA_HOPPER_EPILOGUE
+  // =tma_overlap) adds a second Q buffer after the mbarriers, padded to a 1024-byte atom:
+  // Q of tile t + 1 loads while tile t runs, and each tile's O is staged in its own Q
+  // buffer for the TMA store. d64 (block_m 128: 98 KB, 192: 114 KB) and d128 (194 KB)
+  // have room; d256 (Q 64 KB + 160 KB of K/V stages) does not and keeps one buffer.
+  // Whether a kernel uses it: overlaps_with_two_q_buffers (launch.hpp).
+  constexpr int second_q_offset() const { return q_bytes() + kv_tiles_per_stage() * stages * kv_tile_bytes() + 1024; }
+  constexpr int two_q_shared_bytes() const { return second_q_offset() + q_bytes() + 1024; }
+  constexpr bool has_room_for_two_q() const { return two_q_shared_bytes() <= kMaxSharedBytes; }
 };
 
 // Sized after FA3's hopper/tile_size.h. Measured on the H100 (2026-11-22,

@@ -10,6 +10,7 @@
 
 #include "flashattn/config.hpp"
 #include "flashattn/mask.hpp"
+#include "src/cuda/hopper/tile_order.hpp"
 
 namespace flashattn::cuda::hopper_bwd {
 
@@ -77,6 +78,24 @@ FLASHATTN_HOST_DEVICE KeyBlockRange key_blocks_of_query_block(const MaskRule& ma
     if (end > key_blocks) end = key_blocks;
   }
   return {first, end > first ? end - first : 0};
+}
+
+// The key block and (kv head, sequence) = head_batch (batch * heads_kv + kv head) of CTA
+// `linear` (blockIdx.x) in `order` (over num_m_blocks = the key blocks; launch.hpp).
+// TileOrder puts its "m_block" num_m_blocks - 1 first (the forward's heaviest query
+// tile): here that position is key block 0 (under a causal mask the most query blocks),
+// or in deterministic mode the last key block, the first turn. So in both orders (flat,
+// L2 sections) a deterministic CTA's higher key blocks of the same head_batch, the ones it
+// waits for, have lower blockIdx.x: the deadlock argument at the top of kernel.cuh.
+// tests/cuda/test_hopper_bwd_dq_order.cpp checks both properties.
+struct KeyBlockOfCta {
+  std::int32_t n_block;
+  std::int32_t head_batch;
+};
+FLASHATTN_HOST_DEVICE KeyBlockOfCta key_block_of_cta(const hopper::TileOrder& order, std::int32_t linear,
+                                                           bool deterministic) {
+  const hopper::TileOrder::Coordinates at = order.at(linear);
+  return {deterministic ? at.m_block : order.num_m_blocks - 1 - at.m_block, at.head_batch};
 }
 
 }  // namespace flashattn::cuda::hopper_bwd

@@ -25,6 +25,16 @@
 //                            MN-major (transpose-A), K MN-major; fp32 into the staging
 //                            tile, which one thread adds to dq_accum with one bulk
 //                            TMA reduction per step.
+//   That is the lockstep schedule (kSchedule, tile_config.hpp). The overlapped one
+//   (FA3's order): dS^T goes to the buffer of the step's parity and dV is issued; one
+//   barrier (both halves written); dQ, then dK; with dQ done (dK running) the consumer
+//   stores its dQ part in 32-column fp32 panels (128-byte swizzle: conflict-free) once
+//   the dQ writer (producer warpgroup, warp 1) has released them (kDqEmpty), signals
+//   kDqFull, and the writer adds them with TMA tensor reductions (dq_accum_map); it
+//   takes the deterministic turns too. The consumers never wait for each other over dQ.
+//   deferred_dk (d128, default mode): as overlapped, but step s's dK is issued in step
+//   s + 1 right after S^T and dP^T (from dS^T fragments kept in registers), so it runs
+//   during step s + 1's dS^T math; step s's stage is released after it completes.
 //   Computing S^T (keys as rows) rather than S keeps P^T and dS^T in the accumulator
 //   layout the dV/dK products take from registers (FA3's SdP_swapAB): no shared-memory
 //   round trip for P at all, and dS^T's round trip serves only the dQ product.
@@ -40,12 +50,15 @@
 //
 // Deterministic mode (kDeterministic): the bulk reductions of the CTAs into one
 // (sequence, query head, query block) tile of dq_accum happen in a fixed order, by
-// descending key block: before its reduction the issuer waits (acquire) until the
+// descending key block: before its reduction the issuer (lockstep: consumer 0's first
+// thread; overlapped: the dQ writer, for both consumers' parts, whose reductions of one
+// tile all fall in the turn) waits (acquire) until the
 // tile's semaphore equals its turn = last visiting key block - its key block
 // (dq_order.hpp gives the visitors of a query block, exactly those whose
 // rows_of_columns range holds it), after it waits for the reduction to complete and
 // publishes turn + 1 (release). Fp32 addition in a fixed order: dQ is bitwise
-// repeatable. The key blocks are mapped onto blockIdx.x in reverse (highest first):
+// repeatable. The key blocks are mapped onto blockIdx.x in reverse (highest first; within
+// a sequence and kv head, in both CTA orders: pipeline.cuh's cta_key_block):
 //   - deadlock freedom: a CTA only waits for CTAs of the same (sequence, kv head) with a
 //     higher key block, which have a lower blockIdx.x. CTAs are dispatched in blockIdx
 //     order, so those are resident or finished when it waits, and by induction on
@@ -79,6 +92,7 @@
 #include <cuda_runtime.h>
 
 #include <atomic>
+#include <cstddef>
 #include <cstdint>
 #include <cuda/ptx>
 #include <string>
@@ -107,11 +121,16 @@
 namespace flashattn::cuda::hopper_bwd {
 
 
-template <class T, int kHeadDimArg, int kBlockMArg, int kBlockNArg, int kStagesArg, bool kDeterministic>
+template <class T, int kHeadDimArg, int kBlockMArg, int kBlockNArg, int kStagesArg, bool kDeterministic,
+          BackwardSchedule kSchedule>
 __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
     backward_kernel_sm90(const __grid_constant__ HopperBackwardParams params) {
 #if FLASHATTN_HOPPER_DEVICE_CODE
-  constexpr HopperBwdTileConfig kConfig{kHeadDimArg, kBlockMArg, kBlockNArg, kStagesArg};
+  constexpr HopperBwdTileConfig kConfig =
+      HopperBwdTileConfig{kHeadDimArg, kBlockMArg, kBlockNArg, kStagesArg}.for_schedule(kSchedule);
+  constexpr bool kOverlapped = kSchedule != BackwardSchedule::lockstep;
+  constexpr bool kDeferDk = kSchedule == BackwardSchedule::deferred_dk;
+  constexpr int kDkPending = kDeferDk ? 1 : 0;
   constexpr int kHeadDim = kHeadDimArg, kBlockM = kBlockMArg, kBlockN = kBlockNArg, kStages = kStagesArg;
   constexpr int kPanels = kConfig.panels();
   constexpr int kKVBytes = kConfig.kv_tile_bytes();
@@ -123,6 +142,11 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
   constexpr int kDqColumns = kDqSplitsRows ? kHeadDim : kHeadDim / kConsumerWarpgroups;  // per consumer
   constexpr int kConsumerWarps = 4 * kConsumerWarpgroups;
   constexpr int kConsumerThreads = 128 * kConsumerWarpgroups;
+  // Overlapped schedule: a consumer's (64, kDqColumns) part of dQ as 32-column fp32 panels
+  // (tile_config.hpp), and the handshake barriers' threads (the consumer and the dQ writer).
+  constexpr int kDqPanelsPerConsumer = kDqColumns / kDqPanelColumns;
+  constexpr int kDqPanelBytes = kDqPanelRows * kDqPanelColumns * 4;
+  constexpr int kDqHandshakeThreads = 128 + 32;
   constexpr ptx::MmaInput kInput = Numeric<T>::kMmaInput;
   static_assert(kBlockN == kConsumerWarpgroups * kKeysPerConsumer, "each consumer owns 64 keys");
   static_assert(kBlockM == 64 || kBlockM == 64 * kConsumerWarpgroups, "dQ: one m64 wgmma per consumer");
@@ -130,6 +154,13 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
   static_assert(kHeadDim % kPanelColumns == 0 && kDqColumns % kPanelColumns == 0, "whole 64-column panels");
   static_assert(kPanelColumns == kSwizzlePanelColumns, "load_panels and the descriptors: the same panels");
   static_assert(kConfig.shared_bytes() <= kMaxSharedBytes, "tiles exceed 227 KB of shared memory");
+  static_assert((kDqSplitsRows ? 64 : kBlockM) == kDqPanelRows && kDqColumns % kDqPanelColumns == 0,
+                "a consumer's dQ part is whole 64-row, 32-column panels");
+  static_assert(kConsumerWarpgroups * kDqPanelsPerConsumer * kDqPanelBytes == kConfig.dq_staging_bytes(),
+                "the consumers' dQ panels fill the staging tile");
+  static_assert(static_cast<int>(NamedBarrier::kDqFullFirst) >=
+                    static_cast<int>(NamedBarrier::kDqEmptyFirst) + kConsumerWarpgroups,
+                "one dQ handshake barrier of each kind per consumer");
   static_assert(128 * kConfig.producer_registers() + kConsumerThreads * kConfig.consumer_registers() <= 65536,
                 "register file: 64K 32-bit registers per SM");
   static_assert((1 + 2 * kStages) * 8 <= kListedStepSlotsOffset &&
@@ -138,14 +169,11 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
 
   const BackwardParams& attention = params.backward;
   const bwd::Workspace& workspace = params.workspace;
-  const std::int64_t num_n_blocks = (attention.seqlen_k + kBlockN - 1) / kBlockN;
-  // Key block fastest: under a causal mask the low key blocks (the most query blocks)
-  // start first, the short ones fill the tail (as the FA2-class kernel).
-  // Deterministic: highest key block first (see the top of the file).
-  const std::int64_t n_block =
-      kDeterministic ? num_n_blocks - 1 - blockIdx.x % num_n_blocks : blockIdx.x % num_n_blocks;
-  const std::int64_t head_kv = (blockIdx.x / num_n_blocks) % attention.heads_kv;
-  const std::int64_t batch = blockIdx.x / num_n_blocks / attention.heads_kv;
+  // Flat: key block fastest, so under a causal mask the low key blocks (the most query
+  // blocks) start first and the short ones fill the tail (as the FA2-class kernel); or in
+  // L2 sections (launch.hpp). Deterministic: highest key block first (see the top of the file).
+  const KeyBlockCoordinates cta = cta_key_block<kDeterministic>(params);
+  const std::int64_t n_block = cta.n_block, head_kv = cta.head_kv, batch = cta.batch;
   const std::int64_t seqlen_q = attention.seqlen_q_of(batch), seqlen_k = attention.seqlen_k_of(batch);
   const std::int64_t n0 = n_block * kBlockN;
   if (n0 >= seqlen_k) return;
@@ -174,8 +202,11 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
   T* shared_v = reinterpret_cast<T*>(shared_base + kConfig.v_offset());    // (kBlockN, kHeadDim)
   T* shared_q = reinterpret_cast<T*>(shared_base + kConfig.q_offset());    // kStages x (kBlockM, kHeadDim)
   T* shared_do = reinterpret_cast<T*>(shared_base + kConfig.do_offset());  // kStages x (kBlockM, kHeadDim)
-  unsigned char* shared_ds = shared_base + kConfig.ds_offset();            // (kBlockN, kBlockM): dS^T, panels of 64 queries
-  float* shared_dq = reinterpret_cast<float*>(shared_base + kConfig.dq_offset());      // (kBlockM, kHeadDim)
+  // (kBlockN, kBlockM) x ds_buffers: dS^T, panels of 64 queries (overlapped: buffer step % 2)
+  unsigned char* shared_ds = shared_base + kConfig.ds_offset();
+  // (kBlockM, kHeadDim) fp32, row-major (lockstep); overlapped: consumer c's part at
+  // c x kDqPanelsPerConsumer panels of (kDqPanelRows, kDqPanelColumns), 128-byte swizzle.
+  float* shared_dq = reinterpret_cast<float*>(shared_base + kConfig.dq_offset());
   float* shared_lse = reinterpret_cast<float*>(shared_base + kConfig.lse_offset());    // kStages x kBlockM
   float* shared_dsum = reinterpret_cast<float*>(shared_base + kConfig.dsum_offset());  // kStages x kBlockM
   auto* barriers = reinterpret_cast<std::uint64_t*>(shared_base + kConfig.barrier_offset());
@@ -202,6 +233,99 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
   if (warpgroup == 0) {
     // ---- producer ----------------------------------------------------------------
     ptx::setmaxnreg_decrease<kConfig.producer_registers()>();
+    if constexpr (kOverlapped) {
+      // ---- dQ writer (overlapped schedule): warp 1 ----------------------------------
+      // Per step, per consumer c: wait until c has staged its part (kDqFull), add its
+      // panels to dq_accum (TMA tensor reductions), and once the TMA has read them hand
+      // them back (kDqEmpty). Deterministic: the step's turn is taken before the first
+      // reduction and published once they are performed, which the writer waits for only
+      // after the next step's reductions are issued (FA3's next step: the completion's
+      // latency overlaps the next turn; a CTA still waits only for higher key blocks,
+      // which never wait for it, so holding a turn longer cannot deadlock). The steps are
+      // the producer's (its own walk of the lists under a device mask).
+      if (threadIdx.x / 32 == 1) {
+        if (steps == 0) return;
+        const int lane = threadIdx.x % 32;
+        const std::uint32_t staging = static_cast<std::uint32_t>(__cvta_generic_to_shared(shared_dq));
+        // dq_accum rows (of a head) below total_q + kMaxBlockM < 2^31 (launch.cu): 32-bit.
+        const auto packed_start = static_cast<std::int32_t>(attention.is_varlen() ? attention.q_start(batch)
+                                                                                  : batch * attention.seqlen_q);
+#pragma unroll
+        for (int consumer = 0; consumer < kConsumerWarpgroups; ++consumer)
+          ptx::named_barrier_arrive(NamedBarrier::kDqEmptyFirst, kDqHandshakeThreads, consumer);
+        DqTurn previous_turn{nullptr, 0};  // deterministic: taken, not yet published
+        auto write_step = [&](int step, std::int32_t head_q, std::int32_t m_block) {
+          DqTurn turn{nullptr, 0};
+          if constexpr (kDeterministic) {
+            if (lane == 0) {
+              turn = dq_turn_of<kBlockM, kBlockN, /*kTurnOutOfLine=*/false>(
+                  attention, workspace, mask, batch, head_q, static_cast<std::int64_t>(m_block) * kBlockM, n_block);
+              acquire_dq_turn(turn);
+            }
+            __syncwarp();
+          }
+#pragma unroll
+          for (int consumer = 0; consumer < kConsumerWarpgroups; ++consumer) {
+            ptx::named_barrier_sync(NamedBarrier::kDqFullFirst, kDqHandshakeThreads, consumer);
+            if (lane == 0) {
+              const std::int32_t row = packed_start + m_block * kBlockM + (kDqSplitsRows ? 64 * consumer : 0);
+#pragma unroll
+              for (int panel = 0; panel < kDqPanelsPerConsumer; ++panel)
+                ptx::tensor_reduce_add_4d(
+                    &params.dq_accum_map, staging + (consumer * kDqPanelsPerConsumer + panel) * kDqPanelBytes,
+                    (kDqSplitsRows ? 0 : consumer * kDqColumns) + panel * kDqPanelColumns, row, head_q, 0);
+              ptx::bulk_commit_group();
+            }
+            __syncwarp();
+          }
+#pragma unroll
+          for (int consumer = 0; consumer < kConsumerWarpgroups; ++consumer) {
+            // Consumer c's group is the (c + 1)-th of this step's two.
+            static_assert(kConsumerWarpgroups == 2, "the read waits below count two groups per step");
+            if (lane == 0) {
+              if (consumer == 0) ptx::bulk_wait_group_read<kConsumerWarpgroups - 1>();
+              else ptx::bulk_wait_group_read<0>();
+            }
+            __syncwarp();
+            if (step + 1 < steps) ptx::named_barrier_arrive(NamedBarrier::kDqEmptyFirst, kDqHandshakeThreads, consumer);
+          }
+          if constexpr (kDeterministic) {
+            // The previous step's reductions are performed (this step's kConsumerWarpgroups
+            // groups may still run): publish its turn.
+            if (lane == 0 && step > 0) release_dq_turn<kConsumerWarpgroups>(previous_turn);
+            previous_turn = turn;
+            __syncwarp();
+          }
+        };
+        // Two loops, so that each holds only its own walk (this warp has 24 registers).
+        if (is_listed) {
+          ListedSteps listed_steps(key_tile_lists, batch, head_kv * attention.group_size, attention.group_size,
+                                   n_block);
+          for (int step = 0; step < steps; ++step) {
+            const ListedStep listed = listed_steps.next();
+            write_step(step, listed.head_q, listed.m_block);
+          }
+        } else {
+          // The interval's steps, counted (32-bit, no division).
+          auto head_q = static_cast<std::int32_t>(head_kv * attention.group_size);
+          std::int32_t m_block = m_block_begin;
+          for (int step = 0; step < steps; ++step) {
+            write_step(step, head_q, m_block);
+            if (++m_block == m_block_begin + m_blocks) {
+              m_block = m_block_begin;
+              ++head_q;
+            }
+          }
+        }
+        // The staging panels stay readable until the TMA is done with them; deterministic:
+        // the last turn.
+        if (lane == 0) {
+          if constexpr (kDeterministic) release_dq_turn(previous_turn);
+          else ptx::bulk_wait_group<0>();
+        }
+        return;
+      }
+    }
     if (threadIdx.x != 0 || steps == 0) return;
     const std::int32_t k_row = static_cast<std::int32_t>(attention.k_start(batch) + n0);
     ::cuda::ptx::mbarrier_arrive_expect_tx(::cuda::ptx::sem_release, ::cuda::ptx::scope_cta,
@@ -247,7 +371,8 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
   const int quad_lane = lane % 4;  // accumulator column pair
   const int warp_row0 = (thread_in_warpgroup / 32) * 16 + group;  // + 8 * half: row within a warpgroup's 64
   const int key_row0 = consumer * kKeysPerConsumer + warp_row0;   // this thread's key rows in the block
-  const bool is_issuer = threadIdx.x == 128;                       // issues the dQ bulk reductions
+  // Lockstep: issues the dQ bulk reductions (overlapped: the dQ writer warp does).
+  const bool is_issuer = !kOverlapped && threadIdx.x == 128;
 
   // Descriptors (see ptx/wgmma.cuh). K-major: K, V as A of S^T/dP^T; Q, dO as B.
   // MN-major: dO, Q as B of dV/dK (rows = queries); dS^T as A and K as B of dQ.
@@ -284,11 +409,29 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
   const float scale_log2 = attention.softmax_scale_log2;
   // dBias needs a float attn_mask, hence lists (the interval path never accumulates it).
   const bool has_dbias = is_listed && attention.device_mask.maybe_dbias_sum != nullptr;
+  // ALiBi's affine form: the query blocks this warp's 16 keys see on one side of the
+  // diagonal (ScoreRule::row_side_bounds; the defaults: none, the switch off).
+  // Only where S^T is 32 registers per thread (d128's block_m 64): at d64 (64) the
+  // affine form's fast-path instance spilled 40 bytes (ptxas -v; as much with the
+  // plain exponent in it, so it is the second instance), and ALiBi keeps the
+  // per-element path there.
+  constexpr bool kHasAffineAlibi = kBlockM / 2 <= 32;
+  fragment::RowBlockSides alibi_sides{};
+  if (kHasAffineAlibi && params.is_alibi_affine && attention.has_alibi()) {
+    const ScoreRule geometry = attention.score_of(batch, head_kv * attention.group_size, mask);  // its diagonal
+    const std::int64_t warp_key_first = n0 + key_row0 - group;
+    alibi_sides =
+        fragment::RowBlockSides::of(geometry.row_side_bounds(warp_key_first, warp_key_first + 15, kBlockM, mask));
+  }
 
   float dv[kHeadDim / 2];  // (64 keys, kHeadDim) per consumer, fp32
   float dk[kHeadDim / 2];  // (64 keys, kHeadDim) per consumer, unscaled
 #pragma unroll
   for (int i = 0; i < kHeadDim / 2; ++i) dv[i] = dk[i] = 0.0f;
+
+  // deferred_dk: the previous step's dS^T fragments (the A of its dK) and stage.
+  std::uint32_t ds_previous[kBlockM / 16][4];
+  int previous_stage = 0;
 
   if (steps > 0) ptx::mbarrier_wait(kv_full, 0);
   for (int step = 0; step < steps; ++step) {
@@ -337,6 +480,16 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
       ptx::wgmma_ss<kBlockM, kInput, 0>(dp, v_as_a + k_step_offset(kk, kBlockN),
                                          do_as_b + stage_offset + k_step_offset(kk, kBlockM), kk > 0 ? 1 : 0);
     ptx::wgmma_commit_group();
+    if constexpr (kDeferDk) {
+      // The previous step's dK_w += dS^T Q: it runs during this step's dS math.
+      if (step > 0) {
+        const std::uint64_t previous_offset = (previous_stage * kQBytes) >> 4;
+#pragma unroll
+        for (int kq = 0; kq < kBlockM / 16; ++kq)
+          ptx::wgmma_rs<kHeadDim, kInput, 1>(dk, ds_previous[kq], q_as_b_mn + previous_offset + mn_step_offset(kq), 1);
+      }
+      ptx::wgmma_commit_group();  // empty at step 0
+    }
 
     const float* lse = shared_lse + stage * kBlockM;
     const float* dsum = shared_dsum + stage * kBlockM;
@@ -387,24 +540,21 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
     // accumulators in flight it spilled loop state in every step, masks or not: 72 bytes
     // at d128).
     const bool is_partial = is_listed && step_slots[stage].is_partial != 0 && step_slots[stage].code == kGeneralTile;
-    if (rule.is_positive_scale() && !is_partial) {
-      // P^T = exp2(S^T scale_log2 - LSE) while dP^T is still being computed.
-      ptx::wgmma_wait_group<1>();
+    // ALiBi on a step whose query block this warp's keys see on one side of the
+    // diagonal: the fast path with the bias linear in the distance (below).
+    const DiagonalSide side =
+        rule.has_affine_bias() ? alibi_sides.side(static_cast<std::int32_t>(m0)) : DiagonalSide::straddles;
+    // The fast path: P^T while dP^T is still being computed (compute_p: P^T = exp2(...)
+    // of S^T in place), then the masks and dS^T. One instance per exponent form: both
+    // forms behind a branch in one instance made the element mask after it spill 160
+    // bytes at d128 (ptxas -v).
+    auto fast_path = [&](auto&& compute_p) {
+      ptx::wgmma_wait_group<1 + kDkPending>();
       ptx::fence_operands(s);
-#pragma unroll
-      for (int j = 0; j < kBlockM / 8; ++j)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const float lse_log2 = lse[8 * j + 2 * quad_lane + e];
-#pragma unroll
-          for (int half = 0; half < 2; ++half) {
-            float& value = s[4 * j + 2 * half + e];
-            value = ptx::exp2_approx_ftz(fmaf(value, scale_log2, -lse_log2));
-          }
-        }
+      compute_p();
       if (needs_mask) apply_mask(s);
       if (is_listed) fragment::apply_allowed_bits<kBlockM / 8>(s, allowed, 0.0f);
-      ptx::wgmma_wait_group<0>();
+      ptx::wgmma_wait_group<kDkPending>();
       ptx::fence_operands(dp);
       // dS^T = P^T ∘ (dP^T - D), dropout: P^T ∘ (Z ∘ dP^T / (1 - p) - D) (two loops:
       // the default one stays free of the decisions).
@@ -436,11 +586,51 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
       // dS^T is the gradient w.r.t. scale·q·k + bias here: natural-log units.
       if (has_dbias)
         fragment::accumulate_dbias<kBlockM / 8, true>(dp, attention, mask, batch, head_q, n0 + key_row0, m0, 1.0f);
+    };
+    if (rule.is_positive_scale() && !is_partial) {
+      // P^T = exp2(S^T scale_log2 - LSE).
+      fast_path([&]() {
+#pragma unroll
+        for (int j = 0; j < kBlockM / 8; ++j)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const float lse_log2 = lse[8 * j + 2 * quad_lane + e];
+#pragma unroll
+            for (int half = 0; half < 2; ++half) {
+              float& value = s[4 * j + 2 * half + e];
+              value = ptx::exp2_approx_ftz(fmaf(value, scale_log2, -lse_log2));
+            }
+          }
+      });
+    } else if (kHasAffineAlibi && side != DiagonalSide::straddles && !is_partial) {
+      // ALiBi on one side of the diagonal, where the bias is linear in the distance
+      // q + diagonal - k (ScoreRule::bias_on_side): the exponent is the fast path's
+      // fmaf(dot, scale_log2, c), c = bias(D0) - LSE + bias(8 j + e - 8 half) with D0 the
+      // distance of the lane's (q0, key0), q0 = m0 + 2 quad: per query one add, per
+      // element one FFMA with a compile-time distance.
+      fast_path([&]() {
+        const std::int32_t distance0 = static_cast<std::int32_t>(m0) + 2 * quad_lane +
+                                       static_cast<std::int32_t>(rule.diagonal - n0) - key_row0;
+        const float bias0 = rule.bias_on_side(side, static_cast<float>(distance0));
+        const float bias_per_distance = rule.bias_on_side(side, 1.0f);
+#pragma unroll
+        for (int j = 0; j < kBlockM / 8; ++j)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const float bias0_minus_lse = bias0 - lse[8 * j + 2 * quad_lane + e];
+#pragma unroll
+            for (int half = 0; half < 2; ++half) {
+              float& value = s[4 * j + 2 * half + e];
+              const float c = fmaf(bias_per_distance, static_cast<float>(8 * j + e - 8 * half), bias0_minus_lse);
+              value = ptx::exp2_approx_ftz(fmaf(value, scale_log2, c));
+            }
+          }
+      });
     } else {
       // Softcap and/or ALiBi (and listed partial tiles): P^T = exp2(score - LSE); dS^T
       // also needs the rule's gradient factor (softcap: 1 - tanh²), taken from the same
       // dot product.
-      ptx::wgmma_wait_group<0>();
+      ptx::wgmma_wait_group<kDkPending>();
       ptx::fence_operands(s);
       ptx::fence_operands(dp);
       // A listed partial tile's element pass and dBias per element here: dBias takes dS
@@ -478,78 +668,168 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
         p_fragment[kq][r] = pack_pair<T>(s[8 * kq + 2 * r], s[8 * kq + 2 * r + 1]);
         ds_fragment[kq][r] = pack_pair<T>(dp[8 * kq + 2 * r], dp[8 * kq + 2 * r + 1]);
       }
-      // dS^T to shared memory: register r of step kq is row half r % 2, query chunk 2 kq + r / 2
+    // dS^T to shared memory: register r of step kq is row half r % 2, query chunk 2 kq + r / 2
     // (panel chunk / 8 of 64 queries, 16-byte chunk chunk % 8 of the row, swizzled).
+    // Overlapped: the buffer of the step's parity.
+    const int ds_buffer = kOverlapped ? step % 2 : 0;
+    unsigned char* step_ds = shared_ds + ds_buffer * kConfig.ds_bytes();
 #pragma unroll
     for (int kq = 0; kq < kBlockM / 16; ++kq)
 #pragma unroll
       for (int r = 0; r < 4; ++r) {
         const int row = key_row0 + 8 * (r % 2);
         const int chunk = 2 * kq + r / 2;
-        *reinterpret_cast<std::uint32_t*>(shared_ds + panels_chunk_offset<kBlockN>(row, chunk) + quad_lane * 4) =
+        *reinterpret_cast<std::uint32_t*>(step_ds + panels_chunk_offset<kBlockN>(row, chunk) + quad_lane * 4) =
             ds_fragment[kq][r];
       }
 
-    // dV_w += P^T dO, dK_w += dS^T Q (depth kBlockM queries).
-    ptx::fence_operands(dv);
-    ptx::fence_operands(dk);
-    ptx::wgmma_fence();
+    if constexpr (!kOverlapped) {
+      // dV_w += P^T dO, dK_w += dS^T Q (depth kBlockM queries).
+      ptx::fence_operands(dv);
+      ptx::fence_operands(dk);
+      ptx::wgmma_fence();
 #pragma unroll
-    for (int kq = 0; kq < kBlockM / 16; ++kq)
-      ptx::wgmma_rs<kHeadDim, kInput, 1>(dv, p_fragment[kq], do_as_b_mn + stage_offset + mn_step_offset(kq), 1);
+      for (int kq = 0; kq < kBlockM / 16; ++kq)
+        ptx::wgmma_rs<kHeadDim, kInput, 1>(dv, p_fragment[kq], do_as_b_mn + stage_offset + mn_step_offset(kq), 1);
 #pragma unroll
-    for (int kq = 0; kq < kBlockM / 16; ++kq)
-      ptx::wgmma_rs<kHeadDim, kInput, 1>(dk, ds_fragment[kq], q_as_b_mn + stage_offset + mn_step_offset(kq), 1);
-    ptx::wgmma_commit_group();
+      for (int kq = 0; kq < kBlockM / 16; ++kq)
+        ptx::wgmma_rs<kHeadDim, kInput, 1>(dk, ds_fragment[kq], q_as_b_mn + stage_offset + mn_step_offset(kq), 1);
+      ptx::wgmma_commit_group();
 
-    // Both halves of dS^T written (visible to the async proxy, which wgmma reads
-    // through), and the previous step's dQ staging tile read by the TMA.
-    ptx::fence_proxy_async_shared();
-    if (is_issuer) ptx::bulk_wait_group_read<0>();
-    ptx::named_barrier_sync(NamedBarrier::kDsWritten, kConsumerThreads);
+      // Both halves of dS^T written (visible to the async proxy, which wgmma reads
+      // through), and the previous step's dQ staging tile read by the TMA.
+      ptx::fence_proxy_async_shared();
+      if (is_issuer) ptx::bulk_wait_group_read<0>();
+      ptx::named_barrier_sync(NamedBarrier::kDsWritten, kConsumerThreads);
 
-    // dQ[:, consumer's columns] = dS K (depth kBlockN keys).
-    float dq[kDqColumns / 2];
-    ptx::wgmma_fence();
+      // dQ[:, consumer's columns] = dS K (depth kBlockN keys).
+      float dq[kDqColumns / 2];
+      ptx::wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < kBlockN / 16; ++kk)
-      ptx::wgmma_ss<kDqColumns, kInput, 1, 1>(dq, ds_as_a_mn + mn_step_offset(kk), k_as_b_mn + mn_step_offset(kk),
-                                               kk > 0 ? 1 : 0);
-    ptx::wgmma_commit_group();
-    ptx::wgmma_wait_group<0>();
-    ptx::fence_operands(dq);
-    ptx::fence_operands(dv);
-    ptx::fence_operands(dk);
-    // Q, dO, LSE, D of this stage are no longer read by this warp (every lane's reads
-    // ordered before lane 0's release).
-    __syncwarp();
-    if (lane == 0) ::cuda::ptx::mbarrier_arrive(&empty[stage]);
+      for (int kk = 0; kk < kBlockN / 16; ++kk)
+        ptx::wgmma_ss<kDqColumns, kInput, 1, 1>(dq, ds_as_a_mn + mn_step_offset(kk), k_as_b_mn + mn_step_offset(kk),
+                                                 kk > 0 ? 1 : 0);
+      ptx::wgmma_commit_group();
+      ptx::wgmma_wait_group<0>();
+      ptx::fence_operands(dq);
+      ptx::fence_operands(dv);
+      ptx::fence_operands(dk);
+      // Q, dO, LSE, D of this stage are no longer read by this warp (every lane's reads
+      // ordered before lane 0's release).
+      __syncwarp();
+      if (lane == 0) ::cuda::ptx::mbarrier_arrive(&empty[stage]);
 
 #pragma unroll
-    for (int j = 0; j < kDqColumns / 8; ++j)
+      for (int j = 0; j < kDqColumns / 8; ++j)
 #pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int row = dq_row0 + warp_row0 + 8 * half;
-        const int column = dq_column0 + 8 * j + 2 * quad_lane;
-        *reinterpret_cast<float2*>(shared_dq + row * kHeadDim + column) =
-            make_float2(dq[4 * j + 2 * half], dq[4 * j + 2 * half + 1]);
-      }
-    ptx::fence_proxy_async_shared();
-    // Also: every consumer's dQ product is done, so dS^T may be rewritten next step.
-    ptx::named_barrier_sync(NamedBarrier::kDqStaged, kConsumerThreads);
-    if constexpr (!kDeterministic) {
-      if (is_issuer) {
-        ptx::bulk_reduce_add_f32(workspace.dq_accum + workspace.dq_offset(attention, batch, m0, head_q),
-                                 address_of(shared_dq), kBlockM * kHeadDim * 4);
-        ptx::bulk_commit_group();
+        for (int half = 0; half < 2; ++half) {
+          const int row = dq_row0 + warp_row0 + 8 * half;
+          const int column = dq_column0 + 8 * j + 2 * quad_lane;
+          *reinterpret_cast<float2*>(shared_dq + row * kHeadDim + column) =
+              make_float2(dq[4 * j + 2 * half], dq[4 * j + 2 * half + 1]);
+        }
+      ptx::fence_proxy_async_shared();
+      // Also: every consumer's dQ product is done, so dS^T may be rewritten next step.
+      ptx::named_barrier_sync(NamedBarrier::kDqStaged, kConsumerThreads);
+      if constexpr (!kDeterministic) {
+        if (is_issuer) {
+          ptx::bulk_reduce_add_f32(workspace.dq_accum + workspace.dq_offset(attention, batch, m0, head_q),
+                                   address_of(shared_dq), kBlockM * kHeadDim * 4);
+          ptx::bulk_commit_group();
+        }
+      } else {
+        if (is_issuer)
+          ordered_reduce_add<kBlockM, kBlockN, /*kTurnOutOfLine=*/true>(attention, workspace, mask, batch, head_q, m0,
+                                                                         n_block, address_of(shared_dq),
+                                                                         kBlockM * kHeadDim * 4);
+        // The issuer rejoins its warp before the next step's warpgroup-wide wgmma.
+        __syncwarp();
       }
     } else {
-      if (is_issuer)
-        ordered_reduce_add<kBlockM, kBlockN, /*kTurnOutOfLine=*/true>(attention, workspace, mask, batch, head_q, m0,
-                                                                       n_block, address_of(shared_dq),
-                                                                       kBlockM * kHeadDim * 4);
-      // The issuer rejoins its warp before the next step's warpgroup-wide wgmma.
-      __syncwarp();
+      // dV_w += P^T dO: runs while the consumers meet.
+      ptx::fence_operands(dv);
+      if constexpr (!kDeferDk) ptx::fence_operands(dk);  // deferred_dk: the previous dK is in flight
+      ptx::wgmma_fence();
+#pragma unroll
+      for (int kq = 0; kq < kBlockM / 16; ++kq)
+        ptx::wgmma_rs<kHeadDim, kInput, 1>(dv, p_fragment[kq], do_as_b_mn + stage_offset + mn_step_offset(kq), 1);
+      ptx::wgmma_commit_group();
+      // Both halves of this step's dS^T written (visible to the async proxy, which wgmma
+      // reads through). The one barrier of the step: the buffer was last read by the dQ
+      // products of step - 2, which each consumer completed before arriving here at step - 1.
+      ptx::fence_proxy_async_shared();
+      ptx::named_barrier_sync(NamedBarrier::kDsWritten, kConsumerThreads);
+
+      // dQ[consumer's part] = dS K (depth kBlockN keys), then dK_w += dS^T Q: dQ completes
+      // while dK runs, so its staging stores overlap the dK product.
+      float dq[kDqColumns / 2];
+      ptx::wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < kBlockN / 16; ++kk)
+        ptx::wgmma_ss<kDqColumns, kInput, 1, 1>(
+            dq, ds_as_a_mn + ((ds_buffer * kConfig.ds_bytes()) >> 4) + mn_step_offset(kk),
+            k_as_b_mn + mn_step_offset(kk), kk > 0 ? 1 : 0);
+      ptx::wgmma_commit_group();
+      if constexpr (!kDeferDk) {
+#pragma unroll
+        for (int kq = 0; kq < kBlockM / 16; ++kq)
+          ptx::wgmma_rs<kHeadDim, kInput, 1>(dk, ds_fragment[kq], q_as_b_mn + stage_offset + mn_step_offset(kq), 1);
+        ptx::wgmma_commit_group();
+        ptx::wgmma_wait_group<1>();  // dV and dQ (groups complete in order)
+      } else {
+        ptx::wgmma_wait_group<0>();  // the previous dK, dV and dQ
+        ptx::fence_operands(dk);
+        // The previous step's Q, dO, LSE, D are no longer read by this warp.
+        __syncwarp();
+        if (step > 0 && lane == 0) ::cuda::ptx::mbarrier_arrive(&empty[previous_stage]);
+      }
+      ptx::fence_operands(dq);
+      ptx::fence_operands(dv);
+
+      // This consumer's panels are free once the writer's previous reductions have read them.
+      ptx::named_barrier_sync(NamedBarrier::kDqEmptyFirst, kDqHandshakeThreads, consumer);
+      // dq[4 j + 2 half + e] = dQ part (warp_row0 + 8 half, 8 j + 2 quad_lane + e), in the
+      // fp32 panels' swizzle (common/swizzle.cuh: a warp's float2 stores are conflict-free).
+      static_assert(kDqPanelBytes == kDqPanelRows * kSwizzleRowBytes, "float_panels_offset's panels");
+      unsigned char* staging =
+          reinterpret_cast<unsigned char*>(shared_dq) + consumer * kDqPanelsPerConsumer * kDqPanelBytes;
+#pragma unroll
+      for (int j = 0; j < kDqColumns / 8; ++j)
+#pragma unroll
+        for (int half = 0; half < 2; ++half)
+          *reinterpret_cast<float2*>(staging + float_panels_offset<kDqPanelRows>(warp_row0 + 8 * half,
+                                                                                 8 * j + 2 * quad_lane)) =
+              make_float2(dq[4 * j + 2 * half], dq[4 * j + 2 * half + 1]);
+      ptx::fence_proxy_async_shared();
+      ptx::named_barrier_arrive(NamedBarrier::kDqFullFirst, kDqHandshakeThreads, consumer);
+
+      if constexpr (!kDeferDk) {
+        ptx::wgmma_wait_group<0>();  // dK: Q and dO of the stage are no longer read
+        ptx::fence_operands(dk);
+        // Q, dO, LSE, D of this stage are no longer read by this warp.
+        __syncwarp();
+        if (lane == 0) ::cuda::ptx::mbarrier_arrive(&empty[stage]);
+      } else {
+#pragma unroll
+        for (int kq = 0; kq < kBlockM / 16; ++kq)
+#pragma unroll
+          for (int r = 0; r < 4; ++r) ds_previous[kq][r] = ds_fragment[kq][r];
+        previous_stage = stage;
+      }
+    }
+  }
+  if constexpr (kDeferDk) {
+    // The last step's dK.
+    if (steps > 0) {
+      const std::uint64_t previous_offset = (previous_stage * kQBytes) >> 4;
+      ptx::fence_operands(dk);
+      ptx::wgmma_fence();
+#pragma unroll
+      for (int kq = 0; kq < kBlockM / 16; ++kq)
+        ptx::wgmma_rs<kHeadDim, kInput, 1>(dk, ds_previous[kq], q_as_b_mn + previous_offset + mn_step_offset(kq), 1);
+      ptx::wgmma_commit_group();
+      ptx::wgmma_wait_group<0>();
+      ptx::fence_operands(dk);
     }
   }
   // The staging tile must stay readable until the TMA has added it.
@@ -577,26 +857,49 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
 #endif
 }
 
-// Launches backward_kernel_sm90 with kConfig's tiles for already checked params
-// (why_unsupported empty). No allocation, no synchronisation.
-// kDeterministic must equal params.backward.deterministic (it needs the workspace's
-// dq_semaphore, zeroed).
-template <class T, HopperBwdTileConfig kConfig, bool kDeterministic = false>
+// Launches backward_kernel_sm90 with kConfig's tiles (ds_buffers: the schedule's) in
+// kSchedule for already checked params (why_unsupported empty; overlapped: made by
+// make_backward_params for that schedule, so with the dq_accum map). No allocation, no
+// synchronisation. kDeterministic must equal params.backward.deterministic (it needs the
+// workspace's dq_semaphore, zeroed).
+template <class T, HopperBwdTileConfig kConfig, bool kDeterministic = false,
+          BackwardSchedule kSchedule = BackwardSchedule::lockstep>
 void launch_backward_sm90(const HopperBackwardParams& params, cudaStream_t stream) {
   if (params.backward.deterministic != kDeterministic || (kDeterministic && params.workspace.dq_semaphore == nullptr))
     throw Error("flashattn: cuda backward: Hopper kernel instantiated for the other deterministic mode");
+  if constexpr (kSchedule != BackwardSchedule::lockstep) {
+    const auto* map_bytes = reinterpret_cast<const unsigned char*>(&params.dq_accum_map);
+    bool has_map = false;
+    for (std::size_t i = 0; i < sizeof(params.dq_accum_map); ++i) has_map = has_map || map_bytes[i] != 0;
+    const std::int64_t rows_q = params.backward.is_varlen() ? params.backward.total_q : params.backward.seqlen_q;
+    if (!has_map && rows_q > 0)
+      throw Error("flashattn: cuda backward: the overlapped Hopper schedule needs the dq_accum tensor map");
+  }
   static std::atomic<std::uint64_t> opted_in_devices{0};
   launch_per_key_block(backward_kernel_sm90<T, kConfig.kernel_head_dim, kConfig.block_m, kConfig.block_n, kConfig.stages,
-                                            kDeterministic>,
-                       opted_in_devices, params, kConfig.block_n, kConfig.threads(), kConfig.shared_bytes(), stream);
+                                            kDeterministic, kSchedule>,
+                       opted_in_devices, params, kConfig.block_n, kConfig.threads(),
+                       kConfig.for_schedule(kSchedule).shared_bytes(), stream);
 }
 
 // What a generated translation unit instantiates (see src/cuda/generate_instantiations.py).
 template <class T, int kHeadDim, bool kDeterministic>
-void run_backward_sm90(const HopperBackwardParams& params, cudaStream_t stream) {
+void run_backward_sm90(const HopperBackwardParams& params, cudaStream_t stream, BackwardSchedule schedule) {
   constexpr HopperBwdTileConfig kConfig = hopper_bwd_tile_config(kHeadDim);
   static_assert(kConfig.kernel_head_dim == kHeadDim, "no Hopper backward tile config for this head dim");
-  launch_backward_sm90<T, kConfig, kDeterministic>(params, stream);
+  if constexpr (kHeadDim == 128 && !kDeterministic) {
+    if (schedule == BackwardSchedule::deferred_dk) {
+      // A step's stage stays until its dK is done, in the next step: a third stage, so the
+      // producer still loads a step and a half ahead (d128: 226.8 KB).
+      constexpr HopperBwdTileConfig kThreeStages{kConfig.kernel_head_dim, kConfig.block_m, kConfig.block_n, 3};
+      launch_backward_sm90<T, kThreeStages, kDeterministic, BackwardSchedule::deferred_dk>(params, stream);
+      return;
+    }
+  }
+  if (schedule != BackwardSchedule::lockstep)  // deferred_dk elsewhere: overlapped
+    launch_backward_sm90<T, kConfig, kDeterministic, BackwardSchedule::overlapped>(params, stream);
+  else
+    launch_backward_sm90<T, kConfig, kDeterministic, BackwardSchedule::lockstep>(params, stream);
 }
 
 }  // namespace flashattn::cuda::hopper_bwd

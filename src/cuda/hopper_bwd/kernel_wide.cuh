@@ -95,13 +95,10 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
 
   const BackwardParams& attention = params.backward;
   const bwd::Workspace& workspace = params.workspace;
-  const std::int64_t num_n_blocks = (attention.seqlen_k + kBlockN - 1) / kBlockN;
-  // Key block fastest (as kernel.cuh): under a causal mask the long CTAs start first;
-  // deterministic: highest key block first (kernel.cuh says why).
-  const std::int64_t n_block =
-      kDeterministic ? num_n_blocks - 1 - blockIdx.x % num_n_blocks : blockIdx.x % num_n_blocks;
-  const std::int64_t head_kv = (blockIdx.x / num_n_blocks) % attention.heads_kv;
-  const std::int64_t batch = blockIdx.x / num_n_blocks / attention.heads_kv;
+  // As kernel.cuh: flat (key block fastest: under a causal mask the long CTAs start first)
+  // or in L2 sections; deterministic: highest key block first (kernel.cuh says why).
+  const KeyBlockCoordinates cta = cta_key_block<kDeterministic>(params);
+  const std::int64_t n_block = cta.n_block, head_kv = cta.head_kv, batch = cta.batch;
   const std::int64_t seqlen_q = attention.seqlen_q_of(batch), seqlen_k = attention.seqlen_k_of(batch);
   const std::int64_t n0 = n_block * kBlockN;
   if (n0 >= seqlen_k) return;
@@ -252,6 +249,16 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
   const float scale_log2 = attention.softmax_scale_log2;
   // dBias needs a float attn_mask, hence lists (the interval path never accumulates it).
   const bool has_dbias = is_listed && attention.device_mask.maybe_dbias_sum != nullptr;
+  // ALiBi's affine form: the query blocks whose 16 rows of this warp see this consumer's
+  // keys on one side of the diagonal (ScoreRule::row_side_bounds, as bounds on m0: the
+  // keys shifted by the warp's first row; the defaults: none, the switch off).
+  fragment::RowBlockSides alibi_sides{};
+  if (params.is_alibi_affine && attention.has_alibi()) {
+    const ScoreRule geometry = attention.score_of(batch, head_kv * attention.group_size, mask);  // its diagonal
+    const std::int64_t warp_row_first = warp_row0 - group;
+    alibi_sides = fragment::RowBlockSides::of(geometry.row_side_bounds(
+        n0 + key_column0 - warp_row_first, n0 + key_column0 + kKeys - 1 - warp_row_first, 16, mask));
+  }
 
   float dv[kColumns / 2];  // (kBlockN keys, kColumns) per consumer, fp32
   float dk[kColumns / 2];  // unscaled
@@ -352,19 +359,17 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
     // A listed partial tile without a tile code takes the score loop below whatever the
     // rule (as kernel.cuh).
     const bool is_partial = is_listed && step_slots[stage].is_partial != 0 && step_slots[stage].code == kGeneralTile;
-    if (rule.is_positive_scale() && !is_partial) {
-      // P = exp2(S scale_log2 - LSE) while dP is still being computed.
+    // ALiBi on a step whose query block this warp's rows see on one side of the
+    // diagonal: the fast path with the bias linear in the distance (below).
+    const DiagonalSide side =
+        rule.has_affine_bias() ? alibi_sides.side(static_cast<std::int32_t>(m0)) : DiagonalSide::straddles;
+    // The fast path: P while dP is still being computed (compute_p: P = exp2(...) of S
+    // in place), then the masks and dS. One instance per exponent form (kernel.cuh says
+    // why).
+    auto fast_path = [&](auto&& compute_p) {
       ptx::wgmma_wait_group<1>();
       ptx::fence_operands(s);
-#pragma unroll
-      for (int j = 0; j < kKeys / 8; ++j)
-#pragma unroll
-        for (int half = 0; half < 2; ++half)
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            float& value = s[4 * j + 2 * half + e];
-            value = ptx::exp2_approx_ftz(fmaf(value, scale_log2, -row_lse[half]));
-          }
+      compute_p();
       if (needs_mask) apply_mask(s);
       if (is_listed) fragment::apply_allowed_bits<kKeys / 8>(s, allowed, 0.0f);
       ptx::wgmma_wait_group<0>();
@@ -396,6 +401,42 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
       if (has_dbias)
         fragment::accumulate_dbias<kKeys / 8, false>(dp, attention, mask, batch, head_q, m0 + warp_row0,
                                                      n0 + key_column0, 1.0f);
+    };
+    if (rule.is_positive_scale() && !is_partial) {
+      // P = exp2(S scale_log2 - LSE).
+      fast_path([&]() {
+#pragma unroll
+        for (int j = 0; j < kKeys / 8; ++j)
+#pragma unroll
+          for (int half = 0; half < 2; ++half)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              float& value = s[4 * j + 2 * half + e];
+              value = ptx::exp2_approx_ftz(fmaf(value, scale_log2, -row_lse[half]));
+            }
+      });
+    } else if (side != DiagonalSide::straddles && !is_partial) {
+      // ALiBi on one side of the diagonal (kernel.cuh): the exponent
+      // fmaf(dot, scale_log2, c), c = bias(D0) - LSE + bias(8 half - 8 j - e) with D0 the
+      // distance of the lane's (row of half 0, first key), ScoreRule::bias_on_side.
+      fast_path([&]() {
+        const std::int32_t distance0 = static_cast<std::int32_t>(m0) + warp_row0 +
+                                       static_cast<std::int32_t>(rule.diagonal - n0) - key_column0 - 2 * quad_lane;
+        const float bias0 = rule.bias_on_side(side, static_cast<float>(distance0));
+        const float bias_per_distance = rule.bias_on_side(side, 1.0f);
+        const float bias0_minus_lse[2] = {bias0 - row_lse[0], bias0 - row_lse[1]};
+#pragma unroll
+        for (int j = 0; j < kKeys / 8; ++j)
+#pragma unroll
+          for (int half = 0; half < 2; ++half)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              float& value = s[4 * j + 2 * half + e];
+              const float c =
+                  fmaf(bias_per_distance, static_cast<float>(8 * half - 8 * j - e), bias0_minus_lse[half]);
+              value = ptx::exp2_approx_ftz(fmaf(value, scale_log2, c));
+            }
+      });
     } else {
       // Softcap and/or ALiBi (and listed partial tiles): P = exp2(score - LSE); dS also
       // needs the rule's gradient factor (softcap: 1 - tanh²), taken from the same dot

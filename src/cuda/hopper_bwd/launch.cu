@@ -9,6 +9,7 @@
 #include <string>
 
 #include "flashattn/error.hpp"
+#include "src/cuda/common/alibi_path.hpp"
 #include "src/cuda/head_dims.hpp"
 #include "src/cuda/hopper/launch.hpp"
 #include "src/cuda/hopper_bwd/launch.hpp"
@@ -37,12 +38,36 @@ bool is_disabled_by_environment() {
   return disabled;
 }
 
+}  // namespace
+
+BackwardSchedule backward_schedule() {
+  static const BackwardSchedule schedule = [] {
+    const char* value = std::getenv("FLASHATTN_CUDA_HOPPER_BWD_SCHEDULE");
+    const std::string name = value != nullptr ? value : "";
+    // Overlapped by default: 1.05-1.14x the lockstep one on the H200 (2026-11-27).
+    return name == "lockstep"      ? BackwardSchedule::lockstep
+           : name == "deferred_dk" ? BackwardSchedule::deferred_dk
+                                   : BackwardSchedule::overlapped;
+  }();
+  return schedule;
+}
+
+bool is_l2_section_order_requested() {
+  static const bool requested = [] {
+    const char* value = std::getenv("FLASHATTN_CUDA_HOPPER_BWD_ORDER");
+    return value != nullptr && std::string(value) == "l2_sections";
+  }();
+  return requested;
+}
+
+namespace {
+
 template <class T, bool kDeterministic>
-void run_for_head_dim(const HopperBackwardParams& params, cudaStream_t stream) {
+void run_for_head_dim(const HopperBackwardParams& params, cudaStream_t stream, BackwardSchedule schedule) {
   const std::int64_t d = params.backward.head_dim;
   const bool ran =
       HopperBackwardHeadDims::visit(d, [&](auto head_dim) {
-        run_backward_sm90<T, decltype(head_dim)::value, kDeterministic>(params, stream);
+        run_backward_sm90<T, decltype(head_dim)::value, kDeterministic>(params, stream, schedule);
       }) ||
       HopperBackwardWideHeadDims::visit(d, [&](auto head_dim) {
         run_backward_sm90_wide<T, decltype(head_dim)::value, kDeterministic>(params, stream);
@@ -98,6 +123,18 @@ HopperBackwardParams make_params_with_boxes(const BackwardParams& params, const 
   HopperBackwardParams hopper_params{};
   hopper_params.backward = params;
   hopper_params.workspace = workspace;
+  hopper_params.is_alibi_affine = is_affine_alibi_enabled();
+  // The CTAs' order (launch.hpp). A section's kv heads share their query heads' Q, dO
+  // (16-bit) and dq_accum (fp32): 8 d bytes per query row, seqlen_q rows (varlen: the
+  // longest sequence), group_size query heads; FA3 budgets 40 MB of L2 for them.
+  const std::int64_t num_n_blocks = (params.seqlen_k + block_n - 1) / block_n;
+  hopper_params.key_block_order.num_m_blocks = static_cast<std::int32_t>(num_n_blocks);
+  hopper_params.key_block_order.num_heads_batches = static_cast<std::int32_t>(params.heads_kv * params.batch);
+  if (is_l2_section_order_requested()) {
+    const std::int64_t kv_head_bytes = params.group_size * params.seqlen_q * params.head_dim * 8;
+    hopper_params.key_block_order.section_heads =
+        hopper::l2_section_heads(kv_head_bytes, /*group_size=*/1, std::int64_t{40} << 20);
+  }
   using hopper::make_panel_tensor_map;
   // Maps of empty tensors stay zero: the kernel never reads them (no step without query rows).
   if (rows_q > 0) {
@@ -122,8 +159,19 @@ HopperBackwardParams make_params_with_boxes(const BackwardParams& params, const 
 }  // namespace
 
 HopperBackwardParams make_backward_params(const BackwardParams& params, const bwd::Workspace& workspace,
-                                          const HopperBwdTileConfig& config) {
-  return make_params_with_boxes(params, workspace, config.block_m, config.block_n);
+                                          const HopperBwdTileConfig& config, BackwardSchedule schedule) {
+  HopperBackwardParams hopper_params = make_params_with_boxes(params, workspace, config.block_m, config.block_n);
+  // dq_accum as (head_dim, rows of a head, heads_q, 1) fp32 (bwd/workspace.hpp: row
+  // h * dq_head_stride + packed row): the overlapped schedule's TMA reductions of one
+  // consumer's 32-column panels (64 rows each). Its rows are below total_q + kMaxBlockM,
+  // which why_unsupported keeps below 2^31 (32-bit coordinates).
+  const std::int64_t rows_q = params.is_varlen() ? params.total_q : params.seqlen_q;
+  if (schedule != BackwardSchedule::lockstep && rows_q > 0 && workspace.dq_accum != nullptr) {
+    hopper_params.dq_accum_map = hopper::make_panel_tensor_map(
+        "dq_accum", workspace.dq_accum, DType::float32, params.head_dim, workspace.dq_head_stride, params.heads_q, 1,
+        params.head_dim, workspace.dq_head_stride * params.head_dim, 0, kDqPanelRows, kDqPanelColumns * 4);
+  }
+  return hopper_params;
 }
 
 HopperBackwardParams make_backward_params(const BackwardParams& params, const bwd::Workspace& workspace,
@@ -131,7 +179,8 @@ HopperBackwardParams make_backward_params(const BackwardParams& params, const bw
   return make_params_with_boxes(params, workspace, config.block_m, config.block_n);
 }
 
-void backward_main(const BackwardParams& params, const bwd::Workspace& workspace, cudaStream_t stream) {
+void backward_main(const BackwardParams& params, const bwd::Workspace& workspace, cudaStream_t stream,
+                   BackwardSchedule schedule) {
   // No keys: no dK/dV to write, dQ stays the zeroed accumulator (a dBias, whose rows may
   // broadcast over the keys, is still written: zeros; masks are never varlen, so no
   // CTA runs then). No query rows: the kernel runs no step and writes dK = dV = 0.
@@ -141,7 +190,7 @@ void backward_main(const BackwardParams& params, const bwd::Workspace& workspace
   const bool is_wide = is_wide_head_dim(head_dim);
   HopperBackwardParams hopper_params =
       is_wide ? make_backward_params(params, workspace, hopper_bwd_wide_tile_config(head_dim))
-              : make_backward_params(params, workspace, hopper_bwd_tile_config(head_dim));
+              : make_backward_params(params, workspace, hopper_bwd_tile_config(head_dim), schedule);
   // Masks beyond MaskRule: the key tiles' lists of query tiles at the kernel's tiles; the
   // deterministic turns also need the query tiles' lists (kernel.cuh). The tables are
   // freed stream-ordered after the kernels.
@@ -156,14 +205,14 @@ void backward_main(const BackwardParams& params, const bwd::Workspace& workspace
     throw Error("flashattn: cuda backward: the Hopper kernels' mask tables lack the lists they walk");
   if (params.deterministic) {
     if (params.dtype == DType::bfloat16) {
-      run_for_head_dim<__nv_bfloat16, true>(hopper_params, stream);
+      run_for_head_dim<__nv_bfloat16, true>(hopper_params, stream, schedule);
     } else {
-      run_for_head_dim<__half, true>(hopper_params, stream);
+      run_for_head_dim<__half, true>(hopper_params, stream, schedule);
     }
   } else if (params.dtype == DType::bfloat16) {
-    run_for_head_dim<__nv_bfloat16, false>(hopper_params, stream);
+    run_for_head_dim<__nv_bfloat16, false>(hopper_params, stream, schedule);
   } else {
-    run_for_head_dim<__half, false>(hopper_params, stream);
+    run_for_head_dim<__half, false>(hopper_params, stream, schedule);
   }
   masks::finish_dbias(params, tables, stream);
 }

@@ -15,6 +15,7 @@
 
 #include "src/core/params.hpp"
 #include "src/cuda/bwd/workspace.hpp"
+#include "src/cuda/hopper/tile_order.hpp"
 #include "src/cuda/hopper_bwd/tile_config.hpp"
 
 namespace flashattn::cuda::hopper_bwd {
@@ -28,12 +29,34 @@ struct HopperBackwardParams {
   CUtensorMap dout_map;  // box rows block_m
   CUtensorMap k_map;     // box rows block_n
   CUtensorMap v_map;     // box rows block_n
+  // ALiBi's affine form on steps off the diagonal (common/alibi_path.hpp).
+  bool is_alibi_affine = true;
+  // The overlapped schedule's dQ reductions (kernel.cuh, not the wide kernel): fp32 map
+  // (head_dim, dq rows of a head, heads_q, 1) over workspace.dq_accum, box (32 columns, 64
+  // rows, 1, 1), 128-byte swizzle; zero when unused.
+  CUtensorMap dq_accum_map;
+  // Which (key block, kv head, sequence) CTA blockIdx.x runs (pipeline.cuh: cta_key_block):
+  // hopper::TileOrder over (key blocks) x (heads_kv x batch), flat or in L2 sections.
+  hopper::TileOrder key_block_order;
 };
 
+// The schedule kernel.cuh runs (tile_config.hpp): FLASHATTN_CUDA_HOPPER_BWD_SCHEDULE=
+// overlapped selects FA3's order, =deferred_dk that with dK a step later (d128, default
+// mode), anything else (or unset) lockstep; read once per process.
+BackwardSchedule backward_schedule();
+
+// The CTAs' order (both kernels): key block fastest (flat, the default), or, with
+// FLASHATTN_CUDA_HOPPER_BWD_ORDER=l2_sections, FA3's backward order: the kv heads x
+// sequences cut into sections whose Q, dO and dq_accum fit in L2, the key block slowest
+// inside a section (first key block first: under a causal mask the longest CTAs first;
+// deterministic: last first, the turns' order). Read once per process.
+bool is_l2_section_order_requested();
+
 // kDeterministic: the dQ reductions of each query block ordered by key block (needs
-// params.backward.deterministic and the workspace's dq_semaphore; see kernel.cuh).
+// params.backward.deterministic and the workspace's dq_semaphore; see kernel.cuh); in
+// `schedule` (params made by make_backward_params for it).
 template <class T, int kHeadDim, bool kDeterministic>
-void run_backward_sm90(const HopperBackwardParams& params, cudaStream_t stream);
+void run_backward_sm90(const HopperBackwardParams& params, cudaStream_t stream, BackwardSchedule schedule);
 
 // The wide head dims' kernel (kernel_wide.cuh: d256, the head dim split between the
 // consumers); kDeterministic as above.
@@ -43,14 +66,18 @@ void run_backward_sm90_wide(const HopperBackwardParams& params, cudaStream_t str
 // Empty when the Hopper backward kernel runs these (validated) params, else why not.
 std::string why_unsupported(const BackwardParams& params);
 
-// The kernel's parameters for `config`'s tile rows (the tensor maps' boxes).
+// The kernel's parameters for `config`'s tile rows (the tensor maps' boxes); the
+// dq_accum map when `schedule` needs it.
 HopperBackwardParams make_backward_params(const BackwardParams& params, const bwd::Workspace& workspace,
-                                          const HopperBwdTileConfig& config);
+                                          const HopperBwdTileConfig& config,
+                                          BackwardSchedule schedule = backward_schedule());
 HopperBackwardParams make_backward_params(const BackwardParams& params, const bwd::Workspace& workspace,
                                           const HopperBwdWideConfig& config);
 
 // Runs the dK/dV/dQ kernel (between launch_preprocess and launch_convert_dq); the
-// caller has checked why_unsupported(params).empty().
-void backward_main(const BackwardParams& params, const bwd::Workspace& workspace, cudaStream_t stream);
+// caller has checked why_unsupported(params).empty(). `schedule`: kernel.cuh's (head dims
+// 64, 128; the timing tool passes both to compare them in one process).
+void backward_main(const BackwardParams& params, const bwd::Workspace& workspace, cudaStream_t stream,
+                   BackwardSchedule schedule = backward_schedule());
 
 }  // namespace flashattn::cuda::hopper_bwd

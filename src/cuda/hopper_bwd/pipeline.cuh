@@ -47,6 +47,21 @@ __device__ __forceinline__ void load_statistics(float* lse, float* dsum, const b
                              bytes, barrier);
 }
 
+// ---- the CTA's key block ------------------------------------------------------------
+struct KeyBlockCoordinates {
+  std::int64_t n_block, head_kv, batch;
+};
+
+// The (key block, kv head, sequence) of CTA blockIdx.x in params.key_block_order
+// (dq_order.hpp: key_block_of_cta).
+template <bool kDeterministic>
+__device__ __forceinline__ KeyBlockCoordinates cta_key_block(const HopperBackwardParams& params) {
+  const KeyBlockOfCta cta =
+      key_block_of_cta(params.key_block_order, static_cast<std::int32_t>(blockIdx.x), kDeterministic);
+  const std::int64_t heads_kv = params.backward.heads_kv;
+  return {cta.n_block, cta.head_batch % heads_kv, cta.head_batch / heads_kv};
+}
+
 // ---- a device mask: the steps come from the key tile's lists -----------------------
 // With params.device_mask.by_key_tile present a CTA's steps are, for each query head of
 // its group (ascending), the query tiles its key tile's list names (in list order:
@@ -158,6 +173,46 @@ __device__ __noinline__ std::int32_t listed_turn_out_of_line(const TileLists& by
   return listed_turn(by_query_tile, batch, head_q, m_block, n_block);
 }
 
+// A key block's turn in one dQ tile: the tile's semaphore and the value it waits for.
+struct DqTurn {
+  std::int32_t* semaphore;
+  std::int32_t turn;
+};
+
+template <int kBlockM, int kBlockN, bool kTurnOutOfLine>
+__device__ __forceinline__ DqTurn dq_turn_of(const BackwardParams& attention, const bwd::Workspace& workspace,
+                                             const MaskRule& mask, std::int64_t batch, std::int64_t head_q,
+                                             std::int64_t m0, std::int64_t n_block) {
+  const std::int64_t m_block = m0 / kBlockM;
+  const TileLists& by_query_tile = attention.device_mask.by_query_tile;
+  std::int32_t turn;
+  if (by_query_tile.present()) {
+    turn = kTurnOutOfLine ? listed_turn_out_of_line(by_query_tile, batch, head_q, m_block, n_block)
+                          : listed_turn(by_query_tile, batch, head_q, m_block, n_block);
+  } else {
+    const KeyBlockRange visitors = key_blocks_of_query_block(mask, m_block, kBlockM, kBlockN);
+    turn = static_cast<std::int32_t>(visitors.first + visitors.count - 1 - n_block);
+  }
+  return {workspace.dq_semaphore + workspace.semaphore_index(attention, batch, m_block, kBlockM, head_q), turn};
+}
+
+// Waits (acquire) for the turn; then the earlier turns' additions are ordered before ours.
+__device__ __forceinline__ void acquire_dq_turn(const DqTurn& turn) {
+  ptx::wait_until_equal_acquire_gpu(turn.semaphore, turn.turn);
+  ptx::fence_proxy_async_global();
+}
+
+// After this thread's reductions of the turn: waits until they are performed in global
+// memory and publishes the next turn (release). kNewerGroups: bulk groups this thread has
+// committed since (a later turn's reductions), which may stay in flight.
+template <int kNewerGroups = 0>
+__device__ __forceinline__ void release_dq_turn(const DqTurn& turn) {
+  ptx::bulk_wait_group<kNewerGroups>();
+  ptx::fence_proxy_async_global();
+  __threadfence();
+  ptx::store_release_gpu(turn.semaphore, turn.turn + 1);
+}
+
 // Deterministic mode (the order and why it cannot deadlock: the top of kernel.cuh): one
 // thread adds the staged dQ tile of query rows [m0, m0 + kBlockM) of head_q to dq_accum
 // in its key block's turn: it waits (acquire) until the tile's semaphore equals the turn
@@ -170,25 +225,11 @@ __device__ __forceinline__ void ordered_reduce_add(const BackwardParams& attenti
                                                    const MaskRule& mask, std::int64_t batch, std::int64_t head_q,
                                                    std::int64_t m0, std::int64_t n_block, std::uint32_t source,
                                                    int bytes) {
-  const std::int64_t m_block = m0 / kBlockM;
-  const TileLists& by_query_tile = attention.device_mask.by_query_tile;
-  std::int32_t turn;
-  if (by_query_tile.present()) {
-    turn = kTurnOutOfLine ? listed_turn_out_of_line(by_query_tile, batch, head_q, m_block, n_block)
-                          : listed_turn(by_query_tile, batch, head_q, m_block, n_block);
-  } else {
-    const KeyBlockRange visitors = key_blocks_of_query_block(mask, m_block, kBlockM, kBlockN);
-    turn = static_cast<std::int32_t>(visitors.first + visitors.count - 1 - n_block);
-  }
-  std::int32_t* semaphore = workspace.dq_semaphore + workspace.semaphore_index(attention, batch, m_block, kBlockM, head_q);
-  ptx::wait_until_equal_acquire_gpu(semaphore, turn);
-  ptx::fence_proxy_async_global();  // the earlier turns' additions before ours
+  const DqTurn turn = dq_turn_of<kBlockM, kBlockN, kTurnOutOfLine>(attention, workspace, mask, batch, head_q, m0, n_block);
+  acquire_dq_turn(turn);
   ptx::bulk_reduce_add_f32(workspace.dq_accum + workspace.dq_offset(attention, batch, m0, head_q), source, bytes);
   ptx::bulk_commit_group();
-  ptx::bulk_wait_group<0>();
-  ptx::fence_proxy_async_global();
-  __threadfence();
-  ptx::store_release_gpu(semaphore, turn + 1);
+  release_dq_turn(turn);
 }
 #endif
 

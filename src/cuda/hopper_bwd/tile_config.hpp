@@ -13,6 +13,32 @@
 
 namespace flashattn::cuda::hopper_bwd {
 
+// How kernel.cuh orders a step's products and barriers (PERFORMANCE ONLY; the gradients
+// are the same: dK/dV bitwise, dQ up to the order of its fp32 additions, bitwise in
+// deterministic mode). FLASHATTN_CUDA_HOPPER_BWD_SCHEDULE selects it (launch.hpp).
+//   lockstep:   one dS^T buffer; dV, dK, then dQ; both consumers meet twice per step (dS^T
+//               written; dQ staged in one row-major tile, which consumer 0's first thread
+//               adds to dq_accum with one bulk reduction).
+//   overlapped: FA3's order. Two dS^T buffers (by step parity), so the consumers meet once
+//               per step (dS^T written); dV, then dQ = dS K, then dK, so dQ's staging
+//               stores overlap the dK product; each consumer stages its own part of dQ in
+//               128-byte-swizzled 32-column fp32 panels (bank-conflict-free float2 stores)
+//               and hands it to a dQ-writer warp of the producer warpgroup, which adds it
+//               to dq_accum with TMA tensor reductions (and in deterministic mode waits for
+//               the turns, so the consumers never spin).
+//   deferred_dk: overlapped, but each step's dK product is issued in the next step, after
+//               its S^T and dP^T products, so it runs during that step's dS^T math (when
+//               the tensor cores idle otherwise); its stage is released a step later (a
+//               third stage: kernel.cuh's run_backward_sm90). Head dim 128, default mode
+//               only (elsewhere the overlapped schedule runs); experimental.
+enum class BackwardSchedule { lockstep, overlapped, deferred_dk };
+
+// The overlapped schedule's dQ staging: fp32 panels of 32 columns (128 bytes a row: the
+// TMA's 128-byte swizzle) x 64 rows (a consumer's m64 wgmma rows); the dq_accum tensor
+// map's box (launch.cu).
+inline constexpr int kDqPanelColumns = 32;
+inline constexpr int kDqPanelRows = 64;
+
 inline constexpr int kPanelColumns = 64;  // 128 bytes of 16-bit elements: one swizzle row
 inline constexpr int kMaxSharedBytes = 227 * 1024;
 inline constexpr int kConsumerWarpgroups = 2;
@@ -24,6 +50,14 @@ struct HopperBwdTileConfig {
   int block_n;          // key rows per CTA (64 per consumer warpgroup)
   int stages;           // Q/dO/LSE/D shared-memory stages of the TMA ring
   int element_bytes = 2;  // of q, k, v, dO and dS^T (bf16, fp16)
+  int ds_buffers = 1;     // dS^T tiles: 1 (lockstep), 2 (overlapped: one per step parity)
+
+  // The config a schedule runs (the table holds the lockstep one).
+  constexpr HopperBwdTileConfig for_schedule(BackwardSchedule schedule) const {
+    HopperBwdTileConfig config = *this;
+    config.ds_buffers = schedule == BackwardSchedule::lockstep ? 1 : 2;
+    return config;
+  }
 
   constexpr int threads() const { return 128 * (1 + kConsumerWarpgroups); }
   constexpr int producer_registers() const { return 24; }
@@ -32,7 +66,7 @@ struct HopperBwdTileConfig {
   constexpr int kv_tile_bytes() const { return block_n * kernel_head_dim * element_bytes; }
   constexpr int q_tile_bytes() const { return block_m * kernel_head_dim * element_bytes; }
   constexpr int stats_bytes() const { return block_m * 4; }
-  constexpr int ds_bytes() const { return block_n * block_m * element_bytes; }
+  constexpr int ds_bytes() const { return block_n * block_m * element_bytes; }  // one dS^T buffer
   constexpr int dq_staging_bytes() const { return block_m * kernel_head_dim * 4; }
   // Byte offsets from the 1024-aligned base (every 16-bit tile on a swizzle atom).
   constexpr int k_offset() const { return 0; }
@@ -40,7 +74,7 @@ struct HopperBwdTileConfig {
   constexpr int q_offset() const { return 2 * kv_tile_bytes(); }
   constexpr int do_offset() const { return q_offset() + stages * q_tile_bytes(); }
   constexpr int ds_offset() const { return do_offset() + stages * q_tile_bytes(); }
-  constexpr int dq_offset() const { return ds_offset() + ds_bytes(); }
+  constexpr int dq_offset() const { return ds_offset() + ds_buffers * ds_bytes(); }
   constexpr int lse_offset() const { return dq_offset() + dq_staging_bytes(); }
   constexpr int dsum_offset() const { return lse_offset() + stages * stats_bytes(); }
   constexpr int barrier_offset() const { return dsum_offset() + stages * stats_bytes(); }

@@ -31,6 +31,21 @@ __device__ __forceinline__ void bulk_reduce_add_f32(float* global_destination, s
                : "memory");
 }
 
+// cp.reduce.async.bulk.tensor.4d.global.shared::cta.add.tile.bulk_group [map, {c0..c3}],
+// [shared] (PTX ISA "cp.reduce.async.bulk.tensor"): the map's box at coordinates (c0
+// innermost) += the shared-memory box, element-wise and atomically, in the map's element
+// type (here fp32) and with its swizzle applied to the shared-memory side; elements outside
+// the tensor are skipped. `map` must live in parameter, constant or global memory (a
+// __grid_constant__ kernel parameter's address). Same rules as bulk_reduce_add_f32.
+__device__ __forceinline__ void tensor_reduce_add_4d(const void* map, std::uint32_t shared_source, std::int32_t c0,
+                                                     std::int32_t c1, std::int32_t c2, std::int32_t c3) {
+  asm volatile(
+      "cp.reduce.async.bulk.tensor.4d.global.shared::cta.add.tile.bulk_group [%0, {%2, %3, %4, %5}], [%1];\n" ::"l"(
+          map),
+      "r"(shared_source), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
+      : "memory");
+}
+
 // Closes the bulk group of the reductions this thread issued since the previous commit.
 __device__ __forceinline__ void bulk_commit_group() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
 

@@ -2,5 +2,5 @@
 #include "src/cuda/hopper_bwd/kernel.cuh"
 
 namespace flashattn::cuda::hopper_bwd {
-template void run_backward_sm90<__nv_bfloat16, 64, false>(const HopperBackwardParams&, cudaStream_t);
+template void run_backward_sm90<__nv_bfloat16, 64, false>(const HopperBackwardParams&, cudaStream_t, BackwardSchedule);
 }  // namespace flashattn::cuda::hopper_bwd

@@ -1,0 +1,24 @@
+// src/cuda/common/alibi_path.hpp — which form the training kernels give ALiBi on key
+// blocks off the diagonal (host code; the kernels receive the choice in their params).
+//   affine (default)  one FFMA per element, the row offset per row and block
+//                     (ScoreRule::affine_*, fragment::apply_affine_bias)
+//   generic           the per-element |distance| form everywhere (fragment::apply_score_rule)
+// FLASHATTN_CUDA_ALIBI_PATH=generic selects the second: an A/B switch for timing, read
+// once per process. Results agree to rounding: scripts/device_check.sh runs the ALiBi
+// tests both ways (step alibi_generic).
+#pragma once
+
+#include <cstdlib>
+#include <string>
+
+namespace flashattn::cuda {
+
+inline bool is_affine_alibi_enabled() {
+  static const bool enabled = [] {
+    const char* value = std::getenv("FLASHATTN_CUDA_ALIBI_PATH");
+    return value == nullptr || std::string(value) != "generic";
+  }();
+  return enabled;
+}
+
+}  // namespace flashattn::cuda
