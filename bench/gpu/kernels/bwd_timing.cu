@@ -25,6 +25,7 @@
 // Times the unmasked kernels only; without the masked ones this file compiles in half the time.
 #define FLASHATTN_BWD_MASKED_KERNELS 0
 
+#include "bench/gpu/kernels/gradient_difference.hpp"
 #include "flashattn/flashattn.hpp"
 #include "src/core/validate.hpp"
 #include "src/cuda/bwd/launch_main.cuh"
@@ -199,16 +200,9 @@ void compare_config(const Shape& shape, int repeats, const char* name) {
       std::printf("# %s: %s\n", name, e.what());
       continue;
     }
-    const std::vector<float> ours = p.gradients();
-    double difference = 0, magnitude = 0;
-    for (std::size_t i = 0; i < ours.size(); ++i) {
-      difference = std::max(difference, static_cast<double>(std::fabs(ours[i] - reference[i])));
-      magnitude = std::max(magnitude, static_cast<double>(std::fabs(reference[i])));
-    }
-    if (std::isnan(difference) || std::any_of(ours.begin(), ours.end(), [](float x) { return std::isnan(x); }))
-      difference = NAN;
+    const double relative = max_relative_difference(p.gradients(), reference);
     const double ms = median_ms([&] { run_with_traits<T, D>(p.args); }, repeats);
-    print_row(p, deterministic, name, ms, magnitude > 0 ? difference / magnitude : difference);
+    print_row(p, deterministic, name, ms, relative);
   }
 }
 

@@ -37,6 +37,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/gpu/kernels/gradient_difference.hpp"
 #include "flashattn/flashattn.hpp"
 #include "src/core/validate.hpp"
 #include "src/cuda/bwd/launch.hpp"
@@ -220,14 +221,7 @@ void measure(const Shape& shape, int repeats, const Variants& variants) {
   flashattn::backward(p.args);
   check(cudaDeviceSynchronize(), "sm90 run");
   const std::vector<float> ours = p.gradients();
-  double difference = 0, magnitude = 0;
-  bool has_nan = false;
-  for (std::size_t i = 0; i < ours.size(); ++i) {
-    has_nan = has_nan || std::isnan(ours[i]) || std::isnan(reference[i]);
-    difference = std::max(difference, static_cast<double>(std::fabs(ours[i] - reference[i])));
-    magnitude = std::max(magnitude, static_cast<double>(std::fabs(reference[i])));
-  }
-  const double relative = has_nan ? NAN : (magnitude > 0 ? difference / magnitude : difference);
+  const double relative = max_relative_difference(ours, reference);
   const double sm90_ms = median_ms([&] { flashattn::backward(p.args); }, repeats);
   const double fa2_class_ms = median_ms([&] { run_fa2_class<Element, kHeadDim>(p.args); }, repeats);
   double plain_ms = sm90_ms;
@@ -273,13 +267,6 @@ void compare_variant(const Shape& shape, int repeats, const char* name) {
   run_variant<Element, kConfig>(p.args);
   check(cudaDeviceSynchronize(), "variant run");
   const std::vector<float> ours = p.gradients();
-  double difference = 0, magnitude = 0;
-  bool has_nan = false;
-  for (std::size_t i = 0; i < ours.size(); ++i) {
-    has_nan = has_nan || std::isnan(ours[i]);
-    difference = std::max(difference, static_cast<double>(std::fabs(ours[i] - reference[i])));
-    magnitude = std::max(magnitude, static_cast<double>(std::fabs(reference[i])));
-  }
   const double table_ms = median_ms([&] { flashattn::backward(p.args); }, repeats);
   const double variant_ms = median_ms([&] { run_variant<Element, kConfig>(p.args); }, repeats);
   const double flops = 2.5 * p.forward_flops();
@@ -288,7 +275,7 @@ void compare_variant(const Shape& shape, int repeats, const char* name) {
               static_cast<long long>(shape.heads), static_cast<long long>(shape.seqlen),
               static_cast<long long>(shape.head_dim), shape.causal ? 1 : 0, name, table_ms,
               flops / (table_ms * 1e-3) / 1e12, variant_ms, flops / (variant_ms * 1e-3) / 1e12,
-              has_nan ? NAN : (magnitude > 0 ? difference / magnitude : difference));
+              max_relative_difference(ours, reference));
   std::fflush(stdout);
 }
 
@@ -323,15 +310,7 @@ void compare_schedules(const Shape& shape, int repeats, const Variants& variants
     p.poison_gradients();
     run(schedule);
     check(cudaDeviceSynchronize(), "schedule run");
-    const std::vector<float> ours = p.gradients();
-    double difference = 0, magnitude = 0;
-    bool has_nan = false;
-    for (std::size_t i = 0; i < ours.size(); ++i) {
-      has_nan = has_nan || std::isnan(ours[i]) || std::isnan(reference[i]);
-      difference = std::max(difference, static_cast<double>(std::fabs(ours[i] - reference[i])));
-      magnitude = std::max(magnitude, static_cast<double>(std::fabs(reference[i])));
-    }
-    return has_nan ? NAN : (magnitude > 0 ? difference / magnitude : difference);
+    return max_relative_difference(p.gradients(), reference);
   };
   const double overlapped_diff = difference_to_lockstep(BackwardSchedule::overlapped);
   const double deferred_diff = difference_to_lockstep(BackwardSchedule::deferred_dk);
