@@ -34,7 +34,7 @@ namespace flashattn::cuda::bwd {
 template <class T, KernelVariant kVariant>
 __global__ void __launch_bounds__(T::kThreads, 1)
     dq_kernel(const __grid_constant__ BackwardParams params, const Workspace workspace, int num_m_blocks,
-              bool is_aligned) {
+              bool is_aligned, bool is_alibi_affine) {
   using Element = typename T::Element;
   using QTile = typename T::QTile;
   using KvTile = typename T::KvTile;
@@ -159,7 +159,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     // No dBias here: the dK/dV kernel sums it.
     const std::int32_t tile_code = is_listed && block.partial ? key_lists.code(list, step) : kGeneralTile;
     write_p_and_ds<T, kVariant, false>(s, dp, params, b, h_q, mask, needs_mask, has_element_pass, tile_code, false, m0, n0,
-                                       lse_smem, dsum_smem, sdp_m0, sdp_n0, lane, nullptr, ds_smem);
+                                       lse_smem, dsum_smem, sdp_m0, sdp_n0, lane, nullptr, ds_smem, is_alibi_affine);
     __syncthreads();
 
     // dQ += dS K: (kDqWarpRows, kDqWarpCols) per warp, depth kBlockN
