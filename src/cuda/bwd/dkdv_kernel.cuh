@@ -337,8 +337,7 @@ __device__ __forceinline__ void write_p_and_ds(const float (&s)[T::kSdpMTiles][T
   } else if constexpr (kIsMasked) {
     write_rows(params.has_dropout(), std::false_type{});
   } else if (side != DiagonalSide::straddles) {
-    if (params.has_dropout()) write_rows(std::true_type{}, std::true_type{});
-    else write_rows(std::false_type{}, std::true_type{});
+    write_rows(params.has_dropout(), std::true_type{});
   } else if (params.has_dropout()) {
     write_rows(std::true_type{}, std::false_type{});
   } else {
