@@ -287,29 +287,30 @@ __global__ void __launch_bounds__(kWarpsArg * 32, kMinBlocksArg)
       // ALiBi's affine form where the warp's 16 * kMTiles rows see the whole block on one
       // side of the diagonal (a warp-uniform branch); the per-element form elsewhere
       // (the diagonal's blocks, softcap; FLASHATTN_CUDA_ALIBI_PATH=generic everywhere).
-      DiagonalSide side = DiagonalSide::straddles;
-      ScoreRule::SideBounds sides{};
-      if (is_alibi_affine && score_rule.has_affine_bias()) {
-        const std::int64_t warp_row_first = m0 + warp_row0;
-        sides = score_rule.side_bounds(warp_row_first, warp_row_first + 16 * kMTiles - 1, kBlockN, mask);
-        side = sides.side(n0);
-      }
       // The lane's rows of m16 tile mi: row0(mi) and row0(mi) + 8.
       auto row0 = [&](int mi) -> std::int64_t { return m0 + warp_row0 + mi * 16 + group; };
+      fragment::AffineBiasLane alibi_lane;  // default: every block straddles
+      if (is_alibi_affine && score_rule.has_affine_bias()) {
+        const std::int64_t warp_row_first = m0 + warp_row0;
+        alibi_lane = fragment::AffineBiasLane::of(
+            score_rule, score_rule.side_bounds(warp_row_first, warp_row_first + 16 * kMTiles - 1, kBlockN, mask),
+            row0(0));
+      }
       // n0 as the affine form's 32-bit column (is_alibi_affine: positions below 2^31).
       const std::int32_t n0_32 = static_cast<std::int32_t>(n0);
+      const DiagonalSide side = alibi_lane.side(n0_32);
       if (side == DiagonalSide::left) {
 #pragma unroll
         for (int mi = 0; mi < kMTiles; ++mi)
-          fragment::apply_affine_bias<kNTiles, DiagonalSide::left>(
-              fragment::flat(s[mi]), score_rule, fragment::AffineBiasLane::of(score_rule, sides, row0(mi)), n0_32,
-              score_offset[mi]);
+          fragment::apply_affine_bias<kNTiles, DiagonalSide::left>(fragment::flat(s[mi]), score_rule,
+                                                                   alibi_lane.rows_below(16 * mi), n0_32,
+                                                                   score_offset[mi]);
       } else if (side == DiagonalSide::right) {
 #pragma unroll
         for (int mi = 0; mi < kMTiles; ++mi)
-          fragment::apply_affine_bias<kNTiles, DiagonalSide::right>(
-              fragment::flat(s[mi]), score_rule, fragment::AffineBiasLane::of(score_rule, sides, row0(mi)), n0_32,
-              score_offset[mi]);
+          fragment::apply_affine_bias<kNTiles, DiagonalSide::right>(fragment::flat(s[mi]), score_rule,
+                                                                    alibi_lane.rows_below(16 * mi), n0_32,
+                                                                    score_offset[mi]);
       } else {
 #pragma unroll
         for (int mi = 0; mi < kMTiles; ++mi)
