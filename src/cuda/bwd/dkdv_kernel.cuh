@@ -203,8 +203,9 @@ enum class KernelVariant { plain, general, masked };
 // src/core/mask_tables.hpp), the fast pass: per row spans and bits in registers
 // (fragment::make_row_mask), -inf where masked; keeps_ds: dp is overwritten with dS w.r.t. the score
 // (before the gradient factor; natural-log units) for the dBias accumulation.
-// is_alibi_affine: ALiBi's affine form (common/alibi_path.hpp) on the warp tiles that lie
-// on one side of the diagonal (the general variant).
+// alibi_side: where the warp's (rows, columns) tile lies relative to the diagonal (the
+// caller's fragment::RowBlockSides / ColumnBlockSides; straddles where ALiBi's affine form,
+// common/alibi_path.hpp, is off): the general variant takes the affine form on a side.
 template <class T, KernelVariant kVariant, bool kWritesP = true>
 __device__ __forceinline__ void write_p_and_ds(const float (&s)[T::kSdpMTiles][T::kSdpNTiles][4],
                                                float (&dp)[T::kSdpMTiles][T::kSdpNTiles][4],
@@ -213,7 +214,7 @@ __device__ __forceinline__ void write_p_and_ds(const float (&s)[T::kSdpMTiles][T
                                                std::int32_t tile_code, bool keeps_ds, std::int64_t m0, std::int64_t n0,
                                                const float* lse_tile, const float* dsum_tile, int warp_m0, int warp_n0,
                                                int lane, typename T::Element* p_tile, typename T::Element* ds_tile,
-                                               bool is_alibi_affine) {
+                                               DiagonalSide alibi_side) {
   using Element = typename T::Element;
   using ScoreTile = typename T::ScoreTile;
   constexpr bool kIsPlain = kVariant == KernelVariant::plain, kIsMasked = kVariant == KernelVariant::masked;
@@ -231,13 +232,8 @@ __device__ __forceinline__ void write_p_and_ds(const float (&s)[T::kSdpMTiles][T
   // only: in the masked one the form's copy of the row loop raised ptxas' spills of the
   // sm_80 d128 64 x 128 kernel from 132/136 to 180/356 bytes (store/load), without ALiBi too.
   DiagonalSide side = DiagonalSide::straddles;
-  if constexpr (kVariant == KernelVariant::general) {
-    if (is_alibi_affine && score_rule.has_affine_bias()) {
-      const std::int64_t warp_row_first = m0 + warp_m0;
-      side = score_rule.side_bounds(warp_row_first, warp_row_first + T::kSdpWarpRows - 1, T::kSdpWarpCols, mask)
-                 .side(n0 + warp_n0);
-    }
-  }
+  if constexpr (kVariant == KernelVariant::general)
+    if (score_rule.has_affine_bias()) side = alibi_side;  // the query head's slope allows it
   // One body, compiled with and without dropout (has_dropout: std::true_type or
   // std::false_type, a uniform branch between the copies), or once with dropout as a
   // runtime flag (a bool: the masked variant, whose element pass would double the code);
@@ -502,6 +498,18 @@ __device__ __forceinline__ void dkdv_block(const BackwardParams& params, const W
   constexpr std::uint32_t kVMinusK = T::kVOffset - T::kKOffset;
   constexpr std::uint32_t kDsMinusP = T::kDsOffset - T::kPOffset;
 
+  // ALiBi's affine form (write_p_and_ds): the query blocks whose S tile this warp sees on one
+  // side of the diagonal, as 32-bit bounds on the tile's first row m0 + sdp_m0 (the keys are
+  // fixed: ScoreRule::row_side_bounds, once per CTA; the defaults: none, the switch off).
+  const bool has_alibi_sides = kVariant == KernelVariant::general && is_alibi_affine && params.has_alibi();
+  fragment::RowBlockSides alibi_sides{};
+  if (has_alibi_sides) {
+    const ScoreRule geometry = params.score_of_slope(0.0f, mask);  // its diagonal
+    const std::int64_t warp_key_first = n0 + sdp_n0;
+    alibi_sides = fragment::RowBlockSides::of(
+        geometry.row_side_bounds(warp_key_first, warp_key_first + T::kSdpWarpCols - 1, T::kSdpWarpRows, mask));
+  }
+
   float dk[T::kKvMTiles][T::kKvNTiles][4] = {};  // (kKvWarpRows, kKvWarpCols) of dK, unscaled
   float dv[T::kKvMTiles][T::kKvNTiles][4] = {};  // (kKvWarpRows, kKvWarpCols) of dV
 
@@ -543,7 +551,9 @@ __device__ __forceinline__ void dkdv_block(const BackwardParams& params, const W
     const bool needs_mask =
         !is_listed && (n0 + kBlockN > seqlen_k || !mask.tile_fully_allowed(m0, q_rows_end, n0, n0 + kBlockN));
     write_p_and_ds<T, kVariant>(s, dp, params, b, h_q, mask, needs_mask, has_element_pass, tile.code, accumulates_dbias, m0, n0,
-                                lse_tile, dsum_tile, sdp_m0, sdp_n0, lane, p_smem, ds_smem, is_alibi_affine);
+                                lse_tile, dsum_tile, sdp_m0, sdp_n0, lane, p_smem, ds_smem,
+                                has_alibi_sides ? alibi_sides.side(static_cast<std::int32_t>(m0) + sdp_m0)
+                                                : DiagonalSide::straddles);
     // dBias here only (the deterministic dQ kernel recomputes the same dS).
     if (accumulates_dbias) accumulate_warp_dbias<T>(dp, params, mask, b, h_q, m0, n0, sdp_m0, sdp_n0, lane);
 #if FLASHATTN_SM90_DEVICE_CODE
