@@ -132,7 +132,8 @@ __device__ __forceinline__ LaneRows lane_rows(const AttentionParams& a, const Ma
 // is_affine_tile: a whole tile left of every row's diagonal (WholeTiles::is_left) with ALiBi
 // and no softcap: the bias is linear in the key there (ScoreRule::bias_on_side), two FFMAs
 // per score from the row's bias at lane_key, instead of the per-element form's subtract,
-// int-to-float conversion, multiply and FFMA.
+// int-to-float conversion, multiply and FFMA under per-element uniform branches (SASS, sm_80
+// d128: 22 instructions per lane and tile against ~110 with ~24 branches).
 template <int kPairStride = 1>
 __device__ __forceinline__ void score_tile(float (&s)[2][4], const LaneRows& rows, bool is_fast_tile, bool is_full_tile,
                                            bool is_affine_tile, int lane_key) {
