@@ -196,7 +196,7 @@ __device__ __forceinline__ WholeTiles whole_tiles(const MaskRule& mask, std::int
   if (end > begin) {
     tiles.first = static_cast<int>((begin - origin + kTileN - 1) / kTileN);
     tiles.end = static_cast<int>((end - origin) / kTileN);
-    // Keys [origin, left_keys_end) are left of the first row's diagonal, hence of every row's.
+    // The first left_keys keys from origin are left of the first row's diagonal, hence of every row's.
     const std::int64_t left_keys = position_begin + mask.seqlen_k - mask.seqlen_q + 1 - origin;
     tiles.left_end = left_keys > 0 ? static_cast<int>((left_keys < end - origin ? left_keys : end - origin) / kTileN) : 0;
   }
