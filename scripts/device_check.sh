@@ -11,7 +11,8 @@
 #   6. (step bench, not in the default list) the forward and backward harness
 #      (bench/gpu/bench_attention.py: ours beside SDPA FA2 and cuDNN, CSV + PNG;
 #      BENCH_PASSES="fwd bwd", HARNESS_ARGS);
-#   (step alibi_generic, not in the default list: the ALiBi tests with the per-element form;
+#   (step alibi_generic, not in the default list: the ALiBi tests with the per-element form,
+#   Hopper, sm80 and decode kernels;
 #   steps features / features_sanitize, not in the default list: the masks and FP8
 #   suites alone, and compute-sanitizer on their small cases)
 #   7. (step masks, not in the default list) bench/gpu/bench_masks.py (issue 15's table and
@@ -102,7 +103,8 @@ fi
 
 if wants alibi_generic; then
 step "ALiBi tests with the per-element form everywhere (FLASHATTN_CUDA_ALIBI_PATH=generic)"
-for t in test_cuda_forward_hopper_variants test_cuda_backward_hopper; do
+for t in test_cuda_forward_hopper_variants test_cuda_backward_hopper test_cuda_forward_variants test_cuda_backward_variants \
+         test_cuda_kvcache; do
   FLASHATTN_CUDA_ALIBI_PATH=generic timeout 120 "$tree/tests/cuda/$t" --gtest_brief=1 --gtest_filter='*Alibi*:*ALiBi*:*Variant*' > "$logs/alibi_generic_$t.log" 2>&1
   note "alibi generic $t rc=$? $(grep -E '^\[  PASSED|^\[  FAILED' "$logs/alibi_generic_$t.log" | head -2 | tr '\n' ' ')"
 done

@@ -18,6 +18,8 @@ raises is recorded as unavailable, not a crash.
   python bench/gpu/bench_attention.py --passes bwd --sweeps seed004 --quick
   python bench/gpu/bench_attention.py --dropout 0.1 --impls fa2,cudnn,ours,ours_plain
   python bench/gpu/bench_attention.py --alibi --impls ours,ours_plain
+  python bench/gpu/bench_attention.py --alibi --impls ours_flash2,ours_flash2_plain   # the sm80 forward
+  FLASHATTN_CUDA_BWD_SM90=0 python bench/gpu/bench_attention.py --alibi --passes bwd --impls ours,ours_plain
 With --dropout P every implementation (anchors too) drops with probability P; the masks
 differ between implementations, so results are not compared, only timed ("ok
 (unchecked: dropout)"); ours_plain is ours without dropout/ALiBi in the same run, for
@@ -133,7 +135,10 @@ class Implementation:
         if self.backend is not None:
             return F.scaled_dot_product_attention(q, k, v, is_causal=problem.causal, dropout_p=problem.dropout_p)
         if self.name in FORCED_ALGORITHM_IMPLS:
-            return forward_with_algorithm(self.ours, q, k, v, problem.causal, FORCED_ALGORITHM_IMPLS[self.name])
+            variants = {} if self.name.endswith("_plain") else {"alibi_slopes": problem.alibi_slopes,
+                                                                  "dropout_p": problem.dropout_p}
+            return forward_with_algorithm(self.ours, q, k, v, problem.causal, FORCED_ALGORITHM_IMPLS[self.name],
+                                          **variants)
         deterministic = self.name == "ours_det"
         if self.name == "ours_plain":
             return self.ours.flash_attn_func(q, k, v, causal=problem.causal)
@@ -148,16 +153,18 @@ class Implementation:
 
 
 # Forward-only series that force one CUDA kernel of ours (the default "ours" runs
-# algorithm "automatic"): ours_flash2 = the mma.sync kernel, ours_flash3 = the Hopper kernel.
-FORCED_ALGORITHM_IMPLS = {"ours_flash2": "flash2", "ours_flash3": "flash3"}
+# algorithm "automatic"): ours_flash2 = the mma.sync kernel, ours_flash3 = the Hopper kernel,
+# with --alibi/--dropout like "ours"; the *_plain ones without them (the cost, as ours_plain).
+FORCED_ALGORITHM_IMPLS = {"ours_flash2": "flash2", "ours_flash3": "flash3",
+                          "ours_flash2_plain": "flash2", "ours_flash3_plain": "flash3"}
 
 
-def forward_with_algorithm(ours, q, k, v, causal, algorithm):
+def forward_with_algorithm(ours, q, k, v, causal, algorithm, alibi_slopes=None, dropout_p=0.0):
     """flash_attn_func's forward (output allocated per call, like every other series) with a forced algorithm."""
     out = torch.empty_like(q)
     lse = torch.empty((q.shape[0], q.shape[2], q.shape[1]), device=q.device, dtype=torch.float32)
     ours._C.forward(q, k, v, out, lse, None, None, 0, 0, None, causal, -1, -1, 0.0, algorithm, 0,
-                    torch.cuda.current_stream().cuda_stream)
+                    torch.cuda.current_stream().cuda_stream, alibi_slopes=alibi_slopes, dropout_p=dropout_p)
     return out
 
 

@@ -15,7 +15,9 @@
 // FLASHATTN_DECODE_KERNEL, read by the library at every call, so each captured graph
 // keeps its kernel), "tma_prefetch<N>" (the TMA kernel prefetching N
 // tiles per CTA into L2 before the PDL wait; FLASHATTN_DECODE_TMA_PREFETCH_TILES),
-// each optionally with "+nopdl" (the launch chain's ablation knob, launch_kernel.cuh);
+// each optionally with "+nopdl" (the launch chain's ablation knob, launch_kernel.cuh) and
+// "+alibi" (ALiBi slopes 2^(-8 (h + 1) / 32) per query head: the bias's cost, e.g.
+// DECODE_BENCH_KERNELS=auto,auto+alibi; FLASHATTN_CUDA_ALIBI_PATH=generic for its per-element form);
 // "fp8" runs the same shape over an FP8 (e4m3) cache (kernel_mma_fp8.cuh, per-tensor
 // descales): its bandwidth counts the cache's bytes (1 per element), so against "auto"
 // the time ratio is the tokens-per-second gain, e.g. DECODE_BENCH_KERNELS=auto,fp8.
@@ -163,13 +165,16 @@ void run(const Config& c, std::FILE* csv) {
   unsetenv("FLASHATTN_DECODE_KERNEL");
   unsetenv("FLASHATTN_DECODE_TMA_PREFETCH_TILES");
   unsetenv("FLASHATTN_DECODE_PDL");
+  bool has_alibi = false;
   for (std::size_t plus = c.kernel.find('+'); plus != std::string::npos;) {
     const std::size_t next = c.kernel.find('+', plus + 1);
     const std::string flag = c.kernel.substr(plus + 1, next == std::string::npos ? std::string::npos : next - plus - 1);
     if (flag == "nopdl") {
       setenv("FLASHATTN_DECODE_PDL", "0", 1);
+    } else if (flag == "alibi") {
+      has_alibi = true;
     } else {
-      std::fprintf(stderr, "unknown flag %s in %s (known: nopdl)\n", flag.c_str(), c.kernel.c_str());
+      std::fprintf(stderr, "unknown flag %s in %s (known: nopdl, alibi)\n", flag.c_str(), c.kernel.c_str());
       std::exit(1);
     }
     plus = next;
@@ -217,6 +222,13 @@ void run(const Config& c, std::FILE* csv) {
   const float descale_value = 1.0f / 64;
   check(cudaMemcpy(descale.data, &descale_value, 4, cudaMemcpyHostToDevice), "descale");
   const DType cache_dtype = c.is_fp8_cache() ? DType::float8_e4m3 : DType::bfloat16;
+  DeviceArray slopes(kHeadsQ * 4);  // ALiBi, with +alibi
+  {
+    std::vector<float> values(kHeadsQ);
+    for (std::int64_t h = 0; h < kHeadsQ; ++h)
+      values[static_cast<std::size_t>(h)] = std::exp2(-8.0f * static_cast<float>(h + 1) / static_cast<float>(kHeadsQ));
+    check(cudaMemcpy(slopes.data, values.data(), slopes.bytes, cudaMemcpyHostToDevice), "slopes");
+  }
 
   auto args_for = [&](int s) {
     flashattn::KVCacheArgs a;
@@ -229,6 +241,7 @@ void run(const Config& c, std::FILE* csv) {
       a.options.maybe_k_descale = view(descale.data, DType::float32, {1, 1});
       a.options.maybe_v_descale = view(descale.data, DType::float32, {1, 1});
     }
+    if (has_alibi) a.options.maybe_alibi_slopes = view(slopes.data, DType::float32, {kHeadsQ});
     if (c.page_size) a.maybe_block_table = view(table_sets[static_cast<std::size_t>(s)]->data, DType::int32, {c.batch, pages_per_seq});
     a.maybe_cache_seqlens = view(seqlens.data, DType::int32, {c.batch});
     a.out = view(out.data, DType::bfloat16, {c.batch, 1, kHeadsQ, kHeadDim});

@@ -122,6 +122,35 @@ TEST_F(Sm80BackwardVariants, AlibiWithDropoutSoftcapAndWindow) {
   check_if_built(c);
 }
 
+// Many query and key blocks on each side of the diagonal: ALiBi's affine form on the
+// warp tiles there, the per-element form across it (FLASHATTN_CUDA_ALIBI_PATH=generic
+// runs the same cases with the per-element form everywhere); every head dim's tiles, the
+// deterministic dQ kernel, sequence offsets, window_left 0 (every tile on the right), dropout.
+TEST_F(Sm80BackwardVariants, AlibiAffineFormOnBothSides) {
+  for (std::int64_t d : {64, 128, 256}) {
+    Case c;
+    c.seqlen_q = 700, c.seqlen_k = 900, c.batch = 1, c.head_dim = d, c.dtype = DType::bfloat16;
+    c.alibi = Case::Alibi::per_head;
+    check_if_built(c);
+    c.window_left = 0, c.window_right = 40, c.alibi = Case::Alibi::per_batch_head;
+    check_if_built(c);
+  }
+  Case c;
+  c.varlen_q = {0, 1, 300, 129, 5, 0, 700};
+  c.varlen_k = {3, 1, 300, 200, 0, 0, 900};
+  c.batch = 7, c.heads_q = 4, c.heads_kv = 2, c.head_dim = 128, c.causal = true;
+  c.alibi = Case::Alibi::per_batch_head;
+  check_if_built(c);
+  c.deterministic = true, c.head_dim = 96;
+  check_if_built(c);
+  Case d;
+  d.seqlen_q = 900, d.seqlen_k = 600, d.batch = 1, d.head_dim = 32, d.alibi = Case::Alibi::per_head;
+  d.dropout_p = 0.2, d.dropout_seed = 5, d.dropout_offset = 3;
+  check_if_built(d);
+  d.deterministic = true, d.head_dim = 192, d.causal = true;
+  check_if_built(d);
+}
+
 // Deterministic mode with dropout and ALiBi: dQ, dK, dV bitwise identical across runs.
 TEST_F(Sm80BackwardVariants, DeterministicWithDropoutIsBitwiseRepeatable) {
   Case c;

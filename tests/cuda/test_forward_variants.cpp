@@ -201,6 +201,20 @@ std::vector<VariantCase> variant_cases() {
     // Both together, with softcap and a window.
     cases.push_back({softcap(window(make(t, 2, 203, 113, 4, 2, 64), 40, 8), 3.0), with_alibi(dropout(0.3), kBatchHead)});
     cases.push_back({causal(varlen(make(t, 0, 0, 0, 4, 2, 128), {113, 0, 77}, {203, 5, 77})), with_alibi(dropout(0.2), kHead)});
+    // Many key blocks on each side of the diagonal (ALiBi's affine form there, the
+    // per-element form across it; FLASHATTN_CUDA_ALIBI_PATH=generic runs the same cases
+    // with the per-element form everywhere): every kernel tile (block_n 64 and 32, one
+    // and two m16 tiles per warp), seqlen_q != seqlen_k both ways, sequence offsets,
+    // window_left 0 (every block on the right), with dropout.
+    cases.push_back({make(t, 1, 700, 1000, 2, 2, 128), alibi(kHead)});
+    cases.push_back({causal(make(t, 1, 900, 700, 2, 2, 64)), alibi(kBatchHead)});
+    cases.push_back({causal(make(t, 1, 700, 1000, 2, 1, 256)), alibi(kHead)});
+    cases.push_back({make(t, 1, 600, 450, 2, 2, 96), alibi(kBatchHead)});
+    cases.push_back({causal(varlen(make(t, 0, 0, 0, 2, 2, 128), {129, 1, 0, 300, 700}, {140, 1, 7, 300, 1000})),
+                     alibi(kBatchHead)});
+    cases.push_back({window(make(t, 1, 300, 650, 2, 2, 64), 0, 40), alibi(kHead)});
+    cases.push_back({window(make(t, 1, 650, 500, 2, 2, 192), 300, 200), alibi(kBatchHead)});
+    cases.push_back({make(t, 2, 500, 700, 4, 2, 32), with_alibi(dropout(0.25), kBatchHead)});
   }
   return cases;
 }

@@ -203,6 +203,9 @@ enum class KernelVariant { plain, general, masked };
 // src/core/mask_tables.hpp), the fast pass: per row spans and bits in registers
 // (fragment::make_row_mask), -inf where masked; keeps_ds: dp is overwritten with dS w.r.t. the score
 // (before the gradient factor; natural-log units) for the dBias accumulation.
+// alibi_side: where the warp's (rows, columns) tile lies relative to the diagonal (the
+// caller's fragment::RowBlockSides / ColumnBlockSides; straddles where ALiBi's affine form,
+// common/alibi_path.hpp, is off): the general variant takes the affine form on a side.
 template <class T, KernelVariant kVariant, bool kWritesP = true>
 __device__ __forceinline__ void write_p_and_ds(const float (&s)[T::kSdpMTiles][T::kSdpNTiles][4],
                                                float (&dp)[T::kSdpMTiles][T::kSdpNTiles][4],
@@ -210,7 +213,8 @@ __device__ __forceinline__ void write_p_and_ds(const float (&s)[T::kSdpMTiles][T
                                                const MaskRule& mask, bool needs_mask, bool has_element_pass,
                                                std::int32_t tile_code, bool keeps_ds, std::int64_t m0, std::int64_t n0,
                                                const float* lse_tile, const float* dsum_tile, int warp_m0, int warp_n0,
-                                               int lane, typename T::Element* p_tile, typename T::Element* ds_tile) {
+                                               int lane, typename T::Element* p_tile, typename T::Element* ds_tile,
+                                               DiagonalSide alibi_side) {
   using Element = typename T::Element;
   using ScoreTile = typename T::ScoreTile;
   constexpr bool kIsPlain = kVariant == KernelVariant::plain, kIsMasked = kVariant == KernelVariant::masked;
@@ -219,12 +223,27 @@ __device__ __forceinline__ void write_p_and_ds(const float (&s)[T::kSdpMTiles][T
   // them stays live across the kernel's loop.
   ScoreRule score_rule;
   if constexpr (!kIsPlain) score_rule = params.score_of(b, h_q, mask);
+  // ALiBi's affine form: on a warp tile whose elements lie on one side of the diagonal
+  // the bias is linear in the distance q + diagonal - k (ScoreRule::bias_on_side), so
+  // with the LSE known (no max to take) log2 P = dot scale_log2 + bias(D0) - LSE -
+  // bias(1) (8 j + e), D0 the distance of the lane's (row, first column): per row one
+  // add, per element two FFMAs with a compile-time offset, instead of the per-element
+  // |distance| (the Hopper backward's form, hopper_bwd/kernel.cuh). The general variant
+  // only: in the masked one the form's copy of the row loop raised ptxas' spills of the
+  // sm_80 d128 64 x 128 kernel from 132/136 to 180/356 bytes (store/load), without ALiBi too.
+  DiagonalSide side = DiagonalSide::straddles;
+  if constexpr (kVariant == KernelVariant::general)
+    if (score_rule.has_affine_bias()) side = alibi_side;  // the query head's slope allows it
   // One body, compiled with and without dropout (has_dropout: std::true_type or
   // std::false_type, a uniform branch between the copies), or once with dropout as a
-  // runtime flag (a bool: the masked variant, whose element pass would double the code).
-  auto write_rows = [&](auto has_dropout) {
+  // runtime flag (a bool: the masked variant, whose element pass would double the code);
+  // and once with ALiBi's affine form (is_affine = std::true_type, general variant), dropout
+  // a runtime flag there (one copy per dropout case spilled more: sm_90a d64 128 x 128
+  // staged dQ 180/488 bytes against 180/412).
+  auto write_rows = [&](auto has_dropout, auto is_affine) {
     constexpr bool kHasDropout = !std::is_same_v<decltype(has_dropout), std::false_type>;
     const bool is_dropout = has_dropout;  // a constant but in the masked variant
+    constexpr bool kIsAffine = !std::is_same_v<decltype(is_affine), std::false_type>;
     [[maybe_unused]] DropoutRule dropout;
     [[maybe_unused]] std::uint32_t batch_head = 0;
     if constexpr (kHasDropout)
@@ -251,6 +270,8 @@ __device__ __forceinline__ void write_p_and_ds(const float (&s)[T::kSdpMTiles][T
         // 32-bit from here on (one subtract per element).
         [[maybe_unused]] float lse_log2 = 0.0f;
         [[maybe_unused]] float distance0 = 0.0f;  // less the lane's 2·quad: per element a constant offset
+        // The affine form's row inputs: bias(D0) - LSE and bias(1).
+        [[maybe_unused]] float bias0_minus_lse = 0.0f, bias_per_distance = 0.0f;
         // The fast element pass of this row (a partial tile with a tile code).
         [[maybe_unused]] const bool is_fast_pass = kIsMasked && has_element_pass && tile_code != kGeneralTile;
         [[maybe_unused]] fragment::RowMask<T::kSdpNTiles> row_mask;
@@ -260,6 +281,9 @@ __device__ __forceinline__ void write_p_and_ds(const float (&s)[T::kSdpMTiles][T
         if constexpr (!kIsPlain)
           lse_log2 = lse_tile[row],
           distance0 = static_cast<float>(score_rule.distance(m0 + row, n0) - warp_n0 - 2 * quad_lane);
+        if constexpr (kIsAffine)
+          bias0_minus_lse = score_rule.bias_on_side(side, distance0) - lse_log2,
+          bias_per_distance = score_rule.bias_on_side(side, 1.0f);
 #pragma unroll
         for (int j = 0; j < T::kSdpNTiles; ++j) {
           const int col = warp_n0 + 8 * j + 2 * quad_lane;
@@ -269,6 +293,10 @@ __device__ __forceinline__ void write_p_and_ds(const float (&s)[T::kSdpMTiles][T
             [[maybe_unused]] float gradient_factor = 1.0f;
             if constexpr (kIsPlain) {
               p[e] = s[mi][j][2 * half + e];
+            } else if constexpr (kIsAffine) {
+              const float bias_minus_lse =
+                  fmaf(bias_per_distance, -static_cast<float>(8 * j + e), bias0_minus_lse);
+              p[e] = ptx::exp2_approx_ftz(fmaf(s[mi][j][2 * half + e], score_rule.scale_log2, bias_minus_lse));
             } else {
               const ScoreRule::ScoreAndGradient score =
                   score_rule.log2_score_and_gradient_at_distance(s[mi][j][2 * half + e],
@@ -303,20 +331,22 @@ __device__ __forceinline__ void write_p_and_ds(const float (&s)[T::kSdpMTiles][T
     }
   };
   if constexpr (kIsPlain) {
-    write_rows(std::false_type{});
+    write_rows(std::false_type{}, std::false_type{});
   } else if constexpr (kIsMasked) {
-    write_rows(params.has_dropout());
+    write_rows(params.has_dropout(), std::false_type{});
+  } else if (side != DiagonalSide::straddles) {
+    write_rows(params.has_dropout(), std::true_type{});
   } else if (params.has_dropout()) {
-    write_rows(std::true_type{});
+    write_rows(std::true_type{}, std::false_type{});
   } else {
-    write_rows(std::false_type{});
+    write_rows(std::false_type{}, std::false_type{});
   }
 }
 
 // One CTA's work (dkdv_kernel below).
 template <class T, KernelVariant kVariant>
 __device__ __forceinline__ void dkdv_block(const BackwardParams& params, const Workspace& workspace, int num_n_blocks,
-                                           bool is_aligned) {
+                                           bool is_aligned, bool is_alibi_affine) {
   using Element = typename T::Element;
   using QTile = typename T::QTile;
   using KvTile = typename T::KvTile;
@@ -468,6 +498,18 @@ __device__ __forceinline__ void dkdv_block(const BackwardParams& params, const W
   constexpr std::uint32_t kVMinusK = T::kVOffset - T::kKOffset;
   constexpr std::uint32_t kDsMinusP = T::kDsOffset - T::kPOffset;
 
+  // ALiBi's affine form (write_p_and_ds): the query blocks whose S tile this warp sees on one
+  // side of the diagonal, as 32-bit bounds on the tile's first row m0 + sdp_m0 (the keys are
+  // fixed: ScoreRule::row_side_bounds, once per CTA; the defaults: none, the switch off).
+  const bool has_alibi_sides = kVariant == KernelVariant::general && is_alibi_affine && params.has_alibi();
+  fragment::RowBlockSides alibi_sides{};
+  if (has_alibi_sides) {
+    const ScoreRule geometry = params.score_of_slope(0.0f, mask);  // its diagonal
+    const std::int64_t warp_key_first = n0 + sdp_n0;
+    alibi_sides = fragment::RowBlockSides::of(
+        geometry.row_side_bounds(warp_key_first, warp_key_first + T::kSdpWarpCols - 1, T::kSdpWarpRows, mask));
+  }
+
   float dk[T::kKvMTiles][T::kKvNTiles][4] = {};  // (kKvWarpRows, kKvWarpCols) of dK, unscaled
   float dv[T::kKvMTiles][T::kKvNTiles][4] = {};  // (kKvWarpRows, kKvWarpCols) of dV
 
@@ -509,7 +551,9 @@ __device__ __forceinline__ void dkdv_block(const BackwardParams& params, const W
     const bool needs_mask =
         !is_listed && (n0 + kBlockN > seqlen_k || !mask.tile_fully_allowed(m0, q_rows_end, n0, n0 + kBlockN));
     write_p_and_ds<T, kVariant>(s, dp, params, b, h_q, mask, needs_mask, has_element_pass, tile.code, accumulates_dbias, m0, n0,
-                                lse_tile, dsum_tile, sdp_m0, sdp_n0, lane, p_smem, ds_smem);
+                                lse_tile, dsum_tile, sdp_m0, sdp_n0, lane, p_smem, ds_smem,
+                                has_alibi_sides ? alibi_sides.side(static_cast<std::int32_t>(m0) + sdp_m0)
+                                                : DiagonalSide::straddles);
     // dBias here only (the deterministic dQ kernel recomputes the same dS).
     if (accumulates_dbias) accumulate_warp_dbias<T>(dp, params, mask, b, h_q, m0, n0, sdp_m0, sdp_n0, lane);
 #if FLASHATTN_SM90_DEVICE_CODE
@@ -605,14 +649,14 @@ __device__ __forceinline__ void dkdv_block(const BackwardParams& params, const W
 template <class T, KernelVariant kVariant>
 __global__ void __launch_bounds__(T::kThreads, 1)
     dkdv_kernel(const __grid_constant__ BackwardParams params, const Workspace workspace, int num_n_blocks,
-                bool is_aligned) {
+                bool is_aligned, bool is_alibi_affine) {
 #if defined(__CUDA_ARCH__) && !FLASHATTN_SM90_DEVICE_CODE
   constexpr bool kIsCompiled = T::kDqAtomics;
 #else
   constexpr bool kIsCompiled = true;
 #endif
   if constexpr (kIsCompiled) {
-    dkdv_block<T, kVariant>(params, workspace, num_n_blocks, is_aligned);
+    dkdv_block<T, kVariant>(params, workspace, num_n_blocks, is_aligned, is_alibi_affine);
   } else {
     __trap();
   }

@@ -34,7 +34,7 @@ namespace flashattn::cuda::bwd {
 template <class T, KernelVariant kVariant>
 __global__ void __launch_bounds__(T::kThreads, 1)
     dq_kernel(const __grid_constant__ BackwardParams params, const Workspace workspace, int num_m_blocks,
-              bool is_aligned) {
+              bool is_aligned, bool is_alibi_affine) {
   using Element = typename T::Element;
   using QTile = typename T::QTile;
   using KvTile = typename T::KvTile;
@@ -123,6 +123,18 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   constexpr std::uint32_t kDoMinusQ = T::kDoOffset - T::kQOffset;
   constexpr std::uint32_t kVMinusK = T::kVOffset - T::kKOffset;
 
+  // ALiBi's affine form (write_p_and_ds): the key blocks whose S tile this warp sees on one
+  // side of the diagonal, as 32-bit bounds on the tile's first key n0 + sdp_n0 (the rows are
+  // fixed: ScoreRule::side_bounds, once per CTA; the defaults: none, the switch off).
+  const bool has_alibi_sides = kVariant == KernelVariant::general && is_alibi_affine && params.has_alibi();
+  fragment::ColumnBlockSides alibi_sides{};
+  if (has_alibi_sides) {
+    const ScoreRule geometry = params.score_of_slope(0.0f, mask);  // its diagonal
+    const std::int64_t warp_row_first = m0 + sdp_m0;
+    alibi_sides = fragment::ColumnBlockSides::of(
+        geometry.side_bounds(warp_row_first, warp_row_first + T::kSdpWarpRows - 1, T::kSdpWarpCols, mask));
+  }
+
   float dq[T::kDqMTiles][T::kDqNTiles][4] = {};  // (kDqWarpRows, kDqWarpCols) of dQ, unscaled
 
   if (steps > 0) issue_step_loads(0, 0);
@@ -159,7 +171,9 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     // No dBias here: the dK/dV kernel sums it.
     const std::int32_t tile_code = is_listed && block.partial ? key_lists.code(list, step) : kGeneralTile;
     write_p_and_ds<T, kVariant, false>(s, dp, params, b, h_q, mask, needs_mask, has_element_pass, tile_code, false, m0, n0,
-                                       lse_smem, dsum_smem, sdp_m0, sdp_n0, lane, nullptr, ds_smem);
+                                       lse_smem, dsum_smem, sdp_m0, sdp_n0, lane, nullptr, ds_smem,
+                                       has_alibi_sides ? alibi_sides.side(static_cast<std::int32_t>(n0) + sdp_n0)
+                                                       : DiagonalSide::straddles);
     __syncthreads();
 
     // dQ += dS K: (kDqWarpRows, kDqWarpCols) per warp, depth kBlockN

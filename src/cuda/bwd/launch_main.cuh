@@ -13,6 +13,7 @@
 #include "src/cuda/bwd/dkdv_kernel.cuh"
 #include "src/cuda/bwd/dq_kernel.cuh"
 #include "src/cuda/bwd/launch.hpp"
+#include "src/cuda/common/alibi_path.hpp"
 #include "src/cuda/common/check.cuh"
 #include "src/cuda/masks/device_mask.hpp"
 
@@ -75,6 +76,14 @@ struct DqKernels {
   static auto of() { return dq_kernel<D, kVariant>; }
 };
 
+// ALiBi's affine form (common/alibi_path.hpp), for the kernels' is_alibi_affine: it keeps
+// positions as 32-bit integers (ScoreRule::bias_on_side of a float distance, exact below 2^24
+// like the per-element form's).
+inline bool is_alibi_affine_for(const BackwardParams& params) {
+  return is_affine_alibi_enabled() && params.seqlen_q <= std::numeric_limits<std::int32_t>::max() &&
+         params.seqlen_k <= std::numeric_limits<std::int32_t>::max();
+}
+
 // With a block mask / attn_mask (masks/device_mask.hpp) each kernel reads tile lists
 // built for its own tile sizes (the two kernels' differ), so each launch builds its
 // tables; the dBias accumulator belongs to the dK/dV kernel's, which alone sums dS.
@@ -89,8 +98,8 @@ void launch_dkdv(const BackwardParams& params, const Workspace& workspace, bool 
     tables.bind(launch_params);
     const auto kernel = kernel_of_variant<DkdvKernels<T>>(kernel_variant(launch_params));
     allow_shared_memory(kernel, T::kSmemBytes);
-    kernel<<<dkdv_grid, T::kThreads, T::kSmemBytes, stream>>>(launch_params, workspace,
-                                                              static_cast<int>(num_n_blocks), is_aligned);
+    kernel<<<dkdv_grid, T::kThreads, T::kSmemBytes, stream>>>(launch_params, workspace, static_cast<int>(num_n_blocks),
+                                                              is_aligned, is_alibi_affine_for(params));
     FLASHATTN_CUDA_CHECK_LAUNCH();
   }
   masks::finish_dbias(params, tables, stream);
@@ -109,7 +118,7 @@ void launch_dq(const BackwardParams& params, const Workspace& workspace, bool is
   const auto kernel = kernel_of_variant<DqKernels<D>>(kernel_variant(launch_params));
   allow_shared_memory(kernel, D::kDqSmemBytes);
   kernel<<<dq_grid, D::kThreads, D::kDqSmemBytes, stream>>>(launch_params, workspace, static_cast<int>(num_m_blocks),
-                                                            is_aligned);
+                                                            is_aligned, is_alibi_affine_for(params));
   FLASHATTN_CUDA_CHECK_LAUNCH();
 }
 

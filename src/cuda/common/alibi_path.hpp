@@ -4,8 +4,11 @@
 //                     (ScoreRule::affine_*, fragment::apply_affine_bias)
 //   generic           the per-element |distance| form everywhere (fragment::apply_score_rule)
 // FLASHATTN_CUDA_ALIBI_PATH=generic selects the second: an A/B switch for timing, read
-// once per process. Results agree to rounding: scripts/device_check.sh runs the ALiBi
-// tests both ways (step alibi_generic).
+// once per process. Read by the Hopper forward and backward launches, by the sm80
+// (mma.sync) forward (fwd/kernel.cuh) and backward (bwd/launch_main.cuh: the general
+// variant of the dK/dV and dQ kernels), and by the 16-bit decode kernels (decode/
+// launch_decode.cuh: whole key tiles left of every row's diagonal). Results agree to
+// rounding: scripts/device_check.sh runs the ALiBi tests both ways (step alibi_generic).
 #pragma once
 
 #include <cstdlib>

@@ -26,7 +26,8 @@
 // The kernel is launched with PDL (launch_kernel.cuh): it waits for the previous
 // kernel before its first read.
 // Scores: each packed row's ScoreRule (flashattn/score.hpp; its query head's ALiBi slope,
-// the diagonal of its sequence's length) in score_tile; the online softmax is
+// the diagonal of its sequence's length) in score_tile — ALiBi on whole tiles left of every
+// row's diagonal in its affine form (common/alibi_path.hpp) —; the online softmax is
 // online_softmax::State with the SFU's exp2 (DecodeState), both shared with kernel_tma.cuh.
 //
 // Measured on the H100 (bench/results/gpu_decode.md, 2026-11-22): 1.64 / 2.43 / 2.90 /
@@ -128,12 +129,33 @@ __device__ __forceinline__ LaneRows lane_rows(const AttentionParams& a, const Ma
 // past row_end need no mask there: their q is zero and their output is never written.
 // kPairStride: the key distance between elements e = 0 and e = 1 of a lane (1 here; the
 // FP8 kernel's key permutation, kernel_mma_fp8.cuh, makes it 4).
+// is_affine_tile: a whole tile left of every row's diagonal (WholeTiles::is_left) with ALiBi
+// and no softcap: the bias is linear in the key there (ScoreRule::bias_on_side), two FFMAs
+// per score from the row's bias at lane_key, instead of the per-element form's subtract,
+// int-to-float conversion, multiply and FFMA under per-element uniform branches (SASS, sm_80
+// d128: 22 instructions per lane and tile against ~110 with ~24 branches).
 template <int kPairStride = 1>
-__device__ __forceinline__ void score_tile(float (&s)[2][4], const LaneRows& rows, bool is_fast_tile, bool is_full_tile, int lane_key) {
+__device__ __forceinline__ void score_tile(float (&s)[2][4], const LaneRows& rows, bool is_fast_tile, bool is_full_tile,
+                                           bool is_affine_tile, int lane_key) {
   float(&scores)[8] = fragment::flat(s);
   if (is_fast_tile) {
     fragment::for_each_element<2, kPairStride>(
         [&](int index, int row, int) { scores[index] *= rows.rule[row / 8].scale_log2; });
+    return;
+  }
+  if (is_affine_tile) {
+    float bias0[2], bias_per_key[2];  // of the lane's row of each half: the bias at lane_key, its step per key
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const ScoreRule& rule = rows.rule[half];
+      bias0[half] = rule.bias_on_side(DiagonalSide::left, static_cast<float>(rows.distance0[half] - lane_key));
+      bias_per_key[half] = -rule.bias_on_side(DiagonalSide::left, 1.0f);  // a key further: a distance less
+    }
+    fragment::for_each_element<2, kPairStride>([&](int index, int row, int column) {
+      const int half = row / 8;
+      scores[index] = fmaf(scores[index], rows.rule[half].scale_log2,
+                           fmaf(bias_per_key[half], static_cast<float>(column), bias0[half]));
+    });
     return;
   }
   fragment::for_each_element<2, kPairStride>([&](int index, int row, int column) {
@@ -157,10 +179,13 @@ __device__ __forceinline__ void store_output_quad(const AttentionParams& a, std:
 
 // The tiles of kTileN keys, numbered from the key `origin`, that every row of positions
 // [position_begin, position_end) sees whole inside the CTA's keys [key_begin, key_end):
-// [first, end). Those tiles skip the element mask.
+// [first, end). Those tiles skip the element mask. Of them, those below left_end lie left
+// of every row's diagonal (each key <= position_begin + seqlen_k - seqlen_q): ALiBi's
+// affine form there (score_tile).
 struct WholeTiles {
-  int first = 0, end = 0;
+  int first = 0, end = 0, left_end = 0;
   __device__ __forceinline__ bool contains(int tile) const { return tile >= first && tile < end; }
+  __device__ __forceinline__ bool is_left(int tile) const { return tile < left_end; }
 };
 template <int kTileN>
 __device__ __forceinline__ WholeTiles whole_tiles(const MaskRule& mask, std::int64_t position_begin, std::int64_t position_end,
@@ -171,6 +196,9 @@ __device__ __forceinline__ WholeTiles whole_tiles(const MaskRule& mask, std::int
   if (end > begin) {
     tiles.first = static_cast<int>((begin - origin + kTileN - 1) / kTileN);
     tiles.end = static_cast<int>((end - origin) / kTileN);
+    // The first left_keys keys from origin are left of the first row's diagonal, hence of every row's.
+    const std::int64_t left_keys = position_begin + mask.seqlen_k - mask.seqlen_q + 1 - origin;
+    tiles.left_end = left_keys > 0 ? static_cast<int>((left_keys < end - origin ? left_keys : end - origin) / kTileN) : 0;
   }
   return tiles;
 }
@@ -331,7 +359,7 @@ __device__ __forceinline__ void store_split_rows(const KVCacheParams& params, un
 
 template <class T, class Config>
 __global__ void __launch_bounds__(Config::kThreads, Config::kMinBlocksPerSm)
-    mma_decode_kernel(const __grid_constant__ KVCacheParams params) {
+    mma_decode_kernel(const __grid_constant__ KVCacheParams params, bool is_alibi_affine) {
   using Numeric = Numeric<T>;
   using KVTile = typename Config::KVTile;
   using QTile = typename Config::QTile;
@@ -578,6 +606,7 @@ __global__ void __launch_bounds__(Config::kThreads, Config::kMinBlocksPerSm)
   }
   const WholeTiles whole = whole_tiles<kTileN>(mask, position_begin, position_end, key_begin, key_end, key_begin);
   const bool is_scale = a.score_is_positive_scale();  // no softcap, no ALiBi: score_tile's fast path
+  const bool has_affine_alibi = is_alibi_affine && a.has_alibi() && !a.has_softcap();  // score_tile's affine form
   const std::uint32_t kv_tiles_address = ptx::shared_address(kv_tiles);
   for (int tile = 0; tile < num_tiles; ++tile) {
     ptx::cp_async_wait_group<kStages - 2>();  // this thread's copies of `tile` landed
@@ -606,7 +635,8 @@ __global__ void __launch_bounds__(Config::kThreads, Config::kMinBlocksPerSm)
 
     // Scores in log2 units; whole tiles skip the element mask.
     const bool is_full_tile = whole.contains(tile);
-    score_tile(s, rows, is_full_tile && is_scale, is_full_tile, tile * kTileN + warp_key + 2 * quad_lane);
+    score_tile(s, rows, is_full_tile && is_scale, is_full_tile, is_full_tile && has_affine_alibi && whole.is_left(tile),
+               tile * kTileN + warp_key + 2 * quad_lane);
 
     // Online softmax per row, then P.
     std::uint32_t p_fragment[4];

@@ -331,7 +331,9 @@ __global__ void __launch_bounds__(Config::kThreads, Config::kMinBlocksPerSm)
 
     // Scores in log2 units (the permuted keys: pair stride kPairStride); whole tiles skip the mask.
     const bool is_full_tile = whole.contains(tile);
-    score_tile<Config::kPairStride>(s, rows, is_full_tile && is_scale, is_full_tile, tile * kTileN + lane_key);
+    // ALiBi in its per-element form here (no affine form: the FP8 tests' reference has no ALiBi,
+    // tests/cpu/kvcache_fp8_problem.hpp).
+    score_tile<Config::kPairStride>(s, rows, is_full_tile && is_scale, is_full_tile, false, tile * kTileN + lane_key);
 
     std::uint32_t p_fragment[4];
     softmax_tile<T>(s, state, o, p_fragment);

@@ -73,7 +73,8 @@ struct DecodeTensorMaps {
 
 template <class T, class Config>
 __global__ void __launch_bounds__(Config::kThreads, Config::kMinBlocksPerSm)
-    tma_decode_kernel(const __grid_constant__ KVCacheParams params, const __grid_constant__ DecodeTensorMaps maps) {
+    tma_decode_kernel(const __grid_constant__ KVCacheParams params, const __grid_constant__ DecodeTensorMaps maps,
+                      bool is_alibi_affine) {
 #if FLASHATTN_SM90_DEVICE_CODE
   using Numeric = Numeric<T>;
   constexpr int kRows = Config::kRows, kTileN = Config::kTileN, kStages = Config::kStages, kConsumerThreads = Config::kConsumerThreads;
@@ -349,6 +350,7 @@ __global__ void __launch_bounds__(Config::kThreads, Config::kMinBlocksPerSm)
     const int range_begin = static_cast<int>(key_begin - range.tile_begin), range_end = static_cast<int>(key_end - range.tile_begin);
     const WholeTiles whole = whole_tiles<kTileN>(mask, position_begin, position_end, key_begin, key_end, range.tile_begin);
     const bool is_scale = a.score_is_positive_scale();  // no softcap, no ALiBi: score_tile's fast path
+    const bool has_affine_alibi = is_alibi_affine && a.has_alibi() && !a.has_softcap();  // score_tile's affine form
     for (int tile = 0; tile < num_tiles; ++tile) {
       const int stage = tile % kStages;
       ptx::mbarrier_wait_converged(ptx::mbarrier_at(full_barriers, stage), (tile / kStages) & 1);
@@ -391,7 +393,8 @@ __global__ void __launch_bounds__(Config::kThreads, Config::kMinBlocksPerSm)
       // Scores in log2 units. Whole tiles (all but the range's ends) skip the element mask;
       // elsewhere it also masks the keys before key_begin (the tile grid starts below the
       // range) and past key_end.
-      score_tile(s, rows, is_full_tile && is_scale, is_full_tile, warp_first + 2 * quad_lane);  // kernel_mma.cuh
+      score_tile(s, rows, is_full_tile && is_scale, is_full_tile, is_full_tile && has_affine_alibi && whole.is_left(tile),
+                 warp_first + 2 * quad_lane);  // kernel_mma.cuh
 
       std::uint32_t p_fragment[4];
       softmax_tile<T>(s, state, o, p_fragment);  // kernel_mma.cuh

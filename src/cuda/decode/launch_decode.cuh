@@ -5,6 +5,7 @@
 #include <cstdlib>
 
 #include "flashattn/error.hpp"
+#include "src/cuda/common/alibi_path.hpp"
 #include "src/cuda/common/check.cuh"
 #if defined(FLASHATTN_CUDA_DECODE_FMA)
 #include "src/cuda/decode/kernel_fma.cuh"
@@ -93,9 +94,10 @@ bool run_decode(const KVCacheParams& params, cudaStream_t stream, DecodeKernelCh
   using TmaConfig = TmaDecodeConfig<kHeadDim>;
   if (choice.kernel == DecodeKernel::tma && can_run_tma_kernel(&tma_decode_kernel<T, TmaConfig>, params))
     return launch_decode_config<T, TmaConfig>(&tma_decode_kernel<T, TmaConfig>, params, stream, true,
-                                              make_decode_tensor_maps(params, choice.tma_prefetch_tiles));
+                                              make_decode_tensor_maps(params, choice.tma_prefetch_tiles),
+                                              is_affine_alibi_enabled());
   using Config = MmaDecodeConfig<kHeadDim>;
-  return launch_decode_config<T, Config>(&mma_decode_kernel<T, Config>, params, stream, true);
+  return launch_decode_config<T, Config>(&mma_decode_kernel<T, Config>, params, stream, true, is_affine_alibi_enabled());
 #endif
 }
 
