@@ -6,8 +6,7 @@
 //   for each key block j (reverse order, see below), K_j/V_j streamed through a
 //   kStages-deep cp.async ring in shared memory:
 //     S   = Q K_j^T                       tensor cores, fp32 accumulators
-//     (softcap/ALiBi: S = ScoreRule::log2_score(S, row, col), flashattn/score.hpp;
-//      ALiBi off the diagonal: its affine form, one FFMA per score, see the loop)
+//     (softcap/ALiBi: S = ScoreRule::log2_score(S, row, col), flashattn/score.hpp)
 //     S   = -inf where MaskRule forbids   only on boundary blocks (tile_fully_allowed)
 //     m   = max(m, rowmax S * c);  O *= 2^(m_old - m);  l = l * 2^(m_old - m) + rowsum P
 //     P   = 2^(S * c - m), c = scale * log2(e)   one FFMA + one ex2 per score
@@ -55,7 +54,6 @@
 #include "flashattn/mask.hpp"
 #include "flashattn/online_softmax.hpp"
 #include "src/core/params.hpp"
-#include "src/cuda/common/alibi_path.hpp"
 #include "src/cuda/common/check.cuh"
 #include "src/cuda/common/fragment.cuh"
 #include "src/cuda/common/mask_fragment.cuh"
@@ -123,7 +121,7 @@ __device__ __forceinline__ void load_tile_async(T* shared_tile, const T* global_
 template <class T, int kHeadDimArg, int kBlockMArg, int kBlockNArg, int kWarpsArg, int kStagesArg, int kMinBlocksArg,
           bool kIsListDriven>
 __global__ void __launch_bounds__(kWarpsArg * 32, kMinBlocksArg)
-    forward_kernel(const __grid_constant__ AttentionParams params, bool is_alibi_affine) {
+    forward_kernel(const __grid_constant__ AttentionParams params) {
   constexpr TileConfig kConfig{kHeadDimArg, kBlockMArg, kBlockNArg, kWarpsArg, kStagesArg, kMinBlocksArg};
   constexpr int kHeadDim = kConfig.kernel_head_dim;
   constexpr int kBlockM = kConfig.block_m;
@@ -273,64 +271,24 @@ __global__ void __launch_bounds__(kWarpsArg * 32, kMinBlocksArg)
       }
     }
 
-    // After the score rule an element's log2 score is score_scale * s + score_offset[mi][half]:
-    // on the fast path (exp_scale, 0), with the per-element rule (1, 0), with ALiBi's
-    // affine form (the slope, the row's offset); score_scale > 0, so the row max is
-    // taken on s and mapped.
-    float score_scale = exp_scale;
-    float score_offset[kMTiles][2] = {};
-    float bias_factor = is_positive_scale ? 1.0f / params.softmax_scale : static_cast<float>(online_softmax::kLog2e);
     if (!is_positive_scale) {
       // Built per block, not per CTA: nothing of it stays live across the loop (the
       // ALiBi slope is one cached load).
       const ScoreRule score_rule = params.score_of(batch, head, mask);
-      // ALiBi's affine form where the warp's 16 * kMTiles rows see the whole block on one
-      // side of the diagonal (a warp-uniform branch); the per-element form elsewhere
-      // (the diagonal's blocks, softcap; FLASHATTN_CUDA_ALIBI_PATH=generic everywhere).
-      // The lane's rows of m16 tile mi: row0(mi) and row0(mi) + 8.
-      auto row0 = [&](int mi) -> std::int64_t { return m0 + warp_row0 + mi * 16 + group; };
-      fragment::AffineBiasLane alibi_lane;  // default: every block straddles
-      if (is_alibi_affine && score_rule.has_affine_bias()) {
-        const std::int64_t warp_row_first = m0 + warp_row0;
-        alibi_lane = fragment::AffineBiasLane::of(
-            score_rule, score_rule.side_bounds(warp_row_first, warp_row_first + 16 * kMTiles - 1, kBlockN, mask),
-            row0(0));
-      }
-      // n0 as the affine form's 32-bit column (is_alibi_affine: positions below 2^31).
-      const std::int32_t n0_32 = static_cast<std::int32_t>(n0);
-      const DiagonalSide side = alibi_lane.side(n0_32);
-      if (side == DiagonalSide::left) {
 #pragma unroll
-        for (int mi = 0; mi < kMTiles; ++mi)
-          fragment::apply_affine_bias<kNTiles, DiagonalSide::left>(fragment::flat(s[mi]), score_rule,
-                                                                   alibi_lane.rows_below(16 * mi), n0_32,
-                                                                   score_offset[mi]);
-      } else if (side == DiagonalSide::right) {
-#pragma unroll
-        for (int mi = 0; mi < kMTiles; ++mi)
-          fragment::apply_affine_bias<kNTiles, DiagonalSide::right>(fragment::flat(s[mi]), score_rule,
-                                                                    alibi_lane.rows_below(16 * mi), n0_32,
-                                                                    score_offset[mi]);
-      } else {
-#pragma unroll
-        for (int mi = 0; mi < kMTiles; ++mi)
-          fragment::apply_score_rule<kNTiles>(fragment::flat(s[mi]), score_rule, row0(mi), n0);
-      }
-      if (side != DiagonalSide::straddles) {
-        score_scale = score_rule.alibi_slope_log2;
-        bias_factor /= score_rule.alibi_slope_log2;
-      }
+      for (int mi = 0; mi < kMTiles; ++mi)
+        fragment::apply_score_rule<kNTiles>(fragment::flat(s[mi]), score_rule, m0 + warp_row0 + mi * 16 + group, n0);
     }
 
     if constexpr (kIsListDriven) {
       // The list says whether this block needs the element pass (it includes the end of
-      // the keys). Bias units (bias_factor): those of s, raw q.k on the fast path (the
-      // exponent scales it by softmax_scale * log2(e)), else log2 scores, over the slope
-      // in ALiBi's affine form. Called, not inlined: the pass only runs on partial
-      // tiles, and inlined it makes the whole loop spill. With a tile code
-      // (mask_tables.hpp) the call takes the fast pass (spans and bits).
+      // the keys). Bias units: log2 scores after the score rule, else raw q.k, which the
+      // exponent scales by softmax_scale * log2(e). Called, not inlined: the pass only
+      // runs on partial tiles, and inlined it makes the whole loop spill. With a tile
+      // code (mask_tables.hpp) the call takes the fast pass (spans and bits).
       if (tile_lists.entry(tile_list, iteration).partial) {
         const std::int32_t code = tile_lists.code(tile_list, iteration);
+        const float bias_factor = is_positive_scale ? 1.0f / params.softmax_scale : static_cast<float>(online_softmax::kLog2e);
 #pragma unroll
         for (int mi = 0; mi < kMTiles; ++mi)
           fragment::apply_mask_outlined<kNTiles>(fragment::flat(s[mi]), params, mask, batch, head,
@@ -366,20 +324,18 @@ __global__ void __launch_bounds__(kWarpsArg * 32, kMinBlocksArg)
 #pragma unroll
         for (int ni = 0; ni < kNTiles; ++ni)
           block_max = fmaxf(block_max, fmaxf(s[mi][ni][2 * half], s[mi][ni][2 * half + 1]));
-        // In log2 units (-inf stays -inf), then across the quad's 4 lanes, which hold the
-        // row's columns (the affine form's offsets differ per lane: mapped first).
-        block_max = fmaf(block_max, score_scale, score_offset[mi][half]);
+        // The 4 lanes of a quad hold the row's columns: reduce across them.
         block_max = fmaxf(block_max, __shfl_xor_sync(0xffffffffu, block_max, 1));
         block_max = fmaxf(block_max, __shfl_xor_sync(0xffffffffu, block_max, 2));
         online_softmax::State<float>& state = row_state[mi][half];
-        const float factor = state.raise_max(block_max);
-        const float exponent_offset = score_offset[mi][half] - state.base();
+        const float factor = state.raise_max(block_max * exp_scale);  // -inf stays -inf
+        const float base = state.base();
         float block_sum = 0.0f;
 #pragma unroll
         for (int ni = 0; ni < kNTiles; ++ni)
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
-            const float p = ptx::exp2_approx_ftz(fmaf(s[mi][ni][2 * half + e], score_scale, exponent_offset));
+            const float p = ptx::exp2_approx_ftz(fmaf(s[mi][ni][2 * half + e], exp_scale, -base));
             s[mi][ni][2 * half + e] = p;
             block_sum += p;
           }
@@ -483,10 +439,7 @@ void launch_forward_kernel(const AttentionParams& params, std::int64_t num_ctas,
     FLASHATTN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSharedBytes));
     opted_in_devices.fetch_or(device_bit, std::memory_order_release);
   }
-  // ALiBi's affine form keeps positions as 32-bit integers (fragment::AffineBiasLane).
-  const bool is_alibi_affine =
-      is_affine_alibi_enabled() && params.seqlen_q <= INT32_MAX && params.seqlen_k <= INT32_MAX;
-  kernel<<<static_cast<unsigned>(num_ctas), kConfig.threads(), kSharedBytes, stream>>>(params, is_alibi_affine);
+  kernel<<<static_cast<unsigned>(num_ctas), kConfig.threads(), kSharedBytes, stream>>>(params);
   FLASHATTN_CUDA_CHECK_LAUNCH();
 }
 
