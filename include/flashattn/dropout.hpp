@@ -127,6 +127,20 @@ FLASHATTN_UNROLL
     }
     return ~((dropped & 0x3333u) | ((dropped >> 14) & 0xccccu)) & 0xffffu;
   }
+  // The four decisions of one word of a draw (numbers 4·w .. 4·w + 3 of word w) as sign
+  // bits: bit 7 of byte i is set iff byte i is kept (< keep_threshold); the other bits
+  // are garbage. For kernels that zero dropped entries of packed 16-bit P pairs with a
+  // byte permute (sign replication) instead of testing a bit per element: three integer
+  // operations per four decisions. A byte-wise unsigned x < y without borrows between
+  // bytes: d = (x | 0x80) − (y & 0x7f) lies in [1, 255] per byte, its bit 7 set iff
+  // x mod 128 ≥ y mod 128; then x < y iff (x's bit 7 clear and y's set) or (the bits 7
+  // equal and d's clear) — one three-input logic operation on x, y, d.
+  // Requires enabled(): the threshold (< 256) fits a byte.
+  FLASHATTN_HOST_DEVICE std::uint32_t kept_sign_bytes(std::uint32_t word) const {
+    const std::uint32_t threshold = keep_threshold * 0x01010101u;
+    const std::uint32_t d = (word | 0x80808080u) - (threshold & 0x7f7f7f7fu);
+    return (~word & threshold) | (~(word ^ threshold) & ~d);
+  }
 
   static FLASHATTN_HOST_DEVICE std::int64_t row_base_of(std::int64_t row) { return row & ~std::int64_t{8}; }
   static FLASHATTN_HOST_DEVICE std::int64_t col_base_of(std::int64_t col) { return col & ~std::int64_t{25}; }

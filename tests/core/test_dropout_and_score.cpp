@@ -83,6 +83,26 @@ TEST(DropoutRule, KeepMaskMatchesKeeps) {
   }
 }
 
+// kept_sign_bytes (the sm90 forward's byte-wise compare) agrees with keeps, for every
+// threshold of an enabled rule (0 = drop all .. 255) and every byte value in every byte.
+TEST(DropoutRule, KeptSignBytesMatchKeeps) {
+  for (std::uint32_t threshold = 0; threshold < DropoutRule::kKeepAll; ++threshold) {
+    DropoutRule rule = DropoutRule::with_probability(0.5, 1, 2);
+    rule.keep_threshold = threshold;
+    for (std::uint32_t x = 0; x < 256; ++x) {
+      // Each byte position sees every value once over x, next to varied neighbours.
+      const std::uint32_t word = x | ((x + 85) & 0xffu) << 8 | ((x + 170) & 0xffu) << 16 | (255 - x) << 24;
+      const philox::Bits128 bits{{word, ~word, word ^ 0x80808080u, word * 2654435761u}};
+      for (int w = 0; w < 4; ++w) {
+        const std::uint32_t flags = rule.kept_sign_bytes(bits.word[w]);
+        for (int i = 0; i < 4; ++i)
+          ASSERT_EQ(((flags >> (8 * i + 7)) & 1u) != 0, rule.keeps(bits, 4 * w + i))
+              << "threshold " << threshold << " word " << bits.word[w] << " byte " << i;
+      }
+    }
+  }
+}
+
 TEST(DropoutRule, ThresholdAndScale) {
   const DropoutRule off = DropoutRule::with_probability(0.0, 1, 2);
   EXPECT_FALSE(off.enabled());
@@ -141,6 +161,46 @@ void check_plain_layout(const DropoutRule& rule) {
         }
       }
     }
+}
+
+// The sign-byte form of the same layout (dropout_keep_sign_bytes, one word per n8 tile)
+// and the pair masks built from it (kept_pair_mask: the packed pair of elements 4·j +
+// 2·half and + 1, low half first).
+template <int kNTiles, bool kAligned>
+void check_plain_layout_sign_bytes(const DropoutRule& rule) {
+  for (std::int64_t block_row : {0, 16, 48, 4080})
+    for (std::int64_t col0 : {0, 16, 32, 48, 80, 112, 4112, 4128}) {
+      if (kAligned && col0 % 32 != 0) continue;
+      for (int lane = 0; lane < 32; ++lane) {
+        const std::int64_t row0 = block_row + lane / 4;
+        std::uint32_t flags[kNTiles];
+        cuda::fragment::dropout_keep_sign_bytes<kNTiles, kAligned>(rule, 7, row0, col0, lane % 4, flags);
+        for (int j = 0; j < kNTiles; ++j) {
+          const std::uint32_t pair_masks[2] = {cuda::fragment::kept_pair_mask<0>(flags[j]),
+                                               cuda::fragment::kept_pair_mask<1>(flags[j])};
+          for (int half = 0; half < 2; ++half)
+            for (int e = 0; e < 2; ++e) {
+              const std::int64_t row = row0 + 8 * half, col = col0 + 8 * j + 2 * (lane % 4) + e;
+              const bool kept = rule.keep(7, row, col);
+              ASSERT_EQ(((flags[j] >> (8 * (2 * half + e) + 7)) & 1u) != 0, kept)
+                  << "kNTiles " << kNTiles << " col0 " << col0 << " lane " << lane << " tile " << j;
+              ASSERT_EQ((pair_masks[half] >> (16 * e)) & 0xffffu, kept ? 0xffffu : 0u);
+            }
+        }
+      }
+    }
+}
+
+TEST(DropoutFragment, PlainLayoutSignBytesMatchKeep) {
+  const DropoutRule rule = DropoutRule::with_probability(0.5, 0x0123456789abcdefULL, 0x5555000000001111ULL);
+  check_plain_layout_sign_bytes<2, false>(rule);
+  check_plain_layout_sign_bytes<6, false>(rule);
+  check_plain_layout_sign_bytes<8, true>(rule);
+  check_plain_layout_sign_bytes<10, false>(rule);  // Hopper d256: block_n 80
+  check_plain_layout_sign_bytes<16, true>(rule);   // Hopper d64/d128: block_n 128
+  check_plain_layout_sign_bytes<16, false>(rule);
+  const DropoutRule sparse = DropoutRule::with_probability(0.9, 99, 1ULL << 40);
+  check_plain_layout_sign_bytes<16, true>(sparse);
 }
 
 TEST(DropoutFragment, PlainLayoutMatchesKeep) {

@@ -52,6 +52,53 @@ FLASHATTN_UNROLL
   }
 }
 
+// The same decisions as sign bytes, one word per n8 tile, for kernels that zero the
+// dropped entries of P after packing it to 16-bit pairs (kept_pair_mask): bit 7 of byte
+// 2·half + e of flags[j] is set iff element 4·j + 2·half + e is kept (the plain layout
+// above; the other bits are garbage). Word t of a draw is n8 tile t of its 32-column
+// block with its bytes in the element order (DropoutRule::draw), so flags[j] is
+// DropoutRule::kept_sign_bytes of one draw word: three integer operations per four
+// decisions and no bit gathering (keep_mask's ~40 operations per draw). col0 ≡ 16 mod
+// 32 (unaligned blocks): tile j is word j + 2 of the draws, one select per tile.
+// Requires rule.enabled().
+template <int kNTiles, bool kAligned = false>
+FLASHATTN_HOST_DEVICE void dropout_keep_sign_bytes(const DropoutRule& rule, std::uint32_t batch_head,
+                                                   std::int64_t row0, std::int64_t col0, int quad,
+                                                   std::uint32_t (&flags)[kNTiles]) {
+  static_assert(kNTiles % 2 == 0, "blocks of 16-column halves of draws");
+  constexpr int kDraws = kAligned ? (kNTiles + 3) / 4 : kNTiles / 4 + 1;
+  const bool odd = !kAligned && ((col0 >> 4) & 1) != 0;  // col0 ≡ 16 (mod 32): the first draw's upper half
+  const std::int64_t col_base = (col0 & ~std::int64_t{31}) + 2 * quad;
+  std::uint32_t words[4 * kDraws];  // word 4·d + t: n8 tile t of the 32-column block col_base + 32·d
+FLASHATTN_UNROLL
+  for (int d = 0; d < kDraws; ++d) {
+    const bool is_needed = kAligned || d < kDraws - 1 || kNTiles % 4 == 2 || odd;
+    const philox::Bits128 bits = is_needed ? rule.draw(batch_head, row0, col_base + 32 * d) : philox::Bits128{};
+FLASHATTN_UNROLL
+    for (int t = 0; t < 4; ++t) words[4 * d + t] = rule.kept_sign_bytes(bits.word[t]);
+  }
+FLASHATTN_UNROLL
+  for (int j = 0; j < kNTiles; ++j) flags[j] = kAligned ? words[j] : odd ? words[j + 2] : words[j];
+}
+
+// The 16-bit pair `half` (elements 4·j + 2·half and 4·j + 2·half + 1, i.e. bytes 2·half
+// and 2·half + 1) of a dropout_keep_sign_bytes word as an AND mask for the packed pair
+// (low half: element e = 0): 0xffff where the element is kept, 0 where dropped. One
+// byte permute with sign replication (PTX ISA §9.7.9.7 prmt: selector bit 3 of each
+// byte replicates the selected byte's bit 7).
+template <int kHalf>
+FLASHATTN_HOST_DEVICE std::uint32_t kept_pair_mask(std::uint32_t flags) {
+  static_assert(kHalf == 0 || kHalf == 1, "a word holds two pairs");
+#if defined(__CUDA_ARCH__)
+  std::uint32_t mask;
+  asm("prmt.b32 %0, %1, 0, %2;" : "=r"(mask) : "r"(flags), "n"(kHalf == 0 ? 0x9988 : 0xbbaa));
+  return mask;
+#else
+  const std::uint32_t low = (flags >> (16 * kHalf + 7)) & 1u, high = (flags >> (16 * kHalf + 15)) & 1u;
+  return (low ? 0x0000ffffu : 0u) | (high ? 0xffff0000u : 0u);
+#endif
+}
+
 // The transposed layout (the sm90 backward's Sᵀ = K Qᵀ: rows are keys, columns queries):
 // lane L holds, of n8 tile j, element 4·j + 2·half + e at key key_row0 + 8·half, query
 // query_col0 + 8·j + 2·(L % 4) + e, key_row0 = a 16-key block's first key + L/4 (bit 3

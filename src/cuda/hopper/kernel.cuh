@@ -17,8 +17,8 @@
 //         then O /= l once, LSE, O to global memory.
 //   Variants (one hook each, src/cuda/common/fragment.cuh): the ScoreRule (softcap, ALiBi)
 //   maps S to log2 units before the mask; dropout zeroes entries of P after the row sum
-//   (l sums the undropped P) and before P is packed, and 1/(1 − p) joins 1/l at the end.
-//   The dropout keep bits of block j depend only on coordinates: they are drawn while
+//   (l sums the undropped P), on the packed 16-bit pairs, and 1/(1 − p) joins 1/l at the
+//   end. The dropout keep flags of block j depend only on coordinates: they are drawn while
 //   S_j = Q K_j^T runs on the tensor cores, before the wait for it (ptxas then spreads
 //   the integer work over the softmax). Dropout is a template flag (kHasDropout, its own
 //   tile entries where registers are short: tile_config.hpp): as a runtime branch its
@@ -522,8 +522,9 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
                                               // thread's partial sum until the end
   float row_factor[2];                        // rescale of O for the block just exponentiated
   constexpr int kNTiles = kBlockN / 8;        // n8 tiles of S per warp (the fragment.cuh hooks' unit)
-  constexpr int kKeepWords = (kNTiles + 7) / 8;
-  std::uint32_t keep[kKeepWords];             // dropout keep bits of S/P: bit i % 32 of word i / 32 is s[i]
+  // Dropout keep flags of S/P, one word per n8 tile: bit 7 of byte 2 half + e of word j is
+  // set iff s[4 j + 2 half + e] is kept (fragment::dropout_keep_sign_bytes).
+  std::uint32_t keep_flags[kNTiles];
 
   // S = Q K^T for block `index` (issued and committed, not waited for).
   auto issue_qk = [&](int index) {
@@ -549,20 +550,15 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
     }
     ptx::wgmma_commit_group();
   };
-  // Dropout keep bits of `block` (coordinates only, no S): the draws are integer
+  // Dropout keep flags of `block` (coordinates only, no S): the draws are integer
   // work that runs while S = Q K^T is still on the tensor cores. One draw per 16 of the
   // lane's elements (a 32-column block; n0 may be ≡ 16 mod 32 with block_n 80: the
-  // straddling draws are made once, fragment::dropout_keep_words).
+  // straddling draws are made once, fragment::dropout_keep_sign_bytes). convert_p
+  // applies them to the packed P (after softmax_block has added the undropped P to l);
+  // 1/(1 - p) is applied with 1/l in finish_rows.
   auto draw_keep = [&](const KeyBlock& block) {
-    fragment::dropout_keep_words<kNTiles, kBlockN % 32 == 0>(dropout, dropout_head, tile.m0 + thread_row0, block.n0,
-                                                             fragment::quad_lane(), keep);
-  };
-  // Dropout on P (after softmax_block has added the undropped P to l): dropped entries
-  // become 0 before P is packed; 1/(1 - p) is applied with 1/l in finish_rows.
-  auto drop_p = [&]() {
-#pragma unroll
-    for (int i = 0; i < kBlockN / 2; ++i)
-      if (((keep[i / 32] >> (i % 32)) & 1u) == 0) s[i] = 0.0f;
+    fragment::dropout_keep_sign_bytes<kNTiles, kBlockN % 32 == 0>(dropout, dropout_head, tile.m0 + thread_row0,
+                                                                  block.n0, fragment::quad_lane(), keep_flags);
   };
   // The device mask's element pass (fragment::apply_mask) on a partial listed block,
   // kMaskStepTiles n8 column tiles per step of a rolled loop: each step masks s[0 ..
@@ -679,6 +675,9 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
       }
   };
   // Two adjacent n8 column tiles of P, packed to 16 bits, are the A fragment of one k16 step.
+  // Dropout: each packed pair ANDed with its two elements' keep masks (a dropped entry
+  // becomes +0): two integer operations per pair (fragment::kept_pair_mask), where a
+  // select per element of the fp32 P took one and a bit test.
   auto convert_p = [&]() {
 #pragma unroll
     for (int kp = 0; kp < kBlockN / 16; ++kp) {
@@ -686,6 +685,12 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
       p[kp][1] = pack_pair<T>(s[8 * kp + 2], s[8 * kp + 3]);
       p[kp][2] = pack_pair<T>(s[8 * kp + 4], s[8 * kp + 5]);
       p[kp][3] = pack_pair<T>(s[8 * kp + 6], s[8 * kp + 7]);
+      if constexpr (kHasDropout) {
+        p[kp][0] &= fragment::kept_pair_mask<0>(keep_flags[2 * kp]);
+        p[kp][1] &= fragment::kept_pair_mask<1>(keep_flags[2 * kp]);
+        p[kp][2] &= fragment::kept_pair_mask<0>(keep_flags[2 * kp + 1]);
+        p[kp][3] &= fragment::kept_pair_mask<1>(keep_flags[2 * kp + 1]);
+      }
     }
   };
   // This warp no longer reads the stage of block `index`: the producer may refill it.
@@ -873,7 +878,6 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
         ptx::wgmma_wait_group<0>();
         release(k_empty, 0);
         softmax_block(block);
-        if constexpr (kHasDropout) drop_p();
         rescale_o();
         convert_p();
       }
@@ -889,7 +893,6 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
         ptx::wgmma_wait_group<1>();  // S_(index) done, O += P V still running
         release(k_empty, index);
         softmax_block(block);
-        if constexpr (kHasDropout) drop_p();
         ptx::wgmma_wait_group<0>();
         ptx::fence_operands(o);
         release(v_empty, index - 1);
@@ -915,7 +918,6 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
         ptx::wgmma_wait_group<0>();
         release(k_empty, index);
         softmax_block(block);
-        if constexpr (kHasDropout) drop_p();
         rescale_o();
         convert_p();
         wait_v(index);
