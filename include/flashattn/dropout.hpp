@@ -58,10 +58,15 @@ FLASHATTN_UNROLL
       key1 += kWeyl1;
     }
 #if defined(__CUDA_ARCH__)
-    // The high and low halves as two 32-bit multiplies: NVVM widens the 64-bit product
-    // into a 64-bit multiply that ptxas pads with additions of zero (~12 per draw).
-    const std::uint32_t hi0 = __umulhi(kMultiplier0, counter.word[0]), lo0 = kMultiplier0 * counter.word[0];
-    const std::uint32_t hi1 = __umulhi(kMultiplier1, counter.word[2]), lo1 = kMultiplier1 * counter.word[2];
+    // Each 32 x 32 -> 64 product as one mul.wide.u32 (SASS: one IMAD.WIDE.U32 giving both
+    // halves). The 64-bit C++ product made NVVM pad a 64-bit multiply with additions of
+    // zero (~12 per draw); __umulhi + a 32-bit multiply let ptxas emit IMAD.HI + IMAD, two
+    // instructions per product, in the sm90 forward's dropout kernels (~40 per 128-key block).
+    std::uint32_t hi0, lo0, hi1, lo1;
+    asm("{.reg .u64 t; mul.wide.u32 t, %2, %3; mov.b64 {%0, %1}, t;}"
+        : "=r"(lo0), "=r"(hi0) : "r"(counter.word[0]), "n"(kMultiplier0));
+    asm("{.reg .u64 t; mul.wide.u32 t, %2, %3; mov.b64 {%0, %1}, t;}"
+        : "=r"(lo1), "=r"(hi1) : "r"(counter.word[2]), "n"(kMultiplier1));
 #else
     const std::uint64_t product0 = static_cast<std::uint64_t>(kMultiplier0) * counter.word[0];
     const std::uint64_t product1 = static_cast<std::uint64_t>(kMultiplier1) * counter.word[2];

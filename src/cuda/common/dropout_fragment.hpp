@@ -99,6 +99,33 @@ FLASHATTN_HOST_DEVICE std::uint32_t kept_pair_mask(std::uint32_t flags) {
 #endif
 }
 
+// kept_pair_mask of tile 4·q + tile from pack_sign_bytes's packed[q] (tile < 4; a
+// constant once unrolled: one shift, none for tile 0).
+template <int kHalf>
+FLASHATTN_HOST_DEVICE std::uint32_t kept_packed_pair_mask(std::uint32_t packed, int tile) {
+  return kept_pair_mask<kHalf>(packed << tile);
+}
+
+// Four tiles' sign bytes in one word, for kernels short of registers between the draws
+// and the packing of P: bit 7 − t of byte i of packed[q] is bit 7 of byte i of flags[4·q
+// + t] (the other bits are garbage). Two operations per tile after the first (a shift
+// and a three-input merge); kept_packed_pair_mask undoes the shift.
+template <int kNTiles>
+FLASHATTN_HOST_DEVICE void pack_sign_bytes(const std::uint32_t (&flags)[kNTiles],
+                                           std::uint32_t (&packed)[(kNTiles + 3) / 4]) {
+FLASHATTN_UNROLL
+  for (int q = 0; q < (kNTiles + 3) / 4; ++q) {
+    std::uint32_t word = flags[4 * q];
+FLASHATTN_UNROLL
+    for (int t = 1; t < 4 && 4 * q + t < kNTiles; ++t) {
+      const std::uint32_t high_bits = (0xff00u >> t) & 0xffu;  // bits 7 .. 8 − t of each byte: kept
+      const std::uint32_t keep = high_bits * 0x01010101u;
+      word = (word & keep) | ((flags[4 * q + t] >> t) & ~keep);
+    }
+    packed[q] = word;
+  }
+}
+
 // The transposed layout (the sm90 backward's Sᵀ = K Qᵀ: rows are keys, columns queries):
 // lane L holds, of n8 tile j, element 4·j + 2·half + e at key key_row0 + 8·half, query
 // query_col0 + 8·j + 2·(L % 4) + e, key_row0 = a 16-key block's first key + L/4 (bit 3

@@ -523,8 +523,14 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
   float row_factor[2];                        // rescale of O for the block just exponentiated
   constexpr int kNTiles = kBlockN / 8;        // n8 tiles of S per warp (the fragment.cuh hooks' unit)
   // Dropout keep flags of S/P, one word per n8 tile: bit 7 of byte 2 half + e of word j is
-  // set iff s[4 j + 2 half + e] is kept (fragment::dropout_keep_sign_bytes).
-  std::uint32_t keep_flags[kNTiles];
+  // set iff s[4 j + 2 half + e] is kept (fragment::dropout_keep_sign_bytes). One-tile
+  // kernels pack four tiles per word (fragment::pack_sign_bytes: 3 more operations per
+  // draw, 2 more per 4 pairs): with 16 words live across the softmax their Philox
+  // products spilled (ptxas -v, bf16 d128: 156/164 bytes; d64 and d256 20-40) or fell
+  // back from IMAD.WIDE to IMAD.HI + IMAD. Persistent kernels keep a word per tile
+  // (no spills; SASS per 128-key block in TUNING.md).
+  constexpr bool kPacksKeepFlags = !kPersistentArg;
+  std::uint32_t keep_flags[kPacksKeepFlags ? (kNTiles + 3) / 4 : kNTiles];
 
   // S = Q K^T for block `index` (issued and committed, not waited for).
   auto issue_qk = [&](int index) {
@@ -557,8 +563,15 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
   // applies them to the packed P (after softmax_block has added the undropped P to l);
   // 1/(1 - p) is applied with 1/l in finish_rows.
   auto draw_keep = [&](const KeyBlock& block) {
-    fragment::dropout_keep_sign_bytes<kNTiles, kBlockN % 32 == 0>(dropout, dropout_head, tile.m0 + thread_row0,
-                                                                  block.n0, fragment::quad_lane(), keep_flags);
+    if constexpr (kPacksKeepFlags) {
+      std::uint32_t flags[kNTiles];
+      fragment::dropout_keep_sign_bytes<kNTiles, kBlockN % 32 == 0>(dropout, dropout_head, tile.m0 + thread_row0,
+                                                                    block.n0, fragment::quad_lane(), flags);
+      fragment::pack_sign_bytes<kNTiles>(flags, keep_flags);
+    } else {
+      fragment::dropout_keep_sign_bytes<kNTiles, kBlockN % 32 == 0>(dropout, dropout_head, tile.m0 + thread_row0,
+                                                                    block.n0, fragment::quad_lane(), keep_flags);
+    }
   };
   // The device mask's element pass (fragment::apply_mask) on a partial listed block,
   // kMaskStepTiles n8 column tiles per step of a rolled loop: each step masks s[0 ..
@@ -686,10 +699,17 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
       p[kp][2] = pack_pair<T>(s[8 * kp + 4], s[8 * kp + 5]);
       p[kp][3] = pack_pair<T>(s[8 * kp + 6], s[8 * kp + 7]);
       if constexpr (kHasDropout) {
-        p[kp][0] &= fragment::kept_pair_mask<0>(keep_flags[2 * kp]);
-        p[kp][1] &= fragment::kept_pair_mask<1>(keep_flags[2 * kp]);
-        p[kp][2] &= fragment::kept_pair_mask<0>(keep_flags[2 * kp + 1]);
-        p[kp][3] &= fragment::kept_pair_mask<1>(keep_flags[2 * kp + 1]);
+        if constexpr (kPacksKeepFlags) {
+          p[kp][0] &= fragment::kept_packed_pair_mask<0>(keep_flags[kp / 2], (2 * kp) % 4);
+          p[kp][1] &= fragment::kept_packed_pair_mask<1>(keep_flags[kp / 2], (2 * kp) % 4);
+          p[kp][2] &= fragment::kept_packed_pair_mask<0>(keep_flags[kp / 2], (2 * kp + 1) % 4);
+          p[kp][3] &= fragment::kept_packed_pair_mask<1>(keep_flags[kp / 2], (2 * kp + 1) % 4);
+        } else {
+          p[kp][0] &= fragment::kept_pair_mask<0>(keep_flags[2 * kp]);
+          p[kp][1] &= fragment::kept_pair_mask<1>(keep_flags[2 * kp]);
+          p[kp][2] &= fragment::kept_pair_mask<0>(keep_flags[2 * kp + 1]);
+          p[kp][3] &= fragment::kept_pair_mask<1>(keep_flags[2 * kp + 1]);
+        }
       }
     }
   };
