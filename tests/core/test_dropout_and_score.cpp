@@ -163,9 +163,10 @@ void check_plain_layout(const DropoutRule& rule) {
     }
 }
 
-// The sign-byte form of the same layout (dropout_keep_sign_bytes, one word per n8 tile)
-// and the pair masks built from it (kept_pair_mask: the packed pair of elements 4·j +
-// 2·half and + 1, low half first).
+// The sign-byte form of the same layout (dropout_keep_sign_bytes, one word per n8 tile;
+// pack_sign_bytes, four tiles per word) and the pair masks built from it
+// (kept_pair_mask, kept_packed_pair_mask: the packed pair of elements 4·j + 2·half and
+// + 1, low half first).
 template <int kNTiles, bool kAligned>
 void check_plain_layout_sign_bytes(const DropoutRule& rule) {
   for (std::int64_t block_row : {0, 16, 48, 4080})
@@ -175,9 +176,14 @@ void check_plain_layout_sign_bytes(const DropoutRule& rule) {
         const std::int64_t row0 = block_row + lane / 4;
         std::uint32_t flags[kNTiles];
         cuda::fragment::dropout_keep_sign_bytes<kNTiles, kAligned>(rule, 7, row0, col0, lane % 4, flags);
+        std::uint32_t packed[(kNTiles + 3) / 4];
+        cuda::fragment::pack_sign_bytes<kNTiles>(flags, packed);
         for (int j = 0; j < kNTiles; ++j) {
           const std::uint32_t pair_masks[2] = {cuda::fragment::kept_pair_mask<0>(flags[j]),
                                                cuda::fragment::kept_pair_mask<1>(flags[j])};
+          const std::uint32_t packed_pair_masks[2] = {
+              cuda::fragment::kept_packed_pair_mask<0>(packed[j / 4], j % 4),
+              cuda::fragment::kept_packed_pair_mask<1>(packed[j / 4], j % 4)};
           for (int half = 0; half < 2; ++half)
             for (int e = 0; e < 2; ++e) {
               const std::int64_t row = row0 + 8 * half, col = col0 + 8 * j + 2 * (lane % 4) + e;
@@ -185,6 +191,8 @@ void check_plain_layout_sign_bytes(const DropoutRule& rule) {
               ASSERT_EQ(((flags[j] >> (8 * (2 * half + e) + 7)) & 1u) != 0, kept)
                   << "kNTiles " << kNTiles << " col0 " << col0 << " lane " << lane << " tile " << j;
               ASSERT_EQ((pair_masks[half] >> (16 * e)) & 0xffffu, kept ? 0xffffu : 0u);
+              ASSERT_EQ((packed_pair_masks[half] >> (16 * e)) & 0xffffu, kept ? 0xffffu : 0u)
+                  << "packed: kNTiles " << kNTiles << " col0 " << col0 << " lane " << lane << " tile " << j;
             }
         }
       }
