@@ -146,6 +146,15 @@ FLASHATTN_UNROLL
 // partners (__shfl_xor_sync(…, 4)), which sit at this lane's e = 1 − key bit 0.
 // One draw per 8 of the lane's elements (the other 8 numbers of each draw belong to
 // the neighbouring warp's 16 keys and are not used).
+// The high 32 bits of a 32 × 32-bit product (one IMAD.HI).
+FLASHATTN_HOST_DEVICE std::uint32_t high_word(std::uint32_t a, std::uint32_t b) {
+#if defined(__CUDA_ARCH__)
+  return __umulhi(a, b);
+#else
+  return static_cast<std::uint32_t>((static_cast<std::uint64_t>(a) * b) >> 32);
+#endif
+}
+
 struct TransposedKeepHalves {
   std::uint32_t mine = 0, partners = 0;
 };
@@ -164,9 +173,18 @@ FLASHATTN_HOST_DEVICE TransposedKeepHalves dropout_keep_halves_transposed(const 
   TransposedKeepHalves halves;
 FLASHATTN_UNROLL
   for (int block = 0; block < kNTiles / 2; ++block) {
-    // Bit 4·half + 2·qt + k of this warp's byte → element order 4·qt + 2·half + k (swap bits 1, 2).
-    const std::uint32_t byte = rule.keep_mask(rule.draw(batch_head, query_base + 16 * block, key_base)) >> (8 * key_bit4);
-    const std::uint32_t ordered = (byte & 0xc3u) | ((byte & 0x0cu) << 2) | ((byte & 0x30u) >> 2);
+    // This warp's byte 4·half + 2·qt + k is byte 2·qt + k of draw word 2·u + half: only
+    // those two words are compared (DropoutRule::kept_sign_bytes, 3 operations per 4
+    // decisions, where keep_mask compared all 16 and gathered them bit by bit).
+    const philox::Bits128 bits = rule.draw(batch_head, query_base + 16 * block, key_base);
+    const std::uint32_t half0 = rule.kept_sign_bytes(key_bit4 ? bits.word[2] : bits.word[0]);
+    const std::uint32_t half1 = rule.kept_sign_bytes(key_bit4 ? bits.word[3] : bits.word[1]);
+    // Bit 7 of byte 2·qt + k of word `half` → element order 4·qt + 2·half + k: one
+    // multiply-high gathers the four sign bits of a word (bit 7 + 8·b moves by
+    // 32 − shift_b with shifts 25, 18, 13, 6: to bits 0, 1, 4, 5; no two of the sixteen
+    // partial products share a bit, so nothing carries; the rest lands at bits >= 8).
+    const std::uint32_t ordered = high_word(half0 & 0x80808080u, 0x02042040u) |
+                                  high_word(half1 & 0x80808080u, 0x02042040u << 2);  // garbage above bit 7
     const std::uint32_t own = ordered & own_bits;  // k = key bit 0, already at e = key bit 0
     const std::uint32_t other = key_bit0 ? (ordered & 0x55u) << 1 : (ordered & 0xaau) >> 1;  // k = 1 − key bit 0
     halves.mine |= own << (8 * block);
