@@ -5,8 +5,9 @@
 //   generic           the per-element |distance| form everywhere (fragment::apply_score_rule)
 // FLASHATTN_CUDA_ALIBI_PATH=generic selects the second: an A/B switch for timing, read
 // once per process. Read by the Hopper forward and backward launches, by the sm80
-// (mma.sync) forward (fwd/kernel.cuh) and backward (bwd/launch_main.cuh: the general
-// variant of the dK/dV and dQ kernels), and by the 16-bit decode kernels (decode/
+// (mma.sync) backward (bwd/launch_main.cuh: the general variant of the dK/dV and dQ
+// kernels; the sm80 forward keeps the per-element form, measured faster there:
+// fwd/TUNING.md), and by the 16-bit decode kernels (decode/
 // launch_decode.cuh: whole key tiles left of every row's diagonal). Results agree to
 // rounding: scripts/device_check.sh runs the ALiBi tests both ways (step alibi_generic).
 #pragma once
