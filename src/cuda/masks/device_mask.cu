@@ -420,12 +420,15 @@ MaskTables MaskTables::build(const AttentionParams& given, const BackwardParams*
   const bool has_documents = has_block_mask && rule.maybe_q_document_ids != nullptr;
   const std::int64_t document_batches =
       has_documents && (rule.q_document_batch_stride != 0 || rule.k_document_batch_stride != 0) ? params.batch : 1;
-  // Both span tables whatever the lists: a kernel's fragment rows may be queries under
-  // key-tile lists (the wide Hopper dK/dV kernel).
+  // The key spans whatever the lists: a kernel's fragment rows may be queries under
+  // key-tile lists too (the wide Hopper dK/dV kernel). The query spans (fragment rows that
+  // are keys) only for the key-tile lists' kernels: a forward does without them (one
+  // launch less; the first launch below already checks both id arrays' order).
   const std::size_t key_spans_bytes =
       has_documents ? section_bytes(document_batches * params.seqlen_q * 2 + 1, sizeof(std::int32_t)) : 0;
   const std::size_t query_spans_bytes =
-      has_documents ? section_bytes(document_batches * params.seqlen_k * 2 + 1, sizeof(std::int32_t)) : 0;
+      has_documents && tiles.by_key_tile ? section_bytes(document_batches * params.seqlen_k * 2 + 1, sizeof(std::int32_t))
+                                         : 0;
   const std::size_t sorted_bytes = has_documents ? section_bytes(1, sizeof(std::int32_t)) : 0;
   const bool has_bits_by_key = has_block_mask && (converts || rule.has_bits()) && tiles.by_key_tile;
   const std::int64_t words_per_key = (view.block_m + 31) / 32;
