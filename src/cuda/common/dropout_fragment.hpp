@@ -126,6 +126,15 @@ FLASHATTN_UNROLL
   }
 }
 
+// The high 32 bits of a 32 × 32-bit product (one IMAD.HI).
+FLASHATTN_HOST_DEVICE std::uint32_t high_word(std::uint32_t a, std::uint32_t b) {
+#if defined(__CUDA_ARCH__)
+  return __umulhi(a, b);
+#else
+  return static_cast<std::uint32_t>((static_cast<std::uint64_t>(a) * b) >> 32);
+#endif
+}
+
 // The transposed layout (the sm90 backward's Sᵀ = K Qᵀ: rows are keys, columns queries):
 // lane L holds, of n8 tile j, element 4·j + 2·half + e at key key_row0 + 8·half, query
 // query_col0 + 8·j + 2·(L % 4) + e, key_row0 = a 16-key block's first key + L/4 (bit 3
@@ -146,15 +155,6 @@ FLASHATTN_UNROLL
 // partners (__shfl_xor_sync(…, 4)), which sit at this lane's e = 1 − key bit 0.
 // One draw per 8 of the lane's elements (the other 8 numbers of each draw belong to
 // the neighbouring warp's 16 keys and are not used).
-// The high 32 bits of a 32 × 32-bit product (one IMAD.HI).
-FLASHATTN_HOST_DEVICE std::uint32_t high_word(std::uint32_t a, std::uint32_t b) {
-#if defined(__CUDA_ARCH__)
-  return __umulhi(a, b);
-#else
-  return static_cast<std::uint32_t>((static_cast<std::uint64_t>(a) * b) >> 32);
-#endif
-}
-
 struct TransposedKeepHalves {
   std::uint32_t mine = 0, partners = 0;
 };

@@ -130,13 +130,6 @@ struct AffineBiasLane {
     return lane;
   }
   __device__ __forceinline__ DiagonalSide side(std::int32_t col0) const { return sides.side(col0); }
-  // The same lane's state for the rows `rows` further down (the next m16 tile of an sm80
-  // warp), under the same side bounds.
-  __device__ __forceinline__ AffineBiasLane rows_below(int rows) const {
-    AffineBiasLane lane = *this;
-    lane.distance += rows;
-    return lane;
-  }
 };
 
 // ALiBi in its affine form on the block of columns from col0, whose elements lie on
