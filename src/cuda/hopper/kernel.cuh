@@ -108,6 +108,7 @@
 #include "src/cuda/common/tma_panels.cuh"
 #include "src/cuda/hopper/launch.hpp"
 #include "src/cuda/hopper/tile_config.hpp"
+#include "src/cuda/hopper/tile_queue.cuh"
 #include "src/cuda/ptx/bulk_reduce.cuh"
 #include "src/cuda/ptx/math.cuh"
 #include "src/cuda/ptx/mbarrier.cuh"
@@ -252,6 +253,7 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
   std::uint64_t* tile_full = barriers + 6 + 4 * kStages;   // [2]: the slot holds the next tile
   std::uint64_t* tile_empty = barriers + 8 + 4 * kStages;  // [2]: the loader and every consumer warp read it
   auto* tile_slots = reinterpret_cast<std::int32_t*>(barriers + 10 + 4 * kStages);  // [2]
+  const TileQueue queue{tile_full, tile_empty, tile_slots};  // tile_queue.cuh
   // Two Q buffers: where the O staged in buffer b goes (the loader writes it with the
   // tile's Q load, the storer reads it once the O is staged).
   struct StoreHeader {
@@ -299,14 +301,7 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
   // then release it; every reading lane has read it before lane 0 does: the loader and
   // the storer are lane 0 of a producer warp alone, a consumer warp is whole and converged here (it has just left
   // aligned wgmma code), so the active mask is the whole warp.
-  auto take_tile = [&](int taken) {
-    const int slot = taken & 1;
-    ptx::mbarrier_wait(&tile_full[slot], (taken >> 1) & 1);
-    const std::int32_t linear = tile_slots[slot];
-    __syncwarp(__activemask());
-    if (threadIdx.x % 32 == 0) ::cuda::ptx::mbarrier_arrive(&tile_empty[slot]);
-    return linear;
-  };
+  auto take_tile = [&](int taken) { return queue.take(taken, __activemask()); };
 
   const int warpgroup = threadIdx.x / ptx::kWarpgroupThreads;
   // Varlen tensors are one batch entry whose sequences are row ranges.
@@ -327,14 +322,10 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
         // previous tile has started would queue one (hopper/TUNING.md, not yet measured).
         std::int32_t linear = static_cast<std::int32_t>(blockIdx.x);
         for (int taken = 0;; ++taken) {
-          const int slot = taken & 1;
-          if (taken >= 2) ptx::mbarrier_wait(&tile_empty[slot], ((taken >> 1) - 1) & 1);
-          tile_slots[slot] = linear < tile_end ? linear : tile_end;
-          ::cuda::ptx::mbarrier_arrive(&tile_full[slot]);
+          queue.wait_free(taken);
+          queue.put(taken, linear < tile_end ? linear : tile_end);
           if (linear >= tile_end) return;
-          linear = params.maybe_tile_counter != nullptr
-                       ? static_cast<std::int32_t>(gridDim.x + atomicAdd(params.maybe_tile_counter, 1u))
-                       : linear + static_cast<std::int32_t>(gridDim.x);
+          linear = next_tile(linear, params.maybe_tile_counter);
         }
       }
     }
