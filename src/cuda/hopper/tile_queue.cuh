@@ -13,6 +13,17 @@
 // reading warp, one arrival each, made by its lane 0 once every lane of the warp has read
 // the slot). The CTA's tile number `taken` lives in slot taken % 2, phase taken / 2.
 // Once the tiles run out the scheduler puts tile_end there: every reader stops at it.
+//
+// NamedTileMarks, the late claim's hand-off (the bf16 kernel's
+// FLASHATTN_CUDA_HOPPER_TILE_QUEUE=late_claim): the same queue, each put and take also
+// passing named barriers, a pair per reader (a lone lane, a warp or a warpgroup) with the
+// scheduler's warp — "slot written" (the scheduler arrives after its put, the reader waits
+// before its take) and "slot read" (the reader arrives after its take, the scheduler waits
+// before it claims the next tile and puts it). compute-sanitizer racecheck models named
+// barriers, not the mbarriers' ordering of plain shared-memory accesses: with the marks
+// every slot access is ordered in its model. A pair per reader, so that no reader waits
+// for another (one barrier for all made the loader wait for the consumers' previous tile)
+// and every count is a constant.
 #pragma once
 
 #include <cstdint>
@@ -20,6 +31,7 @@
 
 #include "src/cuda/ptx/arch.cuh"
 #include "src/cuda/ptx/mbarrier.cuh"
+#include "src/cuda/ptx/named_barrier.cuh"
 
 namespace flashattn::cuda::hopper {
 
@@ -52,6 +64,45 @@ struct TileQueue {
     if (threadIdx.x % 32 == 0) ::cuda::ptx::mbarrier_arrive(&empty[taken & 1]);
 #endif
     return linear;
+  }
+};
+
+// The named-barrier marks (header). Reader r's barriers are slot_written_first + r and
+// slot_read_first + r, over `threads`: the reader's threads and the scheduler's warp's 32
+// (a barrier counts warps: a lane alone in its warp counts 32, and takes the unaligned
+// barrier.sync / barrier.arrive, its warp's other lanes having left). A reader's marks are
+// predicated on `is_on` inside their asm (named_barrier.cuh), so that a reader's code
+// takes no branch for them: the 24-register producer lanes and the 160-register consumers
+// spilled more around a run-time branch in the take (ptxas -v, hopper/TUNING.md).
+struct NamedTileMarks {
+  int slot_written_first;
+  int slot_read_first;
+
+  // A reader, around TileQueue::take; kIsLoneLane: one lane of its warp, else whole warps.
+  template <bool kIsLoneLane>
+  __device__ __forceinline__ void wait_written(bool is_on, int reader, int threads) const {
+    if constexpr (kIsLoneLane) {
+      ptx::named_barrier_sync_unaligned_if(is_on, slot_written_first + reader, threads);
+    } else {
+      ptx::named_barrier_sync_if(is_on, slot_written_first + reader, threads);
+    }
+  }
+  template <bool kIsLoneLane>
+  __device__ __forceinline__ void mark_read(bool is_on, int reader, int threads) const {
+    if constexpr (kIsLoneLane) {
+      ptx::named_barrier_arrive_unaligned_if(is_on, slot_read_first + reader, threads);
+    } else {
+      ptx::named_barrier_arrive_if(is_on, slot_read_first + reader, threads);
+    }
+  }
+
+  // The scheduler lane (predicated likewise): after TileQueue::put, publish to each
+  // reader; before the next claim, wait_read of each.
+  __device__ __forceinline__ void publish(bool is_on, int reader, int threads) const {
+    ptx::named_barrier_arrive_unaligned_if(is_on, slot_written_first + reader, threads);
+  }
+  __device__ __forceinline__ void wait_read(bool is_on, int reader, int threads) const {
+    ptx::named_barrier_sync_unaligned_if(is_on, slot_read_first + reader, threads);
   }
 };
 
