@@ -1140,6 +1140,9 @@ void launch_forward_sm90_for(ProblemClass problem_class, const HopperForwardPara
     case ProblemClass::unmasked: return launch_forward_sm90<T, kUnmasked, kHasDropout>(params, stream);
     case ProblemClass::masked: return launch_forward_sm90<T, kMasked, kHasDropout>(params, stream);
     case ProblemClass::short_masked: return launch_forward_sm90<T, kShortMasked, kHasDropout>(params, stream);
+    // unmasked's kernel (an A/B switch, launch.hpp): no new kernel.
+    case ProblemClass::short_masked_on_unmasked_tiles:
+      return launch_forward_sm90<T, kUnmasked, kHasDropout>(params, stream);
     // The config of masked or short_masked problems (tile_config.hpp): no new kernel.
     case ProblemClass::mask_lists: return launch_forward_sm90<T, kMaskLists, kHasDropout>(params, stream);
   }

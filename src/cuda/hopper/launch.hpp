@@ -142,11 +142,26 @@ inline bool is_l2_section_order_requested() {
   return requested;
 }
 
+// FLASHATTN_CUDA_HOPPER_SHORT_MASKED_TILES=unmasked runs short masked problems on the
+// unmasked problems' config (ProblemClass::short_masked_on_unmasked_tiles: d64 on block_m
+// 192, three consumer warpgroups, still persistent with the dynamic tile scheduler); an A/B
+// switch for timing, read once per process. Default: short_masked's own entries.
+inline bool is_short_masked_on_unmasked_tiles_requested() {
+  static const bool requested = [] {
+    const char* value = std::getenv("FLASHATTN_CUDA_HOPPER_SHORT_MASKED_TILES");
+    return value != nullptr && std::string(value) == "unmasked";
+  }();
+  return requested;
+}
+
 inline ProblemClass problem_class_of(const AttentionParams& params) {
   if (params.has_attn_mask() || params.has_block_mask()) return ProblemClass::mask_lists;
   const bool is_masked = params.is_causal || params.is_local();
   if (is_masked && is_per_tile_schedule_forced()) return ProblemClass::mask_lists;
-  return problem_class_of(is_masked, params.seqlen_q);
+  const ProblemClass problem_class = problem_class_of(is_masked, params.seqlen_q);
+  if (problem_class == ProblemClass::short_masked && is_short_masked_on_unmasked_tiles_requested())
+    return ProblemClass::short_masked_on_unmasked_tiles;
+  return problem_class;
 }
 
 // The one predicate: empty when the Hopper kernel runs these (already validated)
