@@ -12,8 +12,9 @@ namespace hopper {
 // kMaxConsumerWarpgroups = 3, hopper/tile_config.hpp; the kernel asserts the ids
 // below do not overlap), its epilogue (ids 1..3) and its GEMM turn of the ping-pong
 // schedule (ids 4..5: the ping-pong alternates two warpgroups). The persistent kernels'
-// tile queue with FLASHATTN_CUDA_HOPPER_TILE_QUEUE=late_claim, one pair per reader (the
-// loader, the storer, then consumer warpgroup c) with the scheduler's warp: slot written
+// tile queue marks with FLASHATTN_CUDA_HOPPER_TILE_QUEUE=late_claim (NamedTileMarks,
+// hopper/tile_queue.cuh), one pair per reader (the loader, the storer, then consumer
+// warpgroup c) with the scheduler's warp: slot written
 // (ids 6..10: the scheduler arrives, the reader waits) and slot read (ids 11..15: the
 // reader arrives, the scheduler waits). A pair per reader, so that no reader waits for
 // another and every count is a constant.
