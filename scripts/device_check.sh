@@ -22,10 +22,11 @@
 #      (e.g. "10 --configs 256": the backward's alternative tile configs) into bwd_timing.csv.
 #   9. (step fp8_timing, not in the default list) flashattn_fp8_timing $FP8_TIMING_ARGS (default:
 #      --quick with the three FP8 schedules beside one bf16 run) into fp8_timing.csv.
-#  10. (step tile_queue, not in the default list) the Hopper forward's tile queue modes
-#      (FLASHATTN_CUDA_HOPPER_TILE_QUEUE, FLASHATTN_CUDA_HOPPER_SHORT_MASKED_TILES): their ctest
-#      prefixes, compute-sanitizer with the named marks, and bench_attention.py once per mode
-#      (fwd, d64/d128, 1k/2k/4k, causal both; TQ_BENCH_ARGS) into tq_<mode>_forward.csv.
+#  10. (steps tile_queue and tile_queue_bench, not in the default list) the Hopper forward's
+#      tile queue modes (FLASHATTN_CUDA_HOPPER_TILE_QUEUE, FLASHATTN_CUDA_HOPPER_SHORT_MASKED_TILES):
+#      their ctest prefixes and compute-sanitizer with the named marks; then bench_attention.py
+#      once per mode (fwd, d64/d128, 1k/2k/4k, causal both; TQ_BENCH_ARGS) into
+#      tq_<queue>_<tiles>_forward.csv.
 # STEPS picks and orders the steps (default "build ctest sanitize python cli decode"), so
 # one check can span two device calls on the same warm machine, e.g.
 #   STEPS="build ctest sanitize" bash scripts/device_check.sh   then
@@ -204,6 +205,10 @@ for epilogue in tma_overlap registers; do
     note "late_claim $epilogue $tool rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$logs/sanitizer_tile_queue.log" | tail -1)"
   done
 done
+fi
+
+if wants tile_queue_bench; then
+step "Hopper forward tile queue modes, timed (bench_attention.py, one process per mode)"
 for mode in early_claim late_claim_mbarrier late_claim early_claim:unmasked late_claim:unmasked; do
   queue=${mode%%:*}; tiles=$([[ $mode == *:unmasked ]] && echo unmasked || echo default)
   FLASHATTN_CUDA_HOPPER_TILE_QUEUE=$queue FLASHATTN_CUDA_HOPPER_SHORT_MASKED_TILES=$tiles \
