@@ -22,6 +22,11 @@
 #      (e.g. "10 --configs 256": the backward's alternative tile configs) into bwd_timing.csv.
 #   9. (step fp8_timing, not in the default list) flashattn_fp8_timing $FP8_TIMING_ARGS (default:
 #      --quick with the three FP8 schedules beside one bf16 run) into fp8_timing.csv.
+#  10. (steps tile_queue and tile_queue_bench, not in the default list) the Hopper forward's
+#      tile queue modes (FLASHATTN_CUDA_HOPPER_TILE_QUEUE, FLASHATTN_CUDA_HOPPER_SHORT_MASKED_TILES):
+#      their ctest prefixes and compute-sanitizer with the named marks; then bench_attention.py
+#      once per mode (fwd, d64/d128, 1k/2k/4k, causal both; TQ_BENCH_ARGS) into
+#      tq_<queue>_<tiles>_forward.csv.
 # STEPS picks and orders the steps (default "build ctest sanitize python cli decode"), so
 # one check can span two device calls on the same warm machine, e.g.
 #   STEPS="build ctest sanitize" bash scripts/device_check.sh   then
@@ -185,7 +190,37 @@ timeout "${FP8_TIMING_LIMIT:-200}" "$tree/bench/gpu/kernels/flashattn_fp8_timing
 note "fp8_timing rc=$?"; cat "$logs/fp8_timing.csv" | tee -a "$logs/summary.txt"
 fi
 
+if wants tile_queue; then
+step "Hopper forward tile queue: late claim, named marks, short masked on the unmasked config"
+(cd "$tree" && timeout "${TQ_CTEST_LIMIT:-150}" ctest -j6 --timeout 140 \
+  -R '^(late_claim|late_claim_registers|late_claim_mbarrier|short_masked_unmasked)\.' > "$logs/ctest_tile_queue.log" 2>&1)
+note "ctest tile_queue rc=$? $(grep -E 'tests passed|tests failed' "$logs/ctest_tile_queue.log")"
+grep -E "\*\*\*Failed|\*\*\*Timeout|Exception" "$logs/ctest_tile_queue.log" | head -20 | tee -a "$logs/summary.txt"
+tq_filter='Reduced/HopperForwardSanitizer.*:HopperForwardTest.PersistentGridRunsSeveralTilesPerCta:HopperForwardTest.PersistentTilesBackToBack'
+for epilogue in tma_overlap registers; do
+  for tool in racecheck synccheck memcheck; do
+    FLASHATTN_CUDA_HOPPER_TILE_QUEUE=late_claim FLASHATTN_CUDA_HOPPER_EPILOGUE=$epilogue timeout 90 \
+      compute-sanitizer --tool $tool --error-exitcode 3 "$tree/tests/cuda/test_cuda_forward_hopper" --gtest_brief=1 \
+      --gtest_filter="$tq_filter" >> "$logs/sanitizer_tile_queue.log" 2>&1
+    note "late_claim $epilogue $tool rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$logs/sanitizer_tile_queue.log" | tail -1)"
+  done
+done
+fi
+
+if wants tile_queue_bench; then
+step "Hopper forward tile queue modes, timed (bench_attention.py, one process per mode)"
+for mode in early_claim late_claim_mbarrier late_claim early_claim:unmasked late_claim:unmasked; do
+  queue=${mode%%:*}; tiles=$([[ $mode == *:unmasked ]] && echo unmasked || echo default)
+  FLASHATTN_CUDA_HOPPER_TILE_QUEUE=$queue FLASHATTN_CUDA_HOPPER_SHORT_MASKED_TILES=$tiles \
+    timeout "${TQ_BENCH_LIMIT:-100}" python3 bench/gpu/bench_attention.py --passes fwd --sweeps fa3_d64,fa3_d128 \
+    --seqlens 1024,2048,4096 --causal both --impls cudnn,ours_flash3 --out-dir "$logs" \
+    --prefix "tq_${queue}_${tiles}_" ${TQ_BENCH_ARGS:-} > "$logs/tq_bench_${queue}_${tiles}.log" 2>&1
+  note "bench $queue tiles=$tiles rc=$?"; grep -E 'ours_flash3' "$logs/tq_bench_${queue}_${tiles}.log" | tail -12 | tee -a "$logs/summary.txt"
+done
+fi
+
 step "done"
 tar -czf "$out/device.tar.gz" -C "$logs" . 2>/dev/null
 cp "$logs/summary.txt" "$out/"
 for f in gpu_decode.csv gpu_decode_anchor.csv python_overhead.csv gpu_forward.csv gpu_backward.csv bwd_timing.csv fp8_timing.csv gpu_masks.csv gpu_masks.png; do [ -f "$logs/$f" ] && cp "$logs/$f" "$out/"; done
+for f in "$logs"/tq_*_forward.csv; do [ -f "$f" ] && cp "$f" "$out/"; done

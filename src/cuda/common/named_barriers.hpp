@@ -11,8 +11,19 @@ namespace hopper {
 // The Hopper forward (hopper/kernel.cuh): per consumer warpgroup c (at most
 // kMaxConsumerWarpgroups = 3, hopper/tile_config.hpp; the kernel asserts the ids
 // below do not overlap), its epilogue (ids 1..3) and its GEMM turn of the ping-pong
-// schedule (ids 4..5: the ping-pong alternates two warpgroups).
-enum class NamedBarrier : int { kConsumerEpilogueFirst = 1, kTurnFirst = 4 };
+// schedule (ids 4..5: the ping-pong alternates two warpgroups). The persistent kernels'
+// tile queue marks with FLASHATTN_CUDA_HOPPER_TILE_QUEUE=late_claim (NamedTileMarks,
+// hopper/tile_queue.cuh), one pair per reader (the loader, the storer, then consumer
+// warpgroup c) with the scheduler's warp: slot written
+// (ids 6..10: the scheduler arrives, the reader waits) and slot read (ids 11..15: the
+// reader arrives, the scheduler waits). A pair per reader, so that no reader waits for
+// another and every count is a constant.
+enum class NamedBarrier : int {
+  kConsumerEpilogueFirst = 1,
+  kTurnFirst = 4,
+  kTileSlotWrittenFirst = 6,
+  kTileSlotReadFirst = 11,
+};
 }  // namespace hopper
 
 namespace hopper_bwd {

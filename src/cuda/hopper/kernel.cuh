@@ -90,6 +90,7 @@
 #include <cuda/ptx>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <utility>
 
 #include "flashattn/dropout.hpp"
@@ -108,6 +109,7 @@
 #include "src/cuda/common/tma_panels.cuh"
 #include "src/cuda/hopper/launch.hpp"
 #include "src/cuda/hopper/tile_config.hpp"
+#include "src/cuda/hopper/tile_queue.cuh"
 #include "src/cuda/ptx/bulk_reduce.cuh"
 #include "src/cuda/ptx/math.cuh"
 #include "src/cuda/ptx/mbarrier.cuh"
@@ -123,6 +125,14 @@ namespace flashattn::cuda::hopper {
 static_assert(static_cast<int>(NamedBarrier::kTurnFirst) ==
                   static_cast<int>(NamedBarrier::kConsumerEpilogueFirst) + kMaxConsumerWarpgroups,
               "one epilogue barrier per consumer warpgroup, then the turns");
+// The late claim's marks on the tile queue (NamedTileMarks, tile_queue.cuh): a pair per
+// reader — the loader, the storer, each consumer warpgroup.
+inline constexpr int kTileQueueReaders = 2 + kMaxConsumerWarpgroups;
+static_assert(static_cast<int>(NamedBarrier::kTileSlotWrittenFirst) == static_cast<int>(NamedBarrier::kTurnFirst) + 2 &&
+                  static_cast<int>(NamedBarrier::kTileSlotReadFirst) ==
+                      static_cast<int>(NamedBarrier::kTileSlotWrittenFirst) + kTileQueueReaders &&
+                  static_cast<int>(NamedBarrier::kTileSlotReadFirst) + kTileQueueReaders <= 16,
+              "the tile queue's barriers after the turns, one per reader and direction, within ids 1..15");
 
 template <class T, int kHeadDimArg, int kBlockMArg, int kBlockNArg, int kStagesArg, bool kIntraOverlapArg,
           bool kPingPongArg, bool kPersistentArg, bool kHasDropout>
@@ -252,8 +262,12 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
   std::uint64_t* tile_full = barriers + 6 + 4 * kStages;   // [2]: the slot holds the next tile
   std::uint64_t* tile_empty = barriers + 8 + 4 * kStages;  // [2]: the loader and every consumer warp read it
   auto* tile_slots = reinterpret_cast<std::int32_t*>(barriers + 10 + 4 * kStages);  // [2]
+  const TileQueue queue{tile_full, tile_empty, tile_slots};  // tile_queue.cuh
+  const NamedTileMarks named_marks{static_cast<int>(NamedBarrier::kTileSlotWrittenFirst),
+                                   static_cast<int>(NamedBarrier::kTileSlotReadFirst)};
   // Two Q buffers: where the O staged in buffer b goes (the loader writes it with the
-  // tile's Q load, the storer reads it once the O is staged).
+  // tile's Q load, the storer reads it once the O is staged; with the named marks the
+  // storer decodes it itself).
   struct StoreHeader {
     std::int32_t row, head, batch_coordinate, rows;  // out's first row of the tile, its rows
   };
@@ -271,6 +285,18 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
   // The Q buffer of the CTA's tile number `count`, and how often that buffer was used before.
   auto q_buffer_of = [&](int count) { return has_two_q_buffers ? count & 1 : 0; };
   auto q_use_of = [&](int count) { return has_two_q_buffers ? count >> 1 : count; };
+  // The tile queue of persistent launches (TileQueueMode, launch.hpp): whether the
+  // scheduler claims a tile only once the previous one has started (the late claim), and
+  // whether every put and take also passes the named marks (NamedTileMarks,
+  // tile_queue.cuh). Their readers: the loader, the storer (two Q buffers), each consumer
+  // warpgroup, each with a pair of barriers over its threads and the scheduler's warp.
+  const bool is_late_claim = kPersistentArg && params.tile_queue_mode != TileQueueMode::early_claim;
+  const bool has_named_marks = kPersistentArg && params.tile_queue_mode == TileQueueMode::late_claim;
+  constexpr int kLoaderReader = 0, kStorerReader = 1, kFirstConsumerReader = 2;
+  constexpr int kReaders = kFirstConsumerReader + kConsumerWarpgroups;
+  auto queue_threads = [](int reader) {
+    return ptx::kWarpSize + (reader < kFirstConsumerReader ? ptx::kWarpSize : ptx::kWarpgroupThreads);
+  };
 
   if (threadIdx.x == 0) {
     for (int buffer = 0; buffer < 2; ++buffer) {
@@ -295,16 +321,18 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
   __syncthreads();
 
   // Persistent: the CTA's tile number `taken` from the scheduler's queue (num_tiles: none
-  // left). Every consumer warp, the loader and (two Q buffers) the storer read each slot,
-  // then release it; every reading lane has read it before lane 0 does: the loader and
-  // the storer are lane 0 of a producer warp alone, a consumer warp is whole and converged here (it has just left
-  // aligned wgmma code), so the active mask is the whole warp.
-  auto take_tile = [&](int taken) {
-    const int slot = taken & 1;
-    ptx::mbarrier_wait(&tile_full[slot], (taken >> 1) & 1);
-    const std::int32_t linear = tile_slots[slot];
-    __syncwarp(__activemask());
-    if (threadIdx.x % 32 == 0) ::cuda::ptx::mbarrier_arrive(&tile_empty[slot]);
+  // left) for `reader` (kLoaderReader, kStorerReader, kFirstConsumerReader + consumer
+  // warpgroup; is_lone_lane: the loader and the storer). Every consumer warp, the loader
+  // and (two Q buffers) the storer read each slot, then release it; every reading lane has
+  // read it before lane 0 does: the loader and the storer are lane 0 of a producer warp
+  // alone, a consumer warp is whole and converged here (it has just left aligned wgmma
+  // code), so the active mask is the whole warp. The named marks around it are predicated
+  // (no branch): a branch there cost the 24-register producer lanes and the d64 block_m
+  // 192 consumers spills (ptxas -v, hopper/TUNING.md).
+  auto take_tile = [&](int taken, int reader, auto is_lone_lane) {
+    named_marks.wait_written<is_lone_lane>(has_named_marks, reader, queue_threads(reader));
+    const std::int32_t linear = queue.take(taken, __activemask());
+    named_marks.mark_read<is_lone_lane>(has_named_marks, reader, queue_threads(reader));
     return linear;
   };
 
@@ -322,19 +350,37 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
         // The scheduler (one lane of the producer's second warp, so the loader below keeps
         // its 24 registers): puts the CTA's tile number `taken` into its slot of the
         // queue — blockIdx.x, then from the counter or blockIdx.x + k gridDim.x — and
-        // tile_end once none is left. It runs up to two tiles ahead of the loader and
-        // consumers (a tile is claimed before its slot is free); claiming only once the
-        // previous tile has started would queue one (hopper/TUNING.md, not yet measured).
+        // tile_end once none is left. early_claim: the next tile is claimed at once, before
+        // its slot is free, so up to three wait beyond the one the consumers run, and at
+        // the end of a launch the last (lightest) tiles sit in busy CTAs' queues while
+        // other SMs idle. Late claim: only once every reader has taken the tile just put
+        // (it has started), so one waits: with the named marks, once each marked reader
+        // marked it read (each put is published to them first); late_claim_mbarrier, once
+        // the slot's empty barrier completes. After tile_end the marked readers' last marks
+        // are waited for too, so that every barrier phase completes.
         std::int32_t linear = static_cast<std::int32_t>(blockIdx.x);
+        // The readers with marks, one bit each (0 without the marks): one register across
+        // the loop, where two flags cost the 24-register lane a spill (ptxas -v).
+        constexpr int kAllReaders = (1 << kReaders) - 1;
+        const int marked_readers =
+            !has_named_marks ? 0 : has_two_q_buffers ? kAllReaders : kAllReaders & ~(1 << kStorerReader);
+        auto for_each_reader = [&](auto&& action) {
+          for (int reader = 0; reader < kReaders; ++reader)
+            action(((marked_readers >> reader) & 1) != 0, reader, queue_threads(reader));
+        };
+        auto publish = [&](bool is_on, int reader, int threads) { named_marks.publish(is_on, reader, threads); };
+        auto wait_read = [&](bool is_on, int reader, int threads) { named_marks.wait_read(is_on, reader, threads); };
         for (int taken = 0;; ++taken) {
-          const int slot = taken & 1;
-          if (taken >= 2) ptx::mbarrier_wait(&tile_empty[slot], ((taken >> 1) - 1) & 1);
-          tile_slots[slot] = linear < tile_end ? linear : tile_end;
-          ::cuda::ptx::mbarrier_arrive(&tile_full[slot]);
-          if (linear >= tile_end) return;
-          linear = params.maybe_tile_counter != nullptr
-                       ? static_cast<std::int32_t>(gridDim.x + atomicAdd(params.maybe_tile_counter, 1u))
-                       : linear + static_cast<std::int32_t>(gridDim.x);
+          queue.wait_free(taken);  // with the marks already done: its readers marked taken - 1 read
+          queue.put(taken, linear < tile_end ? linear : tile_end);
+          for_each_reader(publish);
+          if (linear >= tile_end) {
+            for_each_reader(wait_read);
+            return;
+          }
+          for_each_reader(wait_read);
+          if (is_late_claim && marked_readers == 0) queue.wait_free(taken + 2);
+          linear = next_tile(linear, params.maybe_tile_counter);
         }
       }
     }
@@ -345,11 +391,19 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
         // where the consumers staged it (a varlen warpgroup whose rows cross the sequence's
         // end stored its rows from registers: the box would write into the next sequence;
         // rows past a dense tensor's end and columns past head_dim the map clips).
-        auto store_staged_output = [&](int count) {
+        // With the named marks the storer takes out's coordinates from its own decode of
+        // the tile (as the loader its Q coordinates) and leaves the loader's header unread:
+        // racecheck sees the header ordered only through mbarriers (q_full, then o_full).
+        auto store_staged_output = [&](int count, const Tile& tile) {
           const int buffer = count & 1;
           ptx::mbarrier_wait(&o_full[buffer], (count >> 1) & 1);
           if (!params.has_o_map) return;
-          const StoreHeader header = store_headers[buffer];
+          const StoreHeader header =
+              has_named_marks ? StoreHeader{static_cast<std::int32_t>(attention.q_start(tile.batch) + tile.m0),
+                                            static_cast<std::int32_t>(tile.head),
+                                            is_varlen ? 0 : static_cast<std::int32_t>(tile.batch),
+                                            static_cast<std::int32_t>(tile.row_end - tile.m0)}
+                              : store_headers[buffer];
           for (int band = 0; band < kConsumerWarpgroups; ++band) {
             const int band_rows = header.rows - band * ptx::kWarpgroupRows;
             if (band_rows <= 0 || (is_varlen && band_rows < ptx::kWarpgroupRows)) break;
@@ -365,11 +419,11 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
         // store has read it — for Q of the tile after next, loaded about a tile later.
         int count = 0;
         for (int taken = 0;; ++taken) {
-          const std::int32_t linear = take_tile(taken);
+          const std::int32_t linear = take_tile(taken, kStorerReader, std::true_type{});
           if (linear >= tile_end) break;
           Tile tile;
           if (!decode_tile(linear, tile)) continue;
-          store_staged_output(count);
+          store_staged_output(count, tile);
           ptx::bulk_wait_group_read<0>();
           ::cuda::ptx::mbarrier_arrive(&q_empty[count & 1]);
           ++count;
@@ -384,7 +438,7 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
     for (int taken = 0;; ++taken) {
       std::int32_t linear = static_cast<std::int32_t>(blockIdx.x);
       if constexpr (kPersistentArg) {
-        linear = take_tile(taken);
+        linear = take_tile(taken, kLoaderReader, std::true_type{});
       } else if (taken > 0) {
         break;
       }
@@ -395,7 +449,8 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
       // The tile's Q buffer released after its previous use (persistent launches): by
       // every consumer warp, or with two buffers by the storer once the O staged there
       // (tile_count - 2) is stored. The header tells the storer where this tile's O goes
-      // (written before Q is loaded, read after the consumers' o_full: ordered through them).
+      // (written before Q is loaded, read after the consumers' o_full: ordered through them;
+      // with the named marks the storer decodes it instead, the header goes unread).
       const int q_buffer = q_buffer_of(tile_count);
       const int q_use = q_use_of(tile_count);
       if (q_use > 0) ptx::mbarrier_wait(&q_empty[q_buffer], (q_use - 1) & 1);
@@ -965,7 +1020,7 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
     // The CTA's next tile with rows, into `tile`; false once none is left.
     auto take_next_tile = [&]() {
       for (;;) {
-        const std::int32_t linear = take_tile(taken++);
+        const std::int32_t linear = take_tile(taken++, kFirstConsumerReader + consumer, std::false_type{});
         if (linear >= tile_end) return false;
         if (decode_tile(linear, tile)) return true;
       }
@@ -1052,6 +1107,7 @@ void launch_forward_sm90(const HopperForwardParams& params, cudaStream_t stream)
   // The tile-overlap schedule where requested and this kernel has it; its second Q
   // buffer where shared memory has room (tile_config.hpp).
   launch_params.is_tile_overlap = can_overlap_tiles(kConfig) && requested_epilogue() == HopperEpilogue::tma_overlap;
+  launch_params.tile_queue_mode = requested_tile_queue_mode();
   constexpr int kSharedBytes = kConfig.shared_bytes();
   constexpr int kMaxKernelSharedBytes =
       overlaps_with_two_q_buffers(kConfig, kHasDropout) ? kConfig.two_q_shared_bytes() : kSharedBytes;
@@ -1084,6 +1140,9 @@ void launch_forward_sm90_for(ProblemClass problem_class, const HopperForwardPara
     case ProblemClass::unmasked: return launch_forward_sm90<T, kUnmasked, kHasDropout>(params, stream);
     case ProblemClass::masked: return launch_forward_sm90<T, kMasked, kHasDropout>(params, stream);
     case ProblemClass::short_masked: return launch_forward_sm90<T, kShortMasked, kHasDropout>(params, stream);
+    // unmasked's kernel (an A/B switch, launch.hpp): no new kernel.
+    case ProblemClass::short_masked_on_unmasked_tiles:
+      return launch_forward_sm90<T, kUnmasked, kHasDropout>(params, stream);
     // The config of masked or short_masked problems (tile_config.hpp): no new kernel.
     case ProblemClass::mask_lists: return launch_forward_sm90<T, kMaskLists, kHasDropout>(params, stream);
   }

@@ -10,6 +10,7 @@
 #include <cuda.h>  // CUtensorMap (a plain 128-byte struct; libcuda is never linked)
 #include <cuda_runtime.h>
 
+#include <cstdint>
 #include <cstdlib>
 #include <string>
 
@@ -18,6 +19,32 @@
 #include "src/cuda/hopper/tile_order.hpp"
 
 namespace flashattn::cuda::hopper {
+
+// FLASHATTN_CUDA_HOPPER_TILE_QUEUE selects when the persistent kernels' scheduler lane
+// claims a tile from the dynamic scheduler's counter and how it hands it on (kernel.cuh),
+// read once per process; an A/B switch until timed on the device:
+//   early_claim (default): the next tile is claimed as soon as the previous one is in
+//     the two-slot mbarrier queue, so a CTA holds up to three tiles beyond the one it
+//     runs — at the end of a launch the last (lightest) tiles wait in busy CTAs' queues;
+//   late_claim: the next tile is claimed once the previous one has started (every reader
+//     took it), so a CTA holds one, and every put and take of the queue also passes named
+//     barriers (NamedTileMarks, tile_queue.cuh: bar.arrive / bar.sync, ordering that
+//     compute-sanitizer racecheck models, the mbarriers' it does not);
+//   late_claim_mbarrier: late_claim's claim on the mbarrier queue alone (times the claim
+//     apart from the marks).
+enum class TileQueueMode : std::int32_t { early_claim = 0, late_claim = 1, late_claim_mbarrier = 2 };
+
+inline TileQueueMode requested_tile_queue_mode() {
+  static const TileQueueMode requested = [] {
+    const char* value = std::getenv("FLASHATTN_CUDA_HOPPER_TILE_QUEUE");
+    if (value == nullptr) return TileQueueMode::early_claim;
+    const std::string name(value);
+    if (name == "late_claim") return TileQueueMode::late_claim;
+    if (name == "late_claim_mbarrier") return TileQueueMode::late_claim_mbarrier;
+    return TileQueueMode::early_claim;
+  }();
+  return requested;
+}
 
 struct HopperForwardParams {
   AttentionParams attention;
@@ -39,6 +66,9 @@ struct HopperForwardParams {
   // The tile-overlap schedule of the persistent kernels (kernel.cuh; set by
   // launch_forward_sm90 where FLASHATTN_CUDA_HOPPER_EPILOGUE=tma_overlap asks for it).
   bool is_tile_overlap = false;
+  // How the persistent kernels' scheduler hands tiles on (TileQueueMode above; set by
+  // launch_forward_sm90 from FLASHATTN_CUDA_HOPPER_TILE_QUEUE).
+  TileQueueMode tile_queue_mode = TileQueueMode::early_claim;
   // Out as a TMA store target, box (64, 64 rows, 1, 1): one consumer warpgroup's rows of
   // a 64-column panel. Encoded only for the tile-overlap schedule, and only where out's
   // address and strides allow; has_o_map false: O is stored from registers.
@@ -112,11 +142,26 @@ inline bool is_l2_section_order_requested() {
   return requested;
 }
 
+// FLASHATTN_CUDA_HOPPER_SHORT_MASKED_TILES=unmasked runs short masked problems on the
+// unmasked problems' config (ProblemClass::short_masked_on_unmasked_tiles: d64 on block_m
+// 192, three consumer warpgroups, still persistent with the dynamic tile scheduler); an A/B
+// switch for timing, read once per process. Default: short_masked's own entries.
+inline bool is_short_masked_on_unmasked_tiles_requested() {
+  static const bool requested = [] {
+    const char* value = std::getenv("FLASHATTN_CUDA_HOPPER_SHORT_MASKED_TILES");
+    return value != nullptr && std::string(value) == "unmasked";
+  }();
+  return requested;
+}
+
 inline ProblemClass problem_class_of(const AttentionParams& params) {
   if (params.has_attn_mask() || params.has_block_mask()) return ProblemClass::mask_lists;
   const bool is_masked = params.is_causal || params.is_local();
   if (is_masked && is_per_tile_schedule_forced()) return ProblemClass::mask_lists;
-  return problem_class_of(is_masked, params.seqlen_q);
+  const ProblemClass problem_class = problem_class_of(is_masked, params.seqlen_q);
+  if (problem_class == ProblemClass::short_masked && is_short_masked_on_unmasked_tiles_requested())
+    return ProblemClass::short_masked_on_unmasked_tiles;
+  return problem_class;
 }
 
 // The one predicate: empty when the Hopper kernel runs these (already validated)

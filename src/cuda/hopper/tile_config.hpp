@@ -93,6 +93,12 @@ enum class ProblemClass : int {
   mask_lists,    // attn_mask or block mask: the one-CTA-per-tile configs with two consumer
                  // warpgroups, whose kernels have the mask lists' path (has_mask_lists());
                  // masked's where the table has no entry of its own.
+  short_masked_on_unmasked_tiles,  // short_masked run on unmasked's config (an A/B switch,
+                                   // FLASHATTN_CUDA_HOPPER_SHORT_MASKED_TILES=unmasked, launch.hpp):
+                                   // d64 block_m 192 with three consumer warpgroups, persistent
+                                   // with the dynamic scheduler (1k causal lost 172 vs 197 TF/s
+                                   // with one CTA per tile, H100 2026-11-22; not timed since);
+                                   // the same kernel as short_masked's elsewhere. No new kernel.
 };
 inline constexpr int kShortMaskedSeqlen = 2048;
 
@@ -135,7 +141,8 @@ constexpr ProblemClass problem_class_of(bool is_masked, long long seqlen_q) {
 // The tile config that runs a problem of this class with this kernel head dim, with or
 // without dropout (the one selection: the tensor maps in launch.cu and the launch in
 // kernel.cuh read it). short_masked and mask_lists fall back to masked where the table
-// has no entry of their own; dropout falls back to the entries without it.
+// has no entry of their own, short_masked_on_unmasked_tiles is unmasked's; dropout falls
+// back to the entries without it.
 constexpr HopperTileConfig hopper_tile_config(int kernel_head_dim, ProblemClass problem_class,
                                               bool has_dropout = false) {
   if (has_dropout)
@@ -144,6 +151,8 @@ constexpr HopperTileConfig hopper_tile_config(int kernel_head_dim, ProblemClass 
         return entry.config;
   for (const HopperTileEntry& entry : kHopperTileTable)
     if (entry.config.kernel_head_dim == kernel_head_dim && entry.problem_class == problem_class) return entry.config;
+  if (problem_class == ProblemClass::short_masked_on_unmasked_tiles)
+    return hopper_tile_config(kernel_head_dim, ProblemClass::unmasked, has_dropout);
   if (problem_class == ProblemClass::short_masked || problem_class == ProblemClass::mask_lists)
     return hopper_tile_config(kernel_head_dim, ProblemClass::masked, has_dropout);
   return HopperTileConfig{0, 0, 0, 0, false, false, false};

@@ -11,6 +11,7 @@
 
 namespace flashattn::cuda::ptx {
 
+inline constexpr int kWarpSize = 32;
 inline constexpr int kWarpgroupThreads = 128;  // 4 consecutive warps, the unit of wgmma and setmaxnreg
 inline constexpr int kWarpgroupRows = 64;      // wgmma's M: the rows of D one warpgroup owns
 
