@@ -263,8 +263,8 @@ __device__ __forceinline__ void apply_fragment_mask(float (&s)[4 * kNTiles], con
 // id >= 0) and are one interval for document-causal, sliding-window and prefix-LM rows
 // (a prefix and a band apart, as a prefix with a window far from it, are two: such a row
 // keeps the fast pass). So a kernel loads the row's inputs (prefix, document span) once
-// per query tile and keeps one interval per fragment row in registers across its key
-// loop; a partial block then costs a few integer operations per row
+// per query tile and keeps one interval per row across its key loop (the Hopper forward:
+// in shared memory, 8 bytes a row); a partial block then costs a few integer operations per row
 // (RowKeyInterval::allowed_elements) and one bit test per element, instead of the loads,
 // the 64-bit span arithmetic and the two span tests per element of make_row_mask. Masks
 // with bits, tiles of code kFullBlock (partial by the interval rule or the sequence end)

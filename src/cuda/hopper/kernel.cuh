@@ -67,7 +67,9 @@
 // order, descending like the interval range) instead of the interval range, for the
 // producer and the consumers alike: both read the same entry `index` of the same list,
 // so the rings stay in lock-step. Partial entries take fragment::apply_mask (the whole
-// element pass: sequence ends, interval rule, block mask, attn_mask); full ones no mask
+// element pass: sequence ends, interval rule, block mask, attn_mask), its fast form on a
+// tile code, or (FLASHATTN_CUDA_MASKS_ROW_INTERVALS=1, a block mask without bits) one key
+// interval per query row made once per tile (fragment::RowKeyInterval); full ones no mask
 // at all. A runtime branch per tile, not a template flag (no new instantiations): masks
 // run the one-CTA-per-tile kernels with two consumer warpgroups (ProblemClass::
 // mask_lists), and only those compile the path (HopperTileConfig::has_mask_lists). The
@@ -590,7 +592,8 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
   // computed once in consume_tile, into shared memory (held in registers across the key
   // loop they spilled the mask kernels: ptxas -v, bf16 d128 0 -> 56 bytes); its partial
   // blocks of a partial id read their two rows' (a thread whose rows are not one interval
-  // each keeps the fast pass).
+  // each keeps the fast pass: a per-thread flag, set with the intervals; tested on the
+  // intervals read back, the fall-through to the fast pass spilled 28 bytes).
   auto is_row_interval_tile = [&]() {
     return params.is_mask_row_intervals && is_listed(tile) && attention.has_block_mask() &&
            !attention.block_mask.rule.has_bits();
