@@ -318,20 +318,11 @@ __device__ __forceinline__ RowKeyInterval row_key_interval(const AttentionParams
   // Any partial id: without bits the spans do not depend on it.
   constexpr std::int32_t kAnyPartialId = 0;
   const AllowedSpans spans = allowed_key_spans(mask, rule, kAnyPartialId, row, prefix_length, documents);
-  // Their union as one interval: an empty span adds nothing; two that overlap or touch join.
-  const bool is_empty[2] = {spans.end[0] <= spans.begin[0], spans.end[1] <= spans.begin[1]};
-  std::int64_t begin = spans.begin[0], end = spans.end[0];
-  if (is_empty[0]) {
-    begin = spans.begin[1];
-    end = spans.end[1];
-  } else if (!is_empty[1]) {
-    if (spans.begin[1] > spans.end[0] || spans.begin[0] > spans.end[1]) return {RowKeyInterval::kNone, 0};  // a gap
-    begin = spans.begin[0] < spans.begin[1] ? spans.begin[0] : spans.begin[1];
-    end = spans.end[0] > spans.end[1] ? spans.end[0] : spans.end[1];
-  }
+  const OneInterval interval = one_interval_of(spans);
+  if (!interval.is_one) return {RowKeyInterval::kNone, 0};
   // Inside [0, seqlen_k] already (allowed_key_spans); clamped so that 32 bits hold them.
-  begin = MaskRule::clamp(begin, 0, mask.seqlen_k);
-  end = MaskRule::clamp(end, begin, mask.seqlen_k);
+  const std::int64_t begin = MaskRule::clamp(interval.begin, 0, mask.seqlen_k);
+  const std::int64_t end = MaskRule::clamp(interval.end, begin, mask.seqlen_k);
   return {static_cast<std::int32_t>(begin), static_cast<std::int32_t>(end)};
 }
 

@@ -595,6 +595,8 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
   // each keeps the fast pass: a per-thread flag, set with the intervals; tested on the
   // intervals read back, the fall-through to the fast pass spilled 28 bytes).
   auto is_row_interval_tile = [&]() {
+    // (a dense attn_mask makes every partial tile kGeneralTile, so its intervals go unused;
+    // testing has_attn_mask() here too spilled the mask kernels, ptxas -v d128 0 -> 40/44)
     return params.is_mask_row_intervals && is_listed(tile) && attention.has_block_mask() &&
            !attention.block_mask.rule.has_bits();
   };
