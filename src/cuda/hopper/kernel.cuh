@@ -594,7 +594,11 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
   // blocks of a partial id read their two rows' (a thread whose rows are not one interval
   // each keeps the fast pass: a per-thread flag, set with the intervals; tested on the
   // intervals read back, the fall-through to the fast pass spilled 28 bytes).
+  // Compiled where it costs no spills: not into d256's dropout kernel (ptxas -v: 0 -> 16/20
+  // bytes), whose masks keep the fast pass.
+  constexpr bool kHasRowIntervals = kHasDeviceMask && !(kHasDropout && kHeadDim > 128);
   auto is_row_interval_tile = [&]() {
+    if constexpr (!kHasRowIntervals) return false;
     // (a dense attn_mask makes every partial tile kGeneralTile, so its intervals go unused;
     // testing has_attn_mask() here too spilled the mask kernels, ptxas -v d128 0 -> 40/44)
     return params.is_mask_row_intervals && is_listed(tile) && attention.has_block_mask() &&
@@ -604,7 +608,7 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
   constexpr int kMaskStepTiles = kNTiles % 4 == 0 ? 4 : 2;  // block_n 80: 10 tiles
   static_assert(kNTiles % kMaskStepTiles == 0, "whole steps");
   auto apply_device_mask = [&](std::int64_t n0, std::int32_t code, float bias_factor) {
-    if (code >= 0 && has_row_intervals) {
+    if (kHasRowIntervals && code >= 0 && has_row_intervals) {
       // A partial block of a block mask without bits: the rows' intervals, made per tile.
       const fragment::RowKeyInterval rows[2] = {row_intervals[thread_row0], row_intervals[thread_row0 + 8]};
       fragment::apply_row_key_intervals<kNTiles>(s, rows, static_cast<std::int32_t>(n0));
