@@ -310,6 +310,8 @@ __device__ __forceinline__ RowKeyInterval row_key_interval(const AttentionParams
       rule.maybe_prefix_lengths != nullptr ? rule.maybe_prefix_lengths[b * rule.prefix_batch_stride] : 0;
   DocumentSpan documents;
   if (rule.maybe_q_document_ids != nullptr) {
+    // Unsorted ids have no spans (their tiles are kGeneralTile): nothing to read.
+    if (device_mask.maybe_document_key_spans == nullptr) return {RowKeyInterval::kNone, 0};
     const std::int64_t safe_row = row >= 0 && row < mask.seqlen_q ? row : 0;  // denied by allowed_key_spans
     const int2 span =
         reinterpret_cast<const int2*>(device_mask.maybe_document_key_spans)[b * device_mask.document_batch_stride_q + safe_row];
