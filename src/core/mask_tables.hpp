@@ -210,6 +210,25 @@ FLASHATTN_HOST_DEVICE AllowedSpans allowed_key_spans(const MaskRule& mask, const
   return spans;
 }
 
+// AllowedSpans as one interval [begin, end) of columns, where it is one: an empty span
+// adds nothing, two that overlap or touch join; is_one is false when a gap lies between
+// them (a prefix and a band apart). Document-causal, sliding-window and prefix-LM (causal)
+// rows are one interval: a kernel may keep it per row across its key loop instead of the
+// spans' inputs (the Hopper forward's row-interval pass, fragment::RowKeyInterval).
+struct OneInterval {
+  bool is_one = true;
+  std::int64_t begin = 0;
+  std::int64_t end = 0;  // empty when end <= begin
+};
+FLASHATTN_HOST_DEVICE OneInterval one_interval_of(const AllowedSpans& spans) {
+  const bool is_empty[2] = {spans.end[0] <= spans.begin[0], spans.end[1] <= spans.begin[1]};
+  if (is_empty[1]) return {true, spans.begin[0], spans.end[0]};
+  if (is_empty[0]) return {true, spans.begin[1], spans.end[1]};
+  if (spans.begin[1] > spans.end[0] || spans.begin[0] > spans.end[1]) return {false, 0, 0};
+  return {true, spans.begin[0] < spans.begin[1] ? spans.begin[0] : spans.begin[1],
+          spans.end[0] > spans.end[1] ? spans.end[0] : spans.end[1]};
+}
+
 // The transpose of allowed_key_spans (dK/dV kernels, whose fragment rows are keys): the
 // query rows that may see key `key`, one span (the prefix relaxes the band of a whole
 // key column). prefix_length as above; documents: the queries of the key's document.

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "flashattn/block_mask.hpp"
@@ -140,6 +141,57 @@ TEST(MaskContract, AllowedSpansAgreeWithElementRule) {
     }
   }
   EXPECT_GT(checked, 0);
+}
+
+// one_interval_of: where it says one interval, that interval holds exactly the spans'
+// columns; it says two only where a column between them is denied. Over rows of every
+// band / prefix / documents combination: document-causal, causal prefix-LM and sliding
+// rows are one interval, a prefix with a window far from it is not.
+TEST(MaskContract, OneIntervalOfSpans) {
+  const std::vector<std::int32_t> documents_of{0, 0, 0, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 5, 5};
+  const std::int64_t seqlen = static_cast<std::int64_t>(documents_of.size());
+  const MaskRule mask{seqlen, seqlen, -1, -1};
+  std::int32_t prefix = 7;
+  std::int64_t ones = 0, twos = 0;
+  for (int band = 0; band < 4; ++band) {
+    for (bool has_prefix : {false, true}) {
+      for (bool has_documents : {false, true}) {
+        ElementRule rule;
+        rule.has_band = band > 0;
+        rule.window_right = band == 1 ? 0 : (band == 2 ? 0 : -1);
+        rule.window_left = band == 2 ? 3 : (band == 3 ? 4 : -1);
+        rule.diagonal_offset = band == 3 ? -2 : 0;
+        if (has_prefix && rule.has_band) rule.maybe_prefix_lengths = &prefix;
+        if (has_documents) rule.maybe_q_document_ids = documents_of.data(), rule.maybe_k_document_ids = documents_of.data();
+        for (std::int64_t row = 0; row < seqlen + 2; ++row) {
+          DocumentSpan documents;
+          if (row < seqlen)
+            documents = {std::lower_bound(documents_of.begin(), documents_of.end(), documents_of[row]) - documents_of.begin(),
+                         std::upper_bound(documents_of.begin(), documents_of.end(), documents_of[row]) - documents_of.begin()};
+          const AllowedSpans spans = allowed_key_spans(mask, rule, 0, row, has_prefix ? prefix : 0, documents);
+          const OneInterval interval = one_interval_of(spans);
+          const std::string where = "band " + std::to_string(band) + " prefix " + std::to_string(has_prefix) +
+                                    " documents " + std::to_string(has_documents) + " row " + std::to_string(row);
+          if (interval.is_one) {
+            ++ones;
+            for (std::int64_t col = -2; col < seqlen + 2; ++col)
+              EXPECT_EQ(col >= interval.begin && col < interval.end, spans.contains(col)) << where << " col " << col;
+          } else {
+            ++twos;
+            std::int64_t first = seqlen, last = -1;
+            for (std::int64_t col = 0; col < seqlen; ++col)
+              if (spans.contains(col)) first = std::min(first, col), last = std::max(last, col);
+            bool has_gap = false;
+            for (std::int64_t col = first; col <= last; ++col) has_gap = has_gap || !spans.contains(col);
+            EXPECT_TRUE(has_gap) << where;
+          }
+          if (band == 1 || (band == 0 && has_documents)) EXPECT_TRUE(interval.is_one) << where;  // causal / documents
+        }
+      }
+    }
+  }
+  EXPECT_GT(ones, 0);
+  EXPECT_GT(twos, 0);  // a prefix of 7 and a window of 3 or 4: rows past 11 see two spans
 }
 
 // A partial tile whose id has no bits (or no bits at all) allows nothing, as ElementRule does.

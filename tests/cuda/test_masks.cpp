@@ -595,6 +595,13 @@ std::vector<MaskCase> full_cases() {
     cases.push_back(j);
     MaskCase k = block_case("fast band softcap 128", softcap(make(bf16, 1, 190, 210, 2, 2, 128), 4.0), Block::band, 128, 128);
     cases.push_back(k);
+    // Documents on the Hopper forward's dropout kernel and on d256's key tiles of 80 (the
+    // row-interval pass, FLASHATTN_CUDA_MASKS_ROW_INTERVALS, runs in both).
+    MaskCase l = block_case("fast documents causal dropout 128", dropout(make(bf16, 1, 260, 300, 2, 2, 128), 0.2),
+                            Block::documents, 128, 128);
+    cases.push_back(l);
+    MaskCase m = block_case("fast documents causal d256", make(f16, 2, 300, 260, 2, 1, 256), Block::documents, 128, 128);
+    cases.push_back(m);
   }
   {
     // Block mask and a bias together (the oracle reads both), dBias through both.

@@ -256,6 +256,95 @@ __device__ __forceinline__ void apply_fragment_mask(float (&s)[4 * kNTiles], con
   }
 }
 
+// The row-interval pass (the Hopper forward with FLASHATTN_CUDA_MASKS_ROW_INTERVALS=1):
+// the fast pass above for a listed partial tile whose code is a partial block id of a
+// block mask *without bits* (document ids, band, prefix). There the allowed keys of a
+// query row do not depend on the block (allowed_key_spans gives the same spans for every
+// id >= 0) and are one interval for document-causal, sliding-window and prefix-LM rows
+// (a prefix and a band apart, as a prefix with a window far from it, are two: such a row
+// keeps the fast pass). So a kernel loads the row's inputs (prefix, document span) once
+// per query tile and keeps one interval per row across its key loop (the Hopper forward:
+// in shared memory, 8 bytes a row); a partial block then costs a few integer operations per row
+// (RowKeyInterval::allowed_elements) and one bit test per element, instead of the loads,
+// the 64-bit span arithmetic and the two span tests per element of make_row_mask. Masks
+// with bits, tiles of code kFullBlock (partial by the interval rule or the sequence end)
+// and kGeneralTile keep their passes.
+struct RowKeyInterval {
+  // Allowed keys [begin, end) of the row: absolute key columns in [0, seqlen_k]; empty
+  // when end <= begin. begin = kNone: the row's keys are not one interval.
+  static constexpr std::int32_t kNone = INT32_MIN;
+  std::int32_t begin;
+  std::int32_t end;
+
+  // How many of the thread's columns c = 8 j + e (j < kNTiles, e < 2) of a block lie below
+  // local column x (= key - n0 - 2 quad): the thread's columns increase with k = 2 j + e,
+  // so those below x are the k < count.
+  template <int kNTiles>
+  static __device__ __forceinline__ std::uint32_t columns_below(std::int32_t x) {
+    const std::int32_t rest = x & 7;  // x = 8 floor(x / 8) + rest, also for x < 0
+    const std::int32_t count = 2 * (x >> 3) + (rest < 2 ? rest : 2);
+    return static_cast<std::uint32_t>(count < 0 ? 0 : (count > 2 * kNTiles ? 2 * kNTiles : count));
+  }
+  // Bits 0 .. count - 1 set (count <= 32): one funnel shift, clamped at 32.
+  static __device__ __forceinline__ std::uint32_t low_bits(std::uint32_t count) {
+    return __funnelshift_lc(~0u, 0u, count);
+  }
+  // Bit k = 2 j + e is set iff the thread's element (j, e) of the block whose first column
+  // for this thread is `thread_col0` (= n0 + 2 quad) is allowed.
+  template <int kNTiles>
+  __device__ __forceinline__ std::uint32_t allowed_elements(std::int32_t thread_col0) const {
+    static_assert(2 * kNTiles <= 32, "one 32-bit word per fragment row");
+    return low_bits(columns_below<kNTiles>(end - thread_col0)) & ~low_bits(columns_below<kNTiles>(begin - thread_col0));
+  }
+};
+
+// The RowKeyInterval of query row `row` (any row: one past the end is denied) of batch b,
+// for partial tiles of a block mask without bits (see above); begin = kNone when the row's
+// allowed keys are two disjoint spans. Its loads (the prefix, the row's document span)
+// are made once per query tile.
+__device__ __forceinline__ RowKeyInterval row_key_interval(const AttentionParams& params, const MaskRule& mask,
+                                                           std::int64_t b, std::int64_t row) {
+  const DeviceMask& device_mask = params.device_mask;
+  const ElementRule& rule = params.block_mask.rule;
+  const std::int64_t prefix_length =
+      rule.maybe_prefix_lengths != nullptr ? rule.maybe_prefix_lengths[b * rule.prefix_batch_stride] : 0;
+  DocumentSpan documents;
+  if (rule.maybe_q_document_ids != nullptr) {
+    // Unsorted ids have no spans (their tiles are kGeneralTile): nothing to read.
+    if (device_mask.maybe_document_key_spans == nullptr) return {RowKeyInterval::kNone, 0};
+    const std::int64_t safe_row = row >= 0 && row < mask.seqlen_q ? row : 0;  // denied by allowed_key_spans
+    const int2 span =
+        reinterpret_cast<const int2*>(device_mask.maybe_document_key_spans)[b * device_mask.document_batch_stride_q + safe_row];
+    documents = {span.x, span.y};
+  }
+  // Any partial id: without bits the spans do not depend on it.
+  constexpr std::int32_t kAnyPartialId = 0;
+  const AllowedSpans spans = allowed_key_spans(mask, rule, kAnyPartialId, row, prefix_length, documents);
+  const OneInterval interval = one_interval_of(spans);
+  if (!interval.is_one) return {RowKeyInterval::kNone, 0};
+  // Inside [0, seqlen_k] already (allowed_key_spans); clamped so that 32 bits hold them.
+  const std::int64_t begin = MaskRule::clamp(interval.begin, 0, mask.seqlen_k);
+  const std::int64_t end = MaskRule::clamp(interval.end, begin, mask.seqlen_k);
+  return {static_cast<std::int32_t>(begin), static_cast<std::int32_t>(end)};
+}
+
+// The row-interval pass of a 16 x 8·kNTiles fragment (layout as apply_fragment_mask) of
+// the block starting at key n0, from its two fragment rows' intervals (neither kNone).
+template <int kNTiles>
+__device__ __forceinline__ void apply_row_key_intervals(float (&s)[4 * kNTiles], const RowKeyInterval (&rows)[2],
+                                                        std::int32_t n0, float masked_value = -INFINITY) {
+  const std::int32_t thread_col0 = n0 + 2 * static_cast<std::int32_t>(threadIdx.x % 4);
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const std::uint32_t allowed = rows[half].allowed_elements<kNTiles>(thread_col0);
+#pragma unroll
+    for (int j = 0; j < kNTiles; ++j)
+#pragma unroll
+      for (int e = 0; e < 2; ++e)
+        if (((allowed >> (2 * j + e)) & 1u) == 0) s[4 * j + 2 * half + e] = masked_value;
+  }
+}
+
 // Calls f(index, query row, key column) for each element of a 16 x 8·kNTiles fragment.
 template <int kNTiles, bool kTransposed, class F>
 __device__ __forceinline__ void for_each_position(std::int64_t row0, std::int64_t col0, F&& f) {

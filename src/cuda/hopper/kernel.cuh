@@ -67,7 +67,9 @@
 // order, descending like the interval range) instead of the interval range, for the
 // producer and the consumers alike: both read the same entry `index` of the same list,
 // so the rings stay in lock-step. Partial entries take fragment::apply_mask (the whole
-// element pass: sequence ends, interval rule, block mask, attn_mask); full ones no mask
+// element pass: sequence ends, interval rule, block mask, attn_mask), its fast form on a
+// tile code, or (FLASHATTN_CUDA_MASKS_ROW_INTERVALS=1, a block mask without bits) one key
+// interval per query row made once per tile (fragment::RowKeyInterval); full ones no mask
 // at all. A runtime branch per tile, not a template flag (no new instantiations): masks
 // run the one-CTA-per-tile kernels with two consumer warpgroups (ProblemClass::
 // mask_lists), and only those compile the path (HopperTileConfig::has_mask_lists). The
@@ -272,6 +274,11 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
     std::int32_t row, head, batch_coordinate, rows;  // out's first row of the tile, its rows
   };
   auto* store_headers = reinterpret_cast<StoreHeader*>(tile_slots + 2);  // [2]
+  // The mask lists' row intervals (kernels with has_mask_lists; see apply_device_mask):
+  // [kBlockM], one per query row of the tile, after the 256 bytes of the mbarriers.
+  auto* row_intervals = reinterpret_cast<fragment::RowKeyInterval*>(reinterpret_cast<unsigned char*>(barriers) + 256);
+  static_assert(kConfig.row_interval_bytes() == (kConfig.has_mask_lists() ? kBlockM * sizeof(fragment::RowKeyInterval) : 0),
+                "one row interval per query row of the tile");
   constexpr int kConsumerWarps = 4 * kConsumerWarpgroups;
   static_assert((10 + 4 * kStages) * 8 + 2 * 4 + 2 * 16 <= 256,
                 "mbarriers, tile slots and store headers exceed their 256 bytes");
@@ -635,9 +642,33 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
   // (block codes, element rule, attn_mask: loads per element) made the d128 object
   // compile in 148 s instead of 9; 4 tiles per step (16 elements' loads in flight)
   // compile in 14.5 s, without spills (ptxas -v; 8 did not spill either, 23 s).
+  // The row-interval pass (launch.hpp's FLASHATTN_CUDA_MASKS_ROW_INTERVALS): a listed tile
+  // of a block mask without bits has its rows' key intervals (fragment::RowKeyInterval)
+  // computed once in consume_tile, into shared memory (held in registers across the key
+  // loop they spilled the mask kernels: ptxas -v, bf16 d128 0 -> 56 bytes); its partial
+  // blocks of a partial id read their two rows' (a thread whose rows are not one interval
+  // each keeps the fast pass: a per-thread flag, set with the intervals; tested on the
+  // intervals read back, the fall-through to the fast pass spilled 28 bytes).
+  // Compiled where it costs no spills: not into d256's dropout kernel (ptxas -v: 0 -> 16/20
+  // bytes), whose masks keep the fast pass.
+  constexpr bool kHasRowIntervals = kHasDeviceMask && !(kHasDropout && kHeadDim > 128);
+  auto is_row_interval_tile = [&]() {
+    if constexpr (!kHasRowIntervals) return false;
+    // (a dense attn_mask makes every partial tile kGeneralTile, so its intervals go unused;
+    // testing has_attn_mask() here too spilled the mask kernels, ptxas -v d128 0 -> 40/44)
+    return params.is_mask_row_intervals && is_listed(tile) && attention.has_block_mask() &&
+           !attention.block_mask.rule.has_bits();
+  };
+  bool has_row_intervals = false;  // the tile's and both of the thread's rows are one interval
   constexpr int kMaskStepTiles = kNTiles % 4 == 0 ? 4 : 2;  // block_n 80: 10 tiles
   static_assert(kNTiles % kMaskStepTiles == 0, "whole steps");
   auto apply_device_mask = [&](std::int64_t n0, std::int32_t code, float bias_factor) {
+    if (kHasRowIntervals && code >= 0 && has_row_intervals) {
+      // A partial block of a block mask without bits: the rows' intervals, made per tile.
+      const fragment::RowKeyInterval rows[2] = {row_intervals[thread_row0], row_intervals[thread_row0 + 8]};
+      fragment::apply_row_key_intervals<kNTiles>(s, rows, static_cast<std::int32_t>(n0));
+      return;
+    }
     if (code != kGeneralTile) {
       // One block code under the tile: spans and bits, loaded once, tested in registers.
       fragment::apply_fragment_mask<kNTiles>(s, attention, tile.mask, code, tile.batch, tile.m0 + thread_row0, n0);
@@ -940,6 +971,22 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
       if constexpr (!kRebuildsTileScore) tile_score = tile_score_of(alibi_slope_log2);
     }
     if constexpr (kHasDropout) dropout_head = attention.dropout_head(tile.batch, tile.head);
+    if constexpr (kHasDeviceMask) {
+      // Made while Q lands (the row-interval pass, see apply_device_mask). The warp's 16
+      // rows are its own: lane quad 0 of each row writes it, the warp reads it.
+      has_row_intervals = is_row_interval_tile();
+      if (has_row_intervals) {
+        __syncwarp();
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const fragment::RowKeyInterval interval =
+              fragment::row_key_interval(attention, tile.mask, tile.batch, tile.m0 + thread_row0 + 8 * half);
+          if (quad_lane == 0) row_intervals[thread_row0 + 8 * half] = interval;
+          has_row_intervals = has_row_intervals && interval.begin != fragment::RowKeyInterval::kNone;
+        }
+        __syncwarp();
+      }
+    }
     ptx::mbarrier_wait(&q_full[q_buffer], q_use_of(tile_count) & 1);
     if constexpr (kPingPongArg) {
       gemm_rounds = num_n_blocks + 1;
@@ -1101,6 +1148,7 @@ void launch_forward_sm90(const HopperForwardParams& params, cudaStream_t stream)
   launch_params.tile_order = TileOrder{static_cast<std::int32_t>(num_m_blocks),
                                        static_cast<std::int32_t>(attention.heads_q * attention.batch), 0};
   launch_params.is_alibi_affine = is_affine_alibi_enabled();
+  launch_params.is_mask_row_intervals = kConfig.has_mask_lists() && is_mask_row_intervals_requested();
   if (kConfig.is_persistent && params.maybe_tile_counter != nullptr && is_l2_section_order_requested())
     launch_params.tile_order.section_heads = l2_section_heads(
         attention.seqlen_k * kConfig.kernel_head_dim * 2 * kConfig.element_bytes, static_cast<std::int32_t>(attention.group_size));

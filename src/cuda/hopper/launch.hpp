@@ -69,6 +69,9 @@ struct HopperForwardParams {
   // How the persistent kernels' scheduler hands tiles on (TileQueueMode above; set by
   // launch_forward_sm90 from FLASHATTN_CUDA_HOPPER_TILE_QUEUE).
   TileQueueMode tile_queue_mode = TileQueueMode::early_claim;
+  // The row-interval pass of listed partial tiles (FLASHATTN_CUDA_MASKS_ROW_INTERVALS=1,
+  // is_mask_row_intervals_requested; set by launch_forward_sm90).
+  bool is_mask_row_intervals = false;
   // Out as a TMA store target, box (64, 64 rows, 1, 1): one consumer warpgroup's rows of
   // a 64-column panel. Encoded only for the tile-overlap schedule, and only where out's
   // address and strides allow; has_o_map false: O is stored from registers.
@@ -94,6 +97,19 @@ inline HopperEpilogue requested_epilogue() {
     // (H200, 2026-11-27); =registers restores the other.
     return value != nullptr && std::string(value) == "registers" ? HopperEpilogue::registers
                                                                    : HopperEpilogue::tma_overlap;
+  }();
+  return requested;
+}
+
+// FLASHATTN_CUDA_MASKS_ROW_INTERVALS=1: the mask lists' kernels (block masks without bits:
+// document ids, band, prefix) apply a partial tile's element rule from two key spans per
+// fragment row, loaded once per query tile (fragment::RowKeySpans, kernel.cuh), instead of
+// the fast pass that loads and tests them per partial tile. Read once per process; an A/B
+// switch until timed on the device (off by default).
+inline bool is_mask_row_intervals_requested() {
+  static const bool requested = [] {
+    const char* value = std::getenv("FLASHATTN_CUDA_MASKS_ROW_INTERVALS");
+    return value != nullptr && std::string(value) == "1";
   }();
   return requested;
 }

@@ -52,8 +52,15 @@ struct HopperTileConfig {
   // Tiles per stage: K and V; 8-bit wgmma reads its B operand only K-major, so the FP8
   // kernel adds Vt (d, block_n), V transposed in shared memory (as many bytes as V).
   constexpr int kv_tiles_per_stage() const { return element_bytes == 1 ? 3 : 2; }
-  // Tiles + mbarriers (256 bytes) + slack to align the tiles to 1024 bytes (the swizzle atom).
-  constexpr int shared_bytes() const { return q_bytes() + kv_tiles_per_stage() * stages * kv_tile_bytes() + 256 + 1024; }
+  // The mask lists' row intervals after the mbarriers (kernel.cuh, FLASHATTN_CUDA_MASKS_ROW_INTERVALS):
+  // one int2 per query row of the tile, kept in shared memory rather than in registers
+  // across the key loop (there they spilled the mask kernels, ptxas -v).
+  constexpr int row_interval_bytes() const { return has_mask_lists() ? block_m * 8 : 0; }
+  // Tiles + mbarriers (256 bytes) + row intervals + slack to align the tiles to 1024 bytes
+  // (the swizzle atom).
+  constexpr int shared_bytes() const {
+    return q_bytes() + kv_tiles_per_stage() * stages * kv_tile_bytes() + 256 + row_interval_bytes() + 1024;
+  }
   // The tile-overlap schedule of persistent kernels (kernel.cuh, FLASHATTN_CUDA_HOPPER_EPILOGUE
   // =tma_overlap) adds a second Q buffer after the mbarriers, padded to a 1024-byte atom:
   // Q of tile t + 1 loads while tile t runs, and each tile's O is staged in its own Q
