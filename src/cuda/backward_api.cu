@@ -2,8 +2,9 @@
 // head-dim dispatch, and the order of the kernels (src/cuda/bwd/).
 //
 //   1. preprocess: D = rowsum(dO ∘ O), LSE in log2 units; dq_accum = 0   (bwd/pre_post.cu)
-//      (FLASHATTN_CUDA_HOPPER_BWD_PASSES=fused: the zeroing inside the preprocess kernel, and
-//      16-byte-access preprocess/conversion kernels: bwd/launch.hpp)
+//      (the fused passes: the zeroing inside the preprocess kernel, 16-byte-access
+//      preprocess/conversion kernels; FLASHATTN_CUDA_HOPPER_BWD_PASSES=separate restores
+//      the memsets and the earlier kernels: bwd/launch.hpp)
 //   2. sm_90 where hopper_bwd::why_unsupported is empty: the wgmma kernels
 //      (hopper_bwd/kernel.cuh: d64/d128; hopper_bwd/kernel_wide.cuh: d256; fp16/bf16,
 //      TMA-encodable strides), dQ added to dq_accum by bulk reductions; deterministic:

@@ -37,10 +37,10 @@ gtest_discover_tests(test_cuda_backward_hopper DISCOVERY_TIMEOUT 120 TEST_PREFIX
 # The experimental deferred_dk schedule (d128, default mode; elsewhere it runs overlapped).
 gtest_discover_tests(test_cuda_backward_hopper DISCOVERY_TIMEOUT 120 TEST_PREFIX "deferred_dk."
                      PROPERTIES ENVIRONMENT "FLASHATTN_CUDA_HOPPER_BWD_SCHEDULE=deferred_dk")
-# The Hopper backward cases with the fused preprocess/dQ-conversion passes ("fused_passes.",
-# FLASHATTN_CUDA_HOPPER_BWD_PASSES=fused: 16-byte-access kernels, the workspace zeroed in the
-# preprocess; the FA2-class cases of test_cuda_backward run them too).
-foreach(fused_test test_cuda_backward_hopper test_cuda_backward test_cuda_masks_hopper_bwd)
-  gtest_discover_tests(${fused_test} DISCOVERY_TIMEOUT 120 TEST_PREFIX "fused_passes."
-                       PROPERTIES ENVIRONMENT "FLASHATTN_CUDA_HOPPER_BWD_PASSES=fused")
+# The backward cases with the separate preprocess/dQ-conversion passes ("separate_passes.",
+# FLASHATTN_CUDA_HOPPER_BWD_PASSES=separate: memsets, 2/4-byte-access kernels; the default
+# is the fused passes; the FA2-class cases of test_cuda_backward run them too).
+foreach(separate_test test_cuda_backward_hopper test_cuda_backward test_cuda_masks_hopper_bwd)
+  gtest_discover_tests(${separate_test} DISCOVERY_TIMEOUT 120 TEST_PREFIX "separate_passes."
+                       PROPERTIES ENVIRONMENT "FLASHATTN_CUDA_HOPPER_BWD_PASSES=separate")
 endforeach()

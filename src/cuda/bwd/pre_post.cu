@@ -203,7 +203,7 @@ bool is_16_byte_aligned(const void* pointer, std::initializer_list<std::int64_t>
 // Whether the fused passes run this call: requested, and every row they touch is whole
 // 16-byte chunks.
 bool runs_fused_passes(const BackwardParams& params) {
-  if (!are_fused_passes_requested() || params.head_dim % kElementsPerAccess != 0) return false;
+  if (!are_fused_passes_selected() || params.head_dim % kElementsPerAccess != 0) return false;
   return is_16_byte_aligned(params.out, {params.out_batch_stride, params.out_row_stride, params.out_head_stride}) &&
          is_16_byte_aligned(params.dout, {params.dout_batch_stride, params.dout_row_stride, params.dout_head_stride}) &&
          is_16_byte_aligned(params.dq, {params.dq_batch_stride, params.dq_row_stride, params.dq_head_stride});
@@ -281,10 +281,10 @@ DeviceLimits current_device_limits() {
 
 void set_shared_memory_limit_for_testing(int bytes) { shared_memory_limit_for_testing.store(bytes); }
 
-bool are_fused_passes_requested() {
+bool are_fused_passes_selected() {
   static const bool requested = [] {
     const char* value = std::getenv("FLASHATTN_CUDA_HOPPER_BWD_PASSES");
-    return value != nullptr && std::string(value) == "fused";
+    return value == nullptr || std::string(value) != "separate";
   }();
   return requested;
 }
