@@ -256,7 +256,7 @@ __device__ __forceinline__ void apply_fragment_mask(float (&s)[4 * kNTiles], con
   }
 }
 
-// The row-interval pass (the Hopper forward with FLASHATTN_CUDA_MASKS_ROW_INTERVALS=1):
+// The row-interval pass (the Hopper forward by default; FLASHATTN_CUDA_MASKS_ROW_INTERVALS=0 turns it off):
 // the fast pass above for a listed partial tile whose code is a partial block id of a
 // block mask *without bits* (document ids, band, prefix). There the allowed keys of a
 // query row do not depend on the block (allowed_key_spans gives the same spans for every
