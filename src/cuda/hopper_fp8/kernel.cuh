@@ -770,69 +770,130 @@ __global__ void __launch_bounds__(fp8_tile_config(kHeadDimArg, kScheduleArg).thr
   // other's 128 arrive. Consumer 1 opens consumer 0's first turn and skips its own last
   // hand-over (the last PV), so every barrier completes exactly as often as it is waited
   // on: n + 1 turns each for n key blocks.
+  // in_place_ping_pong takes turns always; the in_place_overlap kernel when asked to
+  // (in_place_overlap_ping_pong, a uniform run-time branch) and it has two consumer
+  // warpgroups.
   constexpr bool kIsPingPong = kConfig.is_ping_pong;
   static_assert(!kIsPingPong || kConsumerWarpgroups == 2, "ping-pong: two consumer warpgroups");
+  constexpr bool kHasRotatedLoop = kConfig.has_rotated_loop();
+  constexpr bool kMayTakeTurns = kIsPingPong || (kHasRotatedLoop && kConsumerWarpgroups == 2);
+  const bool takes_turns =
+      kIsPingPong || (kMayTakeTurns && params.schedule == Fp8Schedule::in_place_overlap_ping_pong);
   // (Barrier ids as constants in each branch: no registers held for them at d256.)
   auto begin_turn = [&]() {
-    if constexpr (kIsPingPong) {
-      if (consumer == 0)
-        ptx::named_barrier_sync(NamedBarrier::kTurnFirst, 2 * ptx::kWarpgroupThreads, 0);
-      else
-        ptx::named_barrier_sync(NamedBarrier::kTurnFirst, 2 * ptx::kWarpgroupThreads, 1);
+    if constexpr (kMayTakeTurns) {
+      if (takes_turns) {
+        if (consumer == 0)
+          ptx::named_barrier_sync(NamedBarrier::kTurnFirst, 2 * ptx::kWarpgroupThreads, 0);
+        else
+          ptx::named_barrier_sync(NamedBarrier::kTurnFirst, 2 * ptx::kWarpgroupThreads, 1);
+      }
     }
   };
   auto end_turn = [&](bool is_last_turn) {
-    if constexpr (kIsPingPong) {
-      if (consumer == 0)
-        ptx::named_barrier_arrive(NamedBarrier::kTurnFirst, 2 * ptx::kWarpgroupThreads, 1);
-      else if (!is_last_turn)
-        ptx::named_barrier_arrive(NamedBarrier::kTurnFirst, 2 * ptx::kWarpgroupThreads, 0);
+    if constexpr (kMayTakeTurns) {
+      if (takes_turns) {
+        if (consumer == 0)
+          ptx::named_barrier_arrive(NamedBarrier::kTurnFirst, 2 * ptx::kWarpgroupThreads, 1);
+        else if (!is_last_turn)
+          ptx::named_barrier_arrive(NamedBarrier::kTurnFirst, 2 * ptx::kWarpgroupThreads, 0);
+      }
     }
   };
 
 #pragma unroll
   for (int i = 0; i < kHeadDim / 2; ++i) o[i] = 0.0f;
   ptx::mbarrier_wait(q_full, 0);
-  if constexpr (kIsPingPong)
-    if (consumer == 1 && num_n_blocks > 0)
+  if constexpr (kMayTakeTurns)
+    if (takes_turns && consumer == 1 && num_n_blocks > 0)
       ptx::named_barrier_arrive(NamedBarrier::kTurnFirst, 2 * ptx::kWarpgroupThreads, 0);
-  // Software pipeline (FA3 section 3.2), as the bf16 kernel: S_j = Q K_j^T is issued
-  // with O += P'_(j-1) V_(j-1), and the softmax of block j runs while that PV GEMM does.
-  if (num_n_blocks > 0) {
-    wait_full(k_full, kKStages, 0);
-    begin_turn();
-    issue_qk(0);
-    end_turn(false);
-    ptx::wgmma_wait_group<0>();
-    release(k_empty, kKStages, 0);
-    softmax_block(0);
-    rescale_o();
-    convert_p();
-  }
-  for (int index = 1; index < num_n_blocks; ++index) {
-    wait_full(k_full, kKStages, index);
-    wait_full(vt_full, kVtStages, index - 1);
-    begin_turn();
-    issue_qk(index);
-    issue_pv(index - 1);
-    end_turn(false);
-    ptx::wgmma_wait_group<1>();  // S_index done, O += P' V still running
-    release(k_empty, kKStages, index);
-    softmax_block(index);
-    ptx::wgmma_wait_group<0>();
-    ptx::fence_operands(o);
-    release(vt_empty, kVtStages, index - 1);
-    rescale_o();
-    convert_p();
-  }
-  if (num_n_blocks > 0) {
-    wait_full(vt_full, kVtStages, num_n_blocks - 1);
-    begin_turn();
-    issue_pv(num_n_blocks - 1);
-    end_turn(true);
-    ptx::wgmma_wait_group<0>();
-    ptx::fence_operands(o);
-    release(vt_empty, kVtStages, num_n_blocks - 1);
+  if constexpr (kHasRotatedLoop) {
+    // Rotated loop (in_place_overlap). The operations and their order are those of the
+    // loop below; only the loop's back edge moves, from after rescale_o/convert_p to
+    // between the softmax and the wait for the PV GEMM. In the loop below the PTX has
+    // softmax_j before `wgmma.wait_group 0`, but ptxas places the wait (WARPGROUP.DEPBAR)
+    // at the top of the softmax's basic block, so the softmax runs after O += P'_(j-1)
+    // V_(j-1) instead of under it (TUNING.md, "FA3's FP8 d256 path vs ours"); ptxas does
+    // not move the wait across the back edge. One `if` around prologue, loop and tail: a
+    // wgmma pending on a path ptxas cannot rule out would make it inject its own wait
+    // (C7517) before the epilogue.
+    if (num_n_blocks > 0) {
+      wait_full(k_full, kKStages, 0);
+      begin_turn();
+      issue_qk(0);
+      end_turn(false);
+      ptx::wgmma_wait_group<0>();
+      release(k_empty, kKStages, 0);
+      softmax_block(0);
+      for (int index = 1; index < num_n_blocks; ++index) {
+        // O += P'_(index-2) V_(index-2) done (nothing pending when index = 1).
+        ptx::wgmma_wait_group<0>();
+        ptx::fence_operands(o);
+        if (index >= 2) release(vt_empty, kVtStages, index - 2);
+        rescale_o();
+        convert_p();  // P'_(index-1)
+        wait_full(k_full, kKStages, index);
+        wait_full(vt_full, kVtStages, index - 1);
+        begin_turn();
+        issue_qk(index);
+        issue_pv(index - 1);
+        end_turn(false);
+        ptx::wgmma_wait_group<1>();  // S_index done, O += P'_(index-1) V_(index-1) still running
+        release(k_empty, kKStages, index);
+        softmax_block(index);  // under that PV GEMM
+      }
+      ptx::wgmma_wait_group<0>();
+      ptx::fence_operands(o);
+      if (num_n_blocks >= 2) release(vt_empty, kVtStages, num_n_blocks - 2);
+      rescale_o();
+      convert_p();
+      wait_full(vt_full, kVtStages, num_n_blocks - 1);
+      begin_turn();
+      issue_pv(num_n_blocks - 1);
+      end_turn(true);
+      ptx::wgmma_wait_group<0>();
+      ptx::fence_operands(o);
+      release(vt_empty, kVtStages, num_n_blocks - 1);
+    }
+  } else {
+    // Software pipeline (FA3 section 3.2), as the bf16 kernel: S_j = Q K_j^T is issued
+    // with O += P'_(j-1) V_(j-1), and the softmax of block j runs while that PV GEMM does.
+    if (num_n_blocks > 0) {
+      wait_full(k_full, kKStages, 0);
+      begin_turn();
+      issue_qk(0);
+      end_turn(false);
+      ptx::wgmma_wait_group<0>();
+      release(k_empty, kKStages, 0);
+      softmax_block(0);
+      rescale_o();
+      convert_p();
+    }
+    for (int index = 1; index < num_n_blocks; ++index) {
+      wait_full(k_full, kKStages, index);
+      wait_full(vt_full, kVtStages, index - 1);
+      begin_turn();
+      issue_qk(index);
+      issue_pv(index - 1);
+      end_turn(false);
+      ptx::wgmma_wait_group<1>();  // S_index done, O += P' V still running
+      release(k_empty, kKStages, index);
+      softmax_block(index);
+      ptx::wgmma_wait_group<0>();
+      ptx::fence_operands(o);
+      release(vt_empty, kVtStages, index - 1);
+      rescale_o();
+      convert_p();
+    }
+    if (num_n_blocks > 0) {
+      wait_full(vt_full, kVtStages, num_n_blocks - 1);
+      begin_turn();
+      issue_pv(num_n_blocks - 1);
+      end_turn(true);
+      ptx::wgmma_wait_group<0>();
+      ptx::fence_operands(o);
+      release(vt_empty, kVtStages, num_n_blocks - 1);
+    }
   }
 
   // ---- epilogue: normalise once (v_descale / l'), LSE, O straight from registers -------
@@ -905,6 +966,9 @@ void run_forward_fp8(const Fp8ForwardParams& params, cudaStream_t stream) {
       return launch_forward_fp8<kHeadDim, Fp8Schedule::transpose_in_place>(params, stream);
     case Fp8Schedule::in_place_ping_pong:
       return launch_forward_fp8<kHeadDim, kernel_schedule(kHeadDim, Fp8Schedule::in_place_ping_pong)>(params, stream);
+    case Fp8Schedule::in_place_overlap:
+    case Fp8Schedule::in_place_overlap_ping_pong:
+      return launch_forward_fp8<kHeadDim, Fp8Schedule::in_place_overlap>(params, stream);
   }
   throw NotSupported("flashattn: FP8 forward: unknown schedule " + std::to_string(static_cast<int>(params.schedule)));
 }

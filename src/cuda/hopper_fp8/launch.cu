@@ -31,14 +31,18 @@ CUtensorMap make_tensor_map(const char* name, const void* data, std::int64_t hea
                                        head_stride, batch_stride, box_rows, panel_bytes);
 }
 
-Fp8ForwardParams make_fp8_forward_params(const AttentionParams& params, const Fp8TileConfig& config) {
+// `schedule` as asked for: run_forward_fp8 launches kernel_schedule(schedule)'s kernel,
+// whose tile config is `config`; the in_place_overlap kernel reads whether it was asked
+// to take turns (in_place_overlap_ping_pong).
+Fp8ForwardParams make_fp8_forward_params(const AttentionParams& params, Fp8Schedule schedule,
+                                         const Fp8TileConfig& config) {
   const bool is_varlen = params.is_varlen();
   const std::int64_t rows_q = is_varlen ? params.total_q : params.seqlen_q;
   const std::int64_t rows_k = is_varlen ? params.total_k : params.seqlen_k;
   const std::int64_t batch = is_varlen ? 1 : params.batch;
   Fp8ForwardParams fp8_params{};
   fp8_params.attention = params;
-  fp8_params.schedule = config.schedule;
+  fp8_params.schedule = schedule;
   if (rows_q == 0 || batch == 0 || params.heads_q == 0) return fp8_params;
   const int panel_bytes = config.panel_bytes();
   fp8_params.q_map = make_tensor_map("q", params.q, params.head_dim, rows_q, params.heads_q, batch, params.q_row_stride,
@@ -133,8 +137,8 @@ void forward(const AttentionParams& params, cudaStream_t stream, Fp8Schedule sch
   if (!why_not.empty()) throw NotSupported("flashattn: " + why_not);
   if (params.batch == 0 || params.seqlen_q == 0 || params.heads_q == 0) return;
   const int kernel_head_dim = kernel_head_dim_for(params.head_dim);
-  run_for_head_dim(kernel_head_dim, make_fp8_forward_params(params, fp8_tile_config(kernel_head_dim, schedule)),
-                   stream);
+  run_for_head_dim(kernel_head_dim,
+                   make_fp8_forward_params(params, schedule, fp8_tile_config(kernel_head_dim, schedule)), stream);
 }
 
 void forward(const AttentionParams& params, cudaStream_t stream) {

@@ -27,7 +27,9 @@ struct Fp8ForwardParams {
   CUtensorMap q_map;  // box rows block_m
   CUtensorMap k_map;  // box rows block_n
   CUtensorMap v_map;  // box rows block_n
-  // Which kernel runs (tile_config.hpp: the schedules share the tensor maps' boxes).
+  // The schedule asked for: kernel_schedule(head dim, schedule)'s kernel runs
+  // (tile_config.hpp: the schedules share the tensor maps' boxes); the in_place_overlap
+  // kernel takes turns when this is in_place_overlap_ping_pong.
   Fp8Schedule schedule = Fp8Schedule::transpose_copy;
 };
 
@@ -42,8 +44,8 @@ void forward(const AttentionParams& params, cudaStream_t stream);
 void forward(const AttentionParams& params, cudaStream_t stream, Fp8Schedule schedule);
 
 // The schedule of a kernel head dim: transpose_copy at 128, transpose_in_place at 64 and
-// 256 (timed); FLASHATTN_CUDA_FP8_SCHEDULE=copy|in_place|ping_pong forces one for every
-// head dim (an A/B switch, read once per process).
+// 256 (timed); FLASHATTN_CUDA_FP8_SCHEDULE=copy|in_place|ping_pong|overlap|overlap_ping_pong
+// forces one for every head dim (an A/B switch, read once per process).
 Fp8Schedule default_schedule(int kernel_head_dim);
 
 // Whether forward() runs these params (on their device); why_unsupported() says why not.
