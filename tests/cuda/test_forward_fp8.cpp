@@ -721,8 +721,11 @@ INSTANTIATE_TEST_SUITE_P(Shapes, HopperFp8Forward, ::testing::ValuesIn(fp8_cases
                            return "case" + std::to_string(info.index);
                          });
 
-// The same cases under the other schedules (FLASHATTN_CUDA_FP8_SCHEDULE=in_place, =ping_pong;
-// d64 has no ping-pong kernel: its PingPong cases run in_place again).
+// The same cases under the other schedules (FLASHATTN_CUDA_FP8_SCHEDULE=in_place, =ping_pong,
+// =overlap, =overlap_ping_pong; d64 has no ping-pong kernel: its PingPong cases run in_place
+// again, its OverlapPingPong cases overlap without turns). The rotated loop of the overlap
+// kernel has its own 1-block (seqlen_k <= 128) and 2-block (129..256) paths: the cases have
+// both.
 std::vector<Fp8Case> cases_with_schedule(cuda::hopper_fp8::Fp8Schedule schedule) {
   std::vector<Fp8Case> cases = fp8_cases();
   for (Fp8Case& c : cases) c.schedule = schedule;
@@ -740,6 +743,17 @@ INSTANTIATE_TEST_SUITE_P(PingPong, HopperFp8Forward,
                          [](const ::testing::TestParamInfo<Fp8Case>& info) {
                            return "case" + std::to_string(info.index);
                          });
+
+INSTANTIATE_TEST_SUITE_P(Overlap, HopperFp8Forward,
+                         ::testing::ValuesIn(cases_with_schedule(cuda::hopper_fp8::Fp8Schedule::in_place_overlap)),
+                         [](const ::testing::TestParamInfo<Fp8Case>& info) {
+                           return "case" + std::to_string(info.index);
+                         });
+
+INSTANTIATE_TEST_SUITE_P(
+    OverlapPingPong, HopperFp8Forward,
+    ::testing::ValuesIn(cases_with_schedule(cuda::hopper_fp8::Fp8Schedule::in_place_overlap_ping_pong)),
+    [](const ::testing::TestParamInfo<Fp8Case>& info) { return "case" + std::to_string(info.index); });
 
 // Refusals name the argument.
 TEST(HopperFp8ForwardRefusal, NamesTheArgument) {

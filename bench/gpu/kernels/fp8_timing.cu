@@ -9,12 +9,13 @@
 // rms_diff_vs_bf16 are a smoke check at full size (expect ~1e-2 max, ~1e-3 rms on these
 // N(0, 1)-like inputs), `unwritten` counts output elements still NaN-poisoned.
 //
-// Usage: flashattn_fp8_timing [--quick] [--schedules copy,in_place,ping_pong]   prints CSV: kernel,batch,
-//   heads,seqlen,head_dim,causal,ms,tflops,speedup_vs_bf16,max_abs_diff_vs_bf16,rms_diff_vs_bf16,unwritten
+// Usage: flashattn_fp8_timing [--quick] [--schedules copy,in_place,ping_pong,overlap,overlap_ping_pong]
+//   prints CSV: kernel,batch,heads,seqlen,head_dim,causal,ms,tflops,speedup_vs_bf16,
+//   max_abs_diff_vs_bf16,rms_diff_vs_bf16,unwritten
 // Without --schedules one FP8 row per shape, kernel flash3_fp8, the process's default
 // schedule (FLASHATTN_CUDA_FP8_SCHEDULE); with it one row per listed schedule,
 // kernel flash3_fp8_<schedule>, all timed in this process beside the same bf16 run (d64
-// has no ping-pong kernel: its ping_pong row runs in_place).
+// has no ping-pong kernel: its ping_pong row runs in_place, its overlap_ping_pong row overlap).
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
@@ -216,13 +217,15 @@ int main(int argc, char** argv) {
             found = true;
           }
         if (!found) {
-          std::fprintf(stderr, "--schedules: unknown schedule '%s' (copy, in_place, ping_pong)\n", name.c_str());
+          std::fprintf(stderr,
+                       "--schedules: unknown schedule '%s' (copy, in_place, ping_pong, overlap, overlap_ping_pong)\n",
+                       name.c_str());
           return 2;
         }
         begin = end + 1;
       }
     } else {
-      std::fprintf(stderr, "usage: %s [--quick] [--schedules copy,in_place,ping_pong]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--quick] [--schedules copy,in_place,ping_pong,overlap,overlap_ping_pong]\n", argv[0]);
       return 2;
     }
   }

@@ -30,6 +30,8 @@
 //                               for V_(j + kVStages): no Vt stage to wait for, and the
 //                               ring is as deep as the V and Vt rings together (d256:
 //                               4 stages instead of 2 + 2).
+//    in_place_overlap runs transpose_in_place's producer; its consumers' loop is rotated
+//    (below, "Rotated loop") so that the softmax really overlaps the PV GEMM.
 //    The consumer warpgroups never touch V_j, only Vt_j. The transpose moves 16-bit
 //    pairs of head-dim bytes with ldmatrix.trans, separates the bytes of two keys with
 //    byte permutes, and writes rows of Vt with stmatrix (the producer below; FA3 does
@@ -857,7 +859,9 @@ __global__ void __launch_bounds__(fp8_tile_config(kHeadDimArg, kScheduleArg).thr
     }
   } else {
     // Software pipeline (FA3 section 3.2), as the bf16 kernel: S_j = Q K_j^T is issued
-    // with O += P'_(j-1) V_(j-1), and the softmax of block j runs while that PV GEMM does.
+    // with O += P'_(j-1) V_(j-1), and the softmax of block j is meant to run while that PV
+    // GEMM does; in the SASS it does not (ptxas hoists the wait_group 0 above it: see the
+    // rotated loop above).
     if (num_n_blocks > 0) {
       wait_full(k_full, kKStages, 0);
       begin_turn();
