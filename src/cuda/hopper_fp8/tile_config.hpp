@@ -81,6 +81,23 @@ inline constexpr Fp8Schedule kFp8Schedules[] = {Fp8Schedule::transpose_copy, Fp8
                                                 Fp8Schedule::in_place_ping_pong, Fp8Schedule::in_place_overlap,
                                                 Fp8Schedule::in_place_overlap_ping_pong};
 
+// When the in_place_overlap kernel multiplies O by the rescale factor of its rows
+// (kernel.cuh, rescale_o). The factor is exactly 1 when a row's running max did not
+// move, so skipping the multiply then changes no bit of the result.
+enum class Fp8Rescale : int {
+  every_block = 0,     // every key block, as the other schedules and FA3 do
+  when_max_moves = 1,  // a warp skips it when none of its 16 rows' maxima moved (a vote)
+};
+
+constexpr const char* fp8_rescale_name(Fp8Rescale rescale) {
+  switch (rescale) {
+    case Fp8Rescale::every_block: return "every_block";
+    case Fp8Rescale::when_max_moves: return "when_max_moves";
+  }
+  return "unknown";
+}
+inline constexpr Fp8Rescale kFp8Rescales[] = {Fp8Rescale::every_block, Fp8Rescale::when_max_moves};
+
 struct Fp8TileConfig {
   int kernel_head_dim;     // head dim the kernel is compiled for: 64, 128 or 256
   int block_m;             // query rows per CTA (64 per consumer warpgroup)
