@@ -746,11 +746,13 @@ __global__ void __launch_bounds__(fp8_tile_config(kHeadDimArg, kScheduleArg).thr
   };
   // in_place_overlap with Fp8Rescale::when_max_moves: a warp whose 16 rows' maxima all
   // stayed put (factor exactly 1) skips the multiply (a warp-uniform vote; FA4 goes
-  // further and skips while the max moved less than a threshold). At 16k keys of N(0, 1) scores a warp's rows raise their max in about 50 of
-  // 128 blocks; the multiply is 64 (d128) or 128 (d256) FMULs per thread and block.
+  // further and skips while the max moved less than a threshold). At 16k keys of
+  // N(0, 1) scores a warp's rows raise their max in about 50 of 128 blocks; the multiply
+  // is 64 (d128) or 128 (d256) FMULs per thread and block.
   const bool rescales_every_block = !kConfig.has_rotated_loop() || params.rescale == Fp8Rescale::every_block;
   auto rescale_o_if_needed = [&]() {
-    if (rescales_every_block || __any_sync(0xffffffffu, row_factor[0] != 1.0f || row_factor[1] != 1.0f)) rescale_o();
+    const bool is_unit = row_factor[0] == 1.0f && row_factor[1] == 1.0f;
+    if (rescales_every_block || __any_sync(0xffffffffu, !is_unit)) rescale_o();
   };
   // P' to the e4m3 A fragments in the key order pi (header, point 2): for k32 step kp,
   // n8 tiles 4kp, 4kp+1 give a[0] (row) and a[1] (row + 8), tiles 4kp+2, 4kp+3 give a[2]
