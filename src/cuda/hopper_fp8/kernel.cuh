@@ -88,6 +88,7 @@
 #include <cstdint>
 #include <cuda/ptx>
 #include <string>
+#include <type_traits>  // std::integral_constant
 
 #include "flashattn/error.hpp"
 #include "flashattn/mask.hpp"
@@ -539,6 +540,60 @@ __global__ void __launch_bounds__(fp8_tile_config(kHeadDimArg, kScheduleArg).thr
               ptx::stmatrix_x2(store[i], __byte_perm(fragments[i][0], fragments[i][1], first_row_selector),
                                __byte_perm(fragments[i][0], fragments[i][1], first_row_selector ^ 0x1111));
           };
+          if constexpr (kConfig.has_rotated_loop()) {
+            // in_place_overlap: the same blocks and addresses, each warp's items resolved at
+            // compile time (a switch on the warp, the item loops unrolled), so an address
+            // is one XOR of a lane base with a constant plus an immediate. The V stage and
+            // panels are 1024-byte aligned and every constant C below is < 128, so
+            //   panel + x + (lane_offset ^ C) = ((tile_address + lane_offset) ^ C) + 16384 p + x
+            // for the multiples x of 2048 added (the loop below computes the left side).
+            // Fewer producer instructions (the copy of the loop below spends ~150 per item,
+            // most on addresses) leave more issue slots to the consumer warps.
+            const std::uint32_t load_base = tile_address + lane_load_offset;
+            const std::uint32_t store_base = tile_address + lane_store_offset;
+            auto move_warp_items = [&](auto warp_tag) {
+              constexpr int kWarpCodes = static_cast<int>(
+                  (kInPlaceItemCodes >> (8 * kInPlaceItemsPerPanel * decltype(warp_tag)::value)) & 0xFFFF);
+#pragma unroll
+              for (int item = 0; item < kInPlaceItemsPerPanel * kPanels; ++item) {
+                const int code = (kWarpCodes >> (8 * (item % kInPlaceItemsPerPanel))) & 0xFF;
+                const int a1 = code & 3, b1 = (code >> 2) & 3, a2 = (code >> 4) & 3;
+                const std::uint32_t panel = 16384 * (item / kInPlaceItemsPerPanel);
+                if (a1 == b1) {
+#pragma unroll
+                  for (int half = 0; half < 2; ++half) {
+                    const int a = half == 0 ? a1 : a2;
+                    const std::uint32_t offset = panel + 4096 * a;
+                    const std::uint32_t load0 = (load_base ^ (32 * a)) + offset;
+                    const std::uint32_t load1 = (load_base ^ (32 * a + 16)) + offset;
+                    const std::uint32_t store0 = (store_base ^ (32 * a)) + offset;
+                    const std::uint32_t store1 = (store_base ^ (32 * a + 16)) + offset;
+                    move_blocks({load0, load1, load0 + 2048, load1 + 2048},
+                                {store0, store0 + 2048, store1, store1 + 2048});
+                  }
+                } else {
+#pragma unroll
+                  for (int half = 0; half < 2; ++half) {
+                    const std::uint32_t block_offset = panel + 4096 * a1 + 2048 * half;
+                    const std::uint32_t image_offset = panel + 4096 * b1;
+                    move_blocks({(load_base ^ (32 * b1)) + block_offset, (load_base ^ (32 * b1 + 16)) + block_offset,
+                                 (load_base ^ (32 * a1 + 16 * half)) + image_offset,
+                                 (load_base ^ (32 * a1 + 16 * half)) + image_offset + 2048},
+                                {(store_base ^ (32 * a1 + 16 * half)) + image_offset,
+                                 (store_base ^ (32 * a1 + 16 * half)) + image_offset + 2048,
+                                 (store_base ^ (32 * b1)) + block_offset, (store_base ^ (32 * b1 + 16)) + block_offset});
+                  }
+                }
+              }
+            };
+            static_assert(kTransposeWarps == 4, "one case per transposing warp");
+            switch (transpose_warp) {
+              case 0: move_warp_items(std::integral_constant<int, 0>{}); break;
+              case 1: move_warp_items(std::integral_constant<int, 1>{}); break;
+              case 2: move_warp_items(std::integral_constant<int, 2>{}); break;
+              default: move_warp_items(std::integral_constant<int, 3>{}); break;
+            }
+          } else {
 #pragma unroll 1
           for (int item = 0; item < kInPlaceItemsPerPanel * kPanels; ++item) {
             // 32x32 blocks (a1, b1), (a2, b2): bits 0-1, 2-3, 4-5, 6-7 of the item's code.
@@ -575,6 +630,7 @@ __global__ void __launch_bounds__(fp8_tile_config(kHeadDimArg, kScheduleArg).thr
                             {block_store, block_store + 2048, image_store, image_store ^ 16});
               }
             }
+          }
           }
         } else {
           std::uint32_t fragments[4][4];  // step i: (keys 0..7 | 8..15) x (chunk 2e | 2e+1)
