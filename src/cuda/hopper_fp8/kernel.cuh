@@ -541,14 +541,16 @@ __global__ void __launch_bounds__(fp8_tile_config(kHeadDimArg, kScheduleArg).thr
                                __byte_perm(fragments[i][0], fragments[i][1], first_row_selector ^ 0x1111));
           };
           if constexpr (kConfig.has_rotated_loop()) {
-            // in_place_overlap: the same blocks and addresses, each warp's items resolved at
-            // compile time (a switch on the warp, the item loops unrolled), so an address
-            // is one XOR of a lane base with a constant plus an immediate. The V stage and
-            // panels are 1024-byte aligned and every constant C below is < 128, so
-            //   panel + x + (lane_offset ^ C) = ((tile_address + lane_offset) ^ C) + 16384 p + x
-            // for the multiples x of 2048 added (the loop below computes the left side).
-            // Fewer producer instructions (the copy of the loop below spends ~150 per item,
-            // most on addresses) leave more issue slots to the consumer warps.
+            // in_place_overlap: the same blocks and addresses as the loop below, each warp's
+            // items resolved at compile time (a switch on the warp, the item loops
+            // unrolled), so an address is one XOR of a lane base with a constant plus an
+            // immediate. The V stage is 1024-byte aligned and every constant C below is
+            // < 128, so for panel p and the multiples x of 2048 the loop adds
+            //   tile_address + 16384 p + x + (lane_offset ^ C)
+            //     = ((tile_address + lane_offset) ^ C) + 16384 p + x
+            // (check_in_place_transpose.py checks it). The loop spends ~150 instructions per
+            // item, most on addresses; these are issue slots the consumer warps of the
+            // same sub-partitions need.
             const std::uint32_t load_base = tile_address + lane_load_offset;
             const std::uint32_t store_base = tile_address + lane_store_offset;
             auto move_warp_items = [&](auto warp_tag) {
@@ -581,7 +583,8 @@ __global__ void __launch_bounds__(fp8_tile_config(kHeadDimArg, kScheduleArg).thr
                                  (load_base ^ (32 * a1 + 16 * half)) + image_offset + 2048},
                                 {(store_base ^ (32 * a1 + 16 * half)) + image_offset,
                                  (store_base ^ (32 * a1 + 16 * half)) + image_offset + 2048,
-                                 (store_base ^ (32 * b1)) + block_offset, (store_base ^ (32 * b1 + 16)) + block_offset});
+                                 (store_base ^ (32 * b1)) + block_offset,
+                                 (store_base ^ (32 * b1 + 16)) + block_offset});
                   }
                 }
               }
@@ -595,42 +598,46 @@ __global__ void __launch_bounds__(fp8_tile_config(kHeadDimArg, kScheduleArg).thr
             }
           } else {
 #pragma unroll 1
-          for (int item = 0; item < kInPlaceItemsPerPanel * kPanels; ++item) {
-            // 32x32 blocks (a1, b1), (a2, b2): bits 0-1, 2-3, 4-5, 6-7 of the item's code.
-            const int code = (warp_item_codes >> (8 * (item % kInPlaceItemsPerPanel))) & 0xFF;
-            const int a1 = code & 3, b1 = (code >> 2) & 3, a2 = (code >> 4) & 3;
-            const std::uint32_t panel_address = tile_address + 16384 * (item / kInPlaceItemsPerPanel);
-            // With the addresses above, 32x32 block (a, b)'s 16x16 block (2a + u, 2b + v):
-            //   V   panel + 4096 a + 2048 u + (lane_load_offset ^ 32 b ^ 16 v)
-            //   Vt  panel + 4096 b + 2048 v + (lane_store_offset ^ 32 a ^ 16 u)
-            if (a1 == b1) {
-              // Two diagonal 32x32 blocks, one per half: their 16x16 blocks (u, v) for
-              // u, v = 0, 1, (0, 1) and (1, 0) each other's image.
+            for (int item = 0; item < kInPlaceItemsPerPanel * kPanels; ++item) {
+              // 32x32 blocks (a1, b1), (a2, b2): bits 0-1, 2-3, 4-5, 6-7 of the item's code.
+              const int code = (warp_item_codes >> (8 * (item % kInPlaceItemsPerPanel))) & 0xFF;
+              const int a1 = code & 3, b1 = (code >> 2) & 3, a2 = (code >> 4) & 3;
+              const std::uint32_t panel_address = tile_address + 16384 * (item / kInPlaceItemsPerPanel);
+              // With the addresses above, 32x32 block (a, b)'s 16x16 block (2a + u, 2b + v):
+              //   V   panel + 4096 a + 2048 u + (lane_load_offset ^ 32 b ^ 16 v)
+              //   Vt  panel + 4096 b + 2048 v + (lane_store_offset ^ 32 a ^ 16 u)
+              if (a1 == b1) {
+                // Two diagonal 32x32 blocks, one per half: their 16x16 blocks (u, v) for
+                // u, v = 0, 1, (0, 1) and (1, 0) each other's image.
 #pragma unroll
-              for (int half = 0; half < 2; ++half) {
-                const int a = half == 0 ? a1 : a2;
-                const std::uint32_t load0 = panel_address + 4096 * a + (lane_load_offset ^ (32 * a));
-                const std::uint32_t load1 = panel_address + 4096 * a + (lane_load_offset ^ (32 * a) ^ 16);
-                const std::uint32_t store0 = panel_address + 4096 * a + (lane_store_offset ^ (32 * a));
-                const std::uint32_t store1 = panel_address + 4096 * a + (lane_store_offset ^ (32 * a) ^ 16);
-                // (u, v) = (0, 0), (0, 1), (1, 0), (1, 1)
-                move_blocks({load0, load1, load0 + 2048, load1 + 2048}, {store0, store0 + 2048, store1, store1 + 2048});
-              }
-            } else {
-              // A block and its image (a2, b2) = (b1, a1): half h moves 16x16 blocks
-              // (2 a1 + h, 2 b1 + j) and their images (2 b1 + j, 2 a1 + h), j = 0, 1.
+                for (int half = 0; half < 2; ++half) {
+                  const int a = half == 0 ? a1 : a2;
+                  const std::uint32_t load0 = panel_address + 4096 * a + (lane_load_offset ^ (32 * a));
+                  const std::uint32_t load1 = panel_address + 4096 * a + (lane_load_offset ^ (32 * a) ^ 16);
+                  const std::uint32_t store0 = panel_address + 4096 * a + (lane_store_offset ^ (32 * a));
+                  const std::uint32_t store1 = panel_address + 4096 * a + (lane_store_offset ^ (32 * a) ^ 16);
+                  // (u, v) = (0, 0), (0, 1), (1, 0), (1, 1)
+                  move_blocks({load0, load1, load0 + 2048, load1 + 2048},
+                              {store0, store0 + 2048, store1, store1 + 2048});
+                }
+              } else {
+                // A block and its image (a2, b2) = (b1, a1): half h moves 16x16 blocks
+                // (2 a1 + h, 2 b1 + j) and their images (2 b1 + j, 2 a1 + h), j = 0, 1.
 #pragma unroll
-              for (int half = 0; half < 2; ++half) {
-                const std::uint32_t block_load = panel_address + 4096 * a1 + 2048 * half + (lane_load_offset ^ (32 * b1));
-                const std::uint32_t image_load = panel_address + 4096 * b1 + (lane_load_offset ^ (32 * a1) ^ (16 * half));
-                const std::uint32_t block_store = panel_address + 4096 * b1 + (lane_store_offset ^ (32 * a1) ^ (16 * half));
-                const std::uint32_t image_store =
-                    panel_address + 4096 * a1 + 2048 * half + (lane_store_offset ^ (32 * b1));
-                move_blocks({block_load, block_load ^ 16, image_load, image_load + 2048},
-                            {block_store, block_store + 2048, image_store, image_store ^ 16});
+                for (int half = 0; half < 2; ++half) {
+                  const std::uint32_t block_load =
+                      panel_address + 4096 * a1 + 2048 * half + (lane_load_offset ^ (32 * b1));
+                  const std::uint32_t image_load =
+                      panel_address + 4096 * b1 + (lane_load_offset ^ (32 * a1) ^ (16 * half));
+                  const std::uint32_t block_store =
+                      panel_address + 4096 * b1 + (lane_store_offset ^ (32 * a1) ^ (16 * half));
+                  const std::uint32_t image_store =
+                      panel_address + 4096 * a1 + 2048 * half + (lane_store_offset ^ (32 * b1));
+                  move_blocks({block_load, block_load ^ 16, image_load, image_load + 2048},
+                              {block_store, block_store + 2048, image_store, image_store ^ 16});
+                }
               }
             }
-          }
           }
         } else {
           std::uint32_t fragments[4][4];  // step i: (keys 0..7 | 8..15) x (chunk 2e | 2e+1)
