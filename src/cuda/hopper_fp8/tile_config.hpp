@@ -58,7 +58,9 @@ enum class Fp8Schedule : int {
   // iteration ends with the softmax of S_j and starts with the wait for O += P'_(j-1)
   // V_(j-1), so the softmax runs while that GEMM does. (In the loop of the schedules
   // above ptxas hoists that wait to the top of the softmax's basic block: TUNING.md,
-  // "FA3's FP8 d256 path vs ours", point 1.)
+  // "FA3's FP8 d256 path vs ours", point 1.) Its producer moves the same blocks as
+  // transpose_in_place with each warp's items resolved at compile time (fewer address
+  // instructions).
   in_place_overlap = 3,
   // in_place_overlap, and the two consumer warpgroups take turns issuing their GEMMs (as
   // in_place_ping_pong; FA3's FP8 schedule from d128: ping-pong and intra-warpgroup
