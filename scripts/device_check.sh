@@ -123,10 +123,10 @@ fsan memcheck test_cuda_masks '*Masks*Small*'
 fsan memcheck test_cuda_masks_sm80_backward '*Masks*Small*'
 fsan racecheck test_cuda_masks '*Masks*Small*'
 fsan memcheck test_cuda_kvcache_fp8 '*/1:*/7'
-# The FP8 forward's in-place and ping-pong schedules: tails at d64/d80/d128/d256, window,
-# varlen with empty sequences, seqlen_k = 0, long causal varlen (every ring stage reused).
+# The FP8 forward's in-place, ping-pong and overlap schedules: tails at d64/d80/d128/d256,
+# window, varlen with empty sequences, seqlen_k = 0, long causal varlen (every ring stage reused).
 fp8_cases="3 11 19 27 43 50 54 58 63 70 74 78 83 90 94 98"
-for schedule in InPlace PingPong; do
+for schedule in InPlace PingPong Overlap OverlapPingPong; do
   filter=$(for c in $fp8_cases; do printf '%s/*/case%s:' "$schedule" "$c"; done)
   for tool in racecheck synccheck memcheck; do fsan $tool test_cuda_forward_fp8 "${filter%:}"; done
 done

@@ -120,6 +120,8 @@ struct Fp8Case {
   // The kernel's schedule (hopper_fp8/tile_config.hpp), named explicitly: the suites run
   // every case under each (the public-API cases run the process default).
   cuda::hopper_fp8::Fp8Schedule schedule = cuda::hopper_fp8::Fp8Schedule::transpose_copy;
+  // When the overlap kernel rescales O (the other kernels ignore it).
+  cuda::hopper_fp8::Fp8Rescale rescale = cuda::hopper_fp8::Fp8Rescale::every_block;
 
   std::string describe() const {
     std::string text = "b" + std::to_string(batch) + " sq" + std::to_string(seqlen_q) + " sk" +
@@ -134,6 +136,8 @@ struct Fp8Case {
     text += out_dtype == DType::bfloat16 ? " bf16" : " fp16";
     text += " descale" + std::to_string(descale_kind);
     text += std::string(" schedule ") + cuda::hopper_fp8::fp8_schedule_name(schedule);
+    if (rescale != cuda::hopper_fp8::Fp8Rescale::every_block)
+      text += std::string(" rescale ") + cuda::hopper_fp8::fp8_rescale_name(rescale);
     return text;
   }
 };
@@ -348,7 +352,7 @@ class Fp8Problem {
     if (through_public_api) {
       flashattn::forward(public_args(params, q, k, v, out, lse, q_descale, k_descale, v_descale, alibi_slopes, cu_q, cu_k));
     } else {
-      cuda::hopper_fp8::forward(params, nullptr, c.schedule);
+      cuda::hopper_fp8::forward(params, nullptr, c.schedule, c.rescale);
     }
     check(cudaDeviceSynchronize(), "FP8 forward");
     check(cudaGetLastError(), "FP8 forward");
@@ -721,11 +725,20 @@ INSTANTIATE_TEST_SUITE_P(Shapes, HopperFp8Forward, ::testing::ValuesIn(fp8_cases
                            return "case" + std::to_string(info.index);
                          });
 
-// The same cases under the other schedules (FLASHATTN_CUDA_FP8_SCHEDULE=in_place, =ping_pong;
-// d64 has no ping-pong kernel: its PingPong cases run in_place again).
-std::vector<Fp8Case> cases_with_schedule(cuda::hopper_fp8::Fp8Schedule schedule) {
+// The same cases under the other schedules (FLASHATTN_CUDA_FP8_SCHEDULE=in_place, =ping_pong,
+// =overlap, =overlap_ping_pong; d64 has no ping-pong kernel: its PingPong cases run in_place
+// again, its OverlapPingPong cases overlap without turns). The rotated loop of the overlap
+// kernel has its own 1-block (seqlen_k <= 128) and 2-block (129..256) paths: the cases have
+// both. OverlapPingPong also skips the unit rescales (Fp8Rescale::when_max_moves; turns and
+// rescale are independent branches of one kernel, so each is covered once).
+std::vector<Fp8Case> cases_with_schedule(
+    cuda::hopper_fp8::Fp8Schedule schedule,
+    cuda::hopper_fp8::Fp8Rescale rescale = cuda::hopper_fp8::Fp8Rescale::every_block) {
   std::vector<Fp8Case> cases = fp8_cases();
-  for (Fp8Case& c : cases) c.schedule = schedule;
+  for (Fp8Case& c : cases) {
+    c.schedule = schedule;
+    c.rescale = rescale;
+  }
   return cases;
 }
 
@@ -740,6 +753,18 @@ INSTANTIATE_TEST_SUITE_P(PingPong, HopperFp8Forward,
                          [](const ::testing::TestParamInfo<Fp8Case>& info) {
                            return "case" + std::to_string(info.index);
                          });
+
+INSTANTIATE_TEST_SUITE_P(Overlap, HopperFp8Forward,
+                         ::testing::ValuesIn(cases_with_schedule(cuda::hopper_fp8::Fp8Schedule::in_place_overlap)),
+                         [](const ::testing::TestParamInfo<Fp8Case>& info) {
+                           return "case" + std::to_string(info.index);
+                         });
+
+INSTANTIATE_TEST_SUITE_P(
+    OverlapPingPong, HopperFp8Forward,
+    ::testing::ValuesIn(cases_with_schedule(cuda::hopper_fp8::Fp8Schedule::in_place_overlap_ping_pong,
+                                            cuda::hopper_fp8::Fp8Rescale::when_max_moves)),
+    [](const ::testing::TestParamInfo<Fp8Case>& info) { return "case" + std::to_string(info.index); });
 
 // Refusals name the argument.
 TEST(HopperFp8ForwardRefusal, NamesTheArgument) {

@@ -9,12 +9,15 @@
 // rms_diff_vs_bf16 are a smoke check at full size (expect ~1e-2 max, ~1e-3 rms on these
 // N(0, 1)-like inputs), `unwritten` counts output elements still NaN-poisoned.
 //
-// Usage: flashattn_fp8_timing [--quick] [--schedules copy,in_place,ping_pong]   prints CSV: kernel,batch,
-//   heads,seqlen,head_dim,causal,ms,tflops,speedup_vs_bf16,max_abs_diff_vs_bf16,rms_diff_vs_bf16,unwritten
+// Usage: flashattn_fp8_timing [--quick] [--schedules copy,in_place,ping_pong,overlap,overlap_ping_pong]
+//   prints CSV: kernel,batch,heads,seqlen,head_dim,causal,ms,tflops,speedup_vs_bf16,
+//   max_abs_diff_vs_bf16,rms_diff_vs_bf16,unwritten
 // Without --schedules one FP8 row per shape, kernel flash3_fp8, the process's default
 // schedule (FLASHATTN_CUDA_FP8_SCHEDULE); with it one row per listed schedule,
 // kernel flash3_fp8_<schedule>, all timed in this process beside the same bf16 run (d64
-// has no ping-pong kernel: its ping_pong row runs in_place).
+// has no ping-pong kernel: its ping_pong row runs in_place, its overlap_ping_pong row overlap).
+// FLASHATTN_CUDA_FP8_RESCALE=when_max_moves: the overlap rows skip unit rescales (their
+// kernel names end in _when_max_moves; the other schedules always rescale).
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
@@ -185,8 +188,13 @@ void time_shape(const Shape& s, const std::vector<Fp8Schedule>& schedules, int w
     float max_difference = 0.0f;
     std::memcpy(&max_difference, &max_bits, sizeof max_difference);
     const double fp8_ms = median_ms(run_fp8, warmup, reps);
-    print(is_default ? std::string("flash3_fp8") : std::string("flash3_fp8_") + fp8_schedule_name(schedule), fp8_ms,
-          bf16_ms / fp8_ms, max_difference, std::sqrt(sum_squares / elements), unwritten);
+    // The overlap kernel's rescale (FLASHATTN_CUDA_FP8_RESCALE, read by forward) when not the default.
+    const bool reads_rescale = kernel_schedule(hopper_fp8::kernel_head_dim_for(params.head_dim), schedule) ==
+                               Fp8Schedule::in_place_overlap;
+    std::string name = is_default ? std::string("flash3_fp8") : std::string("flash3_fp8_") + fp8_schedule_name(schedule);
+    if (reads_rescale && default_rescale() != Fp8Rescale::every_block)
+      name += std::string("_") + fp8_rescale_name(default_rescale());
+    print(name, fp8_ms, bf16_ms / fp8_ms, max_difference, std::sqrt(sum_squares / elements), unwritten);
   }
 
   cudaFree(device_unwritten), cudaFree(device_max_bits), cudaFree(device_sum);
@@ -216,13 +224,15 @@ int main(int argc, char** argv) {
             found = true;
           }
         if (!found) {
-          std::fprintf(stderr, "--schedules: unknown schedule '%s' (copy, in_place, ping_pong)\n", name.c_str());
+          std::fprintf(stderr,
+                       "--schedules: unknown schedule '%s' (copy, in_place, ping_pong, overlap, overlap_ping_pong)\n",
+                       name.c_str());
           return 2;
         }
         begin = end + 1;
       }
     } else {
-      std::fprintf(stderr, "usage: %s [--quick] [--schedules copy,in_place,ping_pong]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--quick] [--schedules copy,in_place,ping_pong,overlap,overlap_ping_pong]\n", argv[0]);
       return 2;
     }
   }

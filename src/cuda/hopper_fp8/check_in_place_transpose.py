@@ -104,6 +104,37 @@ for D in (64,128,256):
     bad = run(D)
     failures += bad
     print("in place", D, "mismatches:", bad)
+# in_place_overlap's unrolled addresses ((tile + lane_offset) ^ C) + offset against the
+# loop's tile + offset + (lane_offset ^ C), for 1024-aligned stage bases (kernel.cuh).
+def overlap_address_mismatches():
+    LL=[swz(128,(l%16)*128) for l in range(32)]
+    SL=[]
+    for l in range(32):
+        bl=l%16; par=(bl//8)^(1 if bl%8>=4 else 0); SL.append(swz(128,(2*(bl%8)+par)*128))
+    bad=0
+    for tile in (0, 1024, 0x8400, 0x1c000, 0x37c00):
+        for w in range(4):
+            for item in range(4):
+                a1,b1,a2,b2=ITEMS[w][item%2]; pa=16384*(item//2)
+                for half in range(2):
+                    for l in range(32):
+                        lb, sb = tile+LL[l], tile+SL[l]
+                        if a1==b1:
+                            a=a1 if half==0 else a2; off=pa+4096*a
+                            old=[tile+off+(LL[l]^(32*a)), tile+off+(LL[l]^(32*a)^16), tile+off+(SL[l]^(32*a)), tile+off+(SL[l]^(32*a)^16)]
+                            new=[(lb^(32*a))+off, (lb^(32*a+16))+off, (sb^(32*a))+off, (sb^(32*a+16))+off]
+                        else:
+                            bo=pa+4096*a1+2048*half; io=pa+4096*b1
+                            bl=tile+bo+(LL[l]^(32*b1)); il=tile+io+(LL[l]^(32*a1)^(16*half))
+                            bs=tile+io+(SL[l]^(32*a1)^(16*half)); iS=tile+bo+(SL[l]^(32*b1))
+                            old=[bl, bl^16, il, il+2048, bs, bs+2048, iS, iS^16]
+                            new=[(lb^(32*b1))+bo, (lb^(32*b1+16))+bo, (lb^(32*a1+16*half))+io, (lb^(32*a1+16*half))+io+2048,
+                                 (sb^(32*a1+16*half))+io, (sb^(32*a1+16*half))+io+2048, (sb^(32*b1))+bo, (sb^(32*b1+16))+bo]
+                        bad += sum(x!=y for x,y in zip(old,new))
+    return bad
+bad = overlap_address_mismatches()
+failures += bad
+print("overlap addresses mismatches:", bad)
 # The old copy transposer (device-verified) through the same emulation: checks the emulation.
 def run_copy(D):
     P=min(D,128)

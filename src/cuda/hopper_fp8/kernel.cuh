@@ -30,6 +30,8 @@
 //                               for V_(j + kVStages): no Vt stage to wait for, and the
 //                               ring is as deep as the V and Vt rings together (d256:
 //                               4 stages instead of 2 + 2).
+//    in_place_overlap runs transpose_in_place's producer; its consumers' loop is rotated
+//    (below, "Rotated loop") so that the softmax really overlaps the PV GEMM.
 //    The consumer warpgroups never touch V_j, only Vt_j. The transpose moves 16-bit
 //    pairs of head-dim bytes with ldmatrix.trans, separates the bytes of two keys with
 //    byte permutes, and writes rows of Vt with stmatrix (the producer below; FA3 does
@@ -86,6 +88,7 @@
 #include <cstdint>
 #include <cuda/ptx>
 #include <string>
+#include <type_traits>  // std::integral_constant
 
 #include "flashattn/error.hpp"
 #include "flashattn/mask.hpp"
@@ -537,40 +540,102 @@ __global__ void __launch_bounds__(fp8_tile_config(kHeadDimArg, kScheduleArg).thr
               ptx::stmatrix_x2(store[i], __byte_perm(fragments[i][0], fragments[i][1], first_row_selector),
                                __byte_perm(fragments[i][0], fragments[i][1], first_row_selector ^ 0x1111));
           };
-#pragma unroll 1
-          for (int item = 0; item < kInPlaceItemsPerPanel * kPanels; ++item) {
-            // 32x32 blocks (a1, b1), (a2, b2): bits 0-1, 2-3, 4-5, 6-7 of the item's code.
-            const int code = (warp_item_codes >> (8 * (item % kInPlaceItemsPerPanel))) & 0xFF;
-            const int a1 = code & 3, b1 = (code >> 2) & 3, a2 = (code >> 4) & 3;
-            const std::uint32_t panel_address = tile_address + 16384 * (item / kInPlaceItemsPerPanel);
-            // With the addresses above, 32x32 block (a, b)'s 16x16 block (2a + u, 2b + v):
-            //   V   panel + 4096 a + 2048 u + (lane_load_offset ^ 32 b ^ 16 v)
-            //   Vt  panel + 4096 b + 2048 v + (lane_store_offset ^ 32 a ^ 16 u)
-            if (a1 == b1) {
-              // Two diagonal 32x32 blocks, one per half: their 16x16 blocks (u, v) for
-              // u, v = 0, 1, (0, 1) and (1, 0) each other's image.
+          if constexpr (kConfig.has_rotated_loop()) {
+            // in_place_overlap: the same blocks and addresses as the loop below, each warp's
+            // items resolved at compile time (a switch on the warp, the item loops
+            // unrolled), so an address is one XOR of a lane base with a constant plus an
+            // immediate. The V stage is 1024-byte aligned and every constant C below is
+            // < 128, so for panel p and the multiples x of 2048 the loop adds
+            //   tile_address + 16384 p + x + (lane_offset ^ C)
+            //     = ((tile_address + lane_offset) ^ C) + 16384 p + x
+            // (check_in_place_transpose.py checks it). The loop spends ~150 instructions per
+            // item, most on addresses; these are issue slots the consumer warps of the
+            // same sub-partitions need.
+            const std::uint32_t load_base = tile_address + lane_load_offset;
+            const std::uint32_t store_base = tile_address + lane_store_offset;
+            auto move_warp_items = [&](auto warp_tag) {
+              constexpr int kWarpCodes = static_cast<int>(
+                  (kInPlaceItemCodes >> (8 * kInPlaceItemsPerPanel * decltype(warp_tag)::value)) & 0xFFFF);
 #pragma unroll
-              for (int half = 0; half < 2; ++half) {
-                const int a = half == 0 ? a1 : a2;
-                const std::uint32_t load0 = panel_address + 4096 * a + (lane_load_offset ^ (32 * a));
-                const std::uint32_t load1 = panel_address + 4096 * a + (lane_load_offset ^ (32 * a) ^ 16);
-                const std::uint32_t store0 = panel_address + 4096 * a + (lane_store_offset ^ (32 * a));
-                const std::uint32_t store1 = panel_address + 4096 * a + (lane_store_offset ^ (32 * a) ^ 16);
-                // (u, v) = (0, 0), (0, 1), (1, 0), (1, 1)
-                move_blocks({load0, load1, load0 + 2048, load1 + 2048}, {store0, store0 + 2048, store1, store1 + 2048});
+              for (int item = 0; item < kInPlaceItemsPerPanel * kPanels; ++item) {
+                const int code = (kWarpCodes >> (8 * (item % kInPlaceItemsPerPanel))) & 0xFF;
+                const int a1 = code & 3, b1 = (code >> 2) & 3, a2 = (code >> 4) & 3;
+                const std::uint32_t panel = 16384 * (item / kInPlaceItemsPerPanel);
+                if (a1 == b1) {
+#pragma unroll
+                  for (int half = 0; half < 2; ++half) {
+                    const int a = half == 0 ? a1 : a2;
+                    const std::uint32_t offset = panel + 4096 * a;
+                    const std::uint32_t load0 = (load_base ^ (32 * a)) + offset;
+                    const std::uint32_t load1 = (load_base ^ (32 * a + 16)) + offset;
+                    const std::uint32_t store0 = (store_base ^ (32 * a)) + offset;
+                    const std::uint32_t store1 = (store_base ^ (32 * a + 16)) + offset;
+                    move_blocks({load0, load1, load0 + 2048, load1 + 2048},
+                                {store0, store0 + 2048, store1, store1 + 2048});
+                  }
+                } else {
+#pragma unroll
+                  for (int half = 0; half < 2; ++half) {
+                    const std::uint32_t block_offset = panel + 4096 * a1 + 2048 * half;
+                    const std::uint32_t image_offset = panel + 4096 * b1;
+                    move_blocks({(load_base ^ (32 * b1)) + block_offset, (load_base ^ (32 * b1 + 16)) + block_offset,
+                                 (load_base ^ (32 * a1 + 16 * half)) + image_offset,
+                                 (load_base ^ (32 * a1 + 16 * half)) + image_offset + 2048},
+                                {(store_base ^ (32 * a1 + 16 * half)) + image_offset,
+                                 (store_base ^ (32 * a1 + 16 * half)) + image_offset + 2048,
+                                 (store_base ^ (32 * b1)) + block_offset,
+                                 (store_base ^ (32 * b1 + 16)) + block_offset});
+                  }
+                }
               }
-            } else {
-              // A block and its image (a2, b2) = (b1, a1): half h moves 16x16 blocks
-              // (2 a1 + h, 2 b1 + j) and their images (2 b1 + j, 2 a1 + h), j = 0, 1.
+            };
+            static_assert(kTransposeWarps == 4, "one case per transposing warp");
+            switch (transpose_warp) {
+              case 0: move_warp_items(std::integral_constant<int, 0>{}); break;
+              case 1: move_warp_items(std::integral_constant<int, 1>{}); break;
+              case 2: move_warp_items(std::integral_constant<int, 2>{}); break;
+              default: move_warp_items(std::integral_constant<int, 3>{}); break;
+            }
+          } else {
+#pragma unroll 1
+            for (int item = 0; item < kInPlaceItemsPerPanel * kPanels; ++item) {
+              // 32x32 blocks (a1, b1), (a2, b2): bits 0-1, 2-3, 4-5, 6-7 of the item's code.
+              const int code = (warp_item_codes >> (8 * (item % kInPlaceItemsPerPanel))) & 0xFF;
+              const int a1 = code & 3, b1 = (code >> 2) & 3, a2 = (code >> 4) & 3;
+              const std::uint32_t panel_address = tile_address + 16384 * (item / kInPlaceItemsPerPanel);
+              // With the addresses above, 32x32 block (a, b)'s 16x16 block (2a + u, 2b + v):
+              //   V   panel + 4096 a + 2048 u + (lane_load_offset ^ 32 b ^ 16 v)
+              //   Vt  panel + 4096 b + 2048 v + (lane_store_offset ^ 32 a ^ 16 u)
+              if (a1 == b1) {
+                // Two diagonal 32x32 blocks, one per half: their 16x16 blocks (u, v) for
+                // u, v = 0, 1, (0, 1) and (1, 0) each other's image.
 #pragma unroll
-              for (int half = 0; half < 2; ++half) {
-                const std::uint32_t block_load = panel_address + 4096 * a1 + 2048 * half + (lane_load_offset ^ (32 * b1));
-                const std::uint32_t image_load = panel_address + 4096 * b1 + (lane_load_offset ^ (32 * a1) ^ (16 * half));
-                const std::uint32_t block_store = panel_address + 4096 * b1 + (lane_store_offset ^ (32 * a1) ^ (16 * half));
-                const std::uint32_t image_store =
-                    panel_address + 4096 * a1 + 2048 * half + (lane_store_offset ^ (32 * b1));
-                move_blocks({block_load, block_load ^ 16, image_load, image_load + 2048},
-                            {block_store, block_store + 2048, image_store, image_store ^ 16});
+                for (int half = 0; half < 2; ++half) {
+                  const int a = half == 0 ? a1 : a2;
+                  const std::uint32_t load0 = panel_address + 4096 * a + (lane_load_offset ^ (32 * a));
+                  const std::uint32_t load1 = panel_address + 4096 * a + (lane_load_offset ^ (32 * a) ^ 16);
+                  const std::uint32_t store0 = panel_address + 4096 * a + (lane_store_offset ^ (32 * a));
+                  const std::uint32_t store1 = panel_address + 4096 * a + (lane_store_offset ^ (32 * a) ^ 16);
+                  // (u, v) = (0, 0), (0, 1), (1, 0), (1, 1)
+                  move_blocks({load0, load1, load0 + 2048, load1 + 2048},
+                              {store0, store0 + 2048, store1, store1 + 2048});
+                }
+              } else {
+                // A block and its image (a2, b2) = (b1, a1): half h moves 16x16 blocks
+                // (2 a1 + h, 2 b1 + j) and their images (2 b1 + j, 2 a1 + h), j = 0, 1.
+#pragma unroll
+                for (int half = 0; half < 2; ++half) {
+                  const std::uint32_t block_load =
+                      panel_address + 4096 * a1 + 2048 * half + (lane_load_offset ^ (32 * b1));
+                  const std::uint32_t image_load =
+                      panel_address + 4096 * b1 + (lane_load_offset ^ (32 * a1) ^ (16 * half));
+                  const std::uint32_t block_store =
+                      panel_address + 4096 * b1 + (lane_store_offset ^ (32 * a1) ^ (16 * half));
+                  const std::uint32_t image_store =
+                      panel_address + 4096 * a1 + 2048 * half + (lane_store_offset ^ (32 * b1));
+                  move_blocks({block_load, block_load ^ 16, image_load, image_load + 2048},
+                              {block_store, block_store + 2048, image_store, image_store ^ 16});
+                }
               }
             }
           }
@@ -742,6 +807,16 @@ __global__ void __launch_bounds__(fp8_tile_config(kHeadDimArg, kScheduleArg).thr
         o[4 * j + 2 * half + 1] *= row_factor[half];
       }
   };
+  // in_place_overlap with Fp8Rescale::when_max_moves: a warp whose 16 rows' maxima all
+  // stayed put (factor exactly 1) skips the multiply (a warp-uniform vote; FA4 goes
+  // further and skips while the max moved less than a threshold). At 16k keys of
+  // N(0, 1) scores a warp's rows raise their max in about 50 of 128 blocks; the multiply
+  // is 64 (d128) or 128 (d256) FMULs per thread and block.
+  const bool rescales_every_block = !kConfig.has_rotated_loop() || params.rescale == Fp8Rescale::every_block;
+  auto rescale_o_if_needed = [&]() {
+    const bool is_unit = row_factor[0] == 1.0f && row_factor[1] == 1.0f;
+    if (rescales_every_block || __any_sync(0xffffffffu, !is_unit)) rescale_o();
+  };
   // P' to the e4m3 A fragments in the key order pi (header, point 2): for k32 step kp,
   // n8 tiles 4kp, 4kp+1 give a[0] (row) and a[1] (row + 8), tiles 4kp+2, 4kp+3 give a[2]
   // and a[3]; within a register, tile by tile, the lane's two columns in order.
@@ -770,69 +845,132 @@ __global__ void __launch_bounds__(fp8_tile_config(kHeadDimArg, kScheduleArg).thr
   // other's 128 arrive. Consumer 1 opens consumer 0's first turn and skips its own last
   // hand-over (the last PV), so every barrier completes exactly as often as it is waited
   // on: n + 1 turns each for n key blocks.
+  // in_place_ping_pong takes turns always; the in_place_overlap kernel when asked to
+  // (in_place_overlap_ping_pong, a uniform run-time branch) and it has two consumer
+  // warpgroups.
   constexpr bool kIsPingPong = kConfig.is_ping_pong;
   static_assert(!kIsPingPong || kConsumerWarpgroups == 2, "ping-pong: two consumer warpgroups");
+  constexpr bool kHasRotatedLoop = kConfig.has_rotated_loop();
+  constexpr bool kMayTakeTurns = kIsPingPong || (kHasRotatedLoop && kConsumerWarpgroups == 2);
+  const bool takes_turns =
+      kIsPingPong || (kMayTakeTurns && params.schedule == Fp8Schedule::in_place_overlap_ping_pong);
   // (Barrier ids as constants in each branch: no registers held for them at d256.)
   auto begin_turn = [&]() {
-    if constexpr (kIsPingPong) {
-      if (consumer == 0)
-        ptx::named_barrier_sync(NamedBarrier::kTurnFirst, 2 * ptx::kWarpgroupThreads, 0);
-      else
-        ptx::named_barrier_sync(NamedBarrier::kTurnFirst, 2 * ptx::kWarpgroupThreads, 1);
+    if constexpr (kMayTakeTurns) {
+      if (takes_turns) {
+        if (consumer == 0)
+          ptx::named_barrier_sync(NamedBarrier::kTurnFirst, 2 * ptx::kWarpgroupThreads, 0);
+        else
+          ptx::named_barrier_sync(NamedBarrier::kTurnFirst, 2 * ptx::kWarpgroupThreads, 1);
+      }
     }
   };
   auto end_turn = [&](bool is_last_turn) {
-    if constexpr (kIsPingPong) {
-      if (consumer == 0)
-        ptx::named_barrier_arrive(NamedBarrier::kTurnFirst, 2 * ptx::kWarpgroupThreads, 1);
-      else if (!is_last_turn)
-        ptx::named_barrier_arrive(NamedBarrier::kTurnFirst, 2 * ptx::kWarpgroupThreads, 0);
+    if constexpr (kMayTakeTurns) {
+      if (takes_turns) {
+        if (consumer == 0)
+          ptx::named_barrier_arrive(NamedBarrier::kTurnFirst, 2 * ptx::kWarpgroupThreads, 1);
+        else if (!is_last_turn)
+          ptx::named_barrier_arrive(NamedBarrier::kTurnFirst, 2 * ptx::kWarpgroupThreads, 0);
+      }
     }
   };
 
 #pragma unroll
   for (int i = 0; i < kHeadDim / 2; ++i) o[i] = 0.0f;
   ptx::mbarrier_wait(q_full, 0);
-  if constexpr (kIsPingPong)
-    if (consumer == 1 && num_n_blocks > 0)
+  if constexpr (kMayTakeTurns)
+    if (takes_turns && consumer == 1 && num_n_blocks > 0)
       ptx::named_barrier_arrive(NamedBarrier::kTurnFirst, 2 * ptx::kWarpgroupThreads, 0);
-  // Software pipeline (FA3 section 3.2), as the bf16 kernel: S_j = Q K_j^T is issued
-  // with O += P'_(j-1) V_(j-1), and the softmax of block j runs while that PV GEMM does.
-  if (num_n_blocks > 0) {
-    wait_full(k_full, kKStages, 0);
-    begin_turn();
-    issue_qk(0);
-    end_turn(false);
-    ptx::wgmma_wait_group<0>();
-    release(k_empty, kKStages, 0);
-    softmax_block(0);
-    rescale_o();
-    convert_p();
-  }
-  for (int index = 1; index < num_n_blocks; ++index) {
-    wait_full(k_full, kKStages, index);
-    wait_full(vt_full, kVtStages, index - 1);
-    begin_turn();
-    issue_qk(index);
-    issue_pv(index - 1);
-    end_turn(false);
-    ptx::wgmma_wait_group<1>();  // S_index done, O += P' V still running
-    release(k_empty, kKStages, index);
-    softmax_block(index);
-    ptx::wgmma_wait_group<0>();
-    ptx::fence_operands(o);
-    release(vt_empty, kVtStages, index - 1);
-    rescale_o();
-    convert_p();
-  }
-  if (num_n_blocks > 0) {
-    wait_full(vt_full, kVtStages, num_n_blocks - 1);
-    begin_turn();
-    issue_pv(num_n_blocks - 1);
-    end_turn(true);
-    ptx::wgmma_wait_group<0>();
-    ptx::fence_operands(o);
-    release(vt_empty, kVtStages, num_n_blocks - 1);
+  if constexpr (kHasRotatedLoop) {
+    // Rotated loop (in_place_overlap). The operations and their order are those of the
+    // loop below; only the loop's back edge moves, from after rescale_o/convert_p to
+    // between the softmax and the wait for the PV GEMM. In the loop below the PTX has
+    // softmax_j before `wgmma.wait_group 0`, but ptxas places the wait (WARPGROUP.DEPBAR)
+    // at the top of the softmax's basic block, so the softmax runs after O += P'_(j-1)
+    // V_(j-1) instead of under it (TUNING.md, "FA3's FP8 d256 path vs ours"); ptxas does
+    // not move the wait across the back edge. One `if` around prologue, loop and tail: a
+    // wgmma pending on a path ptxas cannot rule out would make it inject its own wait
+    // (C7517) before the epilogue.
+    if (num_n_blocks > 0) {
+      wait_full(k_full, kKStages, 0);
+      begin_turn();
+      issue_qk(0);
+      end_turn(false);
+      ptx::wgmma_wait_group<0>();
+      release(k_empty, kKStages, 0);
+      softmax_block(0);
+      for (int index = 1; index < num_n_blocks; ++index) {
+        // O += P'_(index-2) V_(index-2) done (nothing pending when index = 1).
+        ptx::wgmma_wait_group<0>();
+        ptx::fence_operands(o);
+        if (index >= 2) release(vt_empty, kVtStages, index - 2);
+        rescale_o_if_needed();
+        convert_p();  // P'_(index-1)
+        wait_full(k_full, kKStages, index);
+        wait_full(vt_full, kVtStages, index - 1);
+        begin_turn();
+        issue_qk(index);
+        issue_pv(index - 1);
+        end_turn(false);
+        ptx::wgmma_wait_group<1>();  // S_index done, O += P'_(index-1) V_(index-1) still running
+        release(k_empty, kKStages, index);
+        softmax_block(index);  // under that PV GEMM
+      }
+      ptx::wgmma_wait_group<0>();
+      ptx::fence_operands(o);
+      if (num_n_blocks >= 2) release(vt_empty, kVtStages, num_n_blocks - 2);
+      rescale_o_if_needed();
+      convert_p();
+      wait_full(vt_full, kVtStages, num_n_blocks - 1);
+      begin_turn();
+      issue_pv(num_n_blocks - 1);
+      end_turn(true);
+      ptx::wgmma_wait_group<0>();
+      ptx::fence_operands(o);
+      release(vt_empty, kVtStages, num_n_blocks - 1);
+    }
+  } else {
+    // Software pipeline (FA3 section 3.2), as the bf16 kernel: S_j = Q K_j^T is issued
+    // with O += P'_(j-1) V_(j-1), and the softmax of block j is meant to run while that PV
+    // GEMM does; in the SASS it does not (ptxas hoists the wait_group 0 above it: see the
+    // rotated loop above).
+    if (num_n_blocks > 0) {
+      wait_full(k_full, kKStages, 0);
+      begin_turn();
+      issue_qk(0);
+      end_turn(false);
+      ptx::wgmma_wait_group<0>();
+      release(k_empty, kKStages, 0);
+      softmax_block(0);
+      rescale_o();
+      convert_p();
+    }
+    for (int index = 1; index < num_n_blocks; ++index) {
+      wait_full(k_full, kKStages, index);
+      wait_full(vt_full, kVtStages, index - 1);
+      begin_turn();
+      issue_qk(index);
+      issue_pv(index - 1);
+      end_turn(false);
+      ptx::wgmma_wait_group<1>();  // S_index done, O += P' V still running
+      release(k_empty, kKStages, index);
+      softmax_block(index);
+      ptx::wgmma_wait_group<0>();
+      ptx::fence_operands(o);
+      release(vt_empty, kVtStages, index - 1);
+      rescale_o();
+      convert_p();
+    }
+    if (num_n_blocks > 0) {
+      wait_full(vt_full, kVtStages, num_n_blocks - 1);
+      begin_turn();
+      issue_pv(num_n_blocks - 1);
+      end_turn(true);
+      ptx::wgmma_wait_group<0>();
+      ptx::fence_operands(o);
+      release(vt_empty, kVtStages, num_n_blocks - 1);
+    }
   }
 
   // ---- epilogue: normalise once (v_descale / l'), LSE, O straight from registers -------
@@ -905,6 +1043,9 @@ void run_forward_fp8(const Fp8ForwardParams& params, cudaStream_t stream) {
       return launch_forward_fp8<kHeadDim, Fp8Schedule::transpose_in_place>(params, stream);
     case Fp8Schedule::in_place_ping_pong:
       return launch_forward_fp8<kHeadDim, kernel_schedule(kHeadDim, Fp8Schedule::in_place_ping_pong)>(params, stream);
+    case Fp8Schedule::in_place_overlap:
+    case Fp8Schedule::in_place_overlap_ping_pong:
+      return launch_forward_fp8<kHeadDim, Fp8Schedule::in_place_overlap>(params, stream);
   }
   throw NotSupported("flashattn: FP8 forward: unknown schedule " + std::to_string(static_cast<int>(params.schedule)));
 }

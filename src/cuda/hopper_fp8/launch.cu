@@ -31,14 +31,19 @@ CUtensorMap make_tensor_map(const char* name, const void* data, std::int64_t hea
                                        head_stride, batch_stride, box_rows, panel_bytes);
 }
 
-Fp8ForwardParams make_fp8_forward_params(const AttentionParams& params, const Fp8TileConfig& config) {
+// `schedule` as asked for: run_forward_fp8 launches kernel_schedule(schedule)'s kernel,
+// whose tile config is `config`; the in_place_overlap kernel reads whether it was asked
+// to take turns (in_place_overlap_ping_pong).
+Fp8ForwardParams make_fp8_forward_params(const AttentionParams& params, Fp8Schedule schedule, Fp8Rescale rescale,
+                                         const Fp8TileConfig& config) {
   const bool is_varlen = params.is_varlen();
   const std::int64_t rows_q = is_varlen ? params.total_q : params.seqlen_q;
   const std::int64_t rows_k = is_varlen ? params.total_k : params.seqlen_k;
   const std::int64_t batch = is_varlen ? 1 : params.batch;
   Fp8ForwardParams fp8_params{};
   fp8_params.attention = params;
-  fp8_params.schedule = config.schedule;
+  fp8_params.schedule = schedule;
+  fp8_params.rescale = rescale;
   if (rows_q == 0 || batch == 0 || params.heads_q == 0) return fp8_params;
   const int panel_bytes = config.panel_bytes();
   fp8_params.q_map = make_tensor_map("q", params.q, params.head_dim, rows_q, params.heads_q, batch, params.q_row_stride,
@@ -128,13 +133,29 @@ Fp8Schedule default_schedule(int kernel_head_dim) {
   return kernel_head_dim == 128 ? Fp8Schedule::transpose_copy : Fp8Schedule::transpose_in_place;
 }
 
-void forward(const AttentionParams& params, cudaStream_t stream, Fp8Schedule schedule) {
+Fp8Rescale default_rescale() {
+  static const Fp8Rescale rescale = [] {
+    const char* value = std::getenv("FLASHATTN_CUDA_FP8_RESCALE");
+    if (value != nullptr)
+      for (const Fp8Rescale candidate : kFp8Rescales)
+        if (std::string(value) == fp8_rescale_name(candidate)) return candidate;
+    return Fp8Rescale::every_block;
+  }();
+  return rescale;
+}
+
+void forward(const AttentionParams& params, cudaStream_t stream, Fp8Schedule schedule, Fp8Rescale rescale) {
   const std::string why_not = why_unsupported(params);
   if (!why_not.empty()) throw NotSupported("flashattn: " + why_not);
   if (params.batch == 0 || params.seqlen_q == 0 || params.heads_q == 0) return;
   const int kernel_head_dim = kernel_head_dim_for(params.head_dim);
-  run_for_head_dim(kernel_head_dim, make_fp8_forward_params(params, fp8_tile_config(kernel_head_dim, schedule)),
+  run_for_head_dim(kernel_head_dim,
+                   make_fp8_forward_params(params, schedule, rescale, fp8_tile_config(kernel_head_dim, schedule)),
                    stream);
+}
+
+void forward(const AttentionParams& params, cudaStream_t stream, Fp8Schedule schedule) {
+  forward(params, stream, schedule, default_rescale());
 }
 
 void forward(const AttentionParams& params, cudaStream_t stream) {

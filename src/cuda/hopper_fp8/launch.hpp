@@ -27,8 +27,13 @@ struct Fp8ForwardParams {
   CUtensorMap q_map;  // box rows block_m
   CUtensorMap k_map;  // box rows block_n
   CUtensorMap v_map;  // box rows block_n
-  // Which kernel runs (tile_config.hpp: the schedules share the tensor maps' boxes).
+  // The schedule asked for: kernel_schedule(head dim, schedule)'s kernel runs
+  // (tile_config.hpp: the schedules share the tensor maps' boxes); the in_place_overlap
+  // kernel takes turns when this is in_place_overlap_ping_pong.
   Fp8Schedule schedule = Fp8Schedule::transpose_copy;
+  // When the in_place_overlap kernel rescales O (tile_config.hpp; the other kernels
+  // always rescale).
+  Fp8Rescale rescale = Fp8Rescale::every_block;
 };
 
 template <int kHeadDim>
@@ -38,13 +43,19 @@ void run_forward_fp8(const Fp8ForwardParams& params, cudaStream_t stream);
 // validated params: throws NotSupported saying why when the problem is not covered
 // (why_unsupported), else launches on `stream` (no allocation, no synchronisation).
 // The two-argument form runs default_schedule(); tests and timings name one.
+// The three-argument form rescales as default_rescale() says.
 void forward(const AttentionParams& params, cudaStream_t stream);
 void forward(const AttentionParams& params, cudaStream_t stream, Fp8Schedule schedule);
+void forward(const AttentionParams& params, cudaStream_t stream, Fp8Schedule schedule, Fp8Rescale rescale);
 
 // The schedule of a kernel head dim: transpose_copy at 128, transpose_in_place at 64 and
-// 256 (timed); FLASHATTN_CUDA_FP8_SCHEDULE=copy|in_place|ping_pong forces one for every
-// head dim (an A/B switch, read once per process).
+// 256 (timed); FLASHATTN_CUDA_FP8_SCHEDULE=copy|in_place|ping_pong|overlap|overlap_ping_pong
+// forces one for every head dim (an A/B switch, read once per process).
 Fp8Schedule default_schedule(int kernel_head_dim);
+
+// every_block unless FLASHATTN_CUDA_FP8_RESCALE=when_max_moves (an A/B switch of the
+// in_place_overlap kernel, read once per process).
+Fp8Rescale default_rescale();
 
 // Whether forward() runs these params (on their device); why_unsupported() says why not.
 bool supports(const AttentionParams& params);

@@ -15,6 +15,9 @@
 //                       as the memory of both), K's ring of its own depth.
 //   in_place_ping_pong  transpose_in_place with the consumer warpgroups taking turns
 //                       issuing their GEMMs (d128, d256).
+//   in_place_overlap    transpose_in_place with the consumer loop rotated so that the
+//                       softmax of block j really runs under O += P V_(j-1) (kernel.cuh);
+//                       in_place_overlap_ping_pong is the same kernel taking turns.
 // Shared memory, all 1-byte elements (Fp8TileConfig::shared_bytes):
 //   Q (block_m, d) + k_stages x K (block_n, d) + v_stages x V (block_n, d)
 //     [+ vt_stages x Vt (d, block_n) for transpose_copy]
@@ -51,6 +54,19 @@ enum class Fp8Schedule : int {
   // it for FP8 from d128). Two consumer warpgroups only: d64 (three) runs
   // transpose_in_place (kernel_schedule below).
   in_place_ping_pong = 2,
+  // transpose_in_place with the consumer loop rotated (kernel.cuh, "rotated loop"): an
+  // iteration ends with the softmax of S_j and starts with the wait for O += P'_(j-1)
+  // V_(j-1), so the softmax runs while that GEMM does. (In the loop of the schedules
+  // above ptxas hoists that wait to the top of the softmax's basic block: TUNING.md,
+  // "FA3's FP8 d256 path vs ours", point 1.) Its producer moves the same blocks as
+  // transpose_in_place with each warp's items resolved at compile time (fewer address
+  // instructions).
+  in_place_overlap = 3,
+  // in_place_overlap, and the two consumer warpgroups take turns issuing their GEMMs (as
+  // in_place_ping_pong; FA3's FP8 schedule from d128: ping-pong and intra-warpgroup
+  // overlap together). The in_place_overlap kernel reads this at run time (a uniform
+  // branch, no kernel of its own); d64 (three consumer warpgroups) takes no turns.
+  in_place_overlap_ping_pong = 4,
 };
 
 constexpr const char* fp8_schedule_name(Fp8Schedule schedule) {
@@ -58,11 +74,31 @@ constexpr const char* fp8_schedule_name(Fp8Schedule schedule) {
     case Fp8Schedule::transpose_copy: return "copy";
     case Fp8Schedule::transpose_in_place: return "in_place";
     case Fp8Schedule::in_place_ping_pong: return "ping_pong";
+    case Fp8Schedule::in_place_overlap: return "overlap";
+    case Fp8Schedule::in_place_overlap_ping_pong: return "overlap_ping_pong";
   }
   return "unknown";
 }
 inline constexpr Fp8Schedule kFp8Schedules[] = {Fp8Schedule::transpose_copy, Fp8Schedule::transpose_in_place,
-                                                Fp8Schedule::in_place_ping_pong};
+                                                Fp8Schedule::in_place_ping_pong, Fp8Schedule::in_place_overlap,
+                                                Fp8Schedule::in_place_overlap_ping_pong};
+
+// When the in_place_overlap kernel multiplies O by the rescale factor of its rows
+// (kernel.cuh, rescale_o). The factor is exactly 1 when a row's running max did not
+// move, so skipping the multiply then changes no bit of the result.
+enum class Fp8Rescale : int {
+  every_block = 0,     // every key block, as the other schedules and FA3 do
+  when_max_moves = 1,  // a warp skips it when none of its 16 rows' maxima moved (a vote)
+};
+
+constexpr const char* fp8_rescale_name(Fp8Rescale rescale) {
+  switch (rescale) {
+    case Fp8Rescale::every_block: return "every_block";
+    case Fp8Rescale::when_max_moves: return "when_max_moves";
+  }
+  return "unknown";
+}
+inline constexpr Fp8Rescale kFp8Rescales[] = {Fp8Rescale::every_block, Fp8Rescale::when_max_moves};
 
 struct Fp8TileConfig {
   int kernel_head_dim;     // head dim the kernel is compiled for: 64, 128 or 256
@@ -76,6 +112,8 @@ struct Fp8TileConfig {
   int consumer_registers;  // and of each consumer warpgroup
 
   constexpr bool is_in_place() const { return schedule != Fp8Schedule::transpose_copy; }
+  // The consumer loop ends with the softmax and starts with the wait for the PV GEMM.
+  constexpr bool has_rotated_loop() const { return schedule == Fp8Schedule::in_place_overlap; }
   constexpr int block_n() const { return kBlockN; }
   constexpr int consumer_warpgroups() const { return block_m / 64; }
   constexpr int threads() const { return 128 * (1 + consumer_warpgroups()); }
@@ -104,14 +142,14 @@ constexpr Fp8TileConfig fp8_copy_entry(int kernel_head_dim, int block_m, int sta
 }
 constexpr Fp8TileConfig fp8_in_place_entry(int kernel_head_dim, int block_m, int k_stages, int v_stages,
                                            int producer_registers, int consumer_registers,
-                                           bool is_ping_pong = false) {
+                                           Fp8Schedule schedule = Fp8Schedule::transpose_in_place) {
   return Fp8TileConfig{kernel_head_dim,
                        block_m,
                        k_stages,
                        v_stages,
                        v_stages,
-                       is_ping_pong ? Fp8Schedule::in_place_ping_pong : Fp8Schedule::transpose_in_place,
-                       is_ping_pong,
+                       schedule,
+                       schedule == Fp8Schedule::in_place_ping_pong,
                        producer_registers,
                        consumer_registers};
 }
@@ -135,14 +173,22 @@ inline constexpr Fp8TileConfig kFp8TileTable[] = {
     fp8_in_place_entry(64, 192, 3, 4,     32, 160),
     fp8_in_place_entry(128, 128, 3, 4,    40, 232),
     fp8_in_place_entry(256, 128, 2, 4,    24, 240),
-    //                  dim  M   K  V/Vt  registers  ping-pong
-    fp8_in_place_entry(128, 128, 3, 4,    40, 232,   true),
-    fp8_in_place_entry(256, 128, 2, 4,    24, 240,   true),
+    //                  dim  M   K  V/Vt  registers  schedule
+    fp8_in_place_entry(128, 128, 3, 4,    40, 232,   Fp8Schedule::in_place_ping_pong),
+    fp8_in_place_entry(256, 128, 2, 4,    24, 240,   Fp8Schedule::in_place_ping_pong),
+    // in_place_overlap (and in_place_overlap_ping_pong, the same kernel): in_place's
+    // shapes and registers.
+    fp8_in_place_entry(64, 192, 3, 4,     32, 160,   Fp8Schedule::in_place_overlap),
+    fp8_in_place_entry(128, 128, 3, 4,    40, 232,   Fp8Schedule::in_place_overlap),
+    fp8_in_place_entry(256, 128, 2, 4,    24, 240,   Fp8Schedule::in_place_overlap),
 };
 
-// The schedule that runs `schedule` at this head dim: the table's entry if it has one,
-// else the ping-pong's fallback, transpose_in_place (d64: three consumer warpgroups).
+// The schedule whose kernel runs `schedule` at this head dim: in_place_overlap for
+// in_place_overlap_ping_pong (the kernel takes turns at run time), else the table's entry
+// if it has one, else the ping-pong's fallback, transpose_in_place (d64: three consumer
+// warpgroups).
 constexpr Fp8Schedule kernel_schedule(int kernel_head_dim, Fp8Schedule schedule) {
+  if (schedule == Fp8Schedule::in_place_overlap_ping_pong) return Fp8Schedule::in_place_overlap;
   for (const Fp8TileConfig& config : kFp8TileTable)
     if (config.kernel_head_dim == kernel_head_dim && config.schedule == schedule) return schedule;
   return Fp8Schedule::transpose_in_place;
