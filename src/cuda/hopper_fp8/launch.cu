@@ -127,10 +127,10 @@ Fp8Schedule default_schedule(int kernel_head_dim) {
     return std::nullopt;
   }();
   if (requested) return *requested;
-  // Timed on the H200, 2026-11-27 (hopper_fp8/TUNING.md): the in-place transpose gains
-  // 4-5% at d64 and 7-18% at d256 (16k: 752 -> 889 TF/s); at d128 the copy is as fast or
-  // faster (4k: 662 vs 636).
-  return kernel_head_dim == 128 ? Fp8Schedule::transpose_copy : Fp8Schedule::transpose_in_place;
+  // Timed on the H200, 2026-11-27 (hopper_fp8/TUNING.md): the rotated loop (in_place_overlap)
+  // over in_place at d256 1.05-1.17x (16k: 819 -> 961 TF/s), at d128 16k 1.06x (663 -> 707);
+  // d64 (not timed with it) keeps the in-place transpose, which gained 4-5% over the copy.
+  return kernel_head_dim == 64 ? Fp8Schedule::transpose_in_place : Fp8Schedule::in_place_overlap;
 }
 
 Fp8Rescale default_rescale() {

@@ -48,8 +48,8 @@ void forward(const AttentionParams& params, cudaStream_t stream);
 void forward(const AttentionParams& params, cudaStream_t stream, Fp8Schedule schedule);
 void forward(const AttentionParams& params, cudaStream_t stream, Fp8Schedule schedule, Fp8Rescale rescale);
 
-// The schedule of a kernel head dim: transpose_copy at 128, transpose_in_place at 64 and
-// 256 (timed); FLASHATTN_CUDA_FP8_SCHEDULE=copy|in_place|ping_pong|overlap|overlap_ping_pong
+// The schedule of a kernel head dim: in_place_overlap at 128 and 256, transpose_in_place at
+// 64 (timed); FLASHATTN_CUDA_FP8_SCHEDULE=copy|in_place|ping_pong|overlap|overlap_ping_pong
 // forces one for every head dim (an A/B switch, read once per process).
 Fp8Schedule default_schedule(int kernel_head_dim);
 
