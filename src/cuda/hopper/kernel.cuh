@@ -109,6 +109,8 @@
 #include "src/cuda/common/numeric.cuh"
 #include "src/cuda/common/swizzle.cuh"
 #include "src/cuda/common/tma_panels.cuh"
+#include "src/cuda/hopper/cta_state.cuh"
+#include "src/cuda/hopper/epilogue.cuh"
 #include "src/cuda/hopper/launch.hpp"
 #include "src/cuda/hopper/tile_config.hpp"
 #include "src/cuda/hopper/tile_queue.cuh"
@@ -267,12 +269,7 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
   const TileQueue queue{tile_full, tile_empty, tile_slots};  // tile_queue.cuh
   const NamedTileMarks named_marks{static_cast<int>(NamedBarrier::kTileSlotWrittenFirst),
                                    static_cast<int>(NamedBarrier::kTileSlotReadFirst)};
-  // Two Q buffers: where the O staged in buffer b goes (the loader writes it with the
-  // tile's Q load, the storer reads it once the O is staged; with the named marks the
-  // storer decodes it itself).
-  struct StoreHeader {
-    std::int32_t row, head, batch_coordinate, rows;  // out's first row of the tile, its rows
-  };
+  // Two Q buffers: where the O staged in buffer b goes (StoreHeader, epilogue.cuh).
   auto* store_headers = reinterpret_cast<StoreHeader*>(tile_slots + 2);  // [2]
   // The mask lists' row intervals (kernels with has_mask_lists; see apply_device_mask):
   // [kBlockM], one per query row of the tile, after the 256 bytes of the mbarriers.
@@ -394,32 +391,8 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
     if constexpr (kHasTwoQBuffers) {
       if (threadIdx.x == 64 && has_two_q_buffers) {
         // Two Q buffers: the O of the CTA's tile number `count`, staged by the consumers in
-        // its Q buffer, to out: one TMA store per consumer warpgroup's 64 rows and panel,
-        // where the consumers staged it (a varlen warpgroup whose rows cross the sequence's
-        // end stored its rows from registers: the box would write into the next sequence;
-        // rows past a dense tensor's end and columns past head_dim the map clips).
-        // With the named marks the storer takes out's coordinates from its own decode of
-        // the tile (as the loader its Q coordinates) and leaves the loader's header unread:
-        // racecheck sees the header ordered only through mbarriers (q_full, then o_full).
-        auto store_staged_output = [&](int count, const Tile& tile) {
-          const int buffer = count & 1;
-          ptx::mbarrier_wait(&o_full[buffer], (count >> 1) & 1);
-          if (!params.has_o_map) return;
-          const StoreHeader header =
-              has_named_marks ? StoreHeader{static_cast<std::int32_t>(attention.q_start(tile.batch) + tile.m0),
-                                            static_cast<std::int32_t>(tile.head),
-                                            is_varlen ? 0 : static_cast<std::int32_t>(tile.batch),
-                                            static_cast<std::int32_t>(tile.row_end - tile.m0)}
-                              : store_headers[buffer];
-          for (int band = 0; band < kConsumerWarpgroups; ++band) {
-            const int band_rows = header.rows - band * ptx::kWarpgroupRows;
-            if (band_rows <= 0 || (is_varlen && band_rows < ptx::kWarpgroupRows)) break;
-            store_panels<kPanels, kBlockM>(q_tile(buffer) + band * ptx::kWarpgroupRows * kPanelColumns, &params.o_map,
-                                           header.row + band * ptx::kWarpgroupRows, header.head,
-                                           header.batch_coordinate, static_cast<int>(attention.head_dim));
-          }
-          ptx::bulk_commit_group();
-        };
+        // its Q buffer, to out (epilogue.cuh).
+        const OutputStorer<T, kConfig> storer{params, shared_base, o_full, store_headers, has_named_marks, is_varlen};
         // The storer (one lane of the producer's third warp): takes the CTA's tiles like
         // the loader and the consumers; stores each tile's O as soon as every consumer
         // warp has staged it, and hands the buffer back to the loader (q_empty) once the
@@ -430,7 +403,7 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
           if (linear >= tile_end) break;
           Tile tile;
           if (!decode_tile(linear, tile)) continue;
-          store_staged_output(count, tile);
+          storer.store(count, tile);
           ptx::bulk_wait_group_read<0>();
           ::cuda::ptx::mbarrier_arrive(&q_empty[count & 1]);
           ++count;
@@ -507,6 +480,7 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
   const int quad_lane = lane % 4;  // accumulator column pair
   const int warpgroup_row0 = consumer * ptx::kWarpgroupRows;
   const int thread_row0 = warpgroup_row0 + (thread_in_warpgroup / 32) * 16 + group;  // + 8 * half
+  const ConsumerThread thread{consumer, thread_in_warpgroup, lane, group, quad_lane, warpgroup_row0, thread_row0};
 
   // Descriptors (see wgmma.cuh). Q and K are K-major (rows of head-dim elements), V is
   // read MN-major for O += P V (rows of head-dim elements indexed by the key).
@@ -831,80 +805,10 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
     }
   };
 
-  // ---- epilogue: normalise once, LSE, O ----------------------------------------------
-  // Completes each row's sum across its quad; calls store(half, tile_row, output_scale)
-  // with output_scale = 1 / (l (1 - p)) (dropout's scale of kept entries folded in) and
-  // writes the row's LSE (of the undropped P).
-  float* maybe_lse = attention.maybe_lse;
-  // What the epilogue needs of its tile: the tile-overlap schedule decodes the next tile
-  // before this one's epilogue.
-  struct OutputTile {
-    std::int64_t batch, head, m0, seqlen_q;
-    __device__ std::int64_t rows() const { return seqlen_q - m0 < kBlockM ? seqlen_q - m0 : kBlockM; }
-  };
-  auto output_tile_of = [](const Tile& of) { return OutputTile{of.batch, of.head, of.m0, of.seqlen_q}; };
-  auto finish_rows = [&](const OutputTile& tile, auto&& store_row) {
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      online_softmax::State<float> state = row_state[half];
-      state.l += __shfl_xor_sync(0xffffffffu, state.l, 1);
-      state.l += __shfl_xor_sync(0xffffffffu, state.l, 2);
-      const int tile_row = thread_row0 + 8 * half;
-      store_row(half, tile_row, state.inverse_sum() * dropout.inverse_keep);
-      if (maybe_lse != nullptr && quad_lane == 0 && tile.m0 + tile_row < tile.seqlen_q)
-        maybe_lse[attention.lse_offset(tile.batch, tile.head) + (tile.m0 + tile_row) * attention.lse_row_stride] =
-            state.lse();
-    }
-  };
-  // Through this warpgroup's own Q rows in shared memory, then coalesced 16-byte stores.
-  // Only this warpgroup reads its 64 Q rows, so after its own barrier it may overwrite
-  // them; the other consumer warpgroups are not waited for. (One tile per CTA: the next
-  // Q never arrives in this buffer.)
-  auto store_output_through_shared_memory = [&](const OutputTile& tile) {
-    const int epilogue_barrier = static_cast<int>(NamedBarrier::kConsumerEpilogueFirst) + consumer;
-    ptx::named_barrier_sync(epilogue_barrier, ptx::kWarpgroupThreads);
-    unsigned char* shared_q_bytes = reinterpret_cast<unsigned char*>(shared_q);
-    finish_rows(tile, [&](int half, int tile_row, float output_scale) {
-#pragma unroll
-      for (int j = 0; j < kHeadDim / 8; ++j) {
-        // Column 8j + 2 quad_lane: panel j / 8, 16-byte chunk j % 8 of the row.
-        const int byte_offset = panels_chunk_offset<kBlockM>(tile_row, j) + quad_lane * 4;
-        *reinterpret_cast<std::uint32_t*>(shared_q_bytes + byte_offset) =
-            pack_pair<T>(o[4 * j + 2 * half] * output_scale, o[4 * j + 2 * half + 1] * output_scale);
-      }
-    });
-    ptx::named_barrier_sync(epilogue_barrier, ptx::kWarpgroupThreads);
-    T* out = static_cast<T*>(attention.out) + attention.out_offset(tile.batch, tile.head) +
-             tile.m0 * attention.out_row_stride;
-    constexpr int kRowChunks = kHeadDim / 8;
-#pragma unroll
-    for (int index = thread_in_warpgroup; index < ptx::kWarpgroupRows * kRowChunks; index += ptx::kWarpgroupThreads) {
-      const int tile_row = warpgroup_row0 + index / kRowChunks;
-      const int chunk = index % kRowChunks;
-      if (tile_row < tile.rows() && chunk * 8 < attention.head_dim) {
-        const int byte_offset = panels_chunk_offset<kBlockM>(tile_row, chunk);
-        *reinterpret_cast<uint4*>(out + tile_row * attention.out_row_stride + chunk * 8) =
-            *reinterpret_cast<const uint4*>(shared_q_bytes + byte_offset);
-      }
-    }
-  };
-  // Straight from the accumulator: each quad writes 16 contiguous bytes of a row per
-  // 8-column tile. Leaves shared memory to the next tile's loads (persistent launches).
-  auto store_output_from_registers = [&](const OutputTile& tile) {
-    T* out = static_cast<T*>(attention.out) + attention.out_offset(tile.batch, tile.head) +
-             tile.m0 * attention.out_row_stride;
-    finish_rows(tile, [&](int half, int tile_row, float output_scale) {
-      if (tile_row >= tile.rows()) return;
-      T* out_row = out + tile_row * attention.out_row_stride;
-#pragma unroll
-      for (int j = 0; j < kHeadDim / 8; ++j) {
-        const int column = 8 * j + 2 * quad_lane;
-        if (column < attention.head_dim)
-          *reinterpret_cast<std::uint32_t*>(out_row + column) =
-              pack_pair<T>(o[4 * j + 2 * half] * output_scale, o[4 * j + 2 * half + 1] * output_scale);
-      }
-    });
-  };
+  // ---- epilogue: normalise once, LSE, O (epilogue.cuh) -------------------------------
+  const Epilogue<T, kConfig> epilogue{params,    thread,   dropout.inverse_keep, attention.maybe_lse,
+                                      shared_q,  q_address, o_full,             is_varlen};
+  using OutputTile = typename Epilogue<T, kConfig>::Tile;
 
   // ---- Q buffer releases (persistent launches) ----------------------------------------
   // One arrival per consumer warp and tile. One buffer: on q_empty, after the tile's last
@@ -915,49 +819,6 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
   auto release_q = [&](int buffer) {
     if (lane == 0) ::cuda::ptx::mbarrier_arrive(&q_empty[buffer]);
   };
-  // Two buffers: O through this warpgroup's rows of the tile's Q buffer (only this
-  // warpgroup reads them, and after the barrier all its S = Q K^T are done); the storer
-  // stores them with the TMA once every consumer warp has arrived on o_full, while the
-  // consumers run the next tile. A varlen warpgroup whose 64 rows pass its sequence's end
-  // stores from registers, row by row (the storer skips it: store_staged_output).
-  auto stage_output = [&](const OutputTile& tile) {
-    const int q_buffer = q_buffer_of(tile_count);
-    // The warpgroup's first row through a shuffle from lane 0: the same value, but one
-    // the compiler knows is warp-uniform. A branch on warpgroup_row0 itself (derived from
-    // threadIdx.x) made the whole tile loop divergent to ptxas, which then kept the K/V/Q
-    // descriptors and the ring positions in vector registers (R2UR before every wgmma)
-    // in every schedule of these kernels (bf16 d64 block_m 128 persistent: UIADD3
-    // 182 -> 34, IADD3 311 -> 639; forward -5..-17% on the H200, registers epilogue too).
-    const int uniform_row0 = __shfl_sync(0xffffffffu, warpgroup_row0, 0);
-    if (params.has_o_map && (!is_varlen || tile.m0 + uniform_row0 + ptx::kWarpgroupRows <= tile.seqlen_q)) {
-      ptx::named_barrier_sync(static_cast<int>(NamedBarrier::kConsumerEpilogueFirst) + consumer,
-                              ptx::kWarpgroupThreads);
-      float output_scale[2];
-      finish_rows(tile, [&](int half, int, float scale) { output_scale[half] = scale; });
-      // stmatrix x4 per two n8 column tiles: matrices (tile j, rows 0-7 | 8-15 of the
-      // warp's 16), (tile j + 1, ...) are the accumulator's fragments as they are (ptx/
-      // stmatrix.cuh); lane 8 i + r gives row r of matrix i. A 32-bit shared address: a
-      // generic pointer kept across the loop costs the consumers registers.
-      const std::uint32_t staging =
-          q_address + (q_buffer == 0 ? 0u : static_cast<std::uint32_t>(kConfig.second_q_offset()));
-      const int matrix = lane / 8;
-      const int staging_row = warpgroup_row0 + (thread_in_warpgroup / 32) * 16 + 8 * (matrix % 2) + lane % 8;
-#pragma unroll
-      for (int j = 0; j < kHeadDim / 8; j += 2) {
-        ptx::stmatrix_x4(staging + panels_chunk_offset<kBlockM>(staging_row, j + matrix / 2),
-                         pack_pair<T>(o[4 * j] * output_scale[0], o[4 * j + 1] * output_scale[0]),
-                         pack_pair<T>(o[4 * j + 2] * output_scale[1], o[4 * j + 3] * output_scale[1]),
-                         pack_pair<T>(o[4 * j + 4] * output_scale[0], o[4 * j + 5] * output_scale[0]),
-                         pack_pair<T>(o[4 * j + 6] * output_scale[1], o[4 * j + 7] * output_scale[1]));
-      }
-      ptx::fence_proxy_async_shared();  // the staged O visible to the TMA (async proxy)
-    } else {
-      store_output_from_registers(tile);
-    }
-    __syncwarp();
-    if (lane == 0) ::cuda::ptx::mbarrier_arrive(&o_full[q_buffer]);
-  };
-
   // One tile's mainloop; O and row_state hold the unnormalised result after it.
   auto consume_tile = [&]() {
     const int num_n_blocks = tile.num_n_blocks;
@@ -1078,12 +939,12 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
         // Tile t + 1's Q (loaded during tile t into the other buffer) and K_0 are in place
         // once tile t's O is staged in tile t's Q buffer; its store drains while tile t + 1
         // runs.
-        stage_output(output_tile_of(tile));
+        epilogue.stage(OutputTile::of(tile), q_buffer_of(tile_count), o, row_state);
       } else {
         // Every wgmma of this warp is complete: the producer may load the next tile's Q
         // (if it has not already) while this warp stores O straight from registers.
         if (!is_q_released_early || tile.num_n_blocks == 0) release_q(0);
-        store_output_from_registers(output_tile_of(tile));
+        epilogue.store_from_registers(OutputTile::of(tile), o, row_state);
       }
       block_base += tile.num_n_blocks;
       ++tile_count;
@@ -1091,7 +952,7 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
   } else {
     if (decode_tile(blockIdx.x, tile)) {
       consume_tile();
-      store_output_through_shared_memory(output_tile_of(tile));
+      epilogue.store_through_shared_memory(OutputTile::of(tile), o, row_state);
     }
   }
 #endif

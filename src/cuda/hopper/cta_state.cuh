@@ -1,0 +1,32 @@
+// src/cuda/hopper/cta_state.cuh — what the roles of the Hopper forward kernel
+// (hopper/kernel.cuh: tile scheduler, mainloop, epilogue) share within a CTA: where a
+// consumer thread sits in the wgmma accumulator layout.
+//
+// Every value here is a plain copy made once by the kernel and handed to each role, so
+// a role's methods inline to the same code as the lambdas they replaced (the kernel's
+// SASS is pinned: scripts/sass_fingerprint.py, hopper/TUNING.md).
+#pragma once
+
+#include <cstdint>
+
+#include "src/cuda/ptx/warpgroup.cuh"
+
+namespace flashattn::cuda::hopper {
+
+// A consumer thread's place: its warpgroup (64 query rows each) and its rows and
+// columns of the m64nNk16 accumulator (the mma.sync C layout repeated: thread_row0 and
+// thread_row0 + 8, columns 8 j + 2 quad_lane + {0, 1}). Made by the kernel from its
+// own locals: computed inside a helper function instead, the same expressions came out of
+// the compiler's pre-inlining simplification in another order, and ptxas scheduled the
+// persistent bf16 d128 kernel differently (PTX and SASS compared, 2026-11-27).
+struct ConsumerThread {
+  int consumer;             // consumer warpgroup, 0 .. block_m / 64 - 1
+  int thread_in_warpgroup;  // 0 .. 127
+  int lane;                 // in the warp
+  int group;                // accumulator row within an 8-row half
+  int quad_lane;            // accumulator column pair
+  int warpgroup_row0;       // the warpgroup's first row of the tile
+  int thread_row0;          // the thread's first row of the tile (+ 8 * half)
+};
+
+}  // namespace flashattn::cuda::hopper
