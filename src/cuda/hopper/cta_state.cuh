@@ -9,9 +9,27 @@
 
 #include <cstdint>
 
+#include "src/cuda/hopper/tile_config.hpp"
 #include "src/cuda/ptx/warpgroup.cuh"
 
 namespace flashattn::cuda::hopper {
+
+// The kernel a role belongs to (forward_kernel_sm90's template arguments). Every role
+// type is instantiated per kernel, as the lambdas it replaced were: a role function
+// shared by the kernels of one translation unit (the persistent and one-tile kernels of
+// one tile shape) is optimised once for all of its callers before it is inlined, and
+// that moved their code (PTX compared, 2026-11-27).
+template <class T, HopperTileConfig kConfigArg, bool kHasDropoutArg>
+struct KernelSpec {
+  using Element = T;
+  static constexpr HopperTileConfig kConfig = kConfigArg;
+  static constexpr bool kHasDropout = kHasDropoutArg;
+  static constexpr int kHeadDim = kConfig.kernel_head_dim;
+  static constexpr int kBlockM = kConfig.block_m;
+  static constexpr int kBlockN = kConfig.block_n;
+  static constexpr int kConsumerWarpgroups = kConfig.consumer_warpgroups();
+  static constexpr bool kHasDeviceMask = kConfig.has_mask_lists();  // the device mask's key-tile lists
+};
 
 // A consumer thread's place: its warpgroup (64 query rows each) and its rows and
 // columns of the m64nNk16 accumulator (the mma.sync C layout repeated: thread_row0 and

@@ -114,6 +114,7 @@
 #include "src/cuda/hopper/launch.hpp"
 #include "src/cuda/hopper/tile_config.hpp"
 #include "src/cuda/hopper/tile_queue.cuh"
+#include "src/cuda/hopper/tile_scheduler.cuh"
 #include "src/cuda/ptx/bulk_reduce.cuh"
 #include "src/cuda/ptx/math.cuh"
 #include "src/cuda/ptx/mbarrier.cuh"
@@ -145,6 +146,7 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
 #if FLASHATTN_HOPPER_DEVICE_CODE
   constexpr HopperTileConfig kConfig{kHeadDimArg, kBlockMArg, kBlockNArg, kStagesArg,
                                      kIntraOverlapArg, kPingPongArg, kPersistentArg};
+  using Kernel = KernelSpec<T, kConfig, kHasDropout>;  // what the role types are instantiated for
   constexpr int kHeadDim = kConfig.kernel_head_dim;
   constexpr int kBlockM = kConfig.block_m;
   constexpr int kBlockN = kConfig.block_n;
@@ -179,14 +181,15 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
   // The device mask's key-tile lists (absent without attn_mask / block mask; read only
   // by the kernels of ProblemClass::mask_lists, see the header).
   constexpr bool kHasDeviceMask = kConfig.has_mask_lists();
+  // A tile's key blocks (tile_scheduler.cuh).
   const TileLists& key_lists = attention.device_mask.by_query_tile;
-  struct Tile {
-    std::int64_t batch, head, m0, row_end, seqlen_q, seqlen_k, n_block_end;
-    std::int64_t key_list;  // the tile's list in key_lists, -1: the interval range
-    int num_n_blocks;  // key blocks visited, from n_block_end - 1 down (or the list's)
-    MaskRule mask;
-  };
-  // False for a tile past its (varlen) sequence's end: it has no rows, every role skips it.
+  const TileKeyBlocks<Kernel> key_blocks{key_lists};
+  // A tile number to its tile (Tile, tile_scheduler.cuh); false for a tile past its
+  // (varlen) sequence's end: it has no rows, every role skips it. A lambda of the kernel,
+  // not a method of a tile_scheduler.cuh type: moved there (same body, called the same
+  // way) it moved the persistent kernels' code (PTX: the tile order's arithmetic split
+  // across its branches; SASS of bf16 d128 +8 instructions, spills 28/36 -> 24/32 bytes),
+  // and none of the formulations tried kept it in place (hopper/TUNING.md).
   auto decode_tile = [&](std::int64_t linear, Tile& tile) {
     const TileOrder::Coordinates coordinates = params.tile_order.at(static_cast<std::int32_t>(linear));
     const std::int64_t m_block = coordinates.m_block;
@@ -210,25 +213,6 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
       tile.num_n_blocks = key_lists.count(tile.key_list);
     }
     return true;
-  };
-  // Key block `index` of a tile's visit order: its first key row, and whether it takes
-  // the device mask's element pass — listed partial, or past the end of the keys, where
-  // TMA delivers zero rows whose scores must not count. Always false on the interval
-  // range: softmax_block tests those blocks against the mask edges itself.
-  struct KeyBlock {
-    std::int64_t n0;
-    bool is_partial;
-    std::int32_t code;  // a partial listed block's tile code (mask_tables.hpp), else kGeneralTile
-  };
-  auto is_listed = [&](const Tile& tile) { return kHasDeviceMask && tile.key_list >= 0; };
-  auto key_block = [&](const Tile& tile, int index) {
-    if (is_listed(tile)) {
-      const TileEntry entry = key_lists.entry(tile.key_list, index);
-      const std::int64_t n0 = static_cast<std::int64_t>(entry.tile) * kBlockN;
-      return KeyBlock{n0, entry.partial || n0 + kBlockN > tile.seqlen_k,
-                      entry.partial ? key_lists.code(tile.key_list, index) : kGeneralTile};
-    }
-    return KeyBlock{(tile.n_block_end - 1 - index) * kBlockN, false, kGeneralTile};
   };
 
   // Tiles 1024-byte aligned (the swizzle atom; the descriptors' base offset is 0).
@@ -289,18 +273,14 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
   // The Q buffer of the CTA's tile number `count`, and how often that buffer was used before.
   auto q_buffer_of = [&](int count) { return has_two_q_buffers ? count & 1 : 0; };
   auto q_use_of = [&](int count) { return has_two_q_buffers ? count >> 1 : count; };
-  // The tile queue of persistent launches (TileQueueMode, launch.hpp): whether the
-  // scheduler claims a tile only once the previous one has started (the late claim), and
-  // whether every put and take also passes the named marks (NamedTileMarks,
-  // tile_queue.cuh). Their readers: the loader, the storer (two Q buffers), each consumer
-  // warpgroup, each with a pair of barriers over its threads and the scheduler's warp.
+  // The tile queue of persistent launches (TileQueueMode, launch.hpp; TileDistribution,
+  // tile_scheduler.cuh): whether the scheduler claims a tile only once the previous one
+  // has started (the late claim), and whether every put and take also passes the named
+  // marks. Their readers: the loader, the storer (two Q buffers), each consumer warpgroup.
   const bool is_late_claim = kPersistentArg && params.tile_queue_mode != TileQueueMode::early_claim;
   const bool has_named_marks = kPersistentArg && params.tile_queue_mode == TileQueueMode::late_claim;
-  constexpr int kLoaderReader = 0, kStorerReader = 1, kFirstConsumerReader = 2;
-  constexpr int kReaders = kFirstConsumerReader + kConsumerWarpgroups;
-  auto queue_threads = [](int reader) {
-    return ptx::kWarpSize + (reader < kFirstConsumerReader ? ptx::kWarpSize : ptx::kWarpgroupThreads);
-  };
+  using Distribution = TileDistribution<kConsumerWarpgroups>;
+  const Distribution distribution{queue, named_marks, is_late_claim, has_named_marks};
 
   if (threadIdx.x == 0) {
     for (int buffer = 0; buffer < 2; ++buffer) {
@@ -324,22 +304,6 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
   }
   __syncthreads();
 
-  // Persistent: the CTA's tile number `taken` from the scheduler's queue (num_tiles: none
-  // left) for `reader` (kLoaderReader, kStorerReader, kFirstConsumerReader + consumer
-  // warpgroup; is_lone_lane: the loader and the storer). Every consumer warp, the loader
-  // and (two Q buffers) the storer read each slot, then release it; every reading lane has
-  // read it before lane 0 does: the loader and the storer are lane 0 of a producer warp
-  // alone, a consumer warp is whole and converged here (it has just left aligned wgmma
-  // code), so the active mask is the whole warp. The named marks around it are predicated
-  // (no branch): a branch there cost the 24-register producer lanes and the d64 block_m
-  // 192 consumers spills (ptxas -v, hopper/TUNING.md).
-  auto take_tile = [&](int taken, int reader, auto is_lone_lane) {
-    named_marks.wait_written<is_lone_lane>(has_named_marks, reader, queue_threads(reader));
-    const std::int32_t linear = queue.take(taken, __activemask());
-    named_marks.mark_read<is_lone_lane>(has_named_marks, reader, queue_threads(reader));
-    return linear;
-  };
-
   const int warpgroup = threadIdx.x / ptx::kWarpgroupThreads;
   // Varlen tensors are one batch entry whose sequences are row ranges.
   const bool is_varlen = attention.is_varlen();
@@ -351,40 +315,35 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
     const std::int32_t tile_end = static_cast<std::int32_t>(num_tiles);
     if constexpr (kPersistentArg) {
       if (threadIdx.x == 32) {
-        // The scheduler (one lane of the producer's second warp, so the loader below keeps
-        // its 24 registers): puts the CTA's tile number `taken` into its slot of the
-        // queue — blockIdx.x, then from the counter or blockIdx.x + k gridDim.x — and
-        // tile_end once none is left. early_claim: the next tile is claimed at once, before
-        // its slot is free, so up to three wait beyond the one the consumers run, and at
-        // the end of a launch the last (lightest) tiles sit in busy CTAs' queues while
-        // other SMs idle. Late claim: only once every reader has taken the tile just put
-        // (it has started), so one waits: with the named marks, once each marked reader
-        // marked it read (each put is published to them first); late_claim_mbarrier, once
-        // the slot's empty barrier completes. After tile_end the marked readers' last marks
-        // are waited for too, so that every barrier phase completes.
-        std::int32_t linear = static_cast<std::int32_t>(blockIdx.x);
-        // The readers with marks, one bit each (0 without the marks): one register across
-        // the loop, where two flags cost the 24-register lane a spill (ptxas -v).
-        constexpr int kAllReaders = (1 << kReaders) - 1;
-        const int marked_readers =
-            !has_named_marks ? 0 : has_two_q_buffers ? kAllReaders : kAllReaders & ~(1 << kStorerReader);
-        auto for_each_reader = [&](auto&& action) {
-          for (int reader = 0; reader < kReaders; ++reader)
-            action(((marked_readers >> reader) & 1) != 0, reader, queue_threads(reader));
-        };
-        auto publish = [&](bool is_on, int reader, int threads) { named_marks.publish(is_on, reader, threads); };
-        auto wait_read = [&](bool is_on, int reader, int threads) { named_marks.wait_read(is_on, reader, threads); };
+        // The scheduler lane (one lane of the producer's second warp, so the loader keeps
+        // its 24 registers): puts the CTA's tile number `taken` into its slot of the queue —
+        // the scheduler's initial tile, then its next ones (tile_scheduler.cuh: static or
+        // dynamic, as the launch chose) — and tile_end once none is left. early_claim: the
+        // next tile is claimed at once, before its slot is free, so up to three wait beyond
+        // the one the consumers run, and at the end of a launch the last (lightest) tiles sit
+        // in busy CTAs' queues while other SMs idle. Late claim: only once every reader has
+        // taken the tile just put (it has started), so one waits: with the named marks, once
+        // each marked reader marked it read (each put is published to them first);
+        // late_claim_mbarrier, once the slot's empty barrier completes. After tile_end the
+        // marked readers' last marks are waited for too, so that every barrier phase
+        // completes. This loop stays in the kernel: moved into a TileDistribution method
+        // (or with the scheduler made once before it), the persistent kernels' code moved
+        // (PTX register numbering, then SASS; hopper/TUNING.md).
+        using Scheduler = PersistentScheduler;
+        std::int32_t linear = Scheduler{tile_end, params.maybe_tile_counter}.initial_tile();
+        const int marked_readers = distribution.marked_readers(has_two_q_buffers);
         for (int taken = 0;; ++taken) {
           queue.wait_free(taken);  // with the marks already done: its readers marked taken - 1 read
-          queue.put(taken, linear < tile_end ? linear : tile_end);
-          for_each_reader(publish);
-          if (linear >= tile_end) {
-            for_each_reader(wait_read);
+          const bool is_valid = Scheduler{tile_end, params.maybe_tile_counter}.is_valid(linear);
+          queue.put(taken, is_valid ? linear : tile_end);
+          distribution.publish(marked_readers);
+          if (!is_valid) {
+            distribution.wait_read(marked_readers);
             return;
           }
-          for_each_reader(wait_read);
+          distribution.wait_read(marked_readers);
           if (is_late_claim && marked_readers == 0) queue.wait_free(taken + 2);
-          linear = next_tile(linear, params.maybe_tile_counter);
+          linear = Scheduler{tile_end, params.maybe_tile_counter}.next_tile(linear);
         }
       }
     }
@@ -399,7 +358,7 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
         // store has read it — for Q of the tile after next, loaded about a tile later.
         int count = 0;
         for (int taken = 0;; ++taken) {
-          const std::int32_t linear = take_tile(taken, kStorerReader, std::true_type{});
+          const std::int32_t linear = distribution.take(taken, Distribution::kStorerReader, std::true_type{});
           if (linear >= tile_end) break;
           Tile tile;
           if (!decode_tile(linear, tile)) continue;
@@ -416,9 +375,10 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
     int tile_count = 0;   // tiles run so far by this CTA: Q's buffer and phase
     int block_base = 0;   // K/V blocks loaded for earlier tiles: the rings' position
     for (int taken = 0;; ++taken) {
-      std::int32_t linear = static_cast<std::int32_t>(blockIdx.x);
+      // One tile per CTA: SingleTileScheduler's; persistent: the queue's (the scheduler lane's).
+      std::int32_t linear = SingleTileScheduler::initial_tile();
       if constexpr (kPersistentArg) {
-        linear = take_tile(taken, kLoaderReader, std::true_type{});
+        linear = distribution.take(taken, Distribution::kLoaderReader, std::true_type{});
       } else if (taken > 0) {
         break;
       }
@@ -453,7 +413,7 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
         if (position >= kStages) ptx::mbarrier_wait(&empty[stage], ((position / kStages) - 1) & 1);
         ::cuda::ptx::mbarrier_arrive_expect_tx(::cuda::ptx::sem_release, ::cuda::ptx::scope_cta,
                                                ::cuda::ptx::space_shared, &full[stage], kKVBytes);
-        const std::int32_t row = static_cast<std::int32_t>(k_start + key_block(tile, index).n0);
+        const std::int32_t row = static_cast<std::int32_t>(k_start + key_blocks.key_block(tile, index).n0);
         load_panels<kPanels, kBlockN>(ring + stage * kBlockN * kHeadDim, tensor_map, row, head_kv, batch_coordinate,
                                       &full[stage]);
       };
@@ -630,7 +590,7 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
     if constexpr (!kHasRowIntervals) return false;
     // (a dense attn_mask makes every partial tile kGeneralTile, so its intervals go unused;
     // testing has_attn_mask() here too spilled the mask kernels, ptxas -v d128 0 -> 40/44)
-    return params.is_mask_row_intervals && is_listed(tile) && attention.has_block_mask() &&
+    return params.is_mask_row_intervals && key_blocks.is_listed(tile) && attention.has_block_mask() &&
            !attention.block_mask.rule.has_bits();
   };
   bool has_row_intervals = false;  // the tile's and both of the thread's rows are one interval
@@ -692,7 +652,7 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
         bias_factor = mask_bias_factor / score_rule.alibi_slope_log2;
       }
     }
-    if (is_listed(tile)) {
+    if (key_blocks.is_listed(tile)) {
       if (block.is_partial) apply_device_mask(n0, block.code, bias_factor);  // listed full blocks: no mask at all
     } else if (n0 + kBlockN > tile.seqlen_k || !tile.mask.tile_fully_allowed(tile.m0, tile.row_end, n0, n0 + kBlockN)) {
       // Interval range: the element mask only where the block crosses a mask edge or
@@ -859,7 +819,7 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
       // of block j-1 finishes being used, so that softmax overlaps O += P_(j-1) V_(j-1).
       // Each block's list entry is read before its K wait: the load hides behind it.
       if (num_n_blocks > 0) {
-        const KeyBlock block = key_block(tile, 0);
+        const KeyBlock block = key_blocks.key_block(tile, 0);
         wait_k(0);
         begin_turn();
         issue_qk(0);
@@ -872,7 +832,7 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
         convert_p();
       }
       for (int index = 1; index < num_n_blocks; ++index) {
-        const KeyBlock block = key_block(tile, index);
+        const KeyBlock block = key_blocks.key_block(tile, index);
         wait_k(index);
         wait_v(index - 1);
         begin_turn();
@@ -901,7 +861,7 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
       }
     } else {
       for (int index = 0; index < num_n_blocks; ++index) {
-        const KeyBlock block = key_block(tile, index);
+        const KeyBlock block = key_blocks.key_block(tile, index);
         wait_k(index);
         issue_qk(index);
         if constexpr (kHasDropout) draw_keep(block);
@@ -928,7 +888,7 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
     // The CTA's next tile with rows, into `tile`; false once none is left.
     auto take_next_tile = [&]() {
       for (;;) {
-        const std::int32_t linear = take_tile(taken++, kFirstConsumerReader + consumer, std::false_type{});
+        const std::int32_t linear = distribution.take(taken++, Distribution::kFirstConsumerReader + consumer, std::false_type{});
         if (linear >= tile_end) return false;
         if (decode_tile(linear, tile)) return true;
       }
@@ -950,7 +910,7 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
       ++tile_count;
     }
   } else {
-    if (decode_tile(blockIdx.x, tile)) {
+    if (decode_tile(SingleTileScheduler::initial_tile(), tile)) {
       consume_tile();
       epilogue.store_through_shared_memory(OutputTile::of(tile), o, row_state);
     }

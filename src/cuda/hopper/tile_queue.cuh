@@ -106,11 +106,4 @@ struct NamedTileMarks {
   }
 };
 
-// The CTA's tile number after `linear`: from the counter (dynamic) or gridDim.x further
-// (static). Tile numbers fit 32 bits: the launches check num_tiles + gridDim.x < 2^31.
-__device__ __forceinline__ std::int32_t next_tile(std::int32_t linear, unsigned int* maybe_tile_counter) {
-  return maybe_tile_counter != nullptr ? static_cast<std::int32_t>(gridDim.x + atomicAdd(maybe_tile_counter, 1u))
-                                       : linear + static_cast<std::int32_t>(gridDim.x);
-}
-
 }  // namespace flashattn::cuda::hopper
