@@ -181,9 +181,7 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
   // The device mask's key-tile lists (absent without attn_mask / block mask; read only
   // by the kernels of ProblemClass::mask_lists, see the header).
   constexpr bool kHasDeviceMask = kConfig.has_mask_lists();
-  // A tile's key blocks (tile_scheduler.cuh).
   const TileLists& key_lists = attention.device_mask.by_query_tile;
-  const TileKeyBlocks<Kernel> key_blocks{key_lists};
   // A tile number to its tile (Tile, tile_scheduler.cuh); false for a tile past its
   // (varlen) sequence's end: it has no rows, every role skips it. A lambda of the kernel,
   // not a method of a tile_scheduler.cuh type: moved there (same body, called the same
@@ -213,6 +211,21 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
       tile.num_n_blocks = key_lists.count(tile.key_list);
     }
     return true;
+  };
+  // Key block `index` of a tile's visit order (KeyBlock, tile_scheduler.cuh): the interval
+  // range from n_block_end - 1 down, or the device mask's list. The producer and the
+  // consumers read the same list entries, so the rings stay in lock-step. Lambdas of the
+  // kernel like decode_tile: as methods they moved the code (bf16 d256 persistent: the
+  // block_n 80 products reassociated, PTX and SASS).
+  auto is_listed = [&](const Tile& tile) { return kHasDeviceMask && tile.key_list >= 0; };
+  auto key_block = [&](const Tile& tile, int index) {
+    if (is_listed(tile)) {
+      const TileEntry entry = key_lists.entry(tile.key_list, index);
+      const std::int64_t n0 = static_cast<std::int64_t>(entry.tile) * kBlockN;
+      return KeyBlock{n0, entry.partial || n0 + kBlockN > tile.seqlen_k,
+                      entry.partial ? key_lists.code(tile.key_list, index) : kGeneralTile};
+    }
+    return KeyBlock{(tile.n_block_end - 1 - index) * kBlockN, false, kGeneralTile};
   };
 
   // Tiles 1024-byte aligned (the swizzle atom; the descriptors' base offset is 0).
@@ -413,7 +426,7 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
         if (position >= kStages) ptx::mbarrier_wait(&empty[stage], ((position / kStages) - 1) & 1);
         ::cuda::ptx::mbarrier_arrive_expect_tx(::cuda::ptx::sem_release, ::cuda::ptx::scope_cta,
                                                ::cuda::ptx::space_shared, &full[stage], kKVBytes);
-        const std::int32_t row = static_cast<std::int32_t>(k_start + key_blocks.key_block(tile, index).n0);
+        const std::int32_t row = static_cast<std::int32_t>(k_start + key_block(tile, index).n0);
         load_panels<kPanels, kBlockN>(ring + stage * kBlockN * kHeadDim, tensor_map, row, head_kv, batch_coordinate,
                                       &full[stage]);
       };
@@ -590,7 +603,7 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
     if constexpr (!kHasRowIntervals) return false;
     // (a dense attn_mask makes every partial tile kGeneralTile, so its intervals go unused;
     // testing has_attn_mask() here too spilled the mask kernels, ptxas -v d128 0 -> 40/44)
-    return params.is_mask_row_intervals && key_blocks.is_listed(tile) && attention.has_block_mask() &&
+    return params.is_mask_row_intervals && is_listed(tile) && attention.has_block_mask() &&
            !attention.block_mask.rule.has_bits();
   };
   bool has_row_intervals = false;  // the tile's and both of the thread's rows are one interval
@@ -652,7 +665,7 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
         bias_factor = mask_bias_factor / score_rule.alibi_slope_log2;
       }
     }
-    if (key_blocks.is_listed(tile)) {
+    if (is_listed(tile)) {
       if (block.is_partial) apply_device_mask(n0, block.code, bias_factor);  // listed full blocks: no mask at all
     } else if (n0 + kBlockN > tile.seqlen_k || !tile.mask.tile_fully_allowed(tile.m0, tile.row_end, n0, n0 + kBlockN)) {
       // Interval range: the element mask only where the block crosses a mask edge or
@@ -819,7 +832,7 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
       // of block j-1 finishes being used, so that softmax overlaps O += P_(j-1) V_(j-1).
       // Each block's list entry is read before its K wait: the load hides behind it.
       if (num_n_blocks > 0) {
-        const KeyBlock block = key_blocks.key_block(tile, 0);
+        const KeyBlock block = key_block(tile, 0);
         wait_k(0);
         begin_turn();
         issue_qk(0);
@@ -832,7 +845,7 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
         convert_p();
       }
       for (int index = 1; index < num_n_blocks; ++index) {
-        const KeyBlock block = key_blocks.key_block(tile, index);
+        const KeyBlock block = key_block(tile, index);
         wait_k(index);
         wait_v(index - 1);
         begin_turn();
@@ -861,7 +874,7 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
       }
     } else {
       for (int index = 0; index < num_n_blocks; ++index) {
-        const KeyBlock block = key_blocks.key_block(tile, index);
+        const KeyBlock block = key_block(tile, index);
         wait_k(index);
         issue_qk(index);
         if constexpr (kHasDropout) draw_keep(block);

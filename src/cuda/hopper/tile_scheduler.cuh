@@ -1,10 +1,11 @@
 // src/cuda/hopper/tile_scheduler.cuh — the tile-scheduler role of the Hopper forward
 // kernel (hopper/kernel.cuh): which tiles a CTA runs, and what a tile is.
 //
-//   Tile, TileKeyBlocks      a tile (a tile number decoded through TileOrder,
+//   Tile, KeyBlock           a tile (a tile number decoded through TileOrder,
 //                            tile_order.hpp, by the kernel's decode_tile): its batch, head,
 //                            query rows, key blocks and mask; the key block of each step of
-//                            its visit order (the interval range or the device mask's list);
+//                            its visit order (the kernel's key_block: the interval range or
+//                            the device mask's list);
 //   SingleTileScheduler      one CTA per tile (blockIdx.x);
 //   StaticPersistentScheduler, DynamicPersistentScheduler
 //                            a persistent CTA's tile numbers: blockIdx.x, then gridDim.x
@@ -52,30 +53,6 @@ struct KeyBlock {
   std::int64_t n0;
   bool is_partial;
   std::int32_t code;  // a partial listed block's tile code (mask_tables.hpp), else kGeneralTile
-};
-
-// A tile's key blocks in visit order, the same for every role (the producer and the
-// consumers read the same list entries, so the K/V rings stay in lock-step): the interval
-// range from n_block_end - 1 down, or the device mask's list (kHasDeviceMask: the kernel
-// compiles the key-tile lists of attn_mask and block masks; kernel.cuh's header).
-template <class Kernel>
-struct TileKeyBlocks {
-  static constexpr int kBlockN = Kernel::kBlockN;
-  static constexpr bool kHasDeviceMask = Kernel::kHasDeviceMask;
-
-  const TileLists& key_lists;  // attention.device_mask.by_query_tile
-
-  __device__ bool is_listed(const Tile& tile) const { return kHasDeviceMask && tile.key_list >= 0; }
-
-  __device__ KeyBlock key_block(const Tile& tile, int index) const {
-    if (is_listed(tile)) {
-      const TileEntry entry = key_lists.entry(tile.key_list, index);
-      const std::int64_t n0 = static_cast<std::int64_t>(entry.tile) * kBlockN;
-      return KeyBlock{n0, entry.partial || n0 + kBlockN > tile.seqlen_k,
-                      entry.partial ? key_lists.code(tile.key_list, index) : kGeneralTile};
-    }
-    return KeyBlock{(tile.n_block_end - 1 - index) * kBlockN, false, kGeneralTile};
-  }
 };
 
 // Tile numbers are 32-bit: the launches check num_tiles + gridDim.x < 2^31. A number at
