@@ -112,6 +112,7 @@
 #include "src/cuda/hopper/cta_state.cuh"
 #include "src/cuda/hopper/epilogue.cuh"
 #include "src/cuda/hopper/launch.hpp"
+#include "src/cuda/hopper/mainloop.cuh"
 #include "src/cuda/hopper/tile_config.hpp"
 #include "src/cuda/hopper/tile_queue.cuh"
 #include "src/cuda/hopper/tile_scheduler.cuh"
@@ -417,27 +418,17 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
                                     batch_coordinate, &q_full[q_buffer]);
       const std::int64_t k_start = attention.k_start(tile.batch);
       const std::int32_t head_kv = static_cast<std::int32_t>(tile.head / attention.group_size);
-      // Block `index` of the tile's visit order into its stage of a ring; waits until the
-      // consumers have released that stage's previous block.
-      auto load_block = [&](const CUtensorMap* tensor_map, T* ring, std::uint64_t* full, std::uint64_t* empty,
-                            int index) {
-        const int position = block_base + index;
-        const int stage = position % kStages;
-        if (position >= kStages) ptx::mbarrier_wait(&empty[stage], ((position / kStages) - 1) & 1);
-        ::cuda::ptx::mbarrier_arrive_expect_tx(::cuda::ptx::sem_release, ::cuda::ptx::scope_cta,
-                                               ::cuda::ptx::space_shared, &full[stage], kKVBytes);
-        const std::int32_t row = static_cast<std::int32_t>(k_start + key_block(tile, index).n0);
-        load_panels<kPanels, kBlockN>(ring + stage * kBlockN * kHeadDim, tensor_map, row, head_kv, batch_coordinate,
-                                      &full[stage]);
-      };
+      // The tile's K/V blocks into the rings (mainloop.cuh).
+      const MainloopLoader<Kernel, decltype(key_block)> loader{block_base, k_start,  key_block,
+                                                               tile,       head_kv,  batch_coordinate};
       // The consumers' order: K_0, then K_j before V_(j-1), then the last V.
       const int num_n_blocks = tile.num_n_blocks;
-      if (num_n_blocks > 0) load_block(&params.k_map, shared_k, k_full, k_empty, 0);
+      if (num_n_blocks > 0) loader.load_block(&params.k_map, shared_k, k_full, k_empty, 0);
       for (int index = 1; index < num_n_blocks; ++index) {
-        load_block(&params.k_map, shared_k, k_full, k_empty, index);
-        load_block(&params.v_map, shared_v, v_full, v_empty, index - 1);
+        loader.load_block(&params.k_map, shared_k, k_full, k_empty, index);
+        loader.load_block(&params.v_map, shared_v, v_full, v_empty, index - 1);
       }
-      if (num_n_blocks > 0) load_block(&params.v_map, shared_v, v_full, v_empty, num_n_blocks - 1);
+      if (num_n_blocks > 0) loader.load_block(&params.v_map, shared_v, v_full, v_empty, num_n_blocks - 1);
       block_base += num_n_blocks;
       ++tile_count;
     }
