@@ -454,17 +454,10 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
   const std::uint64_t q_descriptor =
       ptx::make_smem_descriptor(q_address + warpgroup_row0 * kSwizzleRowBytes, 16, kSwizzleAtomBytes,
                                 ptx::SwizzleMode::bytes128);
-  // This warpgroup's rows of Q buffer `buffer` (the second one kConfig.second_q_offset()
-  // bytes further: under 2^18, the start-address field's reach).
-  auto q_descriptor_of = [&](int buffer) {
-    return q_descriptor + (buffer == 0 ? 0 : static_cast<std::uint64_t>(kConfig.second_q_offset() >> 4));
-  };
   const std::uint64_t k_descriptor =
       ptx::make_smem_descriptor(k_address, 16, kSwizzleAtomBytes, ptx::SwizzleMode::bytes128);
   const std::uint64_t v_descriptor =
       ptx::make_smem_descriptor(v_address, kBlockN * kSwizzleRowBytes, kSwizzleAtomBytes, ptx::SwizzleMode::bytes128);
-  // Descriptor increments are byte offsets >> 4 in the start-address field.
-  auto k_step_offset = [](int kk, int rows) { return ((kk / 4) * rows * kSwizzleRowBytes + (kk % 4) * 32) >> 4; };
 
   // Fast path (no softcap, no ALiBi): scores stay raw q.k until the exponent, 2^(s *
   // exp_scale - m) is one FFMA + one MUFU per element. Otherwise the tile's ScoreRule
@@ -532,30 +525,9 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
   constexpr bool kPacksKeepFlags = !kPersistentArg;
   std::uint32_t keep_flags[kPacksKeepFlags ? (kNTiles + 3) / 4 : kNTiles];
 
-  // S = Q K^T for block `index` (issued and committed, not waited for).
-  auto issue_qk = [&](int index) {
-    const std::uint64_t stage_k_descriptor = k_descriptor + ((((block_base + index) % kStages) * kKVBytes) >> 4);
-    const std::uint64_t tile_q_descriptor = q_descriptor_of(q_buffer_of(tile_count));
-    ptx::wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < kHeadDim / 16; ++kk) {
-      ptx::wgmma_ss<kBlockN, kInput, 0>(s, tile_q_descriptor + k_step_offset(kk, kBlockM),
-                                         stage_k_descriptor + k_step_offset(kk, kBlockN), kk > 0 ? 1 : 0);
-    }
-    ptx::wgmma_commit_group();
-  };
-  // O += P V for block `index`: P's k16 steps are keys [16 kp, 16 kp + 16) = rows 16 kp..
-  // of V, two 8-row atoms of 1024 bytes each.
-  auto issue_pv = [&](int index) {
-    const std::uint64_t stage_v_descriptor = v_descriptor + ((((block_base + index) % kStages) * kKVBytes) >> 4);
-    ptx::fence_operands(o);
-    ptx::wgmma_fence();
-#pragma unroll
-    for (int kp = 0; kp < kBlockN / 16; ++kp) {
-      ptx::wgmma_rs<kHeadDim, kInput, 1>(o, p[kp], stage_v_descriptor + ((kp * 16 * kSwizzleRowBytes) >> 4), 1);
-    }
-    ptx::wgmma_commit_group();
-  };
+  // S = Q K^T and O += P V of a key block (mainloop.cuh).
+  const WarpgroupGemms<Kernel> gemms{has_two_q_buffers, q_descriptor, k_descriptor, v_descriptor, block_base,
+                                     tile_count,        s,            o,            p};
   // Dropout keep flags of `block` (coordinates only, no S): the draws are integer
   // work that runs while S = Q K^T is still on the tensor cores. One draw per 16 of the
   // lane's elements (a 32-column block; n0 may be ≡ 16 mod 32 with block_n 80: the
@@ -826,7 +798,7 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
         const KeyBlock block = key_block(tile, 0);
         wait_k(0);
         begin_turn();
-        issue_qk(0);
+        gemms.issue_qk(0);
         end_turn();
         if constexpr (kHasDropout) draw_keep(block);
         ptx::wgmma_wait_group<0>();
@@ -840,8 +812,8 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
         wait_k(index);
         wait_v(index - 1);
         begin_turn();
-        issue_qk(index);
-        issue_pv(index - 1);
+        gemms.issue_qk(index);
+        gemms.issue_pv(index - 1);
         end_turn();
         if constexpr (kHasDropout) draw_keep(block);
         ptx::wgmma_wait_group<1>();  // S_(index) done, O += P V still running
@@ -856,7 +828,7 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
       if (num_n_blocks > 0) {
         wait_v(num_n_blocks - 1);
         begin_turn();
-        issue_pv(num_n_blocks - 1);
+        gemms.issue_pv(num_n_blocks - 1);
         end_turn();
         if (is_q_released_early) release_q(q_buffer);  // every S = Q K^T of the tile is done
         ptx::wgmma_wait_group<0>();
@@ -867,7 +839,7 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
       for (int index = 0; index < num_n_blocks; ++index) {
         const KeyBlock block = key_block(tile, index);
         wait_k(index);
-        issue_qk(index);
+        gemms.issue_qk(index);
         if constexpr (kHasDropout) draw_keep(block);
         ptx::wgmma_wait_group<0>();
         release(k_empty, index);
@@ -875,7 +847,7 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
         rescale_o();
         convert_p();
         wait_v(index);
-        issue_pv(index);
+        gemms.issue_pv(index);
         ptx::wgmma_wait_group<0>();
         ptx::fence_operands(o);
         release(v_empty, index);

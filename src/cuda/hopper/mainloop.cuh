@@ -14,10 +14,14 @@
 #include <cstdint>
 #include <cuda/ptx>
 
+#include "src/cuda/common/numeric.cuh"
+#include "src/cuda/common/swizzle.cuh"
 #include "src/cuda/common/tma_panels.cuh"
 #include "src/cuda/hopper/cta_state.cuh"
 #include "src/cuda/hopper/tile_scheduler.cuh"
 #include "src/cuda/ptx/mbarrier.cuh"
+#include "src/cuda/ptx/wgmma.cuh"
+#include "src/cuda/hopper/tile_config.hpp"
 
 namespace flashattn::cuda::hopper {
 
@@ -53,6 +57,66 @@ struct MainloopLoader {
     const std::int32_t row = static_cast<std::int32_t>(k_start + key_block(tile, index).n0);
     load_panels<kPanels, kBlockN>(ring + stage * kBlockN * kHeadDim, tensor_map, row, head_kv, batch_coordinate,
                                   &full[stage]);
+  }
+};
+
+// The consumers' GEMMs of one key block, issued and committed (wgmma), not waited for:
+// S = Q K^T with both operands in shared memory (K-major), O += P V with P from registers
+// and V read MN-major (the transpose-B bit). The members are references to the kernel's
+// values, as the lambdas this replaced captured them.
+template <class Kernel>
+struct WarpgroupGemms {
+  using T = typename Kernel::Element;
+  static constexpr HopperTileConfig kConfig = Kernel::kConfig;
+  static constexpr int kHeadDim = Kernel::kHeadDim;
+  static constexpr int kBlockM = Kernel::kBlockM;
+  static constexpr int kBlockN = Kernel::kBlockN;
+  static constexpr int kStages = kConfig.stages;
+  static constexpr int kKVBytes = kConfig.kv_tile_bytes();
+  static constexpr ptx::MmaInput kInput = Numeric<T>::kMmaInput;
+
+  const bool& has_two_q_buffers;
+  // Descriptors (wgmma.cuh): this warpgroup's rows of Q buffer 0, K and V stage 0.
+  const std::uint64_t& q_descriptor;
+  const std::uint64_t& k_descriptor;
+  const std::uint64_t& v_descriptor;
+  int& block_base;  // the rings' position
+  int& tile_count;  // the CTA's tiles so far: Q's buffer
+  float (&s)[kBlockN / 2];              // (64, kBlockN) per warpgroup
+  float (&o)[kHeadDim / 2];             // (64, kHeadDim) per warpgroup
+  std::uint32_t (&p)[kBlockN / 16][4];  // (64, kBlockN) per warpgroup as wgmma A fragments
+
+  __device__ int q_buffer_of(int count) const { return has_two_q_buffers ? count & 1 : 0; }
+  // This warpgroup's rows of Q buffer `buffer` (the second one kConfig.second_q_offset()
+  // bytes further: under 2^18, the start-address field's reach).
+  __device__ std::uint64_t q_descriptor_of(int buffer) const {
+    return q_descriptor + (buffer == 0 ? 0 : static_cast<std::uint64_t>(kConfig.second_q_offset() >> 4));
+  }
+  // Descriptor increments are byte offsets >> 4 in the start-address field.
+  __device__ static int k_step_offset(int kk, int rows) { return ((kk / 4) * rows * kSwizzleRowBytes + (kk % 4) * 32) >> 4; }
+  // S = Q K^T for block `index` (issued and committed, not waited for).
+  __device__ void issue_qk(int index) const {
+    const std::uint64_t stage_k_descriptor = k_descriptor + ((((block_base + index) % kStages) * kKVBytes) >> 4);
+    const std::uint64_t tile_q_descriptor = q_descriptor_of(q_buffer_of(tile_count));
+    ptx::wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+      ptx::wgmma_ss<kBlockN, kInput, 0>(s, tile_q_descriptor + k_step_offset(kk, kBlockM),
+                                         stage_k_descriptor + k_step_offset(kk, kBlockN), kk > 0 ? 1 : 0);
+    }
+    ptx::wgmma_commit_group();
+  }
+  // O += P V for block `index`: P's k16 steps are keys [16 kp, 16 kp + 16) = rows 16 kp..
+  // of V, two 8-row atoms of 1024 bytes each.
+  __device__ void issue_pv(int index) const {
+    const std::uint64_t stage_v_descriptor = v_descriptor + ((((block_base + index) % kStages) * kKVBytes) >> 4);
+    ptx::fence_operands(o);
+    ptx::wgmma_fence();
+#pragma unroll
+    for (int kp = 0; kp < kBlockN / 16; ++kp) {
+      ptx::wgmma_rs<kHeadDim, kInput, 1>(o, p[kp], stage_v_descriptor + ((kp * 16 * kSwizzleRowBytes) >> 4), 1);
+    }
+    ptx::wgmma_commit_group();
   }
 };
 
