@@ -731,15 +731,8 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
   const int other_turn = static_cast<int>(NamedBarrier::kTurnFirst) + (1 - consumer);
   int gemm_rounds = 0;  // per tile: block 0's QK, then (QK, PV) pairs, then the last PV
   int round = 0;
-  auto begin_turn = [&]() {
-    if constexpr (kPingPongArg) ptx::named_barrier_sync(my_turn, 2 * ptx::kWarpgroupThreads);
-  };
-  auto end_turn = [&]() {
-    if constexpr (kPingPongArg) {
-      ++round;
-      if (consumer == 0 || round < gemm_rounds) ptx::named_barrier_arrive(other_turn, 2 * ptx::kWarpgroupThreads);
-    }
-  };
+  const PingPongTurns<Kernel> turns =  // mainloop.cuh
+      ping_pong_turns<Kernel>(my_turn, round, consumer, gemm_rounds, other_turn);
 
   // ---- epilogue: normalise once, LSE, O (epilogue.cuh) -------------------------------
   const Epilogue<T, kConfig> epilogue{params,    thread,   dropout.inverse_keep, attention.maybe_lse,
@@ -797,9 +790,9 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
       if (num_n_blocks > 0) {
         const KeyBlock block = key_block(tile, 0);
         wait_k(0);
-        begin_turn();
+        turns.begin_turn();
         gemms.issue_qk(0);
-        end_turn();
+        turns.end_turn();
         if constexpr (kHasDropout) draw_keep(block);
         ptx::wgmma_wait_group<0>();
         release(k_empty, 0);
@@ -811,10 +804,10 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
         const KeyBlock block = key_block(tile, index);
         wait_k(index);
         wait_v(index - 1);
-        begin_turn();
+        turns.begin_turn();
         gemms.issue_qk(index);
         gemms.issue_pv(index - 1);
-        end_turn();
+        turns.end_turn();
         if constexpr (kHasDropout) draw_keep(block);
         ptx::wgmma_wait_group<1>();  // S_(index) done, O += P V still running
         release(k_empty, index);
@@ -827,9 +820,9 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
       }
       if (num_n_blocks > 0) {
         wait_v(num_n_blocks - 1);
-        begin_turn();
+        turns.begin_turn();
         gemms.issue_pv(num_n_blocks - 1);
-        end_turn();
+        turns.end_turn();
         if (is_q_released_early) release_q(q_buffer);  // every S = Q K^T of the tile is done
         ptx::wgmma_wait_group<0>();
         ptx::fence_operands(o);

@@ -20,6 +20,8 @@
 #include "src/cuda/hopper/cta_state.cuh"
 #include "src/cuda/hopper/tile_scheduler.cuh"
 #include "src/cuda/ptx/mbarrier.cuh"
+#include "src/cuda/ptx/named_barrier.cuh"
+#include "src/cuda/ptx/warpgroup.cuh"
 #include "src/cuda/ptx/wgmma.cuh"
 #include "src/cuda/hopper/tile_config.hpp"
 
@@ -119,5 +121,42 @@ struct WarpgroupGemms {
     ptx::wgmma_commit_group();
   }
 };
+
+// Ping-pong (FA3 section 3.1): the two consumer warpgroups take turns issuing their
+// GEMMs, so one's softmax runs while the other's GEMMs occupy the tensor cores. Turn
+// barrier of warpgroup c: its 128 threads sync, the other's 128 arrive. Consumer 1
+// opens consumer 0's first turn and skips its own last hand-over, so every barrier
+// completes exactly as often as it is waited on.
+template <class Kernel, bool kIsPingPong = Kernel::kConfig.is_ping_pong>
+struct PingPongTurns {
+  const int& my_turn;
+  int& round;  // GEMM rounds of this tile so far
+  const int& consumer;
+  const int& gemm_rounds;  // per tile: block 0's QK, then (QK, PV) pairs, then the last PV
+  const int& other_turn;
+
+  __device__ void begin_turn() const { ptx::named_barrier_sync(my_turn, 2 * ptx::kWarpgroupThreads); }
+  __device__ void end_turn() const {
+    ++round;
+    if (consumer == 0 || round < gemm_rounds) ptx::named_barrier_arrive(other_turn, 2 * ptx::kWarpgroupThreads);
+  }
+};
+// Without ping-pong: no turns, and no references to the turn state (the lambdas this
+// replaced captured none there; holding them moved the d256 kernels' code, PTX compared).
+template <class Kernel>
+struct PingPongTurns<Kernel, false> {
+  __device__ void begin_turn() const {}
+  __device__ void end_turn() const {}
+};
+
+template <class Kernel>
+__device__ __forceinline__ PingPongTurns<Kernel> ping_pong_turns(const int& my_turn, int& round, const int& consumer,
+                                                                 const int& gemm_rounds, const int& other_turn) {
+  if constexpr (Kernel::kConfig.is_ping_pong) {
+    return {my_turn, round, consumer, gemm_rounds, other_turn};
+  } else {
+    return {};
+  }
+}
 
 }  // namespace flashattn::cuda::hopper
