@@ -1,10 +1,7 @@
 // src/cuda/hopper/cta_state.cuh — what the roles of the Hopper forward kernel
-// (hopper/kernel.cuh: tile scheduler, mainloop, epilogue) share within a CTA: where a
-// consumer thread sits in the wgmma accumulator layout.
-//
-// Every value here is a plain copy made once by the kernel and handed to each role, so
-// a role's methods inline to the same code as the lambdas they replaced (the kernel's
-// SASS is pinned: scripts/sass_fingerprint.py, hopper/TUNING.md).
+// (hopper/kernel.cuh: tile scheduler, mainloop, epilogue) share within a CTA: the kernel
+// they belong to (KernelSpec) and where a consumer thread sits in the wgmma accumulator
+// layout (ConsumerThread).
 #pragma once
 
 #include <cstdint>
@@ -14,11 +11,8 @@
 
 namespace flashattn::cuda::hopper {
 
-// The kernel a role belongs to (forward_kernel_sm90's template arguments). Every role
-// type is instantiated per kernel, as the lambdas it replaced were: a role function
-// shared by the kernels of one translation unit (the persistent and one-tile kernels of
-// one tile shape) is optimised once for all of its callers before it is inlined, and
-// that moved their code (PTX compared, 2026-11-27).
+// The kernel a role belongs to: forward_kernel_sm90's template arguments and the shape
+// constants the roles derive from them (one instantiation of each role type per kernel).
 template <class T, HopperTileConfig kConfigArg, bool kHasDropoutArg>
 struct KernelSpec {
   using Element = T;
@@ -34,9 +28,9 @@ struct KernelSpec {
 // A consumer thread's place: its warpgroup (64 query rows each) and its rows and
 // columns of the m64nNk16 accumulator (the mma.sync C layout repeated: thread_row0 and
 // thread_row0 + 8, columns 8 j + 2 quad_lane + {0, 1}). Made by the kernel from its
-// own locals: computed inside a helper function instead, the same expressions came out of
-// the compiler's pre-inlining simplification in another order, and ptxas scheduled the
-// persistent bf16 d128 kernel differently (PTX and SASS compared, 2026-11-27).
+// own locals: computed by a helper function instead, the persistent bf16 d128 kernel's
+// PTX had the same expressions in another order and ptxas scheduled it differently
+// (SASS compared, 2026-11-27).
 struct ConsumerThread {
   int consumer;             // consumer warpgroup, 0 .. block_m / 64 - 1
   int thread_in_warpgroup;  // 0 .. 127

@@ -1,6 +1,23 @@
 // src/cuda/hopper/kernel.cuh — the FlashAttention-3 forward kernel for Hopper (sm_90a):
 // TMA loads, wgmma, warp-specialised producer/consumer warpgroups.
 //
+// Roles (FA3's split, without CuTe): the kernel wires role types from their own headers,
+//   tile_scheduler.cuh  Tile, KeyBlock; the schedulers behind one interface (initial_tile,
+//                       next_tile, is_valid: SingleTileScheduler, Static/Dynamic
+//                       PersistentScheduler, PersistentScheduler = the launch's choice of
+//                       the two) and the tile queue's readers (TileDistribution);
+//   mainloop.cuh        the loader's K/V block loads (MainloopLoader), the consumers'
+//                       GEMMs (WarpgroupGemms) and ping-pong turns (PingPongTurns);
+//   epilogue.cuh        normalise once, LSE, store O (Epilogue; OutputStorer: the storer
+//                       lane's TMA stores of the tile overlap);
+//   cta_state.cuh       KernelSpec (the kernel a role belongs to), ConsumerThread.
+// Swapping the persistent kernels' scheduler is the scheduler lane's `using Scheduler`.
+// Still lambdas of this kernel: decode_tile, key_block, the score/mask/softmax/dropout
+// hooks, the K/V rings' waits and consume_tile; the scheduler lane's loop is kernel code.
+// Each of those, moved into a role type, changed the generated code of some kernel, and
+// the code of these kernels is pinned: hopper/TUNING.md ("Role files") says what moved
+// it and how scripts/sass_fingerprint.py checks a change.
+//
 // The algorithm is the FA2 forward of src/cuda/fwd/kernel.cuh (same visit order,
 // same online softmax through online_softmax::State, same MaskRule); what changes is
 // how it is mapped onto the hardware (seed 004, FA3 paper section 3):

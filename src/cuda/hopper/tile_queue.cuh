@@ -6,7 +6,8 @@
 // static order: tiles of equal work) or, when the launch passes a zeroed counter (tiles
 // of unequal work: causal, local, varlen), gridDim.x + the counter's next value, one
 // atomic per tile — the hardware's block scheduling without the per-tile prologue and
-// epilogue. Which tile a number names: TileOrder (tile_order.hpp).
+// epilogue (the schedulers: tile_scheduler.cuh). Which tile a number names: TileOrder
+// (tile_order.hpp).
 //
 // The queue: two slots of tile numbers in shared memory, each with a "full" mbarrier
 // (count 1: the scheduler lane put a number there) and an "empty" one (count: every
