@@ -172,7 +172,6 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
   constexpr int kPanels = kConfig.panels();
   constexpr int kQBytes = kConfig.q_bytes();
   constexpr int kKVBytes = kConfig.kv_tile_bytes();
-  constexpr ptx::MmaInput kInput = Numeric<T>::kMmaInput;
   constexpr int kConsumerWarpgroups = kConfig.consumer_warpgroups();
   static_assert(kBlockM % ptx::kWarpgroupRows == 0 && kConsumerWarpgroups >= 1 &&
                     kConsumerWarpgroups <= kMaxConsumerWarpgroups,
