@@ -1,6 +1,23 @@
 // src/cuda/hopper/kernel.cuh — the FlashAttention-3 forward kernel for Hopper (sm_90a):
 // TMA loads, wgmma, warp-specialised producer/consumer warpgroups.
 //
+// Roles (FA3's split, without CuTe): the kernel wires role types from their own headers,
+//   tile_scheduler.cuh  Tile, KeyBlock; the schedulers behind one interface (initial_tile,
+//                       next_tile, is_valid: SingleTileScheduler, Static/Dynamic
+//                       PersistentScheduler, PersistentScheduler = the launch's choice of
+//                       the two) and the tile queue's readers (TileDistribution);
+//   mainloop.cuh        the loader's K/V block loads (MainloopLoader), the consumers'
+//                       GEMMs (WarpgroupGemms) and ping-pong turns (PingPongTurns);
+//   epilogue.cuh        normalise once, LSE, store O (Epilogue; OutputStorer: the storer
+//                       lane's TMA stores of the tile overlap);
+//   cta_state.cuh       KernelSpec (the kernel a role belongs to), ConsumerThread.
+// Swapping the persistent kernels' scheduler is the scheduler lane's `using Scheduler`.
+// Still lambdas of this kernel: decode_tile, key_block, the score/mask/softmax/dropout
+// hooks, the K/V rings' waits and consume_tile; the scheduler lane's loop is kernel code.
+// Each of those, moved into a role type, changed the generated code of some kernel, and
+// the code of these kernels is pinned: hopper/TUNING.md ("Role files") says what moved
+// it and how scripts/sass_fingerprint.py checks a change.
+//
 // The algorithm is the FA2 forward of src/cuda/fwd/kernel.cuh (same visit order,
 // same online softmax through online_softmax::State, same MaskRule); what changes is
 // how it is mapped onto the hardware (seed 004, FA3 paper section 3):
@@ -109,9 +126,13 @@
 #include "src/cuda/common/numeric.cuh"
 #include "src/cuda/common/swizzle.cuh"
 #include "src/cuda/common/tma_panels.cuh"
+#include "src/cuda/hopper/cta_state.cuh"
+#include "src/cuda/hopper/epilogue.cuh"
 #include "src/cuda/hopper/launch.hpp"
+#include "src/cuda/hopper/mainloop.cuh"
 #include "src/cuda/hopper/tile_config.hpp"
 #include "src/cuda/hopper/tile_queue.cuh"
+#include "src/cuda/hopper/tile_scheduler.cuh"
 #include "src/cuda/ptx/bulk_reduce.cuh"
 #include "src/cuda/ptx/math.cuh"
 #include "src/cuda/ptx/mbarrier.cuh"
@@ -143,6 +164,7 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
 #if FLASHATTN_HOPPER_DEVICE_CODE
   constexpr HopperTileConfig kConfig{kHeadDimArg, kBlockMArg, kBlockNArg, kStagesArg,
                                      kIntraOverlapArg, kPingPongArg, kPersistentArg};
+  using Kernel = KernelSpec<T, kConfig, kHasDropout>;  // what the role types are instantiated for
   constexpr int kHeadDim = kConfig.kernel_head_dim;
   constexpr int kBlockM = kConfig.block_m;
   constexpr int kBlockN = kConfig.block_n;
@@ -150,7 +172,6 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
   constexpr int kPanels = kConfig.panels();
   constexpr int kQBytes = kConfig.q_bytes();
   constexpr int kKVBytes = kConfig.kv_tile_bytes();
-  constexpr ptx::MmaInput kInput = Numeric<T>::kMmaInput;
   constexpr int kConsumerWarpgroups = kConfig.consumer_warpgroups();
   static_assert(kBlockM % ptx::kWarpgroupRows == 0 && kConsumerWarpgroups >= 1 &&
                     kConsumerWarpgroups <= kMaxConsumerWarpgroups,
@@ -178,13 +199,12 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
   // by the kernels of ProblemClass::mask_lists, see the header).
   constexpr bool kHasDeviceMask = kConfig.has_mask_lists();
   const TileLists& key_lists = attention.device_mask.by_query_tile;
-  struct Tile {
-    std::int64_t batch, head, m0, row_end, seqlen_q, seqlen_k, n_block_end;
-    std::int64_t key_list;  // the tile's list in key_lists, -1: the interval range
-    int num_n_blocks;  // key blocks visited, from n_block_end - 1 down (or the list's)
-    MaskRule mask;
-  };
-  // False for a tile past its (varlen) sequence's end: it has no rows, every role skips it.
+  // A tile number to its tile (Tile, tile_scheduler.cuh); false for a tile past its
+  // (varlen) sequence's end: it has no rows, every role skips it. A lambda of the kernel,
+  // not a method of a tile_scheduler.cuh type: moved there (same body, called the same
+  // way) it moved the persistent kernels' code (PTX: the tile order's arithmetic split
+  // across its branches; SASS of bf16 d128 +8 instructions, spills 28/36 -> 24/32 bytes),
+  // and none of the formulations tried kept it in place (hopper/TUNING.md).
   auto decode_tile = [&](std::int64_t linear, Tile& tile) {
     const TileOrder::Coordinates coordinates = params.tile_order.at(static_cast<std::int32_t>(linear));
     const std::int64_t m_block = coordinates.m_block;
@@ -209,15 +229,11 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
     }
     return true;
   };
-  // Key block `index` of a tile's visit order: its first key row, and whether it takes
-  // the device mask's element pass — listed partial, or past the end of the keys, where
-  // TMA delivers zero rows whose scores must not count. Always false on the interval
-  // range: softmax_block tests those blocks against the mask edges itself.
-  struct KeyBlock {
-    std::int64_t n0;
-    bool is_partial;
-    std::int32_t code;  // a partial listed block's tile code (mask_tables.hpp), else kGeneralTile
-  };
+  // Key block `index` of a tile's visit order (KeyBlock, tile_scheduler.cuh): the interval
+  // range from n_block_end - 1 down, or the device mask's list. The producer and the
+  // consumers read the same list entries, so the rings stay in lock-step. Lambdas of the
+  // kernel like decode_tile: as methods they moved the code (bf16 d256 persistent: the
+  // block_n 80 products reassociated, PTX and SASS).
   auto is_listed = [&](const Tile& tile) { return kHasDeviceMask && tile.key_list >= 0; };
   auto key_block = [&](const Tile& tile, int index) {
     if (is_listed(tile)) {
@@ -267,12 +283,7 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
   const TileQueue queue{tile_full, tile_empty, tile_slots};  // tile_queue.cuh
   const NamedTileMarks named_marks{static_cast<int>(NamedBarrier::kTileSlotWrittenFirst),
                                    static_cast<int>(NamedBarrier::kTileSlotReadFirst)};
-  // Two Q buffers: where the O staged in buffer b goes (the loader writes it with the
-  // tile's Q load, the storer reads it once the O is staged; with the named marks the
-  // storer decodes it itself).
-  struct StoreHeader {
-    std::int32_t row, head, batch_coordinate, rows;  // out's first row of the tile, its rows
-  };
+  // Two Q buffers: where the O staged in buffer b goes (StoreHeader, epilogue.cuh).
   auto* store_headers = reinterpret_cast<StoreHeader*>(tile_slots + 2);  // [2]
   // The mask lists' row intervals (kernels with has_mask_lists; see apply_device_mask):
   // [kBlockM], one per query row of the tile, after the 256 bytes of the mbarriers.
@@ -292,18 +303,14 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
   // The Q buffer of the CTA's tile number `count`, and how often that buffer was used before.
   auto q_buffer_of = [&](int count) { return has_two_q_buffers ? count & 1 : 0; };
   auto q_use_of = [&](int count) { return has_two_q_buffers ? count >> 1 : count; };
-  // The tile queue of persistent launches (TileQueueMode, launch.hpp): whether the
-  // scheduler claims a tile only once the previous one has started (the late claim), and
-  // whether every put and take also passes the named marks (NamedTileMarks,
-  // tile_queue.cuh). Their readers: the loader, the storer (two Q buffers), each consumer
-  // warpgroup, each with a pair of barriers over its threads and the scheduler's warp.
+  // The tile queue of persistent launches (TileQueueMode, launch.hpp; TileDistribution,
+  // tile_scheduler.cuh): whether the scheduler claims a tile only once the previous one
+  // has started (the late claim), and whether every put and take also passes the named
+  // marks. Their readers: the loader, the storer (two Q buffers), each consumer warpgroup.
   const bool is_late_claim = kPersistentArg && params.tile_queue_mode != TileQueueMode::early_claim;
   const bool has_named_marks = kPersistentArg && params.tile_queue_mode == TileQueueMode::late_claim;
-  constexpr int kLoaderReader = 0, kStorerReader = 1, kFirstConsumerReader = 2;
-  constexpr int kReaders = kFirstConsumerReader + kConsumerWarpgroups;
-  auto queue_threads = [](int reader) {
-    return ptx::kWarpSize + (reader < kFirstConsumerReader ? ptx::kWarpSize : ptx::kWarpgroupThreads);
-  };
+  using Distribution = TileDistribution<kConsumerWarpgroups>;
+  const Distribution distribution{queue, named_marks, is_late_claim, has_named_marks};
 
   if (threadIdx.x == 0) {
     for (int buffer = 0; buffer < 2; ++buffer) {
@@ -327,22 +334,6 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
   }
   __syncthreads();
 
-  // Persistent: the CTA's tile number `taken` from the scheduler's queue (num_tiles: none
-  // left) for `reader` (kLoaderReader, kStorerReader, kFirstConsumerReader + consumer
-  // warpgroup; is_lone_lane: the loader and the storer). Every consumer warp, the loader
-  // and (two Q buffers) the storer read each slot, then release it; every reading lane has
-  // read it before lane 0 does: the loader and the storer are lane 0 of a producer warp
-  // alone, a consumer warp is whole and converged here (it has just left aligned wgmma
-  // code), so the active mask is the whole warp. The named marks around it are predicated
-  // (no branch): a branch there cost the 24-register producer lanes and the d64 block_m
-  // 192 consumers spills (ptxas -v, hopper/TUNING.md).
-  auto take_tile = [&](int taken, int reader, auto is_lone_lane) {
-    named_marks.wait_written<is_lone_lane>(has_named_marks, reader, queue_threads(reader));
-    const std::int32_t linear = queue.take(taken, __activemask());
-    named_marks.mark_read<is_lone_lane>(has_named_marks, reader, queue_threads(reader));
-    return linear;
-  };
-
   const int warpgroup = threadIdx.x / ptx::kWarpgroupThreads;
   // Varlen tensors are one batch entry whose sequences are row ranges.
   const bool is_varlen = attention.is_varlen();
@@ -354,83 +345,54 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
     const std::int32_t tile_end = static_cast<std::int32_t>(num_tiles);
     if constexpr (kPersistentArg) {
       if (threadIdx.x == 32) {
-        // The scheduler (one lane of the producer's second warp, so the loader below keeps
-        // its 24 registers): puts the CTA's tile number `taken` into its slot of the
-        // queue — blockIdx.x, then from the counter or blockIdx.x + k gridDim.x — and
-        // tile_end once none is left. early_claim: the next tile is claimed at once, before
-        // its slot is free, so up to three wait beyond the one the consumers run, and at
-        // the end of a launch the last (lightest) tiles sit in busy CTAs' queues while
-        // other SMs idle. Late claim: only once every reader has taken the tile just put
-        // (it has started), so one waits: with the named marks, once each marked reader
-        // marked it read (each put is published to them first); late_claim_mbarrier, once
-        // the slot's empty barrier completes. After tile_end the marked readers' last marks
-        // are waited for too, so that every barrier phase completes.
-        std::int32_t linear = static_cast<std::int32_t>(blockIdx.x);
-        // The readers with marks, one bit each (0 without the marks): one register across
-        // the loop, where two flags cost the 24-register lane a spill (ptxas -v).
-        constexpr int kAllReaders = (1 << kReaders) - 1;
-        const int marked_readers =
-            !has_named_marks ? 0 : has_two_q_buffers ? kAllReaders : kAllReaders & ~(1 << kStorerReader);
-        auto for_each_reader = [&](auto&& action) {
-          for (int reader = 0; reader < kReaders; ++reader)
-            action(((marked_readers >> reader) & 1) != 0, reader, queue_threads(reader));
-        };
-        auto publish = [&](bool is_on, int reader, int threads) { named_marks.publish(is_on, reader, threads); };
-        auto wait_read = [&](bool is_on, int reader, int threads) { named_marks.wait_read(is_on, reader, threads); };
+        // The scheduler lane (one lane of the producer's second warp, so the loader keeps
+        // its 24 registers): puts the CTA's tile number `taken` into its slot of the queue —
+        // the scheduler's initial tile, then its next ones (tile_scheduler.cuh: static or
+        // dynamic, as the launch chose) — and tile_end once none is left. early_claim: the
+        // next tile is claimed at once, before its slot is free, so up to three wait beyond
+        // the one the consumers run, and at the end of a launch the last (lightest) tiles sit
+        // in busy CTAs' queues while other SMs idle. Late claim: only once every reader has
+        // taken the tile just put (it has started), so one waits: with the named marks, once
+        // each marked reader marked it read (each put is published to them first);
+        // late_claim_mbarrier, once the slot's empty barrier completes. After tile_end the
+        // marked readers' last marks are waited for too, so that every barrier phase
+        // completes. This loop stays in the kernel: moved into a TileDistribution method
+        // (or with the scheduler made once before it), the persistent kernels' code moved
+        // (PTX register numbering, then SASS; hopper/TUNING.md).
+        using Scheduler = PersistentScheduler;
+        std::int32_t linear = Scheduler{tile_end, params.maybe_tile_counter}.initial_tile();
+        const int marked_readers = distribution.marked_readers(has_two_q_buffers);
         for (int taken = 0;; ++taken) {
           queue.wait_free(taken);  // with the marks already done: its readers marked taken - 1 read
-          queue.put(taken, linear < tile_end ? linear : tile_end);
-          for_each_reader(publish);
-          if (linear >= tile_end) {
-            for_each_reader(wait_read);
+          const bool is_valid = Scheduler{tile_end, params.maybe_tile_counter}.is_valid(linear);
+          queue.put(taken, is_valid ? linear : tile_end);
+          distribution.publish(marked_readers);
+          if (!is_valid) {
+            distribution.wait_read(marked_readers);
             return;
           }
-          for_each_reader(wait_read);
+          distribution.wait_read(marked_readers);
           if (is_late_claim && marked_readers == 0) queue.wait_free(taken + 2);
-          linear = next_tile(linear, params.maybe_tile_counter);
+          linear = Scheduler{tile_end, params.maybe_tile_counter}.next_tile(linear);
         }
       }
     }
     if constexpr (kHasTwoQBuffers) {
       if (threadIdx.x == 64 && has_two_q_buffers) {
         // Two Q buffers: the O of the CTA's tile number `count`, staged by the consumers in
-        // its Q buffer, to out: one TMA store per consumer warpgroup's 64 rows and panel,
-        // where the consumers staged it (a varlen warpgroup whose rows cross the sequence's
-        // end stored its rows from registers: the box would write into the next sequence;
-        // rows past a dense tensor's end and columns past head_dim the map clips).
-        // With the named marks the storer takes out's coordinates from its own decode of
-        // the tile (as the loader its Q coordinates) and leaves the loader's header unread:
-        // racecheck sees the header ordered only through mbarriers (q_full, then o_full).
-        auto store_staged_output = [&](int count, const Tile& tile) {
-          const int buffer = count & 1;
-          ptx::mbarrier_wait(&o_full[buffer], (count >> 1) & 1);
-          if (!params.has_o_map) return;
-          const StoreHeader header =
-              has_named_marks ? StoreHeader{static_cast<std::int32_t>(attention.q_start(tile.batch) + tile.m0),
-                                            static_cast<std::int32_t>(tile.head),
-                                            is_varlen ? 0 : static_cast<std::int32_t>(tile.batch),
-                                            static_cast<std::int32_t>(tile.row_end - tile.m0)}
-                              : store_headers[buffer];
-          for (int band = 0; band < kConsumerWarpgroups; ++band) {
-            const int band_rows = header.rows - band * ptx::kWarpgroupRows;
-            if (band_rows <= 0 || (is_varlen && band_rows < ptx::kWarpgroupRows)) break;
-            store_panels<kPanels, kBlockM>(q_tile(buffer) + band * ptx::kWarpgroupRows * kPanelColumns, &params.o_map,
-                                           header.row + band * ptx::kWarpgroupRows, header.head,
-                                           header.batch_coordinate, static_cast<int>(attention.head_dim));
-          }
-          ptx::bulk_commit_group();
-        };
+        // its Q buffer, to out (epilogue.cuh).
+        const OutputStorer<T, kConfig> storer{params, shared_base, o_full, store_headers, has_named_marks, is_varlen};
         // The storer (one lane of the producer's third warp): takes the CTA's tiles like
         // the loader and the consumers; stores each tile's O as soon as every consumer
         // warp has staged it, and hands the buffer back to the loader (q_empty) once the
         // store has read it — for Q of the tile after next, loaded about a tile later.
         int count = 0;
         for (int taken = 0;; ++taken) {
-          const std::int32_t linear = take_tile(taken, kStorerReader, std::true_type{});
+          const std::int32_t linear = distribution.take(taken, Distribution::kStorerReader, std::true_type{});
           if (linear >= tile_end) break;
           Tile tile;
           if (!decode_tile(linear, tile)) continue;
-          store_staged_output(count, tile);
+          storer.store(count, tile);
           ptx::bulk_wait_group_read<0>();
           ::cuda::ptx::mbarrier_arrive(&q_empty[count & 1]);
           ++count;
@@ -443,9 +405,10 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
     int tile_count = 0;   // tiles run so far by this CTA: Q's buffer and phase
     int block_base = 0;   // K/V blocks loaded for earlier tiles: the rings' position
     for (int taken = 0;; ++taken) {
-      std::int32_t linear = static_cast<std::int32_t>(blockIdx.x);
+      // One tile per CTA: SingleTileScheduler's; persistent: the queue's (the scheduler lane's).
+      std::int32_t linear = SingleTileScheduler::initial_tile();
       if constexpr (kPersistentArg) {
-        linear = take_tile(taken, kLoaderReader, std::true_type{});
+        linear = distribution.take(taken, Distribution::kLoaderReader, std::true_type{});
       } else if (taken > 0) {
         break;
       }
@@ -471,27 +434,17 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
                                     batch_coordinate, &q_full[q_buffer]);
       const std::int64_t k_start = attention.k_start(tile.batch);
       const std::int32_t head_kv = static_cast<std::int32_t>(tile.head / attention.group_size);
-      // Block `index` of the tile's visit order into its stage of a ring; waits until the
-      // consumers have released that stage's previous block.
-      auto load_block = [&](const CUtensorMap* tensor_map, T* ring, std::uint64_t* full, std::uint64_t* empty,
-                            int index) {
-        const int position = block_base + index;
-        const int stage = position % kStages;
-        if (position >= kStages) ptx::mbarrier_wait(&empty[stage], ((position / kStages) - 1) & 1);
-        ::cuda::ptx::mbarrier_arrive_expect_tx(::cuda::ptx::sem_release, ::cuda::ptx::scope_cta,
-                                               ::cuda::ptx::space_shared, &full[stage], kKVBytes);
-        const std::int32_t row = static_cast<std::int32_t>(k_start + key_block(tile, index).n0);
-        load_panels<kPanels, kBlockN>(ring + stage * kBlockN * kHeadDim, tensor_map, row, head_kv, batch_coordinate,
-                                      &full[stage]);
-      };
+      // The tile's K/V blocks into the rings (mainloop.cuh).
+      const MainloopLoader<Kernel, decltype(key_block)> loader{block_base, k_start,  key_block,
+                                                               tile,       head_kv,  batch_coordinate};
       // The consumers' order: K_0, then K_j before V_(j-1), then the last V.
       const int num_n_blocks = tile.num_n_blocks;
-      if (num_n_blocks > 0) load_block(&params.k_map, shared_k, k_full, k_empty, 0);
+      if (num_n_blocks > 0) loader.load_block(&params.k_map, shared_k, k_full, k_empty, 0);
       for (int index = 1; index < num_n_blocks; ++index) {
-        load_block(&params.k_map, shared_k, k_full, k_empty, index);
-        load_block(&params.v_map, shared_v, v_full, v_empty, index - 1);
+        loader.load_block(&params.k_map, shared_k, k_full, k_empty, index);
+        loader.load_block(&params.v_map, shared_v, v_full, v_empty, index - 1);
       }
-      if (num_n_blocks > 0) load_block(&params.v_map, shared_v, v_full, v_empty, num_n_blocks - 1);
+      if (num_n_blocks > 0) loader.load_block(&params.v_map, shared_v, v_full, v_empty, num_n_blocks - 1);
       block_base += num_n_blocks;
       ++tile_count;
     }
@@ -507,6 +460,7 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
   const int quad_lane = lane % 4;  // accumulator column pair
   const int warpgroup_row0 = consumer * ptx::kWarpgroupRows;
   const int thread_row0 = warpgroup_row0 + (thread_in_warpgroup / 32) * 16 + group;  // + 8 * half
+  const ConsumerThread thread{consumer, thread_in_warpgroup, lane, group, quad_lane, warpgroup_row0, thread_row0};
 
   // Descriptors (see wgmma.cuh). Q and K are K-major (rows of head-dim elements), V is
   // read MN-major for O += P V (rows of head-dim elements indexed by the key).
@@ -516,17 +470,10 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
   const std::uint64_t q_descriptor =
       ptx::make_smem_descriptor(q_address + warpgroup_row0 * kSwizzleRowBytes, 16, kSwizzleAtomBytes,
                                 ptx::SwizzleMode::bytes128);
-  // This warpgroup's rows of Q buffer `buffer` (the second one kConfig.second_q_offset()
-  // bytes further: under 2^18, the start-address field's reach).
-  auto q_descriptor_of = [&](int buffer) {
-    return q_descriptor + (buffer == 0 ? 0 : static_cast<std::uint64_t>(kConfig.second_q_offset() >> 4));
-  };
   const std::uint64_t k_descriptor =
       ptx::make_smem_descriptor(k_address, 16, kSwizzleAtomBytes, ptx::SwizzleMode::bytes128);
   const std::uint64_t v_descriptor =
       ptx::make_smem_descriptor(v_address, kBlockN * kSwizzleRowBytes, kSwizzleAtomBytes, ptx::SwizzleMode::bytes128);
-  // Descriptor increments are byte offsets >> 4 in the start-address field.
-  auto k_step_offset = [](int kk, int rows) { return ((kk / 4) * rows * kSwizzleRowBytes + (kk % 4) * 32) >> 4; };
 
   // Fast path (no softcap, no ALiBi): scores stay raw q.k until the exponent, 2^(s *
   // exp_scale - m) is one FFMA + one MUFU per element. Otherwise the tile's ScoreRule
@@ -594,30 +541,9 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
   constexpr bool kPacksKeepFlags = !kPersistentArg;
   std::uint32_t keep_flags[kPacksKeepFlags ? (kNTiles + 3) / 4 : kNTiles];
 
-  // S = Q K^T for block `index` (issued and committed, not waited for).
-  auto issue_qk = [&](int index) {
-    const std::uint64_t stage_k_descriptor = k_descriptor + ((((block_base + index) % kStages) * kKVBytes) >> 4);
-    const std::uint64_t tile_q_descriptor = q_descriptor_of(q_buffer_of(tile_count));
-    ptx::wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < kHeadDim / 16; ++kk) {
-      ptx::wgmma_ss<kBlockN, kInput, 0>(s, tile_q_descriptor + k_step_offset(kk, kBlockM),
-                                         stage_k_descriptor + k_step_offset(kk, kBlockN), kk > 0 ? 1 : 0);
-    }
-    ptx::wgmma_commit_group();
-  };
-  // O += P V for block `index`: P's k16 steps are keys [16 kp, 16 kp + 16) = rows 16 kp..
-  // of V, two 8-row atoms of 1024 bytes each.
-  auto issue_pv = [&](int index) {
-    const std::uint64_t stage_v_descriptor = v_descriptor + ((((block_base + index) % kStages) * kKVBytes) >> 4);
-    ptx::fence_operands(o);
-    ptx::wgmma_fence();
-#pragma unroll
-    for (int kp = 0; kp < kBlockN / 16; ++kp) {
-      ptx::wgmma_rs<kHeadDim, kInput, 1>(o, p[kp], stage_v_descriptor + ((kp * 16 * kSwizzleRowBytes) >> 4), 1);
-    }
-    ptx::wgmma_commit_group();
-  };
+  // S = Q K^T and O += P V of a key block (mainloop.cuh).
+  const WarpgroupGemms<Kernel> gemms{has_two_q_buffers, q_descriptor, k_descriptor, v_descriptor, block_base,
+                                     tile_count,        s,            o,            p};
   // Dropout keep flags of `block` (coordinates only, no S): the draws are integer
   // work that runs while S = Q K^T is still on the tensor cores. One draw per 16 of the
   // lane's elements (a 32-column block; n0 may be ≡ 16 mod 32 with block_n 80: the
@@ -821,90 +747,13 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
   const int other_turn = static_cast<int>(NamedBarrier::kTurnFirst) + (1 - consumer);
   int gemm_rounds = 0;  // per tile: block 0's QK, then (QK, PV) pairs, then the last PV
   int round = 0;
-  auto begin_turn = [&]() {
-    if constexpr (kPingPongArg) ptx::named_barrier_sync(my_turn, 2 * ptx::kWarpgroupThreads);
-  };
-  auto end_turn = [&]() {
-    if constexpr (kPingPongArg) {
-      ++round;
-      if (consumer == 0 || round < gemm_rounds) ptx::named_barrier_arrive(other_turn, 2 * ptx::kWarpgroupThreads);
-    }
-  };
+  const PingPongTurns<Kernel> turns =  // mainloop.cuh
+      ping_pong_turns<Kernel>(my_turn, round, consumer, gemm_rounds, other_turn);
 
-  // ---- epilogue: normalise once, LSE, O ----------------------------------------------
-  // Completes each row's sum across its quad; calls store(half, tile_row, output_scale)
-  // with output_scale = 1 / (l (1 - p)) (dropout's scale of kept entries folded in) and
-  // writes the row's LSE (of the undropped P).
-  float* maybe_lse = attention.maybe_lse;
-  // What the epilogue needs of its tile: the tile-overlap schedule decodes the next tile
-  // before this one's epilogue.
-  struct OutputTile {
-    std::int64_t batch, head, m0, seqlen_q;
-    __device__ std::int64_t rows() const { return seqlen_q - m0 < kBlockM ? seqlen_q - m0 : kBlockM; }
-  };
-  auto output_tile_of = [](const Tile& of) { return OutputTile{of.batch, of.head, of.m0, of.seqlen_q}; };
-  auto finish_rows = [&](const OutputTile& tile, auto&& store_row) {
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      online_softmax::State<float> state = row_state[half];
-      state.l += __shfl_xor_sync(0xffffffffu, state.l, 1);
-      state.l += __shfl_xor_sync(0xffffffffu, state.l, 2);
-      const int tile_row = thread_row0 + 8 * half;
-      store_row(half, tile_row, state.inverse_sum() * dropout.inverse_keep);
-      if (maybe_lse != nullptr && quad_lane == 0 && tile.m0 + tile_row < tile.seqlen_q)
-        maybe_lse[attention.lse_offset(tile.batch, tile.head) + (tile.m0 + tile_row) * attention.lse_row_stride] =
-            state.lse();
-    }
-  };
-  // Through this warpgroup's own Q rows in shared memory, then coalesced 16-byte stores.
-  // Only this warpgroup reads its 64 Q rows, so after its own barrier it may overwrite
-  // them; the other consumer warpgroups are not waited for. (One tile per CTA: the next
-  // Q never arrives in this buffer.)
-  auto store_output_through_shared_memory = [&](const OutputTile& tile) {
-    const int epilogue_barrier = static_cast<int>(NamedBarrier::kConsumerEpilogueFirst) + consumer;
-    ptx::named_barrier_sync(epilogue_barrier, ptx::kWarpgroupThreads);
-    unsigned char* shared_q_bytes = reinterpret_cast<unsigned char*>(shared_q);
-    finish_rows(tile, [&](int half, int tile_row, float output_scale) {
-#pragma unroll
-      for (int j = 0; j < kHeadDim / 8; ++j) {
-        // Column 8j + 2 quad_lane: panel j / 8, 16-byte chunk j % 8 of the row.
-        const int byte_offset = panels_chunk_offset<kBlockM>(tile_row, j) + quad_lane * 4;
-        *reinterpret_cast<std::uint32_t*>(shared_q_bytes + byte_offset) =
-            pack_pair<T>(o[4 * j + 2 * half] * output_scale, o[4 * j + 2 * half + 1] * output_scale);
-      }
-    });
-    ptx::named_barrier_sync(epilogue_barrier, ptx::kWarpgroupThreads);
-    T* out = static_cast<T*>(attention.out) + attention.out_offset(tile.batch, tile.head) +
-             tile.m0 * attention.out_row_stride;
-    constexpr int kRowChunks = kHeadDim / 8;
-#pragma unroll
-    for (int index = thread_in_warpgroup; index < ptx::kWarpgroupRows * kRowChunks; index += ptx::kWarpgroupThreads) {
-      const int tile_row = warpgroup_row0 + index / kRowChunks;
-      const int chunk = index % kRowChunks;
-      if (tile_row < tile.rows() && chunk * 8 < attention.head_dim) {
-        const int byte_offset = panels_chunk_offset<kBlockM>(tile_row, chunk);
-        *reinterpret_cast<uint4*>(out + tile_row * attention.out_row_stride + chunk * 8) =
-            *reinterpret_cast<const uint4*>(shared_q_bytes + byte_offset);
-      }
-    }
-  };
-  // Straight from the accumulator: each quad writes 16 contiguous bytes of a row per
-  // 8-column tile. Leaves shared memory to the next tile's loads (persistent launches).
-  auto store_output_from_registers = [&](const OutputTile& tile) {
-    T* out = static_cast<T*>(attention.out) + attention.out_offset(tile.batch, tile.head) +
-             tile.m0 * attention.out_row_stride;
-    finish_rows(tile, [&](int half, int tile_row, float output_scale) {
-      if (tile_row >= tile.rows()) return;
-      T* out_row = out + tile_row * attention.out_row_stride;
-#pragma unroll
-      for (int j = 0; j < kHeadDim / 8; ++j) {
-        const int column = 8 * j + 2 * quad_lane;
-        if (column < attention.head_dim)
-          *reinterpret_cast<std::uint32_t*>(out_row + column) =
-              pack_pair<T>(o[4 * j + 2 * half] * output_scale, o[4 * j + 2 * half + 1] * output_scale);
-      }
-    });
-  };
+  // ---- epilogue: normalise once, LSE, O (epilogue.cuh) -------------------------------
+  const Epilogue<T, kConfig> epilogue{params,    thread,   dropout.inverse_keep, attention.maybe_lse,
+                                      shared_q,  q_address, o_full,             is_varlen};
+  using OutputTile = typename Epilogue<T, kConfig>::Tile;
 
   // ---- Q buffer releases (persistent launches) ----------------------------------------
   // One arrival per consumer warp and tile. One buffer: on q_empty, after the tile's last
@@ -915,49 +764,6 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
   auto release_q = [&](int buffer) {
     if (lane == 0) ::cuda::ptx::mbarrier_arrive(&q_empty[buffer]);
   };
-  // Two buffers: O through this warpgroup's rows of the tile's Q buffer (only this
-  // warpgroup reads them, and after the barrier all its S = Q K^T are done); the storer
-  // stores them with the TMA once every consumer warp has arrived on o_full, while the
-  // consumers run the next tile. A varlen warpgroup whose 64 rows pass its sequence's end
-  // stores from registers, row by row (the storer skips it: store_staged_output).
-  auto stage_output = [&](const OutputTile& tile) {
-    const int q_buffer = q_buffer_of(tile_count);
-    // The warpgroup's first row through a shuffle from lane 0: the same value, but one
-    // the compiler knows is warp-uniform. A branch on warpgroup_row0 itself (derived from
-    // threadIdx.x) made the whole tile loop divergent to ptxas, which then kept the K/V/Q
-    // descriptors and the ring positions in vector registers (R2UR before every wgmma)
-    // in every schedule of these kernels (bf16 d64 block_m 128 persistent: UIADD3
-    // 182 -> 34, IADD3 311 -> 639; forward -5..-17% on the H200, registers epilogue too).
-    const int uniform_row0 = __shfl_sync(0xffffffffu, warpgroup_row0, 0);
-    if (params.has_o_map && (!is_varlen || tile.m0 + uniform_row0 + ptx::kWarpgroupRows <= tile.seqlen_q)) {
-      ptx::named_barrier_sync(static_cast<int>(NamedBarrier::kConsumerEpilogueFirst) + consumer,
-                              ptx::kWarpgroupThreads);
-      float output_scale[2];
-      finish_rows(tile, [&](int half, int, float scale) { output_scale[half] = scale; });
-      // stmatrix x4 per two n8 column tiles: matrices (tile j, rows 0-7 | 8-15 of the
-      // warp's 16), (tile j + 1, ...) are the accumulator's fragments as they are (ptx/
-      // stmatrix.cuh); lane 8 i + r gives row r of matrix i. A 32-bit shared address: a
-      // generic pointer kept across the loop costs the consumers registers.
-      const std::uint32_t staging =
-          q_address + (q_buffer == 0 ? 0u : static_cast<std::uint32_t>(kConfig.second_q_offset()));
-      const int matrix = lane / 8;
-      const int staging_row = warpgroup_row0 + (thread_in_warpgroup / 32) * 16 + 8 * (matrix % 2) + lane % 8;
-#pragma unroll
-      for (int j = 0; j < kHeadDim / 8; j += 2) {
-        ptx::stmatrix_x4(staging + panels_chunk_offset<kBlockM>(staging_row, j + matrix / 2),
-                         pack_pair<T>(o[4 * j] * output_scale[0], o[4 * j + 1] * output_scale[0]),
-                         pack_pair<T>(o[4 * j + 2] * output_scale[1], o[4 * j + 3] * output_scale[1]),
-                         pack_pair<T>(o[4 * j + 4] * output_scale[0], o[4 * j + 5] * output_scale[0]),
-                         pack_pair<T>(o[4 * j + 6] * output_scale[1], o[4 * j + 7] * output_scale[1]));
-      }
-      ptx::fence_proxy_async_shared();  // the staged O visible to the TMA (async proxy)
-    } else {
-      store_output_from_registers(tile);
-    }
-    __syncwarp();
-    if (lane == 0) ::cuda::ptx::mbarrier_arrive(&o_full[q_buffer]);
-  };
-
   // One tile's mainloop; O and row_state hold the unnormalised result after it.
   auto consume_tile = [&]() {
     const int num_n_blocks = tile.num_n_blocks;
@@ -1000,9 +806,9 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
       if (num_n_blocks > 0) {
         const KeyBlock block = key_block(tile, 0);
         wait_k(0);
-        begin_turn();
-        issue_qk(0);
-        end_turn();
+        turns.begin_turn();
+        gemms.issue_qk(0);
+        turns.end_turn();
         if constexpr (kHasDropout) draw_keep(block);
         ptx::wgmma_wait_group<0>();
         release(k_empty, 0);
@@ -1014,10 +820,10 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
         const KeyBlock block = key_block(tile, index);
         wait_k(index);
         wait_v(index - 1);
-        begin_turn();
-        issue_qk(index);
-        issue_pv(index - 1);
-        end_turn();
+        turns.begin_turn();
+        gemms.issue_qk(index);
+        gemms.issue_pv(index - 1);
+        turns.end_turn();
         if constexpr (kHasDropout) draw_keep(block);
         ptx::wgmma_wait_group<1>();  // S_(index) done, O += P V still running
         release(k_empty, index);
@@ -1030,9 +836,9 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
       }
       if (num_n_blocks > 0) {
         wait_v(num_n_blocks - 1);
-        begin_turn();
-        issue_pv(num_n_blocks - 1);
-        end_turn();
+        turns.begin_turn();
+        gemms.issue_pv(num_n_blocks - 1);
+        turns.end_turn();
         if (is_q_released_early) release_q(q_buffer);  // every S = Q K^T of the tile is done
         ptx::wgmma_wait_group<0>();
         ptx::fence_operands(o);
@@ -1042,7 +848,7 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
       for (int index = 0; index < num_n_blocks; ++index) {
         const KeyBlock block = key_block(tile, index);
         wait_k(index);
-        issue_qk(index);
+        gemms.issue_qk(index);
         if constexpr (kHasDropout) draw_keep(block);
         ptx::wgmma_wait_group<0>();
         release(k_empty, index);
@@ -1050,7 +856,7 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
         rescale_o();
         convert_p();
         wait_v(index);
-        issue_pv(index);
+        gemms.issue_pv(index);
         ptx::wgmma_wait_group<0>();
         ptx::fence_operands(o);
         release(v_empty, index);
@@ -1067,7 +873,7 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
     // The CTA's next tile with rows, into `tile`; false once none is left.
     auto take_next_tile = [&]() {
       for (;;) {
-        const std::int32_t linear = take_tile(taken++, kFirstConsumerReader + consumer, std::false_type{});
+        const std::int32_t linear = distribution.take(taken++, Distribution::kFirstConsumerReader + consumer, std::false_type{});
         if (linear >= tile_end) return false;
         if (decode_tile(linear, tile)) return true;
       }
@@ -1078,20 +884,20 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
         // Tile t + 1's Q (loaded during tile t into the other buffer) and K_0 are in place
         // once tile t's O is staged in tile t's Q buffer; its store drains while tile t + 1
         // runs.
-        stage_output(output_tile_of(tile));
+        epilogue.stage(OutputTile::of(tile), q_buffer_of(tile_count), o, row_state);
       } else {
         // Every wgmma of this warp is complete: the producer may load the next tile's Q
         // (if it has not already) while this warp stores O straight from registers.
         if (!is_q_released_early || tile.num_n_blocks == 0) release_q(0);
-        store_output_from_registers(output_tile_of(tile));
+        epilogue.store_from_registers(OutputTile::of(tile), o, row_state);
       }
       block_base += tile.num_n_blocks;
       ++tile_count;
     }
   } else {
-    if (decode_tile(blockIdx.x, tile)) {
+    if (decode_tile(SingleTileScheduler::initial_tile(), tile)) {
       consume_tile();
-      store_output_through_shared_memory(output_tile_of(tile));
+      epilogue.store_through_shared_memory(OutputTile::of(tile), o, row_state);
     }
   }
 #endif

@@ -6,7 +6,8 @@
 // static order: tiles of equal work) or, when the launch passes a zeroed counter (tiles
 // of unequal work: causal, local, varlen), gridDim.x + the counter's next value, one
 // atomic per tile — the hardware's block scheduling without the per-tile prologue and
-// epilogue. Which tile a number names: TileOrder (tile_order.hpp).
+// epilogue (the schedulers: tile_scheduler.cuh). Which tile a number names: TileOrder
+// (tile_order.hpp).
 //
 // The queue: two slots of tile numbers in shared memory, each with a "full" mbarrier
 // (count 1: the scheduler lane put a number there) and an "empty" one (count: every
@@ -105,12 +106,5 @@ struct NamedTileMarks {
     ptx::named_barrier_sync_unaligned_if(is_on, slot_read_first + reader, threads);
   }
 };
-
-// The CTA's tile number after `linear`: from the counter (dynamic) or gridDim.x further
-// (static). Tile numbers fit 32 bits: the launches check num_tiles + gridDim.x < 2^31.
-__device__ __forceinline__ std::int32_t next_tile(std::int32_t linear, unsigned int* maybe_tile_counter) {
-  return maybe_tile_counter != nullptr ? static_cast<std::int32_t>(gridDim.x + atomicAdd(maybe_tile_counter, 1u))
-                                       : linear + static_cast<std::int32_t>(gridDim.x);
-}
 
 }  // namespace flashattn::cuda::hopper
