@@ -37,7 +37,8 @@
 //   (l sums the undropped P), on the packed 16-bit pairs, and 1/(1 − p) joins 1/l at the
 //   end. The dropout keep flags of block j depend only on coordinates: they are drawn while
 //   S_j = Q K_j^T runs on the tensor cores, before the wait for it (ptxas then spreads
-//   the integer work over the softmax). Dropout is a template flag (kHasDropout, its own
+//   the integer work over the softmax); with the intra-warpgroup overlap, before O +=
+//   P_(j-1) V_(j-1) is issued. Dropout is a template flag (kHasDropout, its own
 //   tile entries where registers are short: tile_config.hpp): as a runtime branch its
 //   draws would cost the default kernel registers. The score rule is a runtime branch
 //   beside the fast path, as softcap was.
@@ -822,9 +823,13 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
         wait_v(index - 1);
         turns.begin_turn();
         gemms.issue_qk(index);
+        // Dropout's draws between the two issues, while only S = Q K^T runs: drawn after
+        // O += P V was issued (its A operand, P, read from registers while it runs), the
+        // forward ran 6-12% slower (H200, 2026-11-27; ncu: dispatch and gmma stalls 3x the
+        // dropout-free kernel's; TUNING.md).
+        if constexpr (kHasDropout) draw_keep(block);
         gemms.issue_pv(index - 1);
         turns.end_turn();
-        if constexpr (kHasDropout) draw_keep(block);
         ptx::wgmma_wait_group<1>();  // S_(index) done, O += P V still running
         release(k_empty, index);
         softmax_block(block);
