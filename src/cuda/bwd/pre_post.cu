@@ -84,8 +84,8 @@ __global__ void __launch_bounds__(kThreads) convert_dq_kernel(const __grid_const
     dq[d] = Numeric<Element>::from_float(accum[d] * params.softmax_scale);
 }
 
-// The fused passes (FLASHATTN_CUDA_HOPPER_BWD_PASSES=fused): 16-byte accesses, a group of
-// lanes_per_row lanes per row (8 elements a lane per access; d64: 8 lanes, d128: 16,
+// The fused passes (the default; FLASHATTN_CUDA_HOPPER_BWD_PASSES=separate runs the kernels
+// above): 16-byte accesses, a group of lanes_per_row lanes per row (8 elements a lane per access; d64: 8 lanes, d128: 16,
 // d256: 32), and the workspace zeroing folded into the preprocess (one launch instead of
 // a memset per section and the D kernel; the bytes written are the memsets').
 // Needs head_dim % 8 == 0 and 16-byte aligned out/dout/dq pointers and strides.
