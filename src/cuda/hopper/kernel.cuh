@@ -88,9 +88,9 @@
 // element pass: sequence ends, interval rule, block mask, attn_mask), its fast form on a
 // tile code, or (a block mask without bits; FLASHATTN_CUDA_MASKS_ROW_INTERVALS=0 turns it
 // off) one key interval per query row made once per tile (fragment::RowKeyInterval); full
-// ones no mask at all. A runtime branch per tile, not a template flag (no new instantiations): masks
-// run the one-CTA-per-tile kernels with two consumer warpgroups (ProblemClass::
-// mask_lists), and only those compile the path (HopperTileConfig::has_mask_lists). The
+// ones no mask at all. A runtime branch per tile, not a template flag (no new
+// instantiations): masks run the one-CTA-per-tile kernels with two consumer warpgroups
+// (ProblemClass::mask_lists), and only those compile the path (HopperTileConfig::has_mask_lists). The
 // others sit at the register limit (persistent loops; d64's three consumer warpgroups at
 // 160 registers spill already): without the path they stay exactly as they were.
 //
