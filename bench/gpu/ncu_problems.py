@@ -35,7 +35,8 @@ def run(name, repeats):
     if dtype == "fp8":
         q, k, v = (t.to(torch.float8_e4m3fn) for t in (q, k, v))
     if pass_ == "bwd":
-        q.requires_grad_(True), k.requires_grad_(True), v.requires_grad_(True)
+        for tensor in (q, k, v):
+            tensor.requires_grad_(True)
     for _ in range(repeats):
         out = flashattn.flash_attn_func(q, k, v, dropout_p=dropout_p, causal=causal)
         if pass_ == "bwd":

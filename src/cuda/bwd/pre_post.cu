@@ -27,70 +27,8 @@ namespace {
 constexpr int kRowsPerCta = 8;  // one warp per row
 constexpr int kThreads = kRowsPerCta * 32;
 
-struct RowOfWarp {
-  std::int64_t b, h, i;
-  bool is_valid;
-};
-
-__device__ RowOfWarp row_of_warp(const BackwardParams& params, int row_blocks) {
-  const std::int64_t row_block = blockIdx.x % row_blocks;
-  const std::int64_t h = (blockIdx.x / row_blocks) % params.heads_q;
-  const std::int64_t b = blockIdx.x / row_blocks / params.heads_q;
-  const std::int64_t i = row_block * kRowsPerCta + threadIdx.x / 32;
-  return {b, h, i, i < params.seqlen_q_of(b)};
-}
-
-// D = rowsum(dO ∘ O) and LSE in log2 units (-inf -> +inf, so exp2(s - LSE) = 0 for a
-// fully masked row) into the padded statistics rows; the padding rows of the
-// sequence's last kMaxBlockM tile get LSE = +inf, D = 0.
-template <class Element>
-__global__ void __launch_bounds__(kThreads) dsum_kernel(const __grid_constant__ BackwardParams params,
-                                                        const Workspace workspace, int row_blocks) {
-  const RowOfWarp row = row_of_warp(params, row_blocks);
-  const std::int64_t stats_row = row.h * workspace.stats_head_stride + Workspace::stats_start(params, row.b) + row.i;
-  const int lane = threadIdx.x % 32;
-  if (!row.is_valid) {
-    const std::int64_t padded_rows = (params.seqlen_q_of(row.b) + kMaxBlockM - 1) / kMaxBlockM * kMaxBlockM;
-    if (lane == 0 && row.i < padded_rows) {
-      workspace.lse_log2[stats_row] = INFINITY;
-      workspace.dsum[stats_row] = 0.0f;
-    }
-    return;
-  }
-  const Element* dout = static_cast<const Element*>(params.dout) + params.dout_offset(row.b, row.h) +
-                        row.i * params.dout_row_stride;
-  const Element* out = static_cast<const Element*>(params.out) + params.out_offset(row.b, row.h) +
-                       row.i * params.out_row_stride;
-  float sum = 0.0f;
-  for (std::int64_t d = lane; d < params.head_dim; d += 32)
-    sum += Numeric<Element>::to_float(dout[d]) * Numeric<Element>::to_float(out[d]);
-#pragma unroll
-  for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
-  if (lane == 0) {
-    const float lse = params.lse[params.lse_offset(row.b, row.h) + row.i * params.lse_row_stride];
-    workspace.lse_log2[stats_row] = lse == -INFINITY ? INFINITY : lse * static_cast<float>(online_softmax::kLog2e);
-    workspace.dsum[stats_row] = sum;
-  }
-}
-
-template <class Element>
-__global__ void __launch_bounds__(kThreads) convert_dq_kernel(const __grid_constant__ BackwardParams params,
-                                                              const Workspace workspace, int row_blocks) {
-  const RowOfWarp row = row_of_warp(params, row_blocks);
-  if (!row.is_valid) return;
-  const float* accum = workspace.dq_accum + workspace.dq_offset(params, row.b, row.i, row.h);
-  Element* dq = static_cast<Element*>(params.dq) + params.dq_offset(row.b, row.h) + row.i * params.dq_row_stride;
-  for (std::int64_t d = threadIdx.x % 32; d < params.head_dim; d += 32)
-    dq[d] = Numeric<Element>::from_float(accum[d] * params.softmax_scale);
-}
-
-// The fused passes (the default; FLASHATTN_CUDA_HOPPER_BWD_PASSES=separate runs the kernels
-// above): 16-byte accesses, a group of lanes_per_row lanes per row (8 elements a lane per access; d64: 8 lanes, d128: 16,
-// d256: 32), and the workspace zeroing folded into the preprocess (one launch instead of
-// a memset per section and the D kernel; the bytes written are the memsets').
-// Needs head_dim % 8 == 0 and 16-byte aligned out/dout/dq pointers and strides.
-constexpr int kElementsPerAccess = 8;
-
+// The row (b, h, i) of a group of lanes_per_row lanes: CTAs over (row blocks of
+// kThreads / lanes_per_row rows, head, sequence); the per-warp kernels below take 32.
 struct RowOfGroup {
   std::int64_t b, h, i;
   int lane;  // in the row's group
@@ -105,6 +43,69 @@ __device__ RowOfGroup row_of_group(const BackwardParams& params, int row_blocks,
   const std::int64_t i = row_block * rows_per_cta + threadIdx.x / lanes_per_row;
   return {b, h, i, static_cast<int>(threadIdx.x) % lanes_per_row, i < params.seqlen_q_of(b)};
 }
+
+__host__ __device__ inline std::int64_t padded_stats_rows(std::int64_t seqlen_q) {
+  return (seqlen_q + kMaxBlockM - 1) / kMaxBlockM * kMaxBlockM;
+}
+
+// A row's statistics, by one lane of its group: LSE in log2 units (-inf -> +inf, so
+// exp2(s - LSE) = 0 for a fully masked row) and D = rowsum(dO ∘ O) into the padded
+// statistics rows; the padding rows of the sequence's last kMaxBlockM tile get
+// LSE = +inf, D = 0.
+__device__ void store_row_statistics(const BackwardParams& params, const Workspace& workspace, const RowOfGroup& row,
+                                     float dsum) {
+  const std::int64_t stats_row = row.h * workspace.stats_head_stride + Workspace::stats_start(params, row.b) + row.i;
+  if (!row.is_valid) {
+    if (row.i < padded_stats_rows(params.seqlen_q_of(row.b))) {
+      workspace.lse_log2[stats_row] = INFINITY;
+      workspace.dsum[stats_row] = 0.0f;
+    }
+    return;
+  }
+  const float lse = params.lse[params.lse_offset(row.b, row.h) + row.i * params.lse_row_stride];
+  workspace.lse_log2[stats_row] = lse == -INFINITY ? INFINITY : lse * static_cast<float>(online_softmax::kLog2e);
+  workspace.dsum[stats_row] = dsum;
+}
+
+// D and the log2 LSE, one warp per row (the separate passes).
+template <class Element>
+__global__ void __launch_bounds__(kThreads) dsum_kernel(const __grid_constant__ BackwardParams params,
+                                                        const Workspace workspace, int row_blocks) {
+  const RowOfGroup row = row_of_group(params, row_blocks, 32);
+  if (!row.is_valid) {
+    if (row.lane == 0) store_row_statistics(params, workspace, row, 0.0f);
+    return;
+  }
+  const Element* dout = static_cast<const Element*>(params.dout) + params.dout_offset(row.b, row.h) +
+                        row.i * params.dout_row_stride;
+  const Element* out = static_cast<const Element*>(params.out) + params.out_offset(row.b, row.h) +
+                       row.i * params.out_row_stride;
+  float sum = 0.0f;
+  for (std::int64_t d = row.lane; d < params.head_dim; d += 32)
+    sum += Numeric<Element>::to_float(dout[d]) * Numeric<Element>::to_float(out[d]);
+#pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+  if (row.lane == 0) store_row_statistics(params, workspace, row, sum);
+}
+
+template <class Element>
+__global__ void __launch_bounds__(kThreads) convert_dq_kernel(const __grid_constant__ BackwardParams params,
+                                                              const Workspace workspace, int row_blocks) {
+  const RowOfGroup row = row_of_group(params, row_blocks, 32);
+  if (!row.is_valid) return;
+  const float* accum = workspace.dq_accum + workspace.dq_offset(params, row.b, row.i, row.h);
+  Element* dq = static_cast<Element*>(params.dq) + params.dq_offset(row.b, row.h) + row.i * params.dq_row_stride;
+  for (std::int64_t d = row.lane; d < params.head_dim; d += 32)
+    dq[d] = Numeric<Element>::from_float(accum[d] * params.softmax_scale);
+}
+
+// The fused passes (the default; FLASHATTN_CUDA_HOPPER_BWD_PASSES=separate runs the kernels
+// above): 16-byte accesses, a group of lanes_per_row lanes per row (8 elements a lane per
+// access; d64: 8 lanes, d128: 16, d256: 32), and the workspace zeroing folded into the
+// preprocess (one launch instead of a memset per section and the D kernel; the bytes
+// written are the memsets'). Needs head_dim % 8 == 0 and 16-byte aligned out/dout/dq
+// pointers and strides.
+constexpr int kElementsPerAccess = 8;
 
 // What the memsets zeroed (the whole dq_accum and dq_semaphore sections), as a
 // grid-stride loop over the preprocess grid.
@@ -149,19 +150,7 @@ __global__ void __launch_bounds__(kThreads)
   // Every lane of the warp shuffles (groups of one warp may differ in validity); xor
   // offsets below lanes_per_row stay inside the group.
   for (int offset = lanes_per_row / 2; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
-  if (row.lane != 0) return;
-  const std::int64_t stats_row = row.h * workspace.stats_head_stride + Workspace::stats_start(params, row.b) + row.i;
-  if (!row.is_valid) {
-    const std::int64_t padded_rows = (params.seqlen_q_of(row.b) + kMaxBlockM - 1) / kMaxBlockM * kMaxBlockM;
-    if (row.i < padded_rows) {
-      workspace.lse_log2[stats_row] = INFINITY;
-      workspace.dsum[stats_row] = 0.0f;
-    }
-    return;
-  }
-  const float lse = params.lse[params.lse_offset(row.b, row.h) + row.i * params.lse_row_stride];
-  workspace.lse_log2[stats_row] = lse == -INFINITY ? INFINITY : lse * static_cast<float>(online_softmax::kLog2e);
-  workspace.dsum[stats_row] = sum;
+  if (row.lane == 0) store_row_statistics(params, workspace, row, sum);
 }
 
 template <class Element>
@@ -200,7 +189,7 @@ bool is_16_byte_aligned(const void* pointer, std::initializer_list<std::int64_t>
   return true;
 }
 
-// Whether the fused passes run this call: requested, and every row they touch is whole
+// Whether the fused passes run this call: selected, and every row they touch is whole
 // 16-byte chunks.
 bool runs_fused_passes(const BackwardParams& params) {
   if (!are_fused_passes_selected() || params.head_dim % kElementsPerAccess != 0) return false;
@@ -282,15 +271,15 @@ DeviceLimits current_device_limits() {
 void set_shared_memory_limit_for_testing(int bytes) { shared_memory_limit_for_testing.store(bytes); }
 
 bool are_fused_passes_selected() {
-  static const bool requested = [] {
+  static const bool selected = [] {
     const char* value = std::getenv("FLASHATTN_CUDA_HOPPER_BWD_PASSES");
     return value == nullptr || std::string(value) != "separate";
   }();
-  return requested;
+  return selected;
 }
 
 void launch_preprocess(const BackwardParams& params, const Workspace& workspace, cudaStream_t stream) {
-  const std::int64_t padded_rows = (params.seqlen_q + kMaxBlockM - 1) / kMaxBlockM * kMaxBlockM;
+  const std::int64_t padded_rows = padded_stats_rows(params.seqlen_q);
   if (runs_fused_passes(params)) {
     const GroupedGrid grid = grouped_grid(params, padded_rows);
     ZeroedSections zeroed;

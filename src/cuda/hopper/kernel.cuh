@@ -959,7 +959,7 @@ void launch_forward_sm90(const HopperForwardParams& params, cudaStream_t stream)
   launch_params.tile_order = TileOrder{static_cast<std::int32_t>(num_m_blocks),
                                        static_cast<std::int32_t>(attention.heads_q * attention.batch), 0};
   launch_params.is_alibi_affine = is_affine_alibi_enabled();
-  launch_params.is_mask_row_intervals = kConfig.has_mask_lists() && is_mask_row_intervals_requested();
+  launch_params.is_mask_row_intervals = kConfig.has_mask_lists() && are_mask_row_intervals_enabled();
   if (kConfig.is_persistent && params.maybe_tile_counter != nullptr && is_l2_section_order_requested())
     launch_params.tile_order.section_heads = l2_section_heads(
         attention.seqlen_k * kConfig.kernel_head_dim * 2 * kConfig.element_bytes, static_cast<std::int32_t>(attention.group_size));

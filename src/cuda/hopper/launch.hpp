@@ -70,7 +70,7 @@ struct HopperForwardParams {
   // launch_forward_sm90 from FLASHATTN_CUDA_HOPPER_TILE_QUEUE).
   TileQueueMode tile_queue_mode = TileQueueMode::early_claim;
   // The row-interval pass of listed partial tiles (default; FLASHATTN_CUDA_MASKS_ROW_INTERVALS=0 off,
-  // is_mask_row_intervals_requested; set by launch_forward_sm90).
+  // are_mask_row_intervals_enabled; set by launch_forward_sm90).
   bool is_mask_row_intervals = false;
   // Out as a TMA store target, box (64, 64 rows, 1, 1): one consumer warpgroup's rows of
   // a 64-column panel. Encoded only for the tile-overlap schedule, and only where out's
@@ -107,12 +107,12 @@ inline HopperEpilogue requested_epilogue() {
 // interval, made once per query tile into shared memory (kernel.cuh), instead of the fast
 // pass that loads and tests the spans per partial tile. Timed on the H200 2026-11-27
 // (TUNING.md): forward 1.06-1.34x the fast pass (document 0.87 -> 1.16x FlexAttention).
-inline bool is_mask_row_intervals_requested() {
-  static const bool requested = [] {
+inline bool are_mask_row_intervals_enabled() {
+  static const bool enabled = [] {
     const char* value = std::getenv("FLASHATTN_CUDA_MASKS_ROW_INTERVALS");
     return value == nullptr || std::string(value) != "0";
   }();
-  return requested;
+  return enabled;
 }
 
 // Whether a kernel of `config` runs the tile-overlap schedule when it is requested: the
