@@ -433,6 +433,32 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
   std::uint32_t ds_previous[kBlockM / 16][4];
   int previous_stage = 0;
 
+  // The key-interval pass (launch.hpp's FLASHATTN_CUDA_MASKS_BWD_ROW_INTERVALS): under a
+  // block mask without bits each key row's allowed queries are one interval for the
+  // CTA's whole life (fragment::key_row_query_interval), made here while K and V land, into
+  // shared memory (kBlockN x 8 bytes after the mbarriers); a partial step of a partial id
+  // reads its two rows' and turns them into its allowed bits (a few integer operations a
+  // row) instead of the fast pass's call (loads, 64-bit span arithmetic, two span tests
+  // per element). The condition is read from the parameters where it is used (constant
+  // bank: no register across the step loop). Compiled where shared memory has room (not
+  // deferred_dk's three stages: tile_config.hpp).
+  constexpr bool kHasKeyIntervals = kConfig.has_key_intervals();
+  auto is_key_interval_mask = [&]() {
+    return kHasKeyIntervals && params.is_mask_key_intervals && is_listed && attention.has_block_mask() &&
+           !attention.block_mask.rule.has_bits();
+  };
+  auto* key_intervals = reinterpret_cast<fragment::RowKeyInterval*>(shared_base + kConfig.key_interval_offset());  // [kBlockN]
+  if (is_key_interval_mask()) {
+    // The warp's 16 key rows are its own: lane quad 0 of each row writes it, the warp reads it.
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const fragment::RowKeyInterval interval =
+          fragment::key_row_query_interval(attention, mask, batch, n0 + key_row0 + 8 * half);
+      if (quad_lane == 0) key_intervals[key_row0 + 8 * half] = interval;
+    }
+    __syncwarp();
+  }
+
   if (steps > 0) ptx::mbarrier_wait(kv_full, 0);
   for (int step = 0; step < steps; ++step) {
     const int stage = step % kStages;
@@ -458,7 +484,11 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
     std::uint32_t allowed[fragment::kAllowedWords<kBlockM / 8>];
     if (is_listed) {
       const ListedStep listed = step_slots[stage];
-      if (listed.is_partial != 0 && listed.code != kGeneralTile) {
+      if (listed.is_partial != 0 && listed.code >= 0 && is_key_interval_mask()) {
+        // A partial block of a block mask without bits: its key rows' intervals (above).
+        const fragment::RowKeyInterval rows[2] = {key_intervals[key_row0], key_intervals[key_row0 + 8]};
+        fragment::allowed_bits_of_key_intervals<kBlockM / 8>(allowed, rows, static_cast<std::int32_t>(m0));
+      } else if (listed.is_partial != 0 && listed.code != kGeneralTile) {
         fragment::fragment_allowed_bits_outlined<kBlockM / 8, true>(allowed, attention, mask, listed.code, batch, n0 + key_row0, m0);
       } else {
 #pragma unroll

@@ -60,6 +60,14 @@ bool is_l2_section_order_requested() {
   return requested;
 }
 
+bool is_mask_key_intervals_requested() {
+  static const bool requested = [] {
+    const char* value = std::getenv("FLASHATTN_CUDA_MASKS_BWD_ROW_INTERVALS");
+    return value != nullptr && std::string(value) == "1";
+  }();
+  return requested;
+}
+
 namespace {
 
 template <class T, bool kDeterministic>
@@ -124,6 +132,7 @@ HopperBackwardParams make_params_with_boxes(const BackwardParams& params, const 
   hopper_params.backward = params;
   hopper_params.workspace = workspace;
   hopper_params.is_alibi_affine = is_affine_alibi_enabled();
+  hopper_params.is_mask_key_intervals = is_mask_key_intervals_requested();
   // The CTAs' order (launch.hpp). A section's kv heads share their query heads' Q, dO
   // (16-bit) and dq_accum (fp32): 8 d bytes per query row, seqlen_q rows (varlen: the
   // longest sequence), group_size query heads; FA3 budgets 40 MB of L2 for them.
