@@ -437,27 +437,18 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
   // block mask without bits each key row's allowed queries are one interval for the
   // CTA's whole life (fragment::key_row_query_interval), made here while K and V land, into
   // shared memory (kBlockN x 8 bytes after the mbarriers); a partial step of a partial id
-  // reads its two rows' and turns them into its allowed bits (a few integer operations a
-  // row) instead of the fast pass's call (loads, 64-bit span arithmetic, two span tests
-  // per element). The condition is read from the parameters where it is used (constant
-  // bank: no register across the step loop). Compiled where shared memory has room (not
-  // deferred_dk's three stages: tile_config.hpp).
-  constexpr bool kHasKeyIntervals = kConfig.has_key_intervals();
-  auto is_key_interval_mask = [&]() {
-    return kHasKeyIntervals && params.is_mask_key_intervals && is_listed && attention.has_block_mask() &&
-           !attention.block_mask.rule.has_bits();
-  };
-  auto* key_intervals = reinterpret_cast<fragment::RowKeyInterval*>(shared_base + kConfig.key_interval_offset());  // [kBlockN]
-  if (is_key_interval_mask()) {
-    // The warp's 16 key rows are its own: lane quad 0 of each row writes it, the warp reads it.
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const fragment::RowKeyInterval interval =
-          fragment::key_row_query_interval(attention, mask, batch, n0 + key_row0 + 8 * half);
-      if (quad_lane == 0) key_intervals[key_row0 + 8 * half] = interval;
-    }
-    __syncwarp();
-  }
+  // turns its two rows' into its allowed bits (fragment::allowed_bits_of_key_intervals:
+  // two LDS.64, a few integer operations a row) instead of the fast pass's call (loads,
+  // 64-bit span arithmetic, two span tests per element). Whether the pass applies is one
+  // host-made flag (launch.cu: asked for, lists, a block mask without bits), and the
+  // intervals' address is found from the shared base where it is read: with the mask's
+  // pointers (block mask, bits) tested per step and the address held across the loop,
+  // the step loop spilled (deterministic d128 overlapped 24/24 -> 32/44 bytes, a spill
+  // load per step on the unmasked path; ptxas -v), with the pointer tests alone too.
+  // Compiled where shared memory has room (not deferred_dk's three stages: tile_config.hpp).
+  constexpr int kKeyIntervalOffset = kConfig.has_key_intervals() ? kConfig.key_interval_offset() : -1;
+  if (kKeyIntervalOffset >= 0 && params.is_mask_key_intervals)
+    store_key_intervals<kBlockN, kKeyIntervalOffset>(params, mask, batch, n0 + key_row0);
 
   if (steps > 0) ptx::mbarrier_wait(kv_full, 0);
   for (int step = 0; step < steps; ++step) {
@@ -484,9 +475,10 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
     std::uint32_t allowed[fragment::kAllowedWords<kBlockM / 8>];
     if (is_listed) {
       const ListedStep listed = step_slots[stage];
-      if (listed.is_partial != 0 && listed.code >= 0 && is_key_interval_mask()) {
+      if (kKeyIntervalOffset >= 0 && listed.is_partial != 0 && listed.code >= 0 && params.is_mask_key_intervals) {
         // A partial block of a block mask without bits: its key rows' intervals (above).
-        const fragment::RowKeyInterval rows[2] = {key_intervals[key_row0], key_intervals[key_row0 + 8]};
+        const fragment::RowKeyInterval* intervals = shared_key_intervals<kKeyIntervalOffset>();
+        const fragment::RowKeyInterval rows[2] = {intervals[key_row0], intervals[key_row0 + 8]};
         fragment::allowed_bits_of_key_intervals<kBlockM / 8>(allowed, rows, static_cast<std::int32_t>(m0));
       } else if (listed.is_partial != 0 && listed.code != kGeneralTile) {
         fragment::fragment_allowed_bits_outlined<kBlockM / 8, true>(allowed, attention, mask, listed.code, batch, n0 + key_row0, m0);

@@ -132,7 +132,6 @@ HopperBackwardParams make_params_with_boxes(const BackwardParams& params, const 
   hopper_params.backward = params;
   hopper_params.workspace = workspace;
   hopper_params.is_alibi_affine = is_affine_alibi_enabled();
-  hopper_params.is_mask_key_intervals = is_mask_key_intervals_requested();
   // The CTAs' order (launch.hpp). A section's kv heads share their query heads' Q, dO
   // (16-bit) and dq_accum (fp32): 8 d bytes per query row, seqlen_q rows (varlen: the
   // longest sequence), group_size query heads; FA3 budgets 40 MB of L2 for them.
@@ -212,6 +211,10 @@ void backward_main(const BackwardParams& params, const bwd::Workspace& workspace
   if (device_mask.present() && (!device_mask.by_key_tile.present() ||
                                 (params.deterministic && !device_mask.by_query_tile.present())))
     throw Error("flashattn: cuda backward: the Hopper kernels' mask tables lack the lists they walk");
+  // The key-interval pass (kernel.cuh) where it applies: a listed walk of a block mask
+  // without bits. One flag, so that the kernel tests one uniform bool per partial step.
+  hopper_params.is_mask_key_intervals = is_mask_key_intervals_requested() && device_mask.by_key_tile.present() &&
+                                        params.has_block_mask() && !params.block_mask.rule.has_bits();
   if (params.deterministic) {
     if (params.dtype == DType::bfloat16) {
       run_for_head_dim<__nv_bfloat16, true>(hopper_params, stream, schedule);

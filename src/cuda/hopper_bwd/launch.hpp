@@ -31,8 +31,8 @@ struct HopperBackwardParams {
   CUtensorMap v_map;     // box rows block_n
   // ALiBi's affine form on steps off the diagonal (common/alibi_path.hpp).
   bool is_alibi_affine = true;
-  // The key-interval pass of listed partial tiles (kernel.cuh; is_mask_key_intervals_requested,
-  // set by make_backward_params).
+  // The key-interval pass of listed partial tiles (kernel.cuh): is_mask_key_intervals_requested
+  // and a listed walk of a block mask without bits (set by backward_main).
   bool is_mask_key_intervals = false;
   // The overlapped schedule's dQ reductions (kernel.cuh, not the wide kernel): fp32 map
   // (head_dim, dq rows of a head, heads_q, 1) over workspace.dq_accum, box (32 columns, 64
