@@ -79,7 +79,11 @@
 // the lists and hands each step to the consumers through the stage's slot); a partial
 // tile's S^T gets the element pass (fragment::mask_offset per element, in the score loop
 // of softcap/ALiBi, which partial tiles always take) on the log2 scores before the
-// exponential, a full one nothing (the lists hold the interval rule too).
+// exponential, a full one nothing (the lists hold the interval rule too). A partial tile
+// with a tile code takes the fast pass instead (fragment::fragment_allowed_bits: its
+// allowed bits before the products), or, under a block mask without bits and
+// FLASHATTN_CUDA_MASKS_BWD_ROW_INTERVALS=1, the key-interval pass (each key row's
+// allowed queries, one interval made once per CTA: see the consumers' prologue).
 // Rows with LSE = -inf (they see no key) have +inf in the workspace (preprocess), so
 // P = exp2(-inf or finite - inf) = 0, never NaN. dBias: dS^T before the softcap factor
 // (natural-log units: S^T's gradient w.r.t. scale·q·k + bias) atomically added per
