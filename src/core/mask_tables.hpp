@@ -258,4 +258,18 @@ FLASHATTN_HOST_DEVICE AllowedSpans allowed_query_spans(const MaskRule& mask, con
   return spans;
 }
 
+// The transposed counterpart of one_interval_of (dK/dV kernels, whose fragment rows are
+// keys): the queries that may see key `key` in a partial block of a block mask *without
+// bits* (document ids, band, prefix). Always one interval: allowed_query_spans gives one
+// span (a prefix relaxes the band of a whole key column, so no gap opens between a prefix
+// and a band as it does along a query row), and without bits it does not depend on the
+// partial id. So a kernel may make it once per key row and keep it across its query tiles
+// (the Hopper backward's key-interval pass, hopper_bwd/kernel.cuh). Masks with bits must
+// not use it (the bits are not in it). prefix_length, documents: as allowed_query_spans.
+FLASHATTN_HOST_DEVICE OneInterval key_query_interval(const MaskRule& mask, const ElementRule& rule, std::int64_t key,
+                                                     std::int64_t prefix_length, DocumentSpan documents) {
+  constexpr std::int32_t kAnyPartialId = 0;
+  return one_interval_of(allowed_query_spans(mask, rule, kAnyPartialId, key, prefix_length, documents));
+}
+
 }  // namespace flashattn

@@ -194,6 +194,67 @@ TEST(MaskContract, OneIntervalOfSpans) {
   EXPECT_GT(twos, 0);  // a prefix of 7 and a window of 3 or 4: rows past 11 see two spans
 }
 
+// key_query_interval (the Hopper backward's key-interval pass): for a block mask without
+// bits, every key's allowed queries are one interval equal, query by query, to the
+// per-element test (interval rule, then ElementRule) for every partial id — also where a
+// prefix and a window far from it give the query rows two spans — so one interval per key
+// serves all of its partial tiles.
+TEST(MaskContract, KeyQueryIntervalAgreesWithElementRule) {
+  const std::vector<std::int32_t> q_documents{0, 0, 0, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 5, 5};
+  const std::vector<std::int32_t> k_documents{0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 3, 3, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 5, 5, 5, 5};
+  const std::int64_t seqlen_q = static_cast<std::int64_t>(q_documents.size());
+  const std::int64_t seqlen_k = static_cast<std::int64_t>(k_documents.size());
+  std::int32_t prefix = 7;
+  std::int64_t checked = 0, two_span_rows = 0;
+  for (MaskRule mask : {MaskRule{seqlen_q, seqlen_k, -1, -1}, MaskRule{seqlen_q, seqlen_k, -1, 0},
+                        MaskRule{seqlen_q, seqlen_k, 6, 2}, MaskRule{seqlen_k, seqlen_q, -1, 0}}) {
+    const bool is_swapped = mask.seqlen_q != seqlen_q;  // fewer keys than queries: the documents swap roles
+    const std::vector<std::int32_t>& queries_of = is_swapped ? k_documents : q_documents;
+    const std::vector<std::int32_t>& keys_of = is_swapped ? q_documents : k_documents;
+    for (int band = 0; band < 5; ++band) {
+      for (bool has_prefix : {false, true}) {
+        for (bool has_documents : {false, true}) {
+          ElementRule rule;
+          rule.has_band = band > 0;
+          rule.window_right = band == 1 || band == 4 ? 0 : (band == 2 ? 3 : -1);
+          rule.window_left = band == 2 ? 5 : (band == 3 ? 4 : (band == 4 ? 3 : -1));
+          rule.diagonal_offset = band == 3 ? -2 : (band == 2 ? 3 : 0);
+          if (has_prefix && rule.has_band) rule.maybe_prefix_lengths = &prefix;
+          if (has_documents) rule.maybe_q_document_ids = queries_of.data(), rule.maybe_k_document_ids = keys_of.data();
+          for (std::int64_t row = 0; row < mask.seqlen_q; ++row) {
+            const DocumentSpan documents =
+                has_documents ? DocumentSpan{std::lower_bound(keys_of.begin(), keys_of.end(), queries_of[row]) - keys_of.begin(),
+                                             std::upper_bound(keys_of.begin(), keys_of.end(), queries_of[row]) - keys_of.begin()}
+                              : DocumentSpan{};
+            two_span_rows += one_interval_of(allowed_key_spans(mask, rule, 0, row, has_prefix ? prefix : 0, documents)).is_one ? 0 : 1;
+          }
+          for (std::int64_t key = 0; key < mask.seqlen_k + 2; ++key) {
+            const DocumentSpan documents =
+                key < mask.seqlen_k && has_documents
+                    ? DocumentSpan{std::lower_bound(queries_of.begin(), queries_of.end(), keys_of[key]) - queries_of.begin(),
+                                   std::upper_bound(queries_of.begin(), queries_of.end(), keys_of[key]) - queries_of.begin()}
+                    : DocumentSpan{};
+            const OneInterval interval = key_query_interval(mask, rule, key, has_prefix ? prefix : 0, documents);
+            ASSERT_TRUE(interval.is_one) << "band " << band << " prefix " << has_prefix << " key " << key;
+            for (std::int32_t partial_id : {0, 1, 5}) {
+              for (std::int64_t row = -2; row < mask.seqlen_q + 2; ++row) {
+                const bool inside = key < mask.seqlen_k && row >= 0 && row < mask.seqlen_q;
+                const bool expected = inside && mask.allowed(row, key) && rule.allowed(0, row, key, partial_id);
+                EXPECT_EQ(row >= interval.begin && row < interval.end, expected)
+                    << "band " << band << " prefix " << has_prefix << " documents " << has_documents << " id " << partial_id
+                    << " window " << mask.window_left << "," << mask.window_right << " at " << row << "," << key;
+                ++checked;
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+  EXPECT_GT(checked, 0);
+  EXPECT_GT(two_span_rows, 0);  // the query side of the same masks has rows of two spans
+}
+
 // A partial tile whose id has no bits (or no bits at all) allows nothing, as ElementRule does.
 TEST(MaskContract, AllowedSpansDenyBadPartialIds) {
   const MaskRule mask{64, 64, -1, -1};

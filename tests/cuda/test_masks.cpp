@@ -602,6 +602,21 @@ std::vector<MaskCase> full_cases() {
     cases.push_back(l);
     MaskCase m = block_case("fast documents causal d256", make(f16, 2, 300, 260, 2, 1, 256), Block::documents, 128, 128);
     cases.push_back(m);
+    // The Hopper backward's key-interval pass (FLASHATTN_CUDA_MASKS_BWD_ROW_INTERVALS=1):
+    // deterministic turns with GQA on both tile shapes, prefix-LM with a window at d128
+    // (query rows of two spans, keys of one), ALiBi's affine path on partial tiles.
+    MaskCase n = block_case("fast documents causal deterministic 128", make(bf16, 2, 260, 300, 4, 2, 128),
+                            Block::documents, 128, 128);
+    n.deterministic = true;
+    cases.push_back(n);
+    MaskCase o = block_case("fast band sliding deterministic 64", make(f16, 1, 333, 290, 4, 1, 64), Block::band, 128, 128);
+    o.band_left = 70, o.band_right = 10, o.band_diagonal = 5, o.deterministic = true;
+    cases.push_back(o);
+    MaskCase q = block_case("fast prefix-LM sliding d128", make(bf16, 2, 230, 260, 2, 2, 128), Block::prefix, 128, 128);
+    q.band_left = 40;
+    cases.push_back(q);
+    MaskCase r = block_case("fast documents alibi 128", alibi(make(bf16, 1, 260, 260, 2, 2, 128), 2), Block::documents, 128, 128);
+    cases.push_back(r);
   }
   {
     // Block mask and a bias together (the oracle reads both), dBias through both.
@@ -646,12 +661,16 @@ std::vector<MaskCase> small_cases() {
       block_case("small fast documents", make(f16, 1, 129, 97, 2, 1, 64), Block::documents, 128, 128),
       block_case("small fast prefix-LM", make(bf16, 1, 97, 113, 2, 2, 128), Block::prefix, 256, 256),
       block_case("small fast pattern", make(f16, 1, 70, 130, 2, 2, 64), Block::pattern, 128, 128),
+      block_case("small fast band sliding", make(bf16, 1, 97, 130, 2, 1, 128), Block::band, 128, 128),
+      block_case("small fast band sliding d64", make(f16, 1, 130, 97, 2, 2, 64), Block::band, 128, 128),
   };
   MaskCase c = block_case("small pattern + bias deterministic", make(f16, 1, 97, 80, 2, 2, 64), Block::pattern, 32, 16);
   c.dense = Dense::bias, c.bias_dtype = f32, c.mask_shape = {1, 1, -1, -1}, c.dbias = true, c.deterministic = true;
   c.masked_rows = true;
   cases.push_back(c);
   cases[3].band_right = -1;
+  cases[7].band_left = 30, cases[7].band_right = 5;
+  cases[8].band_left = 20, cases[8].band_right = 0, cases[8].band_diagonal = -33;
   return cases;
 }
 

@@ -345,6 +345,64 @@ __device__ __forceinline__ void apply_row_key_intervals(float (&s)[4 * kNTiles],
   }
 }
 
+// The key-interval pass (the Hopper backward, FLASHATTN_CUDA_MASKS_BWD_ROW_INTERVALS=1):
+// the row-interval pass transposed, for a dK/dV kernel whose fragment rows are keys. A
+// key's allowed queries in a partial block of a block mask without bits are always one
+// interval (key_query_interval, mask_tables.hpp), and a CTA of such a kernel owns its
+// key rows for its whole life: it makes each row's interval once (its loads: the prefix,
+// the key's document span) and a partial query tile costs a few integer operations per
+// row (RowKeyInterval::allowed_elements over the query columns) and one bit test per
+// element. The interval as a RowKeyInterval whose columns are queries; never kNone (a
+// key row past the end, or documents without spans — whose tiles are all kGeneralTile —
+// get an empty one).
+__device__ __forceinline__ RowKeyInterval key_row_query_interval(const AttentionParams& params, const MaskRule& mask,
+                                                                 std::int64_t b, std::int64_t key) {
+  const DeviceMask& device_mask = params.device_mask;
+  const ElementRule& rule = params.block_mask.rule;
+  const std::int64_t prefix_length =
+      rule.maybe_prefix_lengths != nullptr ? rule.maybe_prefix_lengths[b * rule.prefix_batch_stride] : 0;
+  DocumentSpan documents;
+  if (rule.maybe_q_document_ids != nullptr) {
+    if (device_mask.maybe_document_query_spans == nullptr) return {0, 0};
+    const std::int64_t safe_key = key >= 0 && key < mask.seqlen_k ? key : 0;  // denied by allowed_query_spans
+    const int2 span = reinterpret_cast<const int2*>(
+        device_mask.maybe_document_query_spans)[b * device_mask.document_batch_stride_k + safe_key];
+    documents = {span.x, span.y};
+  }
+  const OneInterval interval = flashattn::key_query_interval(mask, rule, key, prefix_length, documents);
+  // Inside [0, seqlen_q] already (allowed_query_spans); clamped so that 32 bits hold them.
+  const std::int64_t begin = MaskRule::clamp(interval.begin, 0, mask.seqlen_q);
+  const std::int64_t end = MaskRule::clamp(interval.end, begin, mask.seqlen_q);
+  return {static_cast<std::int32_t>(begin), static_cast<std::int32_t>(end)};
+}
+
+// Bits 2 j + e of a fragment row's element word (j < 8) moved to bits 4 j + e: the
+// pairs of one row spread apart so that the other row's pairs fit between them
+// (fragment_allowed_bits' element order 4 j + 2 half + e). Three steps of the Morton
+// spread (the fourth would split the pairs).
+__device__ __forceinline__ std::uint32_t spread_element_pairs(std::uint32_t pairs) {
+  std::uint32_t x = pairs & 0xFFFFu;
+  x = (x | (x << 8)) & 0x00FF00FFu;
+  x = (x | (x << 4)) & 0x0F0F0F0Fu;
+  x = (x | (x << 2)) & 0x33333333u;
+  return x;
+}
+
+// The key-interval pass of a transposed 16 x 8·kNTiles fragment (rows = keys row0, row0
+// + 8; columns = queries from col0) as fragment_allowed_bits' words, from its two rows'
+// intervals: per row one allowed_elements, then the rows' words interleaved.
+template <int kNTiles>
+__device__ __forceinline__ void allowed_bits_of_key_intervals(std::uint32_t (&allowed)[kAllowedWords<kNTiles>],
+                                                              const RowKeyInterval (&rows)[2], std::int32_t col0) {
+  static_assert(kNTiles % 8 == 0, "whole words: 8 n8 tiles of both rows each");
+  const std::int32_t thread_col0 = col0 + 2 * static_cast<std::int32_t>(threadIdx.x % 4);
+  const std::uint32_t row_elements[2] = {rows[0].allowed_elements<kNTiles>(thread_col0),
+                                         rows[1].allowed_elements<kNTiles>(thread_col0)};
+#pragma unroll
+  for (int w = 0; w < kAllowedWords<kNTiles>; ++w)
+    allowed[w] = spread_element_pairs(row_elements[0] >> (16 * w)) | (spread_element_pairs(row_elements[1] >> (16 * w)) << 2);
+}
+
 // Calls f(index, query row, key column) for each element of a 16 x 8·kNTiles fragment.
 template <int kNTiles, bool kTransposed, class F>
 __device__ __forceinline__ void for_each_position(std::int64_t row0, std::int64_t col0, F&& f) {

@@ -79,7 +79,11 @@
 // the lists and hands each step to the consumers through the stage's slot); a partial
 // tile's S^T gets the element pass (fragment::mask_offset per element, in the score loop
 // of softcap/ALiBi, which partial tiles always take) on the log2 scores before the
-// exponential, a full one nothing (the lists hold the interval rule too).
+// exponential, a full one nothing (the lists hold the interval rule too). A partial tile
+// with a tile code takes the fast pass instead (fragment::fragment_allowed_bits: its
+// allowed bits before the products), or, under a block mask without bits and
+// FLASHATTN_CUDA_MASKS_BWD_ROW_INTERVALS=1, the key-interval pass (each key row's
+// allowed queries, one interval made once per CTA: see the consumers' prologue).
 // Rows with LSE = -inf (they see no key) have +inf in the workspace (preprocess), so
 // P = exp2(-inf or finite - inf) = 0, never NaN. dBias: dS^T before the softcap factor
 // (natural-log units: S^T's gradient w.r.t. scale·q·k + bias) atomically added per
@@ -433,6 +437,23 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
   std::uint32_t ds_previous[kBlockM / 16][4];
   int previous_stage = 0;
 
+  // The key-interval pass (launch.hpp's FLASHATTN_CUDA_MASKS_BWD_ROW_INTERVALS): under a
+  // block mask without bits each key row's allowed queries are one interval for the
+  // CTA's whole life (fragment::key_row_query_interval), made here while K and V land, into
+  // shared memory (kBlockN x 8 bytes after the mbarriers); a partial step of a partial id
+  // turns its two rows' into its allowed bits (fragment::allowed_bits_of_key_intervals:
+  // two LDS.64, a few integer operations a row) instead of the fast pass's call (loads,
+  // 64-bit span arithmetic, two span tests per element). Whether the pass applies is one
+  // host-made flag (launch.cu: asked for, lists, a block mask without bits), and the
+  // intervals' address is found from the shared base where it is read: with the mask's
+  // pointers (block mask, bits) tested per step and the address held across the loop,
+  // the step loop spilled (deterministic d128 overlapped 24/24 -> 32/44 bytes, a spill
+  // load per step on the unmasked path; ptxas -v), with the pointer tests alone too.
+  // Compiled where shared memory has room (not deferred_dk's three stages: tile_config.hpp).
+  constexpr int kKeyIntervalOffset = kConfig.has_key_intervals() ? kConfig.key_interval_offset() : -1;
+  if (kKeyIntervalOffset >= 0 && params.is_mask_key_intervals)
+    store_key_intervals<kBlockN, kKeyIntervalOffset>(params, mask, batch, n0 + key_row0);
+
   if (steps > 0) ptx::mbarrier_wait(kv_full, 0);
   for (int step = 0; step < steps; ++step) {
     const int stage = step % kStages;
@@ -458,7 +479,12 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
     std::uint32_t allowed[fragment::kAllowedWords<kBlockM / 8>];
     if (is_listed) {
       const ListedStep listed = step_slots[stage];
-      if (listed.is_partial != 0 && listed.code != kGeneralTile) {
+      if (kKeyIntervalOffset >= 0 && listed.is_partial != 0 && listed.code >= 0 && params.is_mask_key_intervals) {
+        // A partial block of a block mask without bits: its key rows' intervals (above).
+        const fragment::RowKeyInterval* intervals = shared_key_intervals<kKeyIntervalOffset>();
+        const fragment::RowKeyInterval rows[2] = {intervals[key_row0], intervals[key_row0 + 8]};
+        fragment::allowed_bits_of_key_intervals<kBlockM / 8>(allowed, rows, static_cast<std::int32_t>(m0));
+      } else if (listed.is_partial != 0 && listed.code != kGeneralTile) {
         fragment::fragment_allowed_bits_outlined<kBlockM / 8, true>(allowed, attention, mask, listed.code, batch, n0 + key_row0, m0);
       } else {
 #pragma unroll

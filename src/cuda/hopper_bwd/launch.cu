@@ -60,6 +60,14 @@ bool is_l2_section_order_requested() {
   return requested;
 }
 
+bool is_mask_key_intervals_requested() {
+  static const bool requested = [] {
+    const char* value = std::getenv("FLASHATTN_CUDA_MASKS_BWD_ROW_INTERVALS");
+    return value != nullptr && std::string(value) == "1";
+  }();
+  return requested;
+}
+
 namespace {
 
 template <class T, bool kDeterministic>
@@ -203,6 +211,10 @@ void backward_main(const BackwardParams& params, const bwd::Workspace& workspace
   if (device_mask.present() && (!device_mask.by_key_tile.present() ||
                                 (params.deterministic && !device_mask.by_query_tile.present())))
     throw Error("flashattn: cuda backward: the Hopper kernels' mask tables lack the lists they walk");
+  // The key-interval pass (kernel.cuh) where it applies: a listed walk of a block mask
+  // without bits. One flag, so that the kernel tests one uniform bool per partial step.
+  hopper_params.is_mask_key_intervals = is_mask_key_intervals_requested() && device_mask.by_key_tile.present() &&
+                                        params.has_block_mask() && !params.block_mask.rule.has_bits();
   if (params.deterministic) {
     if (params.dtype == DType::bfloat16) {
       run_for_head_dim<__nv_bfloat16, true>(hopper_params, stream, schedule);

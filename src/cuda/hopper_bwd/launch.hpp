@@ -31,6 +31,9 @@ struct HopperBackwardParams {
   CUtensorMap v_map;     // box rows block_n
   // ALiBi's affine form on steps off the diagonal (common/alibi_path.hpp).
   bool is_alibi_affine = true;
+  // The key-interval pass of listed partial tiles (kernel.cuh): is_mask_key_intervals_requested
+  // and a listed walk of a block mask without bits (set by backward_main).
+  bool is_mask_key_intervals = false;
   // The overlapped schedule's dQ reductions (kernel.cuh, not the wide kernel): fp32 map
   // (head_dim, dq rows of a head, heads_q, 1) over workspace.dq_accum, box (32 columns, 64
   // rows, 1, 1), 128-byte swizzle; zero when unused.
@@ -51,6 +54,13 @@ BackwardSchedule backward_schedule();
 // inside a section (first key block first: under a causal mask the longest CTAs first;
 // deterministic: last first, the turns' order). Read once per process.
 bool is_l2_section_order_requested();
+
+// The key-interval pass (FLASHATTN_CUDA_MASKS_BWD_ROW_INTERVALS=1, read once per process;
+// off by default until timed): under a block mask without bits (document ids, band,
+// prefix) kernel.cuh makes each key row's allowed-query interval once per CTA
+// (mask_tables.hpp's key_query_interval, into shared memory) and turns it into a partial
+// tile's allowed bits, instead of the fast pass's loads and span tests per partial tile.
+bool is_mask_key_intervals_requested();
 
 // kDeterministic: the dQ reductions of each query block ordered by key block (needs
 // params.backward.deterministic and the workspace's dq_semaphore; see kernel.cuh); in

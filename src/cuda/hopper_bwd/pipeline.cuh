@@ -146,6 +146,35 @@ __device__ __forceinline__ void add_dbias(const AttentionParams& params, const M
     atomicAdd(device_mask.maybe_dbias_sum + device_mask.dbias_offset(batch, head_q, query, key), ds);
 }
 
+// ---- the key-interval pass (FLASHATTN_CUDA_MASKS_BWD_ROW_INTERVALS; kernel.cuh) -------
+
+// The CTA's kBlockN key intervals: kOffset bytes from the 1024-aligned base of the dynamic
+// shared memory (HopperBwdTileConfig::key_interval_offset; the kernel aligns the same way).
+template <int kOffset>
+__device__ __forceinline__ fragment::RowKeyInterval* shared_key_intervals() {
+  extern __shared__ unsigned char shared_storage[];
+  const std::uint32_t raw_address = static_cast<std::uint32_t>(__cvta_generic_to_shared(shared_storage));
+  unsigned char* base = shared_storage + ((kSwizzleAtomBytes - raw_address % kSwizzleAtomBytes) % kSwizzleAtomBytes);
+  return reinterpret_cast<fragment::RowKeyInterval*>(base + kOffset);
+}
+
+// Once per CTA, by every consumer thread: the intervals of its two key rows row0 = n0 +
+// key_row (key_row < kBlockN - 8) and row0 + 8 (fragment::key_row_query_interval), written
+// by lane quad 0 of each row; the warp's rows are its own (it alone reads them).
+template <int kBlockN, int kOffset>
+__device__ __forceinline__ void store_key_intervals(const HopperBackwardParams& params, const MaskRule mask,
+                                                 std::int64_t batch, std::int64_t row0) {
+  fragment::RowKeyInterval* intervals = shared_key_intervals<kOffset>();
+  const int key_row = static_cast<int>(row0 & (kBlockN - 1));  // n0 is a multiple of kBlockN
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const fragment::RowKeyInterval interval =
+        fragment::key_row_query_interval(params.backward, mask, batch, row0 + 8 * half);
+    if (threadIdx.x % 4 == 0) intervals[key_row + 8 * half] = interval;
+  }
+  __syncwarp();
+}
+
 // Deterministic mode under a device mask: the turn of key tile n_block in query tile
 // m_block of head_q = how many key tiles its by_query_tile list names above n_block (the
 // lists are sorted by descending tile, the order of the interval turns). The two lists
