@@ -41,6 +41,21 @@
 //   dK (scaled by softmax_scale) and dV (dropout: scaled by 1 / (1 - p)) are stored
 //   from registers at the end.
 //
+// The grid (HopperBackwardParams::grid_ctas, launch.hpp): one CTA per tile, or persistent
+// (FLASHATTN_CUDA_HOPPER_BWD_GRID=persistent: one CTA per SM). Either way CTA b runs the
+// tiles t = b, b + gridDim.x, ... (the per-tile grid: t = b only) in increasing t, every
+// role (the loads, the dQ writer, the consumers) walking the same tiles and skipping the
+// same ones (key_block_work). What runs on across a CTA's tiles: the Q/dO/LSE/D ring (its
+// stages and mbarrier phases count the CTA's steps, not the tile's, and so does the
+// overlapped schedule's dS^T buffer parity), so the next tile's first steps load while the
+// consumers finish the current one; and K/V: the loads wait on kv_empty, which every
+// consumer warp arrives on once its tile's last dQ product (the last reader of K and V)
+// is done, so the next K/V land while the consumers issue their last dK and store dK/dV.
+// Per tile, balanced: kv_full and kv_empty complete one phase per tile with a step; the
+// dQ handshake barriers are arrived on and synced steps times; the accumulators restart.
+// Tiles with keys but no step load nothing and store dK = dV = 0; tiles past a varlen
+// sequence's keys are skipped by every role.
+//
 // Shared-memory tiles: 64-column panels, 128-byte swizzle (see hopper/kernel.cuh).
 // dS^T is one panel: row = key, 64 query columns.
 // Rows past a sequence: Q/dO rows past the tensor arrive as zeros, rows of the next
@@ -57,21 +72,27 @@
 // (dq_order.hpp gives the visitors of a query block, exactly those whose
 // rows_of_columns range holds it), after it waits for the reduction to complete and
 // publishes turn + 1 (release). Fp32 addition in a fixed order: dQ is bitwise
-// repeatable. The key blocks are mapped onto blockIdx.x in reverse (highest first; within
-// a sequence and kv head, in both CTA orders: pipeline.cuh's cta_key_block):
-//   - deadlock freedom: a CTA only waits for CTAs of the same (sequence, kv head) with a
-//     higher key block, which have a lower blockIdx.x. CTAs are dispatched in blockIdx
-//     order, so those are resident or finished when it waits, and by induction on
-//     blockIdx.x each of them completes its steps (the lowest CTA waits for no one);
-//     nothing else a CTA waits on (its own mbarriers and named barriers) depends on
-//     another CTA. Whatever the order of the steps inside a CTA (query heads of the group,
-//     then ascending query blocks), no CTA waits on a CTA that waits on it.
+// repeatable. The key blocks are mapped onto the tile index t in reverse (highest first;
+// within a sequence and kv head, in both CTA orders: pipeline.cuh's cta_key_block):
+//   - deadlock freedom: a tile only waits for tiles of the same (sequence, kv head) with a
+//     higher key block, which have a lower t. Per-tile grid (t = blockIdx.x): CTAs are
+//     dispatched in blockIdx order, so those are resident or finished when it waits, and
+//     by induction on t each of them completes its steps (the lowest waits for no one).
+//     Persistent grid (at most one CTA per SM, so all CTAs are resident at once; CTA b runs
+//     t = b, b + gridDim.x, ... in increasing t and publishes a tile's last turn before it
+//     starts the next tile): by induction on t, a tile t' < t that t waits for is run by
+//     CTA t' % gridDim.x, which is resident and reaches t' after finishing its tiles below
+//     t' (complete by induction), never after t: if t' % gridDim.x is t's own CTA, t' comes
+//     before t in its walk, so a CTA never waits on a tile it runs later. Nothing else a
+//     CTA waits on (its own mbarriers and named barriers) depends on another CTA, and
+//     whatever the order of the steps inside a tile (query heads of the group, then
+//     ascending query blocks), no tile waits on a tile that waits on it.
 //   - speed: under causal and sliding-window masks a higher key block starts at a later
 //     query block, so it reaches a given query block after fewer steps than a lower one:
 //     descending turns are (roughly) the order in which the CTAs arrive anyway (FA3
 //     does the same for causal masks). Without a mask every CTA arrives at once and
 //     the adds of a query block serialize either way.
-// CTAs that return early (keys past the sequence, no query block) take no turn.
+// Tiles without a step (keys past the sequence, no query block) take no turn.
 //
 // Device masks (attn_mask, block masks: src/core/mask_tables.hpp). When
 // params.device_mask.by_key_tile is present the steps are, per query head of the group,
@@ -128,8 +149,10 @@ namespace flashattn::cuda::hopper_bwd {
 // name (ListedSteps). The producer, the dQ writer and the consumers compute it alike, so
 // they skip the same tiles and walk the same steps.
 struct KeyBlockWork {
-  std::int64_t n_block, head_kv, batch;
-  std::int64_t n0, kv_rows;
+  // 32-bit: tile coordinates, and key rows below 2^31 (why_unsupported); the producer
+  // warpgroup's 24 registers hold them across its steps.
+  std::int32_t n_block, head_kv, batch;
+  std::int32_t n0, kv_rows;
   MaskRule mask;  // the sequence's lengths and window
   int m_block_begin, m_blocks, steps;
 };
@@ -142,11 +165,14 @@ __device__ __forceinline__ bool key_block_work(const HopperBackwardParams& param
                                                KeyBlockWork& work) {
   const BackwardParams& attention = params.backward;
   const KeyBlockCoordinates cta = cta_key_block<kDeterministic>(params, tile);
-  work.n_block = cta.n_block, work.head_kv = cta.head_kv, work.batch = cta.batch;
+  work.n_block = static_cast<std::int32_t>(cta.n_block);
+  work.head_kv = static_cast<std::int32_t>(cta.head_kv);
+  work.batch = static_cast<std::int32_t>(cta.batch);
   const std::int64_t seqlen_k = attention.seqlen_k_of(cta.batch);
-  work.n0 = cta.n_block * kBlockN;
-  if (work.n0 >= seqlen_k) return false;
-  work.kv_rows = seqlen_k - work.n0 < kBlockN ? seqlen_k - work.n0 : kBlockN;
+  const std::int64_t n0 = cta.n_block * kBlockN;
+  if (n0 >= seqlen_k) return false;
+  work.n0 = static_cast<std::int32_t>(n0);
+  work.kv_rows = static_cast<std::int32_t>(seqlen_k - n0 < kBlockN ? seqlen_k - n0 : kBlockN);
   work.mask = attention.mask_of(cta.batch);
   const QueryBlockRange query_blocks = query_blocks_of_key_block(work.mask, work.n0, work.kv_rows, kBlockM);
   work.m_block_begin = query_blocks.begin;
@@ -213,7 +239,11 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
   // Flat: key block fastest, so under a causal mask the low key blocks (the most query
   // blocks) start first and the short ones fill the tail (as the FA2-class kernel); or in
   // L2 sections (launch.hpp). Deterministic: highest key block first (see the top of the file).
-  const std::int32_t num_tiles = params.key_block_order.num_m_blocks * params.key_block_order.num_heads_batches;
+  // (Read where each role loops: computed once here it is live across the role split, in
+  // the producer warpgroup's 24 registers too.)
+  const auto num_tiles = [&]() {
+    return params.key_block_order.num_m_blocks * params.key_block_order.num_heads_batches;
+  };
   // Under a device mask the steps are the listed query tiles (see the top of the file).
   const TileLists& key_tile_lists = attention.device_mask.by_key_tile;
   const bool is_listed = key_tile_lists.present();
@@ -265,7 +295,6 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
   if (warpgroup == 0) {
     // ---- producer ----------------------------------------------------------------
     ptx::setmaxnreg_decrease<kConfig.producer_registers()>();
-    if constexpr (kOverlapped) {
       // ---- dQ writer (overlapped schedule): warp 1 ----------------------------------
       // Per step, per consumer c: wait until c has staged its part (kDqFull), add its
       // panels to dq_accum (TMA tensor reductions), and once the TMA has read them hand
@@ -279,13 +308,27 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
       // balanced per tile: kDqEmpty is arrived on once before the tile's first step and
       // after each but its last, so a tile's last staging is read before the next tile's
       // first arrival.
-      if (threadIdx.x / 32 == 1) {
-        const int lane = threadIdx.x % 32;
-        const std::uint32_t staging = static_cast<std::uint32_t>(__cvta_generic_to_shared(shared_dq));
-        for (std::int32_t tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
-          KeyBlockWork work;
-          if (!key_block_work<kBlockM, kBlockN, kDeterministic>(params, tile, work) || work.steps == 0) continue;
-          const int steps = work.steps;
+    // ---- loads: thread 0 --------------------------------------------------------------
+    // The ring of stages runs on across the CTA's tiles (step `ring` of the CTA: stage ring
+    // % kStages), so the next tile's first steps load while the consumers finish this one.
+    // K and V: the first tile's before its first step; a later tile's once every consumer
+    // warp is done reading the previous ones (kv_empty: after the dQ product of the tile's
+    // last step, before the dK/dV stores, which the load then overlaps), after the next
+    // tile's first kStages - 1 steps, whose stages the previous tile has freed by then.
+    // Both walk the tiles in one loop (the warpgroup has 24 registers a thread: two loops,
+    // one per role, spilled loop state in both).
+    const bool is_dq_writer = kOverlapped && threadIdx.x / 32 == 1;
+    if (!is_dq_writer && threadIdx.x != 0) return;
+    const int lane = threadIdx.x % 32;
+    int ring = 0;
+    int kv_loads = 0;
+    for (std::int32_t tile = blockIdx.x; tile < num_tiles(); tile += gridDim.x) {
+      KeyBlockWork work;
+      if (!key_block_work<kBlockM, kBlockN, kDeterministic>(params, tile, work) || work.steps == 0) continue;
+      const int steps = work.steps;
+      if (is_dq_writer) {
+        if constexpr (kOverlapped) {
+          const std::uint32_t staging = static_cast<std::uint32_t>(__cvta_generic_to_shared(shared_dq));
           // dq_accum rows (of a head) below total_q + kMaxBlockM < 2^31 (launch.cu): 32-bit.
           const auto packed_start = static_cast<std::int32_t>(attention.is_varlen() ? attention.q_start(work.batch)
                                                                                     : work.batch * attention.seqlen_q);
@@ -364,25 +407,8 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
             __syncwarp();
           }
         }
-        // The staging panels stay readable until the TMA is done with them.
-        if (lane == 0) ptx::bulk_wait_group<0>();
-        return;
+        continue;
       }
-    }
-    if (threadIdx.x != 0) return;
-    // ---- loads: thread 0 --------------------------------------------------------------
-    // The ring of stages runs on across the CTA's tiles (step `ring` of the CTA: stage ring
-    // % kStages), so the next tile's first steps load while the consumers finish this one.
-    // K and V: the first tile's before its first step; a later tile's once every consumer
-    // warp is done reading the previous ones (kv_empty: after the dQ product of the tile's
-    // last step, before the dK/dV stores, which the load then overlaps), after the next
-    // tile's first kStages - 1 steps, whose stages the previous tile has freed by then.
-    int ring = 0;
-    int kv_loads = 0;
-    for (std::int32_t tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
-      KeyBlockWork work;
-      if (!key_block_work<kBlockM, kBlockN, kDeterministic>(params, tile, work) || work.steps == 0) continue;
-      const int steps = work.steps;
       const std::int32_t batch_coordinate = attention.is_varlen() ? 0 : static_cast<std::int32_t>(work.batch);
       const std::int64_t stats_start = bwd::Workspace::stats_start(attention, work.batch);
       const int kv_step = kv_loads == 0 ? 0 : (steps < kStages - 1 ? steps : kStages - 1);
@@ -438,6 +464,8 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
       }
       if (kv_step == steps) load_kv();
     }
+    // The dQ staging panels stay readable until the TMA is done with them.
+    if (is_dq_writer && lane == 0) ptx::bulk_wait_group<0>();
     return;
   }
   // ---- consumers -------------------------------------------------------------------
@@ -499,7 +527,7 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
   // run on across tiles, as the producer's), and the K/V tiles consumed (kv_full's phase).
   int ring_base = 0;
   int kv_loads = 0;
-  for (std::int32_t tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
+  for (std::int32_t tile = blockIdx.x; tile < num_tiles(); tile += gridDim.x) {
     KeyBlockWork work;
     if (!key_block_work<kBlockM, kBlockN, kDeterministic>(params, tile, work)) continue;
     const std::int64_t n_block = work.n_block, head_kv = work.head_kv, batch = work.batch;
