@@ -411,58 +411,61 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
       }
       const std::int32_t batch_coordinate = attention.is_varlen() ? 0 : static_cast<std::int32_t>(work.batch);
       const std::int64_t stats_start = bwd::Workspace::stats_start(attention, work.batch);
-      const int kv_step = kv_loads == 0 ? 0 : (steps < kStages - 1 ? steps : kStages - 1);
+      // Query rows of the sequence start here (rows below 2^31: why_unsupported).
+      const auto q_start = static_cast<std::int32_t>(attention.q_start(work.batch));
+      // The tile's steps are the ring's [ring, ring_end); K and V load before step kv_ring.
+      const int ring_end = ring + steps;
+      const int kv_ring = ring + (kv_loads == 0 ? 0 : (steps < kStages - 1 ? steps : kStages - 1));
       auto load_kv = [&]() {
         if (kv_loads > 0) ptx::mbarrier_wait(kv_empty, (kv_loads - 1) & 1);
         ++kv_loads;
         const std::int32_t k_row = static_cast<std::int32_t>(attention.k_start(work.batch) + work.n0);
-        const auto head_kv = static_cast<std::int32_t>(work.head_kv);
         ::cuda::ptx::mbarrier_arrive_expect_tx(::cuda::ptx::sem_release, ::cuda::ptx::scope_cta,
                                                ::cuda::ptx::space_shared, kv_full, 2 * kKVBytes);
-        load_panels<kPanels, kBlockN>(shared_k, &params.k_map, k_row, head_kv, batch_coordinate, kv_full);
-        load_panels<kPanels, kBlockN>(shared_v, &params.v_map, k_row, head_kv, batch_coordinate, kv_full);
+        load_panels<kPanels, kBlockN>(shared_k, &params.k_map, k_row, work.head_kv, batch_coordinate, kv_full);
+        load_panels<kPanels, kBlockN>(shared_v, &params.v_map, k_row, work.head_kv, batch_coordinate, kv_full);
       };
-      // One step: its stage (once free), the listed step into the stage's slot (released to
-      // the consumers by the "full" arrival), then Q, dO, LSE and D.
-      auto load_step = [&](int step, std::int32_t head_q, std::int32_t m_block, const ListedStep& listed) {
-        if (step == kv_step) load_kv();
+      // Step `ring`: its stage (once free), the listed step into the stage's slot (released
+      // to the consumers by the "full" arrival), then Q, dO, LSE and D.
+      auto load_step = [&](std::int32_t head_q, std::int32_t m_block, const ListedStep& listed) {
+        if (ring == kv_ring) load_kv();
         const int stage = ring % kStages;
         if (ring >= kStages) ptx::mbarrier_wait(&empty[stage], ((ring / kStages) - 1) & 1);
         ++ring;
         if (is_listed) step_slots[stage] = listed;
-        const std::int64_t m0 = static_cast<std::int64_t>(m_block) * kBlockM;
         ::cuda::ptx::mbarrier_arrive_expect_tx(::cuda::ptx::sem_release, ::cuda::ptx::scope_cta,
                                                ::cuda::ptx::space_shared, &full[stage],
                                                2 * kQBytes + 2 * kStatsBytes);
-        const std::int32_t q_row = static_cast<std::int32_t>(attention.q_start(work.batch) + m0);
+        const std::int32_t q_row = q_start + m_block * kBlockM;
         const int offset = stage * kBlockM * kHeadDim;
         load_panels<kPanels, kBlockM>(shared_q + offset, &params.q_map, q_row, head_q, batch_coordinate, &full[stage]);
         load_panels<kPanels, kBlockM>(shared_do + offset, &params.dout_map, q_row, head_q, batch_coordinate,
                                       &full[stage]);
         load_statistics(shared_lse + stage * kBlockM, shared_dsum + stage * kBlockM, workspace,
-                        head_q * workspace.stats_head_stride + stats_start + m0, kStatsBytes, &full[stage]);
+                        head_q * workspace.stats_head_stride + stats_start + m_block * kBlockM, kStatsBytes,
+                        &full[stage]);
       };
       // Two loops, so that each holds only its own walk (24 registers, as the dQ writer).
       if (is_listed) {
         ListedSteps listed_steps(key_tile_lists, work.batch, work.head_kv * attention.group_size,
                                  attention.group_size, work.n_block);
-        for (int step = 0; step < steps; ++step) {
+        while (ring < ring_end) {
           const ListedStep listed = listed_steps.next();
-          load_step(step, listed.head_q, listed.m_block, listed);
+          load_step(listed.head_q, listed.m_block, listed);
         }
       } else {
         // The interval's steps, counted (32-bit, no division).
         auto head_q = static_cast<std::int32_t>(work.head_kv * attention.group_size);
         std::int32_t m_block = work.m_block_begin;
-        for (int step = 0; step < steps; ++step) {
-          load_step(step, head_q, m_block, ListedStep{});
+        while (ring < ring_end) {
+          load_step(head_q, m_block, ListedStep{});
           if (++m_block == work.m_block_begin + work.m_blocks) {
             m_block = work.m_block_begin;
             ++head_q;
           }
         }
       }
-      if (kv_step == steps) load_kv();
+      if (kv_ring == ring_end) load_kv();
     }
     // The dQ staging panels stay readable until the TMA is done with them.
     if (is_dq_writer && lane == 0) ptx::bulk_wait_group<0>();
