@@ -157,6 +157,16 @@ struct KeyBlockWork {
   int m_block_begin, m_blocks, steps;
 };
 
+// The overlapped schedule's step as consumer 0 hands it to the dQ writer (kernel below),
+// in the 256 bytes of mbarriers and slots from kDqStepSlotOffset.
+struct DqStep {
+  std::int32_t head_q, m_block, batch, n_block;
+  std::int32_t flags;  // kDqStepLastOfTile, kDqStepEnd
+};
+inline constexpr std::int32_t kDqStepLastOfTile = 1;  // the tile's last step: publish its turn at once
+inline constexpr std::int32_t kDqStepEnd = 2;         // no step: the consumers are done
+inline constexpr int kDqStepSlotOffset = 192;
+
 // The work of tile `tile`; false when its keys lie past its sequence (varlen: no step and
 // no dK/dV row), a tile every role skips. A tile with keys and no step (no query row sees
 // them) only writes dK = dV = 0.
@@ -229,7 +239,8 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
   static_assert(128 * kConfig.producer_registers() + kConsumerThreads * kConfig.consumer_registers() <= 65536,
                 "register file: 64K 32-bit registers per SM");
   static_assert((2 + 2 * kStages) * 8 <= kListedStepSlotsOffset &&
-                    kListedStepSlotsOffset + kStages * static_cast<int>(sizeof(ListedStep)) <= 256,
+                    kListedStepSlotsOffset + kStages * static_cast<int>(sizeof(ListedStep)) <= kDqStepSlotOffset &&
+                    kDqStepSlotOffset + static_cast<int>(sizeof(DqStep)) <= 256,
                 "mbarriers and step slots exceed their 256 bytes");
 
   const BackwardParams& attention = params.backward;
@@ -278,6 +289,8 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
   std::uint64_t* empty = barriers + 2 + kStages;    // [kStages]: every consumer warp is done with it
   // [kStages]: a listed step (device mask), written by the producer before the stage's loads.
   auto* step_slots = reinterpret_cast<ListedStep*>(shared_base + kConfig.barrier_offset() + kListedStepSlotsOffset);
+  // Overlapped schedule: the step whose dQ consumer 0 has staged, for the dQ writer.
+  auto* dq_step_slot = reinterpret_cast<DqStep*>(shared_base + kConfig.barrier_offset() + kDqStepSlotOffset);
 
   if (threadIdx.x == 0) {
     ::cuda::ptx::mbarrier_init(kv_full, 1);
@@ -295,19 +308,91 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
   if (warpgroup == 0) {
     // ---- producer ----------------------------------------------------------------
     ptx::setmaxnreg_decrease<kConfig.producer_registers()>();
+    if constexpr (kOverlapped) {
       // ---- dQ writer (overlapped schedule): warp 1 ----------------------------------
       // Per step, per consumer c: wait until c has staged its part (kDqFull), add its
       // panels to dq_accum (TMA tensor reductions), and once the TMA has read them hand
-      // them back (kDqEmpty). Deterministic: the step's turn is taken before the first
-      // reduction and published once they are performed, which the writer waits for only
-      // after the next step's reductions are issued (FA3's next step: the completion's
-      // latency overlaps the next turn; a CTA still waits only for higher key blocks,
-      // which never wait for it, so holding a turn longer cannot deadlock); the tile's last
-      // turn is published before the next tile (see the top of the file). The steps are
-      // the producer's (its own walk of the lists under a device mask). The handshake is
-      // balanced per tile: kDqEmpty is arrived on once before the tile's first step and
-      // after each but its last, so a tile's last staging is read before the next tile's
-      // first arrival.
+      // them back (kDqEmpty). The step (query head, query block, sequence, key block) comes
+      // from consumer 0 through dq_step_slot, written before its kDqFull arrival; the
+      // consumers end with a step marked kDqStepEnd. (A walk of the tiles of its own, beside
+      // the loads' in the warpgroup's 24 registers, spilled both loops' state.) The
+      // handshake balances: the writer arrives on kDqEmpty once first and after every step,
+      // each consumer syncs on it before each step and once after its last.
+      // Deterministic: the step's turn is taken before the first reduction and published
+      // once they are performed, which the writer waits for only after the next step's
+      // reductions are issued (FA3's next step: the completion's latency overlaps the next
+      // turn; a CTA still waits only for higher key blocks, which never wait for it, so
+      // holding a turn longer cannot deadlock); a tile's last turn is published before the
+      // next tile's first is taken (see the top of the file).
+      if (threadIdx.x / 32 == 1) {
+        const int lane = threadIdx.x % 32;
+        const std::uint32_t staging = static_cast<std::uint32_t>(__cvta_generic_to_shared(shared_dq));
+#pragma unroll
+        for (int consumer = 0; consumer < kConsumerWarpgroups; ++consumer)
+          ptx::named_barrier_arrive(NamedBarrier::kDqEmptyFirst, kDqHandshakeThreads, consumer);
+        DqTurn previous_turn{nullptr, 0};  // deterministic: taken, not yet published
+        for (;;) {
+          ptx::named_barrier_sync(NamedBarrier::kDqFullFirst, kDqHandshakeThreads, 0);
+          const DqStep step = *dq_step_slot;
+          if ((step.flags & kDqStepEnd) != 0) break;
+          DqTurn turn{nullptr, 0};
+          if constexpr (kDeterministic) {
+            if (lane == 0) {
+              turn = dq_turn_of<kBlockM, kBlockN, /*kTurnOutOfLine=*/false>(
+                  attention, workspace, attention.mask_of(step.batch), step.batch, step.head_q,
+                  static_cast<std::int64_t>(step.m_block) * kBlockM, step.n_block);
+              acquire_dq_turn(turn);
+            }
+            __syncwarp();
+          }
+          // dq_accum rows (of a head) below total_q + kMaxBlockM < 2^31 (launch.cu): 32-bit.
+          const auto packed_start = static_cast<std::int32_t>(attention.is_varlen() ? attention.q_start(step.batch)
+                                                                                    : step.batch * attention.seqlen_q);
+#pragma unroll
+          for (int consumer = 0; consumer < kConsumerWarpgroups; ++consumer) {
+            if (consumer > 0) ptx::named_barrier_sync(NamedBarrier::kDqFullFirst, kDqHandshakeThreads, consumer);
+            if (lane == 0) {
+              const std::int32_t row = packed_start + step.m_block * kBlockM + (kDqSplitsRows ? 64 * consumer : 0);
+#pragma unroll
+              for (int panel = 0; panel < kDqPanelsPerConsumer; ++panel)
+                ptx::tensor_reduce_add_4d(
+                    &params.dq_accum_map, staging + (consumer * kDqPanelsPerConsumer + panel) * kDqPanelBytes,
+                    (kDqSplitsRows ? 0 : consumer * kDqColumns) + panel * kDqPanelColumns, row, step.head_q, 0);
+              ptx::bulk_commit_group();
+            }
+            __syncwarp();
+          }
+#pragma unroll
+          for (int consumer = 0; consumer < kConsumerWarpgroups; ++consumer) {
+            // Consumer c's group is the (c + 1)-th of this step's two.
+            static_assert(kConsumerWarpgroups == 2, "the read waits below count two groups per step");
+            if (lane == 0) {
+              if (consumer == 0) ptx::bulk_wait_group_read<kConsumerWarpgroups - 1>();
+              else ptx::bulk_wait_group_read<0>();
+            }
+            __syncwarp();
+            ptx::named_barrier_arrive(NamedBarrier::kDqEmptyFirst, kDqHandshakeThreads, consumer);
+          }
+          if constexpr (kDeterministic) {
+            if (lane == 0) {
+              // The previous step's reductions are performed (this step's kConsumerWarpgroups
+              // groups may still run): publish its turn; a tile's last turn at once.
+              if (previous_turn.semaphore != nullptr) release_dq_turn<kConsumerWarpgroups>(previous_turn);
+              previous_turn = turn;
+              if ((step.flags & kDqStepLastOfTile) != 0) {
+                release_dq_turn(turn);
+                previous_turn = DqTurn{nullptr, 0};
+              }
+            }
+            __syncwarp();
+          }
+        }
+        // The staging panels stay readable until the TMA is done with them.
+        if (lane == 0) ptx::bulk_wait_group<0>();
+        return;
+      }
+    }
+    if (threadIdx.x != 0) return;
     // ---- loads: thread 0 --------------------------------------------------------------
     // The ring of stages runs on across the CTA's tiles (step `ring` of the CTA: stage ring
     // % kStages), so the next tile's first steps load while the consumers finish this one.
@@ -315,100 +400,12 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
     // warp is done reading the previous ones (kv_empty: after the dQ product of the tile's
     // last step, before the dK/dV stores, which the load then overlaps), after the next
     // tile's first kStages - 1 steps, whose stages the previous tile has freed by then.
-    // Both walk the tiles in one loop (the warpgroup has 24 registers a thread: two loops,
-    // one per role, spilled loop state in both).
-    const bool is_dq_writer = kOverlapped && threadIdx.x / 32 == 1;
-    if (!is_dq_writer && threadIdx.x != 0) return;
-    const int lane = threadIdx.x % 32;
     int ring = 0;
     int kv_loads = 0;
     for (std::int32_t tile = blockIdx.x; tile < num_tiles(); tile += gridDim.x) {
       KeyBlockWork work;
       if (!key_block_work<kBlockM, kBlockN, kDeterministic>(params, tile, work) || work.steps == 0) continue;
       const int steps = work.steps;
-      if (is_dq_writer) {
-        if constexpr (kOverlapped) {
-          const std::uint32_t staging = static_cast<std::uint32_t>(__cvta_generic_to_shared(shared_dq));
-          // dq_accum rows (of a head) below total_q + kMaxBlockM < 2^31 (launch.cu): 32-bit.
-          const auto packed_start = static_cast<std::int32_t>(attention.is_varlen() ? attention.q_start(work.batch)
-                                                                                    : work.batch * attention.seqlen_q);
-#pragma unroll
-          for (int consumer = 0; consumer < kConsumerWarpgroups; ++consumer)
-            ptx::named_barrier_arrive(NamedBarrier::kDqEmptyFirst, kDqHandshakeThreads, consumer);
-          DqTurn previous_turn{nullptr, 0};  // deterministic: taken, not yet published
-          auto write_step = [&](int step, std::int32_t head_q, std::int32_t m_block) {
-            DqTurn turn{nullptr, 0};
-            if constexpr (kDeterministic) {
-              if (lane == 0) {
-                turn = dq_turn_of<kBlockM, kBlockN, /*kTurnOutOfLine=*/false>(
-                    attention, workspace, work.mask, work.batch, head_q, static_cast<std::int64_t>(m_block) * kBlockM,
-                    work.n_block);
-                acquire_dq_turn(turn);
-              }
-              __syncwarp();
-            }
-#pragma unroll
-            for (int consumer = 0; consumer < kConsumerWarpgroups; ++consumer) {
-              ptx::named_barrier_sync(NamedBarrier::kDqFullFirst, kDqHandshakeThreads, consumer);
-              if (lane == 0) {
-                const std::int32_t row = packed_start + m_block * kBlockM + (kDqSplitsRows ? 64 * consumer : 0);
-#pragma unroll
-                for (int panel = 0; panel < kDqPanelsPerConsumer; ++panel)
-                  ptx::tensor_reduce_add_4d(
-                      &params.dq_accum_map, staging + (consumer * kDqPanelsPerConsumer + panel) * kDqPanelBytes,
-                      (kDqSplitsRows ? 0 : consumer * kDqColumns) + panel * kDqPanelColumns, row, head_q, 0);
-                ptx::bulk_commit_group();
-              }
-              __syncwarp();
-            }
-#pragma unroll
-            for (int consumer = 0; consumer < kConsumerWarpgroups; ++consumer) {
-              // Consumer c's group is the (c + 1)-th of this step's two.
-              static_assert(kConsumerWarpgroups == 2, "the read waits below count two groups per step");
-              if (lane == 0) {
-                if (consumer == 0) ptx::bulk_wait_group_read<kConsumerWarpgroups - 1>();
-                else ptx::bulk_wait_group_read<0>();
-              }
-              __syncwarp();
-              if (step + 1 < steps)
-                ptx::named_barrier_arrive(NamedBarrier::kDqEmptyFirst, kDqHandshakeThreads, consumer);
-            }
-            if constexpr (kDeterministic) {
-              // The previous step's reductions are performed (this step's kConsumerWarpgroups
-              // groups may still run): publish its turn.
-              if (lane == 0 && step > 0) release_dq_turn<kConsumerWarpgroups>(previous_turn);
-              previous_turn = turn;
-              __syncwarp();
-            }
-          };
-          // Two loops, so that each holds only its own walk (this warp has 24 registers).
-          if (is_listed) {
-            ListedSteps listed_steps(key_tile_lists, work.batch, work.head_kv * attention.group_size,
-                                     attention.group_size, work.n_block);
-            for (int step = 0; step < steps; ++step) {
-              const ListedStep listed = listed_steps.next();
-              write_step(step, listed.head_q, listed.m_block);
-            }
-          } else {
-            // The interval's steps, counted (32-bit, no division).
-            auto head_q = static_cast<std::int32_t>(work.head_kv * attention.group_size);
-            std::int32_t m_block = work.m_block_begin;
-            for (int step = 0; step < steps; ++step) {
-              write_step(step, head_q, m_block);
-              if (++m_block == work.m_block_begin + work.m_blocks) {
-                m_block = work.m_block_begin;
-                ++head_q;
-              }
-            }
-          }
-          // Deterministic: the tile's last turn, before any turn of the next tile.
-          if constexpr (kDeterministic) {
-            if (lane == 0) release_dq_turn(previous_turn);
-            __syncwarp();
-          }
-        }
-        continue;
-      }
       const std::int32_t batch_coordinate = attention.is_varlen() ? 0 : static_cast<std::int32_t>(work.batch);
       const std::int64_t stats_start = bwd::Workspace::stats_start(attention, work.batch);
       // Query rows of the sequence start here (rows below 2^31: why_unsupported).
@@ -467,8 +464,6 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
       }
       if (kv_ring == ring_end) load_kv();
     }
-    // The dQ staging panels stay readable until the TMA is done with them.
-    if (is_dq_writer && lane == 0) ptx::bulk_wait_group<0>();
     return;
   }
   // ---- consumers -------------------------------------------------------------------
@@ -937,6 +932,11 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
             *reinterpret_cast<float2*>(staging + float_panels_offset<kDqPanelRows>(warp_row0 + 8 * half,
                                                                                    8 * j + 2 * quad_lane)) =
                 make_float2(dq[4 * j + 2 * half], dq[4 * j + 2 * half + 1]);
+        // The step, for the writer (which read the previous one before releasing the panels).
+        if (consumer == 0 && thread_in_warpgroup == 0)
+          *dq_step_slot = DqStep{static_cast<std::int32_t>(head_q), static_cast<std::int32_t>(m0 / kBlockM),
+                                 static_cast<std::int32_t>(batch), static_cast<std::int32_t>(n_block),
+                                 step == steps - 1 ? kDqStepLastOfTile : 0};
         ptx::fence_proxy_async_shared();
         ptx::named_barrier_arrive(NamedBarrier::kDqFullFirst, kDqHandshakeThreads, consumer);
 
@@ -993,6 +993,15 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
         *reinterpret_cast<std::uint32_t*>(dv_out + row * attention.dv_row_stride + column) =
             pack_pair<T>(dv[4 * j + 2 * half] * dv_scale, dv[4 * j + 2 * half + 1] * dv_scale);
       }
+    }
+  }
+  if constexpr (kOverlapped) {
+    // The end for the dQ writer: its last arrival on kDqEmpty (after the last step), then
+    // consumer 0's kDqEmpty-marked step.
+    ptx::named_barrier_sync(NamedBarrier::kDqEmptyFirst, kDqHandshakeThreads, consumer);
+    if (consumer == 0) {
+      if (thread_in_warpgroup == 0) *dq_step_slot = DqStep{0, 0, 0, 0, kDqStepEnd};
+      ptx::named_barrier_arrive(NamedBarrier::kDqFullFirst, kDqHandshakeThreads, consumer);
     }
   }
   // The staging tile must stay readable until the TMA has added it.

@@ -58,7 +58,9 @@ struct KeyBlockCoordinates {
 template <bool kDeterministic>
 __device__ __forceinline__ KeyBlockCoordinates cta_key_block(const HopperBackwardParams& params, std::int32_t tile) {
   const KeyBlockOfCta cta = key_block_of_cta(params.key_block_order, tile, kDeterministic);
-  const std::int64_t heads_kv = params.backward.heads_kv;
+  // 32-bit division (heads_kv x batch is an int32 tile count): a 64-bit one is a call, which
+  // in a loop over tiles made its callers spill (kernel.cuh's loads: 24 registers).
+  const auto heads_kv = static_cast<std::int32_t>(params.backward.heads_kv);
   return {cta.n_block, cta.head_batch % heads_kv, cta.head_batch / heads_kv};
 }
 
