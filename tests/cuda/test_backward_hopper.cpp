@@ -140,7 +140,7 @@ TEST_F(CudaBackwardHopper, ScheduleFollowsTheEnvironment) {
 // keeps one CTA per tile: its results must not change either.
 TEST_F(CudaBackwardHopper, PersistentGridMatchesThePerTileGrid) {
   struct GridOverride {  // the process's own grid again when the test ends, even on failure
-    ~GridOverride() { cuda::hopper_bwd::override_persistent_grid_ctas_for_testing(-1); }
+    ~GridOverride() { cuda::hopper_bwd::override_persistent_grid_ctas(-1); }
   } restore;
   for (std::int64_t d : kHeadDims)
     for (bool deterministic : {true, false})
@@ -152,11 +152,11 @@ TEST_F(CudaBackwardHopper, PersistentGridMatchesThePerTileGrid) {
         if (!causal) c.window_left = 100, c.window_right = 20;
         SCOPED_TRACE(c.name());
         Problem p(c);
-        cuda::hopper_bwd::override_persistent_grid_ctas_for_testing(0);
+        cuda::hopper_bwd::override_persistent_grid_ctas(0);
         const std::vector<Gradients> per_tile = run_cuda(p, 1);
         for (int ctas : {1, 3, 7}) {
           SCOPED_TRACE("persistent grid of " + std::to_string(ctas) + " CTAs");
-          cuda::hopper_bwd::override_persistent_grid_ctas_for_testing(ctas);
+          cuda::hopper_bwd::override_persistent_grid_ctas(ctas);
           const std::vector<Gradients> persistent = run_cuda(p, deterministic ? 2 : 1);
           for (const Gradients& run : persistent) {
             if (deterministic) EXPECT_TRUE(run.dq.bitwise_equal(per_tile[0].dq)) << "dq differs from the per-tile grid";

@@ -205,7 +205,7 @@ TEST_F(CudaMasksHopperBackward, DeterministicWithMasks) {
 // within the oracle's tolerance.
 TEST_F(CudaMasksHopperBackward, PersistentGridMatchesThePerTileGrid) {
   struct GridOverride {  // the process's own grid again when the test ends, even on failure
-    ~GridOverride() { cuda::hopper_bwd::override_persistent_grid_ctas_for_testing(-1); }
+    ~GridOverride() { cuda::hopper_bwd::override_persistent_grid_ctas(-1); }
   } restore;
   for (const std::int64_t d : {64, 128})
     for (const bool is_bias : {true, false}) {
@@ -213,11 +213,11 @@ TEST_F(CudaMasksHopperBackward, PersistentGridMatchesThePerTileGrid) {
       c.heads_q = 8, c.heads_kv = 2, c.batch = 3, c.deterministic = true, c.is_bias = is_bias, c.causal = !is_bias;
       SCOPED_TRACE(c.name());
       MaskProblem p(c);
-      cuda::hopper_bwd::override_persistent_grid_ctas_for_testing(0);
+      cuda::hopper_bwd::override_persistent_grid_ctas(0);
       const MaskGradients per_tile = run_cuda(p);
       for (const int ctas : {1, 3}) {
         SCOPED_TRACE("persistent grid of " + std::to_string(ctas) + " CTAs");
-        cuda::hopper_bwd::override_persistent_grid_ctas_for_testing(ctas);
+        cuda::hopper_bwd::override_persistent_grid_ctas(ctas);
         const MaskGradients persistent = run_cuda(p);
         EXPECT_TRUE(persistent.dq.bitwise_equal(per_tile.dq)) << "dq differs from the per-tile grid";
         EXPECT_TRUE(persistent.dk.bitwise_equal(per_tile.dk)) << "dk differs from the per-tile grid";

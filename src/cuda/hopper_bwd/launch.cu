@@ -90,7 +90,7 @@ int environment_grid() {
   return grid;
 }
 
-// override_persistent_grid_ctas_for_testing's value; negative: none.
+// override_persistent_grid_ctas's value; negative: none.
 std::atomic<int> grid_override{-1};
 
 }  // namespace
@@ -105,7 +105,7 @@ int persistent_grid_ctas(int device) {
   return grid > 0 && grid < sms ? grid : sms;
 }
 
-void override_persistent_grid_ctas_for_testing(int ctas) { grid_override.store(ctas, std::memory_order_relaxed); }
+void override_persistent_grid_ctas(int ctas) { grid_override.store(ctas, std::memory_order_relaxed); }
 
 namespace {
 

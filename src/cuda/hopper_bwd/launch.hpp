@@ -63,10 +63,11 @@ bool is_l2_section_order_requested();
 // at n CTAs. The environment is read once per process.
 int persistent_grid_ctas(int device);
 
-// Tests only: from now on in this process persistent_grid_ctas returns min(ctas, SMs)
-// (0: one CTA per tile) instead of the environment's choice; a negative value restores it.
-// Lets one process compare the grids (deterministic mode: bitwise).
-void override_persistent_grid_ctas_for_testing(int ctas);
+// Tests and the timing tool (bench/gpu/kernels/hopper_bwd_timing.cu --grids) only: from now
+// on in this process persistent_grid_ctas returns min(ctas, SMs) (0: one CTA per tile)
+// instead of the environment's choice; a negative value restores it. Lets one process
+// compare the grids (deterministic mode: bitwise).
+void override_persistent_grid_ctas(int ctas);
 
 // kDeterministic: the dQ reductions of each query block ordered by key block (needs
 // params.backward.deterministic and the workspace's dq_semaphore; see kernel.cuh); in
