@@ -1033,7 +1033,7 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
   }
   if constexpr (kOverlapped) {
     // The end for the dQ writer: its last arrival on kDqEmpty (after the last step), then
-    // consumer 0's kDqEmpty-marked step.
+    // consumer 0's step marked kDqStepEnd.
     ptx::named_barrier_sync(NamedBarrier::kDqEmptyFirst, kDqHandshakeThreads, consumer);
     if (consumer == 0) {
       if (thread_in_warpgroup == 0) *dq_step_slot = DqStep{0, 0, 0, 0, kDqStepEnd};
