@@ -44,18 +44,18 @@
 // The grid (HopperBackwardParams::grid_ctas, launch.hpp): one CTA per tile, or persistent
 // (FLASHATTN_CUDA_HOPPER_BWD_GRID=persistent: one CTA per SM). Either way CTA b runs one
 // tile of each round of gridDim.x consecutive tiles, b in even rounds and gridDim.x - 1 - b
-// in odd ones (CtaTiles; the per-tile grid: tile b only), so in increasing tile index; the
-// loads and the consumers walk the same tiles and skip the same ones (key_block_work), and
-// the dQ writer takes each step from consumer 0. What runs on across a CTA's tiles: the Q/dO/LSE/D ring (its
-// stages and mbarrier phases count the CTA's steps, not the tile's, and so does the
-// overlapped schedule's dS^T buffer parity), so the next tile's first steps load while the
-// consumers finish the current one; and K/V: the loads wait on kv_empty, which every
-// consumer warp arrives on once its tile's last dQ product (the last reader of K and V)
-// is done, so the next K/V land while the consumers issue their last dK and store dK/dV.
-// Per tile, balanced: kv_full and kv_empty complete one phase per tile with a step; the
-// dQ handshake barriers are arrived on and synced steps times; the accumulators restart.
-// Tiles with keys but no step load nothing and store dK = dV = 0; tiles past a varlen
-// sequence's keys are skipped by every role.
+// in odd ones (CtaTiles, dq_order.hpp; the per-tile grid: tile b only), so in increasing
+// tile index; the loads and the consumers walk the same tiles and skip the same ones
+// (key_block_work), and the dQ writer takes each step from consumer 0. What runs on across
+// a CTA's tiles: the Q/dO/LSE/D ring (its stages and mbarrier phases count the CTA's
+// steps, not the tile's, and so does the overlapped schedule's dS^T buffer parity), so the
+// next tile's first steps load while the consumers finish the current one; and K/V: the
+// loads wait on kv_empty, which every consumer warp arrives on once its tile's last dQ
+// product (the last reader of K and V) is done, so the next K/V land while the consumers
+// issue their last dK and store dK/dV. Per tile, balanced: kv_full and kv_empty complete
+// one phase per tile with a step, the accumulators restart; the dQ handshake barriers
+// once per step and once more at the end. Tiles with keys but no step load nothing and
+// store dK = dV = 0; tiles past a varlen sequence's keys are skipped by every role.
 //
 // Shared-memory tiles: 64-column panels, 128-byte swizzle (see hopper/kernel.cuh).
 // dS^T is one panel: row = key, 64 query columns.
@@ -156,39 +156,6 @@ struct KeyBlockWork {
   std::int32_t n0, kv_rows;
   MaskRule mask;  // the sequence's lengths and window
   int m_block_begin, m_blocks, steps;
-};
-
-// The CTA's walk of the tiles (every role alike): rounds of gridDim.x consecutive tiles of
-// the order, the CTA taking the round's blockIdx.x-th tile in even rounds and its
-// (gridDim.x - 1 - blockIdx.x)-th in odd ones. Increasing tile indices per CTA (the
-// deterministic mode's deadlock argument, top of kernel.cuh); the reversal pairs a CTA's
-// heavy tiles with light ones under causal masks: in the flat order tile t has key block
-// t % key_blocks, and with the stride alone a CTA whose gridDim.x is not a multiple of the
-// key blocks met only a few key blocks (1k causal at d128: two of eight, so some CTAs
-// twice the work of others). The per-tile grid: one round, tile blockIdx.x.
-class CtaTiles {
- public:
-  __device__ explicit CtaTiles(std::int32_t num_tiles) : num_tiles_(static_cast<std::uint32_t>(num_tiles)) {}
-  // The next tile into `tile`; false when the CTA is done (rounds past num_tiles). A tile
-  // index past num_tiles in the last round is skipped.
-  __device__ bool next(std::int32_t& tile) {
-    while (round_start_ < num_tiles_) {
-      const std::uint32_t in_round = is_reversed_ ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
-      const std::uint32_t candidate = round_start_ + in_round;
-      round_start_ += gridDim.x;  // below 2^32: num_tiles and gridDim.x are below 2^31
-      is_reversed_ = !is_reversed_;
-      if (candidate < num_tiles_) {
-        tile = static_cast<std::int32_t>(candidate);
-        return true;
-      }
-    }
-    return false;
-  }
-
- private:
-  std::uint32_t num_tiles_;
-  std::uint32_t round_start_ = 0;
-  bool is_reversed_ = false;
 };
 
 // The overlapped schedule's step as consumer 0 hands it to the dQ writer (kernel below),
@@ -436,7 +403,7 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
     // tile's first kStages - 1 steps, whose stages the previous tile has freed by then.
     int ring = 0;
     int kv_loads = 0;
-    CtaTiles tiles(num_tiles());
+    CtaTiles tiles(static_cast<std::int32_t>(blockIdx.x), static_cast<std::int32_t>(gridDim.x), num_tiles());
     for (std::int32_t tile; tiles.next(tile);) {
       KeyBlockWork work;
       if (!key_block_work<kBlockM, kBlockN, kDeterministic>(params, tile, work) || work.steps == 0) continue;
@@ -560,7 +527,7 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
   // run on across tiles, as the producer's), and the K/V tiles consumed (kv_full's phase).
   int ring_base = 0;
   int kv_loads = 0;
-  CtaTiles tiles(num_tiles());
+  CtaTiles tiles(static_cast<std::int32_t>(blockIdx.x), static_cast<std::int32_t>(gridDim.x), num_tiles());
   for (std::int32_t tile; tiles.next(tile);) {
     KeyBlockWork work;
     if (!key_block_work<kBlockM, kBlockN, kDeterministic>(params, tile, work)) continue;
