@@ -8,6 +8,7 @@
 // index of (sequence, query block, head) is unique and inside the workspace section.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <set>
 #include <sstream>
@@ -177,6 +178,51 @@ TEST(HopperBwdDqOrder, CtaOrderIsABijectionAndKeepsTheTurnsAhead) {
               else EXPECT_LT(lower, higher) << "key block " << n << " (more query blocks) after " << n + 1;
             }
         }
+}
+
+// kernel.cuh's walk of the tiles (CtaTiles): every tile exactly once over the CTAs, in
+// increasing order per CTA (the deterministic mode cannot deadlock otherwise), one tile per
+// CTA in the per-tile grid; and under the causal weights of the flat order (tile t: key
+// block t % key_blocks, weight key_blocks - key block) the busiest CTA does at most the
+// work of the lightest plus one heaviest tile, where the plain stride gave some CTAs twice
+// the work of others (132 CTAs, 8 key blocks).
+TEST(HopperBwdDqOrder, CtaTilesCoverEveryTileOnceInIncreasingOrder) {
+  for (const std::int32_t num_tiles : {1, 2, 7, 64, 131, 132, 133, 263, 264, 2048, 4099})
+    for (const std::int32_t ctas : {1, 2, 3, 7, 66, 132}) {
+      if (ctas > num_tiles) continue;
+      SCOPED_TRACE("num_tiles " + std::to_string(num_tiles) + " ctas " + std::to_string(ctas));
+      std::vector<int> seen(static_cast<std::size_t>(num_tiles), 0);
+      for (std::int32_t cta = 0; cta < ctas; ++cta) {
+        CtaTiles tiles(cta, ctas, num_tiles);
+        std::int32_t previous = -1;
+        for (std::int32_t tile; tiles.next(tile);) {
+          ASSERT_GE(tile, 0);
+          ASSERT_LT(tile, num_tiles);
+          EXPECT_GT(tile, previous) << "cta " << cta;
+          previous = tile;
+          ++seen[static_cast<std::size_t>(tile)];
+        }
+      }
+      for (std::int32_t tile = 0; tile < num_tiles; ++tile) EXPECT_EQ(seen[static_cast<std::size_t>(tile)], 1) << tile;
+    }
+  for (const std::int32_t num_tiles : {1, 5, 132})
+    for (std::int32_t cta = 0; cta < num_tiles; ++cta) {
+      CtaTiles tiles(cta, num_tiles, num_tiles);
+      std::int32_t tile = -1;
+      ASSERT_TRUE(tiles.next(tile));
+      EXPECT_EQ(tile, cta);
+      EXPECT_FALSE(tiles.next(tile));
+    }
+  const std::int32_t key_blocks = 8, ctas = 132, num_tiles = key_blocks * 256;
+  std::int64_t lightest = INT64_MAX, busiest = 0;
+  for (std::int32_t cta = 0; cta < ctas; ++cta) {
+    CtaTiles tiles(cta, ctas, num_tiles);
+    std::int64_t work = 0;
+    for (std::int32_t tile; tiles.next(tile);) work += key_blocks - tile % key_blocks;
+    lightest = std::min(lightest, work);
+    busiest = std::max(busiest, work);
+  }
+  EXPECT_LE(busiest, lightest + key_blocks);
 }
 
 }  // namespace

@@ -98,4 +98,40 @@ FLASHATTN_HOST_DEVICE KeyBlockOfCta key_block_of_cta(const hopper::TileOrder& or
   return {deterministic ? at.m_block : order.num_m_blocks - 1 - at.m_block, at.head_batch};
 }
 
+// The tiles CTA `cta` of `ctas` runs (kernel.cuh; every role walks them alike): rounds of
+// `ctas` consecutive tiles of the order, the CTA taking the round's cta-th tile in even
+// rounds and its (ctas - 1 - cta)-th in odd ones; indices past num_tiles (the last round)
+// are skipped. Every tile once over the CTAs, increasing per CTA (the deterministic mode's
+// deadlock argument, top of kernel.cuh). The reversal pairs a CTA's heavy tiles with light
+// ones under causal masks: in the flat order tile t has key block t % key_blocks, and with
+// the plain stride (cta, cta + ctas, ...) a CTA met few key blocks when ctas is not a
+// multiple of them (1k causal at d128, 132 CTAs, 8 key blocks: two of eight, some CTAs twice
+// the work of others). ctas == num_tiles (one CTA per tile): tile cta only.
+// tests/cuda/test_hopper_bwd_dq_order.cpp checks both properties.
+class CtaTiles {
+ public:
+  FLASHATTN_HOST_DEVICE CtaTiles(std::int32_t cta, std::int32_t ctas, std::int32_t num_tiles)
+      : cta_(static_cast<std::uint32_t>(cta)),
+        ctas_(static_cast<std::uint32_t>(ctas)),
+        num_tiles_(static_cast<std::uint32_t>(num_tiles)) {}
+  // The next tile into `tile`; false when the CTA is done.
+  FLASHATTN_HOST_DEVICE bool next(std::int32_t& tile) {
+    while (round_start_ < num_tiles_) {
+      const std::uint32_t candidate = round_start_ + (is_reversed_ ? ctas_ - 1 - cta_ : cta_);
+      round_start_ += ctas_;  // below 2^32: num_tiles and ctas are below 2^31
+      is_reversed_ = !is_reversed_;
+      if (candidate < num_tiles_) {
+        tile = static_cast<std::int32_t>(candidate);
+        return true;
+      }
+    }
+    return false;
+  }
+
+ private:
+  std::uint32_t cta_, ctas_, num_tiles_;
+  std::uint32_t round_start_ = 0;
+  bool is_reversed_ = false;
+};
+
 }  // namespace flashattn::cuda::hopper_bwd

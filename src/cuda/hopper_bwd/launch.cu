@@ -3,13 +3,16 @@
 // kernels.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstdint>
 #include <cstdlib>
 #include <string>
 
 #include "flashattn/error.hpp"
 #include "src/cuda/common/alibi_path.hpp"
+#include "src/cuda/common/check.cuh"
 #include "src/cuda/head_dims.hpp"
 #include "src/cuda/hopper/launch.hpp"
 #include "src/cuda/hopper_bwd/launch.hpp"
@@ -59,6 +62,50 @@ bool is_l2_section_order_requested() {
   }();
   return requested;
 }
+
+namespace {
+
+// Multiprocessors of a device, asked once per device index.
+int multiprocessor_count(int device) {
+  constexpr int kMaxCachedDevices = 64;
+  static std::atomic<int> cached[kMaxCachedDevices];
+  int count = device >= 0 && device < kMaxCachedDevices ? cached[device].load(std::memory_order_relaxed) : 0;
+  if (count == 0) {
+    FLASHATTN_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
+    if (device >= 0 && device < kMaxCachedDevices) cached[device].store(count, std::memory_order_relaxed);
+  }
+  return count;
+}
+
+// The environment's grid: 0 = one CTA per tile, -1 = persistent on every SM, n > 0 =
+// persistent with at most n CTAs.
+int environment_grid() {
+  static const int grid = [] {
+    const char* value = std::getenv("FLASHATTN_CUDA_HOPPER_BWD_GRID");
+    if (value == nullptr || std::string(value) != "persistent") return 0;
+    const char* ctas = std::getenv("FLASHATTN_CUDA_HOPPER_BWD_GRID_CTAS");
+    const int cap = ctas != nullptr ? std::atoi(ctas) : 0;
+    return cap > 0 ? cap : -1;
+  }();
+  return grid;
+}
+
+// override_persistent_grid_ctas's value; negative: none.
+std::atomic<int> grid_override{-1};
+
+}  // namespace
+
+int persistent_grid_ctas(int device) {
+  const int overridden = grid_override.load(std::memory_order_relaxed);
+  const int grid = overridden >= 0 ? overridden : environment_grid();
+  if (grid == 0) return 0;
+  // All CTAs resident at once (one per SM: the kernel's shared memory and registers allow
+  // no second), which the deterministic mode's turns need (kernel.cuh).
+  const int sms = multiprocessor_count(device);
+  return grid > 0 && grid < sms ? grid : sms;
+}
+
+void override_persistent_grid_ctas(int ctas) { grid_override.store(ctas, std::memory_order_relaxed); }
 
 namespace {
 
@@ -161,6 +208,7 @@ HopperBackwardParams make_params_with_boxes(const BackwardParams& params, const 
 HopperBackwardParams make_backward_params(const BackwardParams& params, const bwd::Workspace& workspace,
                                           const HopperBwdTileConfig& config, BackwardSchedule schedule) {
   HopperBackwardParams hopper_params = make_params_with_boxes(params, workspace, config.block_m, config.block_n);
+  hopper_params.grid_ctas = persistent_grid_ctas(params.device.index);
   // dq_accum as (head_dim, rows of a head, heads_q, 1) fp32 (bwd/workspace.hpp: row
   // h * dq_head_stride + packed row): the overlapped schedule's TMA reductions of one
   // consumer's 32-column panels (64 rows each). Its rows are below total_q + kMaxBlockM,

@@ -35,9 +35,12 @@ struct HopperBackwardParams {
   // (head_dim, dq rows of a head, heads_q, 1) over workspace.dq_accum, box (32 columns, 64
   // rows, 1, 1), 128-byte swizzle; zero when unused.
   CUtensorMap dq_accum_map;
-  // Which (key block, kv head, sequence) CTA blockIdx.x runs (pipeline.cuh: cta_key_block):
+  // Which (key block, kv head, sequence) tile t is (pipeline.cuh: cta_key_block):
   // hopper::TileOrder over (key blocks) x (heads_kv x batch), flat or in L2 sections.
   hopper::TileOrder key_block_order;
+  // kernel.cuh's grid (host only): 0 = one CTA per tile; n > 0 = at most n CTAs, CTA b
+  // running tiles b, b + gridDim.x, ... (persistent_grid_ctas). The wide kernel ignores it.
+  int grid_ctas = 0;
 };
 
 // The schedule kernel.cuh runs (tile_config.hpp): FLASHATTN_CUDA_HOPPER_BWD_SCHEDULE=
@@ -51,6 +54,20 @@ BackwardSchedule backward_schedule();
 // inside a section (first key block first: under a causal mask the longest CTAs first;
 // deterministic: last first, the turns' order). Read once per process.
 bool is_l2_section_order_requested();
+
+// kernel.cuh's grid on `device` (head dims 64, 128; the wide kernel keeps one CTA per
+// tile): 0 = one CTA per tile (the default); with FLASHATTN_CUDA_HOPPER_BWD_GRID=persistent
+// one CTA per SM, each looping over its tiles so that a tile's K/V and first Q/dO loads
+// overlap the previous tile's last steps and dK/dV stores (kernel.cuh).
+// FLASHATTN_CUDA_HOPPER_BWD_GRID_CTAS=n (tests: many tiles per CTA) caps the persistent grid
+// at n CTAs. The environment is read once per process.
+int persistent_grid_ctas(int device);
+
+// Tests and the timing tool (bench/gpu/kernels/hopper_bwd_timing.cu --grids) only: from now
+// on in this process persistent_grid_ctas returns min(ctas, SMs) (0: one CTA per tile)
+// instead of the environment's choice; a negative value restores it. Lets one process
+// compare the grids (deterministic mode: bitwise).
+void override_persistent_grid_ctas(int ctas);
 
 // kDeterministic: the dQ reductions of each query block ordered by key block (needs
 // params.backward.deterministic and the workspace's dq_semaphore; see kernel.cuh); in

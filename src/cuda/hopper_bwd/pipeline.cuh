@@ -52,13 +52,15 @@ struct KeyBlockCoordinates {
   std::int64_t n_block, head_kv, batch;
 };
 
-// The (key block, kv head, sequence) of CTA blockIdx.x in params.key_block_order
-// (dq_order.hpp: key_block_of_cta).
+// The (key block, kv head, sequence) of tile `tile` in params.key_block_order
+// (dq_order.hpp: key_block_of_cta): blockIdx.x in a per-tile grid; kernel.cuh's persistent
+// grid walks blockIdx.x, + gridDim.x, ...
 template <bool kDeterministic>
-__device__ __forceinline__ KeyBlockCoordinates cta_key_block(const HopperBackwardParams& params) {
-  const KeyBlockOfCta cta =
-      key_block_of_cta(params.key_block_order, static_cast<std::int32_t>(blockIdx.x), kDeterministic);
-  const std::int64_t heads_kv = params.backward.heads_kv;
+__device__ __forceinline__ KeyBlockCoordinates cta_key_block(const HopperBackwardParams& params, std::int32_t tile) {
+  const KeyBlockOfCta cta = key_block_of_cta(params.key_block_order, tile, kDeterministic);
+  // 32-bit division (heads_kv x batch is an int32 tile count): a 64-bit one is a call, which
+  // in a loop over tiles made its callers spill (kernel.cuh's loads: 24 registers).
+  const auto heads_kv = static_cast<std::int32_t>(params.backward.heads_kv);
   return {cta.n_block, cta.head_batch % heads_kv, cta.head_batch / heads_kv};
 }
 
@@ -233,20 +235,26 @@ __device__ __forceinline__ void ordered_reduce_add(const BackwardParams& attenti
 }
 #endif
 
-// Launches `kernel` (one CTA per key block of block_n keys x kv head x sequence) with
-// `shared_bytes` of dynamic shared memory for already checked params. Above 48 KB a
-// kernel must opt in, once per device: `opted_in_devices` is the kernel's own record.
-// No allocation, no synchronisation.
+// Launches `kernel` (one tile per key block of block_n keys x kv head x sequence) with
+// `shared_bytes` of dynamic shared memory for already checked params: one CTA per tile,
+// or with max_ctas > 0 at most max_ctas CTAs, each looping over tiles (kernel.cuh's
+// persistent grid; the kernel must loop). Above 48 KB a kernel must opt in, once per
+// device: `opted_in_devices` is the kernel's own record. No allocation, no synchronisation.
 template <class Kernel>
 void launch_per_key_block(Kernel* kernel, std::atomic<std::uint64_t>& opted_in_devices, const HopperBackwardParams& params,
-                          int block_n, int threads, int shared_bytes, cudaStream_t stream) {
+                          int block_n, int threads, int shared_bytes, cudaStream_t stream, int max_ctas = 0) {
   const BackwardParams& attention = params.backward;
   const std::int64_t num_n_blocks = (attention.seqlen_k + block_n - 1) / block_n;
-  const std::int64_t num_ctas = num_n_blocks * attention.heads_kv * attention.batch;
-  if (num_ctas == 0) return;
-  if (num_ctas > INT_MAX)
+  const std::int64_t num_tiles = num_n_blocks * attention.heads_kv * attention.batch;
+  if (num_tiles == 0) return;
+  if (num_tiles > INT_MAX)
     throw NotSupported("flashattn: cuda backward: too many key blocks x heads x batch for one launch (" +
-                       std::to_string(num_ctas) + ")");
+                       std::to_string(num_tiles) + ")");
+  // The kernel's loop bound is the order's tile count: it must be this grid's.
+  if (static_cast<std::int64_t>(params.key_block_order.num_m_blocks) * params.key_block_order.num_heads_batches !=
+      num_tiles)
+    throw Error("flashattn: cuda backward: the Hopper CTA order was made for other tiles");
+  const std::int64_t num_ctas = max_ctas > 0 && max_ctas < num_tiles ? max_ctas : num_tiles;
   int device = 0;
   FLASHATTN_CUDA_CHECK(cudaGetDevice(&device));
   const std::uint64_t device_bit = device < 64 ? (std::uint64_t{1} << device) : 0;
