@@ -134,4 +134,40 @@ class CtaTiles {
   bool is_reversed_ = false;
 };
 
+// The tiles CTA `cta` of `ctas` runs under the dynamic persistent grid (kernel.cuh,
+// FLASHATTN_CUDA_HOPPER_BWD_GRID=dynamic): tile cta first, then tile ctas + c for each value
+// c that `claim` draws from the grid's counter (kernel: atomicAdd on the workspace's, zeroed
+// by the preprocess), until one reaches num_tiles. Every tile once over the CTAs (the first
+// ctas by blockIdx, the rest by the counter, which hands out every value once), and
+// increasing per CTA, since the counter only grows. Deterministic mode (top of kernel.cuh):
+// when a tile waits for tile t' < t, t' has been claimed (the counter handed out every value
+// below t's), and its CTA runs it after its own lower tiles only. ctas == num_tiles: tile
+// cta only, no claim. tests/cuda/test_hopper_bwd_dq_order.cpp checks both properties and
+// simulates the deterministic waits under interleaved claims.
+class ClaimedTiles {
+ public:
+  FLASHATTN_HOST_DEVICE ClaimedTiles(std::int32_t cta, std::int32_t ctas, std::int32_t num_tiles)
+      : first_(static_cast<std::uint32_t>(cta)),
+        ctas_(static_cast<std::uint32_t>(ctas)),
+        num_tiles_(static_cast<std::uint32_t>(num_tiles)) {}
+  // The next tile into `tile`; false when the CTA is done. claim(): the counter's next value
+  // (32-bit: ctas + value stays below 2^32, num_tiles and ctas being below 2^31).
+  template <class Claim>
+  FLASHATTN_HOST_DEVICE bool next(std::int32_t& tile, Claim&& claim) {
+    std::uint32_t candidate = first_;
+    if (is_first_taken_) {
+      if (ctas_ >= num_tiles_) return false;  // nothing past the first tiles: no claim
+      candidate = ctas_ + static_cast<std::uint32_t>(claim());
+    }
+    is_first_taken_ = true;
+    if (candidate >= num_tiles_) return false;
+    tile = static_cast<std::int32_t>(candidate);
+    return true;
+  }
+
+ private:
+  std::uint32_t first_, ctas_, num_tiles_;
+  bool is_first_taken_ = false;
+};
+
 }  // namespace flashattn::cuda::hopper_bwd

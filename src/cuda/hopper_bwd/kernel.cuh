@@ -118,6 +118,7 @@
 #include <cstdint>
 #include <cuda/ptx>
 #include <string>
+#include <type_traits>
 
 #include "flashattn/error.hpp"
 #include "flashattn/mask.hpp"
@@ -128,6 +129,7 @@
 #include "src/cuda/common/named_barriers.hpp"
 #include "src/cuda/common/numeric.cuh"
 #include "src/cuda/common/swizzle.cuh"
+#include "src/cuda/hopper/tile_queue.cuh"
 #include "src/cuda/hopper_bwd/dq_order.hpp"
 #include "src/cuda/hopper_bwd/launch.hpp"
 #include "src/cuda/hopper_bwd/pipeline.cuh"
@@ -167,6 +169,29 @@ struct DqStep {
 inline constexpr std::int32_t kDqStepLastOfTile = 1;  // the tile's last step: publish its turn at once
 inline constexpr std::int32_t kDqStepEnd = 2;         // no step: the consumers are done
 inline constexpr int kDqStepSlotOffset = 192;
+
+// The tile queue (hopper/tile_queue.cuh): the scheduler lane (the producer warpgroup's warp
+// kSchedulerWarp) puts each tile of the CTA's walk, the loads thread and every consumer warp
+// take it; its mbarriers full[2], empty[2] and slots[2] from this offset of the barrier bytes.
+inline constexpr int kTileQueueOffset = 64;
+inline constexpr int kSchedulerWarp = 2;
+inline constexpr std::int32_t kNoTile = -1;  // the queue's end: every reader stops there
+
+// What the Q/dO loads thread needs of a queued tile, decoded once by the scheduler lane
+// (key_block_work) and written beside the queue's slot before the tile is put: the loads
+// thread reads it from shared memory at each step and releases the slot after the tile's
+// last loads (24 registers: decoding the tile itself, or holding the decoded tile across
+// its steps, made it spill in every step).
+struct TileLoads {
+  std::int64_t stats_start;       // the sequence's first statistics row
+  std::int32_t steps;             // -1: the queue's end; 0: nothing to load
+  std::int32_t q_start;           // the sequence's first query row (a TMA coordinate)
+  std::int32_t batch_coordinate;  // the tensor maps' batch (0 when varlen)
+  std::int32_t head_q0;           // the group's first query head
+  std::int32_t m_block_begin, m_blocks;
+  std::int32_t batch, head_kv, n_block;  // a device mask's lists
+};
+inline constexpr int kTileLoadsOffset = 256;  // [2], one per queue slot
 
 // The work of tile `tile`; false when its keys lie past its sequence (varlen: no step and
 // no dK/dV row), a tile every role skips. A tile with keys and no step (no query row sees
@@ -239,7 +264,9 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
                 "one dQ handshake barrier of each kind per consumer");
   static_assert(128 * kConfig.producer_registers() + kConsumerThreads * kConfig.consumer_registers() <= 65536,
                 "register file: 64K 32-bit registers per SM");
-  static_assert((2 + 2 * kStages) * 8 <= kListedStepSlotsOffset &&
+  static_assert(kTileLoadsOffset + 2 * static_cast<int>(sizeof(TileLoads)) <= HopperBwdTileConfig::kBarrierBytes,
+                "tile slots exceed the barrier bytes");
+  static_assert((2 + 2 * kStages) * 8 <= kTileQueueOffset && kTileQueueOffset + 4 * 8 + 2 * 4 <= kListedStepSlotsOffset &&
                     kListedStepSlotsOffset + kStages * static_cast<int>(sizeof(ListedStep)) <= kDqStepSlotOffset &&
                     kDqStepSlotOffset + static_cast<int>(sizeof(DqStep)) <= 256,
                 "mbarriers and step slots exceed their 256 bytes");
@@ -292,6 +319,13 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
   auto* step_slots = reinterpret_cast<ListedStep*>(shared_base + kConfig.barrier_offset() + kListedStepSlotsOffset);
   // Overlapped schedule: the step whose dQ consumer 0 has staged, for the dQ writer.
   auto* dq_step_slot = reinterpret_cast<DqStep*>(shared_base + kConfig.barrier_offset() + kDqStepSlotOffset);
+  // The CTA's tiles, from the scheduler lane to the loads thread and the consumer warps.
+  std::uint64_t* queue_barriers =
+      reinterpret_cast<std::uint64_t*>(shared_base + kConfig.barrier_offset() + kTileQueueOffset);
+  const hopper::TileQueue tile_queue{queue_barriers, queue_barriers + 2,
+                                     reinterpret_cast<std::int32_t*>(queue_barriers + 4)};
+  constexpr int kTileReaders = 1 + kConsumerWarps;  // the loads thread, every consumer warp
+  auto* tile_loads = reinterpret_cast<TileLoads*>(shared_base + kConfig.barrier_offset() + kTileLoadsOffset);
 
   if (threadIdx.x == 0) {
     ::cuda::ptx::mbarrier_init(kv_full, 1);
@@ -299,6 +333,10 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
     for (int stage = 0; stage < kStages; ++stage) {
       ::cuda::ptx::mbarrier_init(&full[stage], 1);
       ::cuda::ptx::mbarrier_init(&empty[stage], kConsumerWarps);
+    }
+    for (int slot = 0; slot < 2; ++slot) {
+      ::cuda::ptx::mbarrier_init(&tile_queue.full[slot], 1);
+      ::cuda::ptx::mbarrier_init(&tile_queue.empty[slot], kTileReaders);
     }
     ::cuda::ptx::fence_mbarrier_init(::cuda::ptx::sem_release, ::cuda::ptx::scope_cluster);
   }
@@ -393,78 +431,129 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
         return;
       }
     }
-    if (threadIdx.x != 0) return;
-    // ---- loads: thread 0 --------------------------------------------------------------
-    // The ring of stages runs on across the CTA's tiles (step `ring` of the CTA: stage ring
-    // % kStages), so the next tile's first steps load while the consumers finish this one.
-    // K and V: the first tile's before its first step; a later tile's once every consumer
-    // warp is done reading the previous ones (kv_empty: after the dQ product of the tile's
-    // last step, before the dK/dV stores, which the load then overlaps), after the next
-    // tile's first kStages - 1 steps, whose stages the previous tile has freed by then.
-    int ring = 0;
-    int kv_loads = 0;
-    CtaTiles tiles(static_cast<std::int32_t>(blockIdx.x), static_cast<std::int32_t>(gridDim.x), num_tiles());
-    for (std::int32_t tile; tiles.next(tile);) {
-      KeyBlockWork work;
-      if (!key_block_work<kBlockM, kBlockN, kDeterministic>(params, tile, work) || work.steps == 0) continue;
-      const int steps = work.steps;
-      const std::int32_t batch_coordinate = attention.is_varlen() ? 0 : static_cast<std::int32_t>(work.batch);
-      const std::int64_t stats_start = bwd::Workspace::stats_start(attention, work.batch);
-      // Query rows of the sequence start here (rows below 2^31: why_unsupported).
-      const auto q_start = static_cast<std::int32_t>(attention.q_start(work.batch));
-      // The tile's steps are the ring's [ring, ring_end); K and V load before step kv_ring.
-      const int ring_end = ring + steps;
-      const int kv_ring = ring + (kv_loads == 0 ? 0 : (steps < kStages - 1 ? steps : kStages - 1));
-      auto load_kv = [&]() {
+    if (threadIdx.x / 32 == kSchedulerWarp) {
+      if (threadIdx.x % 32 != 0) return;
+      // ---- scheduler lane and K/V loads: warp kSchedulerWarp's lane 0 ---------------------
+      // Puts the CTA's tiles into the queue in walk order (the static walk, CtaTiles, or the
+      // counter's claims, ClaimedTiles: dq_order.hpp; one loop each, so that each holds only
+      // its walk), each with its TileLoads, then kNoTile. After putting a tile it loads the
+      // tile's K and V once every consumer warp is done reading the previous tile's
+      // (kv_empty: after the dQ product of its last step, before its last dK and the dK/dV
+      // stores, which the load overlaps), and only then takes the next tile: a claim runs
+      // about one tile ahead of the consumers (the queue would allow two), so the counter's
+      // last tiles go to the CTAs that finish first. Tiles without a step (or past their
+      // sequence) load no K/V.
+      int taken = 0;
+      int kv_loads = 0;
+      auto schedule = [&](std::int32_t tile) {
+        const int slot = taken & 1;
+        tile_queue.wait_free(taken);
+        KeyBlockWork work;
+        const bool has_keys = key_block_work<kBlockM, kBlockN, kDeterministic>(params, tile, work);
+        const std::int32_t steps = has_keys ? work.steps : 0;
+        TileLoads& loads = tile_loads[slot];
+        loads.steps = steps;
+        if (steps > 0) {
+          loads.stats_start = bwd::Workspace::stats_start(attention, work.batch);
+          loads.q_start = static_cast<std::int32_t>(attention.q_start(work.batch));
+          loads.batch_coordinate = attention.is_varlen() ? 0 : work.batch;
+          loads.head_q0 = static_cast<std::int32_t>(work.head_kv * attention.group_size);
+          loads.m_block_begin = work.m_block_begin;
+          loads.m_blocks = work.m_blocks;
+          loads.batch = work.batch;
+          loads.head_kv = work.head_kv;
+          loads.n_block = work.n_block;
+        }
+        tile_queue.put(taken, tile);
+        ++taken;
+        if (steps == 0) return;
         if (kv_loads > 0) ptx::mbarrier_wait(kv_empty, (kv_loads - 1) & 1);
         ++kv_loads;
         const std::int32_t k_row = static_cast<std::int32_t>(attention.k_start(work.batch) + work.n0);
+        const std::int32_t batch_coordinate = attention.is_varlen() ? 0 : work.batch;
         ::cuda::ptx::mbarrier_arrive_expect_tx(::cuda::ptx::sem_release, ::cuda::ptx::scope_cta,
                                                ::cuda::ptx::space_shared, kv_full, 2 * kKVBytes);
         load_panels<kPanels, kBlockN>(shared_k, &params.k_map, k_row, work.head_kv, batch_coordinate, kv_full);
         load_panels<kPanels, kBlockN>(shared_v, &params.v_map, k_row, work.head_kv, batch_coordinate, kv_full);
       };
-      // Step `ring`: its stage (once free), the listed step into the stage's slot (released
-      // to the consumers by the "full" arrival), then Q, dO, LSE and D.
-      auto load_step = [&](std::int32_t head_q, std::int32_t m_block, const ListedStep& listed) {
-        if (ring == kv_ring) load_kv();
-        const int stage = ring % kStages;
-        if (ring >= kStages) ptx::mbarrier_wait(&empty[stage], ((ring / kStages) - 1) & 1);
-        ++ring;
-        if (is_listed) step_slots[stage] = listed;
-        ::cuda::ptx::mbarrier_arrive_expect_tx(::cuda::ptx::sem_release, ::cuda::ptx::scope_cta,
-                                               ::cuda::ptx::space_shared, &full[stage],
-                                               2 * kQBytes + 2 * kStatsBytes);
-        const std::int32_t q_row = q_start + m_block * kBlockM;
-        const int offset = stage * kBlockM * kHeadDim;
-        load_panels<kPanels, kBlockM>(shared_q + offset, &params.q_map, q_row, head_q, batch_coordinate, &full[stage]);
-        load_panels<kPanels, kBlockM>(shared_do + offset, &params.dout_map, q_row, head_q, batch_coordinate,
-                                      &full[stage]);
-        load_statistics(shared_lse + stage * kBlockM, shared_dsum + stage * kBlockM, workspace,
-                        head_q * workspace.stats_head_stride + stats_start + m_block * kBlockM, kStatsBytes,
-                        &full[stage]);
-      };
-      // Two loops, so that each holds only its own walk (24 registers, as the dQ writer).
-      if (is_listed) {
-        ListedSteps listed_steps(key_tile_lists, work.batch, work.head_kv * attention.group_size,
-                                 attention.group_size, work.n_block);
-        while (ring < ring_end) {
-          const ListedStep listed = listed_steps.next();
-          load_step(listed.head_q, listed.m_block, listed);
-        }
+      if (params.maybe_tile_counter != nullptr) {
+        ClaimedTiles tiles(static_cast<std::int32_t>(blockIdx.x), static_cast<std::int32_t>(gridDim.x), num_tiles());
+        for (std::int32_t tile; tiles.next(tile, [&]() { return atomicAdd(params.maybe_tile_counter, 1); });)
+          schedule(tile);
       } else {
-        // The interval's steps, counted (32-bit, no division).
-        auto head_q = static_cast<std::int32_t>(work.head_kv * attention.group_size);
-        std::int32_t m_block = work.m_block_begin;
-        while (ring < ring_end) {
-          load_step(head_q, m_block, ListedStep{});
-          if (++m_block == work.m_block_begin + work.m_blocks) {
-            m_block = work.m_block_begin;
-            ++head_q;
+        CtaTiles tiles(static_cast<std::int32_t>(blockIdx.x), static_cast<std::int32_t>(gridDim.x), num_tiles());
+        for (std::int32_t tile; tiles.next(tile);) schedule(tile);
+      }
+      tile_queue.wait_free(taken);
+      tile_loads[taken & 1].steps = -1;
+      tile_queue.put(taken, kNoTile);
+      return;
+    }
+    if (threadIdx.x != 0) return;
+    // ---- Q/dO loads: thread 0 -----------------------------------------------------------
+    // The tiles from the queue, each read from its TileLoads (shared memory) at every step;
+    // the slot is released after the tile's last loads. The ring of stages runs on across
+    // the CTA's tiles (step `ring` of the CTA: stage ring % kStages), so the next tile's first
+    // steps load while the consumers finish this one.
+    // One loop over the tiles per kind of walk (a device mask's lists or the interval), so
+    // that the interval's loop state is not spilled for the lists' (which need more).
+    auto load_tiles = [&](auto listed_walk) {
+      constexpr bool kIsListed = decltype(listed_walk)::value;
+      int ring = 0;
+      for (int taken = 0;; ++taken) {
+        const int slot = taken & 1;
+        ptx::mbarrier_wait(&tile_queue.full[slot], (taken >> 1) & 1);
+        const TileLoads& loads = tile_loads[slot];
+        if (loads.steps < 0) break;
+        const int ring_end = ring + loads.steps;  // the tile's steps are the ring's [ring, ring_end)
+        // Step `ring`: its stage (once free), the listed step into the stage's slot (released
+        // to the consumers by the "full" arrival), then Q, dO, LSE and D.
+        auto load_step = [&](std::int32_t head_q, std::int32_t m_block, const ListedStep& listed) {
+          const int stage = ring % kStages;
+          if (ring >= kStages) ptx::mbarrier_wait(&empty[stage], ((ring / kStages) - 1) & 1);
+          ++ring;
+          if constexpr (kIsListed) step_slots[stage] = listed;
+          ::cuda::ptx::mbarrier_arrive_expect_tx(::cuda::ptx::sem_release, ::cuda::ptx::scope_cta,
+                                                 ::cuda::ptx::space_shared, &full[stage],
+                                                 2 * kQBytes + 2 * kStatsBytes);
+          const std::int32_t q_row = loads.q_start + m_block * kBlockM;
+          const std::int32_t batch_coordinate = loads.batch_coordinate;
+          const int offset = stage * kBlockM * kHeadDim;
+          load_panels<kPanels, kBlockM>(shared_q + offset, &params.q_map, q_row, head_q, batch_coordinate,
+                                        &full[stage]);
+          load_panels<kPanels, kBlockM>(shared_do + offset, &params.dout_map, q_row, head_q, batch_coordinate,
+                                        &full[stage]);
+          load_statistics(shared_lse + stage * kBlockM, shared_dsum + stage * kBlockM, workspace,
+                          head_q * workspace.stats_head_stride + loads.stats_start + m_block * kBlockM, kStatsBytes,
+                          &full[stage]);
+        };
+        if constexpr (kIsListed) {
+          ListedSteps listed_steps(key_tile_lists, loads.batch, loads.head_kv * attention.group_size,
+                                   attention.group_size, loads.n_block);
+          while (ring < ring_end) {
+            const ListedStep listed = listed_steps.next();
+            load_step(listed.head_q, listed.m_block, listed);
+          }
+        } else {
+          // The interval's steps, counted (32-bit, no division).
+          std::int32_t head_q = loads.head_q0;
+          std::int32_t m_block = loads.m_block_begin;
+          while (ring < ring_end) {
+            load_step(head_q, m_block, ListedStep{});
+            if (++m_block == loads.m_block_begin + loads.m_blocks) {
+              m_block = loads.m_block_begin;
+              ++head_q;
+            }
           }
         }
+        // The tile's slot (and its TileLoads) may take the CTA's next tile but one.
+        ::cuda::ptx::mbarrier_arrive(&tile_queue.empty[slot]);
       }
-      if (kv_ring == ring_end) load_kv();
+    };
+    if (is_listed) {
+      load_tiles(std::true_type{});
+    } else {
+      load_tiles(std::false_type{});
     }
     return;
   }
@@ -527,8 +616,9 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
   // run on across tiles, as the producer's), and the K/V tiles consumed (kv_full's phase).
   int ring_base = 0;
   int kv_loads = 0;
-  CtaTiles tiles(static_cast<std::int32_t>(blockIdx.x), static_cast<std::int32_t>(gridDim.x), num_tiles());
-  for (std::int32_t tile; tiles.next(tile);) {
+  for (int taken = 0;; ++taken) {
+    const std::int32_t tile = tile_queue.take(taken, 0xffffffffu);
+    if (tile == kNoTile) break;
     KeyBlockWork work;
     if (!key_block_work<kBlockM, kBlockN, kDeterministic>(params, tile, work)) continue;
     const std::int64_t n_block = work.n_block, head_kv = work.head_kv, batch = work.batch;

@@ -78,8 +78,10 @@ struct HopperBwdTileConfig {
   constexpr int lse_offset() const { return dq_offset() + dq_staging_bytes(); }
   constexpr int dsum_offset() const { return lse_offset() + stages * stats_bytes(); }
   constexpr int barrier_offset() const { return dsum_offset() + stages * stats_bytes(); }
-  // + 256 bytes of mbarriers + slack to align the base to 1024 bytes.
-  constexpr int shared_bytes() const { return barrier_offset() + 256 + 1024; }
+  // mbarriers, the steps' and tiles' slots (kernel.cuh); + slack to align the base to 1024 bytes
+  // (deferred_dk's three stages at d128: exactly 227 KB).
+  static constexpr int kBarrierBytes = 512;
+  constexpr int shared_bytes() const { return barrier_offset() + kBarrierBytes + 1024; }
 };
 
 // After FA3's hopper/flash_bwd_launch_template.h (hdim 64: 128 x 128 tiles; hdim 128:
