@@ -116,22 +116,23 @@ class CtaTiles {
         num_tiles_(static_cast<std::uint32_t>(num_tiles)) {}
   // The next tile into `tile`; false when the CTA is done.
   FLASHATTN_HOST_DEVICE bool next(std::int32_t& tile) {
-    while (round_start_ < num_tiles_) {
-      const std::uint32_t candidate = round_start_ + (is_reversed_ ? ctas_ - 1 - cta_ : cta_);
-      round_start_ += ctas_;  // below 2^32: num_tiles and ctas are below 2^31
-      is_reversed_ = !is_reversed_;
-      if (candidate < num_tiles_) {
-        tile = static_cast<std::int32_t>(candidate);
-        return true;
-      }
-    }
-    return false;
+    const std::uint32_t candidate = tile_of_round(cta_, ctas_, round_++);
+    if (candidate >= num_tiles_) return false;
+    tile = static_cast<std::int32_t>(candidate);
+    return true;
+  }
+  // The walk without state (the kernel's scheduler lane: 24 registers): the CTA's tile of
+  // round `round` (its round-th tile), num_tiles or more when the walk has ended before it.
+  // Only the last round can be partial, so the first candidate past num_tiles ends the walk.
+  // Below 2^32: num_tiles and ctas are below 2^31, round <= num_tiles / ctas + 1.
+  FLASHATTN_HOST_DEVICE static std::uint32_t tile_of_round(std::uint32_t cta, std::uint32_t ctas,
+                                                            std::uint32_t round) {
+    return round * ctas + ((round & 1u) != 0 ? ctas - 1 - cta : cta);
   }
 
  private:
   std::uint32_t cta_, ctas_, num_tiles_;
-  std::uint32_t round_start_ = 0;
-  bool is_reversed_ = false;
+  std::uint32_t round_ = 0;
 };
 
 // The tiles CTA `cta` of `ctas` runs under the dynamic persistent grid (kernel.cuh,
@@ -147,27 +148,32 @@ class CtaTiles {
 class ClaimedTiles {
  public:
   FLASHATTN_HOST_DEVICE ClaimedTiles(std::int32_t cta, std::int32_t ctas, std::int32_t num_tiles)
-      : first_(static_cast<std::uint32_t>(cta)),
+      : cta_(static_cast<std::uint32_t>(cta)),
         ctas_(static_cast<std::uint32_t>(ctas)),
         num_tiles_(static_cast<std::uint32_t>(num_tiles)) {}
-  // The next tile into `tile`; false when the CTA is done. claim(): the counter's next value
-  // (32-bit: ctas + value stays below 2^32, num_tiles and ctas being below 2^31).
+  // The next tile into `tile`; false when the CTA is done. claim(): the counter's next value.
   template <class Claim>
   FLASHATTN_HOST_DEVICE bool next(std::int32_t& tile, Claim&& claim) {
-    std::uint32_t candidate = first_;
-    if (is_first_taken_) {
-      if (ctas_ >= num_tiles_) return false;  // nothing past the first tiles: no claim
-      candidate = ctas_ + static_cast<std::uint32_t>(claim());
-    }
-    is_first_taken_ = true;
+    const std::uint32_t candidate = tile_of_take(cta_, ctas_, num_tiles_, taken_++, claim);
     if (candidate >= num_tiles_) return false;
     tile = static_cast<std::int32_t>(candidate);
     return true;
   }
+  // The walk without state (the kernel's scheduler lane): the CTA's taken-th tile (taken
+  // counts from 0 and stops at the first result of num_tiles or more), claiming from the
+  // counter for every take but the first (none when the first tiles are all: ctas >=
+  // num_tiles). 32-bit: ctas + any value the counter reaches stays below 2^32.
+  template <class Claim>
+  FLASHATTN_HOST_DEVICE static std::uint32_t tile_of_take(std::uint32_t cta, std::uint32_t ctas,
+                                                          std::uint32_t num_tiles, int taken, Claim&& claim) {
+    if (taken == 0) return cta;
+    if (ctas >= num_tiles) return num_tiles;
+    return ctas + static_cast<std::uint32_t>(claim());
+  }
 
  private:
-  std::uint32_t first_, ctas_, num_tiles_;
-  bool is_first_taken_ = false;
+  std::uint32_t cta_, ctas_, num_tiles_;
+  int taken_ = 0;
 };
 
 }  // namespace flashattn::cuda::hopper_bwd

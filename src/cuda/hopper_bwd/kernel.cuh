@@ -184,14 +184,26 @@ inline constexpr std::int32_t kNoTile = -1;  // the queue's end: every reader st
 // its steps, made it spill in every step).
 struct TileLoads {
   std::int64_t stats_start;       // the sequence's first statistics row
+  std::int64_t first_list;        // a device mask's list of (sequence, head_q0, key block)
   std::int32_t steps;             // -1: the queue's end; 0: nothing to load
   std::int32_t q_start;           // the sequence's first query row (a TMA coordinate)
   std::int32_t batch_coordinate;  // the tensor maps' batch (0 when varlen)
   std::int32_t head_q0;           // the group's first query head
   std::int32_t m_block_begin, m_blocks;
-  std::int32_t batch, head_kv, n_block;  // a device mask's lists
 };
 inline constexpr int kTileLoadsOffset = 256;  // [2], one per queue slot
+
+// The scheduler lane's state between tiles (see the lane in the kernel).
+struct SchedulerState {
+  std::int32_t taken;     // tiles put so far
+  std::int32_t tile;      // the next tile to put (kNoTile: the walk has ended)
+  std::int32_t kv_loads;  // tiles whose K/V were loaded (kv_full's and kv_empty's phases)
+  std::int32_t k_row, head_kv;  // the tile just put: its K/V coordinates
+  // The walk's constants (read here, not hoisted into registers across the loop).
+  std::uint32_t cta, ctas, num_tiles;
+  std::int32_t is_dynamic;
+};
+inline constexpr int kSchedulerStateOffset = kTileLoadsOffset + 2 * static_cast<int>(sizeof(TileLoads));
 
 // The work of tile `tile`; false when its keys lie past its sequence (varlen: no step and
 // no dK/dV row), a tile every role skips. A tile with keys and no step (no query row sees
@@ -264,7 +276,7 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
                 "one dQ handshake barrier of each kind per consumer");
   static_assert(128 * kConfig.producer_registers() + kConsumerThreads * kConfig.consumer_registers() <= 65536,
                 "register file: 64K 32-bit registers per SM");
-  static_assert(kTileLoadsOffset + 2 * static_cast<int>(sizeof(TileLoads)) <= HopperBwdTileConfig::kBarrierBytes,
+  static_assert(kSchedulerStateOffset + static_cast<int>(sizeof(SchedulerState)) <= HopperBwdTileConfig::kBarrierBytes,
                 "tile slots exceed the barrier bytes");
   static_assert((2 + 2 * kStages) * 8 <= kTileQueueOffset && kTileQueueOffset + 4 * 8 + 2 * 4 <= kListedStepSlotsOffset &&
                     kListedStepSlotsOffset + kStages * static_cast<int>(sizeof(ListedStep)) <= kDqStepSlotOffset &&
@@ -443,47 +455,71 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
       // about one tile ahead of the consumers (the queue would allow two), so the counter's
       // last tiles go to the CTAs that finish first. Tiles without a step (or past their
       // sequence) load no K/V.
-      int taken = 0;
-      int kv_loads = 0;
-      auto schedule = [&](std::int32_t tile) {
-        const int slot = taken & 1;
-        tile_queue.wait_free(taken);
-        KeyBlockWork work;
-        const bool has_keys = key_block_work<kBlockM, kBlockN, kDeterministic>(params, tile, work);
-        const std::int32_t steps = has_keys ? work.steps : 0;
-        TileLoads& loads = tile_loads[slot];
-        loads.steps = steps;
-        if (steps > 0) {
-          loads.stats_start = bwd::Workspace::stats_start(attention, work.batch);
-          loads.q_start = static_cast<std::int32_t>(attention.q_start(work.batch));
-          loads.batch_coordinate = attention.is_varlen() ? 0 : work.batch;
-          loads.head_q0 = static_cast<std::int32_t>(work.head_kv * attention.group_size);
-          loads.m_block_begin = work.m_block_begin;
-          loads.m_blocks = work.m_blocks;
-          loads.batch = work.batch;
-          loads.head_kv = work.head_kv;
-          loads.n_block = work.n_block;
-        }
-        tile_queue.put(taken, tile);
-        ++taken;
-        if (steps == 0) return;
+      // Its state lives in shared memory (SchedulerState, volatile: read where used), so
+      // that no register is live across a tile's decode: with 24 registers the decode
+      // (64-bit sequence bounds, the walk, the lists' total) needs them all, and in a loop
+      // it spilled the walk, the counts and half of the decoded tile.
+      volatile SchedulerState* state =
+          reinterpret_cast<volatile SchedulerState*>(shared_base + kConfig.barrier_offset() + kSchedulerStateOffset);
+      // K and V of the tile just put in `slot`, once the consumers are done with the previous.
+      auto load_kv = [&](int slot) {
+        const int kv_loads = state->kv_loads;
         if (kv_loads > 0) ptx::mbarrier_wait(kv_empty, (kv_loads - 1) & 1);
-        ++kv_loads;
-        const std::int32_t k_row = static_cast<std::int32_t>(attention.k_start(work.batch) + work.n0);
-        const std::int32_t batch_coordinate = attention.is_varlen() ? 0 : work.batch;
+        state->kv_loads = kv_loads + 1;
+        const std::int32_t k_row = state->k_row, head_kv = state->head_kv;
+        const std::int32_t batch_coordinate = tile_loads[slot].batch_coordinate;
         ::cuda::ptx::mbarrier_arrive_expect_tx(::cuda::ptx::sem_release, ::cuda::ptx::scope_cta,
                                                ::cuda::ptx::space_shared, kv_full, 2 * kKVBytes);
-        load_panels<kPanels, kBlockN>(shared_k, &params.k_map, k_row, work.head_kv, batch_coordinate, kv_full);
-        load_panels<kPanels, kBlockN>(shared_v, &params.v_map, k_row, work.head_kv, batch_coordinate, kv_full);
+        load_panels<kPanels, kBlockN>(shared_k, &params.k_map, k_row, head_kv, batch_coordinate, kv_full);
+        load_panels<kPanels, kBlockN>(shared_v, &params.v_map, k_row, head_kv, batch_coordinate, kv_full);
       };
-      if (params.maybe_tile_counter != nullptr) {
-        ClaimedTiles tiles(static_cast<std::int32_t>(blockIdx.x), static_cast<std::int32_t>(gridDim.x), num_tiles());
-        for (std::int32_t tile; tiles.next(tile, [&]() { return atomicAdd(params.maybe_tile_counter, 1); });)
-          schedule(tile);
-      } else {
-        CtaTiles tiles(static_cast<std::int32_t>(blockIdx.x), static_cast<std::int32_t>(gridDim.x), num_tiles());
-        for (std::int32_t tile; tiles.next(tile);) schedule(tile);
+      state->taken = 0;
+      state->kv_loads = 0;
+      state->cta = blockIdx.x;
+      state->ctas = gridDim.x;
+      state->num_tiles = static_cast<std::uint32_t>(num_tiles());
+      state->is_dynamic = params.maybe_tile_counter != nullptr ? 1 : 0;
+      state->tile = static_cast<std::int32_t>(blockIdx.x);  // both walks' first (gridDim.x <= num_tiles)
+      for (;;) {
+        const int taken = state->taken;
+        const auto tile = static_cast<std::uint32_t>(state->tile);
+        if (tile == static_cast<std::uint32_t>(kNoTile)) break;
+        const int slot = taken & 1;
+        tile_queue.wait_free(taken);
+        {
+          KeyBlockWork work;
+          const bool has_keys =
+              key_block_work<kBlockM, kBlockN, kDeterministic>(params, static_cast<std::int32_t>(tile), work);
+          const std::int32_t steps = has_keys ? work.steps : 0;
+          volatile TileLoads& loads = tile_loads[slot];  // each field stored where computed
+          loads.steps = steps;
+          if (steps > 0) {
+            loads.stats_start = bwd::Workspace::stats_start(attention, work.batch);
+            loads.q_start = static_cast<std::int32_t>(attention.q_start(work.batch));
+            loads.batch_coordinate = attention.is_varlen() ? 0 : work.batch;
+            loads.head_q0 = static_cast<std::int32_t>(work.head_kv * attention.group_size);
+            loads.m_block_begin = work.m_block_begin;
+            loads.m_blocks = work.m_blocks;
+            if (is_listed)
+              loads.first_list = key_tile_lists.list(work.batch, work.head_kv * attention.group_size, work.n_block);
+            state->k_row = static_cast<std::int32_t>(attention.k_start(work.batch) + work.n0);
+            state->head_kv = work.head_kv;
+          }
+        }
+        tile_queue.put(taken, static_cast<std::int32_t>(tile));
+        state->taken = taken + 1;
+        // K and V (the tile's slot is not rewritten before the next put), then the next
+        // tile: the claim comes after this tile's K/V load (its kv_empty wait), about one
+        // tile ahead of the consumers. Both walks as functions of the take (dq_order.hpp).
+        if (tile_loads[slot].steps > 0) load_kv(slot);
+        const std::uint32_t next_tile =
+            state->is_dynamic != 0
+                ? ClaimedTiles::tile_of_take(state->cta, state->ctas, state->num_tiles, taken + 1,
+                                             [&]() { return atomicAdd(params.maybe_tile_counter, 1); })
+                : CtaTiles::tile_of_round(state->cta, state->ctas, static_cast<std::uint32_t>(taken + 1));
+        state->tile = next_tile < state->num_tiles ? static_cast<std::int32_t>(next_tile) : kNoTile;
       }
+      const int taken = state->taken;
       tile_queue.wait_free(taken);
       tile_loads[taken & 1].steps = -1;
       tile_queue.put(taken, kNoTile);
@@ -528,10 +564,23 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
                           &full[stage]);
         };
         if constexpr (kIsListed) {
-          ListedSteps listed_steps(key_tile_lists, loads.batch, loads.head_kv * attention.group_size,
-                                   attention.group_size, loads.n_block);
+          // ListedSteps' walk (pipeline.cuh: the query heads of the group in turn, each its
+          // list of query tiles) with 32-bit state: list(sequence, head_q0 + head, key block)
+          // = first_list + head * head_stride. It runs exactly `steps` (the lists' total)
+          // times, so skipping the finished lists first never passes the last.
+          std::int32_t head = 0, index = 0;
+          std::int32_t count = key_tile_lists.count(loads.first_list);
           while (ring < ring_end) {
-            const ListedStep listed = listed_steps.next();
+            while (index >= count) {
+              ++head;
+              index = 0;
+              count = key_tile_lists.count(loads.first_list + head * key_tile_lists.head_stride);
+            }
+            const std::int64_t list = loads.first_list + head * key_tile_lists.head_stride;
+            const TileEntry entry = key_tile_lists.entry(list, index);
+            const ListedStep listed{loads.head_q0 + head, entry.tile, entry.partial ? 1 : 0,
+                                    entry.partial ? key_tile_lists.code(list, index) : kGeneralTile};
+            ++index;
             load_step(listed.head_q, listed.m_block, listed);
           }
         } else {
