@@ -61,3 +61,18 @@ foreach(persistent_test test_cuda_backward_hopper test_cuda_masks_hopper_bwd)
                          "FLASHATTN_CUDA_HOPPER_BWD_GRID=persistent;FLASHATTN_CUDA_HOPPER_BWD_GRID_CTAS=3;FLASHATTN_CUDA_HOPPER_BWD_SCHEDULE=${schedule}")
   endforeach()
 endforeach()
+# The same with the dynamic grid (FLASHATTN_CUDA_HOPPER_BWD_GRID=dynamic: the CTAs claim tiles
+# from the workspace's counter, in the L2-section order): "dynamic_grid." and
+# "dynamic_grid_3ctas.<schedule>.<binary>"; `ctest -R '^dynamic_grid'` runs them all.
+foreach(dynamic_test test_cuda_backward_hopper test_cuda_backward test_cuda_masks_hopper_bwd)
+  gtest_discover_tests(${dynamic_test} DISCOVERY_TIMEOUT 120 TEST_PREFIX "dynamic_grid."
+                       PROPERTIES ENVIRONMENT "FLASHATTN_CUDA_HOPPER_BWD_GRID=dynamic")
+endforeach()
+foreach(dynamic_test test_cuda_backward_hopper test_cuda_masks_hopper_bwd)
+  foreach(schedule overlapped lockstep deferred_dk)
+    set(dynamic_name "dynamic_grid_3ctas.${schedule}.${dynamic_test}")
+    add_test(NAME ${dynamic_name} COMMAND ${dynamic_test})
+    set_tests_properties(${dynamic_name} PROPERTIES ENVIRONMENT
+                         "FLASHATTN_CUDA_HOPPER_BWD_GRID=dynamic;FLASHATTN_CUDA_HOPPER_BWD_GRID_CTAS=3;FLASHATTN_CUDA_HOPPER_BWD_SCHEDULE=${schedule}")
+  endforeach()
+endforeach()

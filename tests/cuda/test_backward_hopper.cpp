@@ -120,22 +120,25 @@ TEST_F(CudaBackwardHopper, ScheduleFollowsTheEnvironment) {
             is_set_to("FLASHATTN_CUDA_HOPPER_BWD_ORDER", "l2_sections"));
   int sms = 0;
   if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0) != cudaSuccess) GTEST_SKIP() << "no SM count";
-  const int grid = cuda::hopper_bwd::persistent_grid_ctas(0);
-  if (!is_set_to("FLASHATTN_CUDA_HOPPER_BWD_GRID", "persistent")) {
-    EXPECT_EQ(grid, 0) << "one CTA per tile unless the persistent grid is asked for";
+  const cuda::hopper_bwd::BackwardGrid grid = cuda::hopper_bwd::persistent_grid(0);
+  const bool is_dynamic = is_set_to("FLASHATTN_CUDA_HOPPER_BWD_GRID", "dynamic");
+  if (!is_set_to("FLASHATTN_CUDA_HOPPER_BWD_GRID", "persistent") && !is_dynamic) {
+    EXPECT_EQ(grid.ctas, 0) << "one CTA per tile unless a persistent grid is asked for";
   } else {
     const char* cap = std::getenv("FLASHATTN_CUDA_HOPPER_BWD_GRID_CTAS");
     const int ctas = cap != nullptr ? std::atoi(cap) : 0;
-    EXPECT_EQ(grid, ctas > 0 ? std::min(ctas, sms) : sms);
+    EXPECT_EQ(grid.ctas, ctas > 0 ? std::min(ctas, sms) : sms);
+    EXPECT_EQ(grid.is_dynamic, is_dynamic);
   }
 }
 
-// The persistent grid (kernel.cuh: CTAs looping over tiles, the ring and the K/V buffers
-// running on from one tile into the next) against the per-tile grid in one process: grids
-// of 1, 3 and 7 CTAs, so every CTA runs many tiles, including tiles past a varlen
-// sequence's keys and tiles without a step (empty sequences). Deterministic mode: dQ, dK,
-// dV bitwise equal to the per-tile grid (the same turns; a CTA only waits for tiles of lower
-// index, which it or a resident CTA has run). Default mode: dK, dV bitwise equal (summed in
+// The persistent grids (kernel.cuh: CTAs looping over tiles, the ring and the K/V buffers
+// running on from one tile into the next), the static walk and the dynamic claims (in the
+// L2-section order), against the per-tile grid in one process: grids of 1, 3 and 7 CTAs, so
+// every CTA runs many tiles, including tiles past a varlen sequence's keys and tiles without
+// a step (empty sequences). Deterministic mode: dQ, dK, dV bitwise equal to the per-tile grid
+// (the same turns; a CTA only waits for tiles of lower index, which it or a resident CTA has
+// run or will run before any higher one). Default mode: dK, dV bitwise equal (summed in
 // registers in a fixed order), dQ within the oracle's tolerance. (The wide kernel, d256,
 // keeps one CTA per tile.)
 TEST_F(CudaBackwardHopper, PersistentGridMatchesThePerTileGrid) {
@@ -154,9 +157,11 @@ TEST_F(CudaBackwardHopper, PersistentGridMatchesThePerTileGrid) {
         Problem p(c);
         cuda::hopper_bwd::override_persistent_grid_ctas(0);
         const std::vector<Gradients> per_tile = run_cuda(p, 1);
+        for (const bool is_dynamic : {false, true})
         for (int ctas : {1, 3, 7}) {
-          SCOPED_TRACE("persistent grid of " + std::to_string(ctas) + " CTAs");
-          cuda::hopper_bwd::override_persistent_grid_ctas(ctas);
+          SCOPED_TRACE(std::string(is_dynamic ? "dynamic" : "static") + " persistent grid of " +
+                       std::to_string(ctas) + " CTAs");
+          cuda::hopper_bwd::override_persistent_grid_ctas(ctas, is_dynamic);
           const std::vector<Gradients> persistent = run_cuda(p, deterministic ? 2 : 1);
           for (const Gradients& run : persistent) {
             if (deterministic) EXPECT_TRUE(run.dq.bitwise_equal(per_tile[0].dq)) << "dq differs from the per-tile grid";

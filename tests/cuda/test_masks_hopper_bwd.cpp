@@ -198,8 +198,9 @@ TEST_F(CudaMasksHopperBackward, DeterministicWithMasks) {
   }
 }
 
-// The persistent grid (kernel.cuh: CTAs looping over tiles) under device masks: GQA,
-// causal, deterministic, grids of 1 and 3 CTAs (many tiles each) against the per-tile grid
+// The persistent grids (kernel.cuh: CTAs looping over tiles; the static walk and the dynamic
+// claims) under device masks: GQA, causal, deterministic, grids of 1 and 3 CTAs (many tiles
+// each) against the per-tile grid
 // in one process: dQ, dK, dV (and dBias: its atomic adds are per element, in no fixed
 // order, so within the oracle's tolerance only) bitwise equal in deterministic mode, and
 // within the oracle's tolerance.
@@ -215,15 +216,17 @@ TEST_F(CudaMasksHopperBackward, PersistentGridMatchesThePerTileGrid) {
       MaskProblem p(c);
       cuda::hopper_bwd::override_persistent_grid_ctas(0);
       const MaskGradients per_tile = run_cuda(p);
+      for (const bool is_dynamic : {false, true})
       for (const int ctas : {1, 3}) {
-        SCOPED_TRACE("persistent grid of " + std::to_string(ctas) + " CTAs");
-        cuda::hopper_bwd::override_persistent_grid_ctas(ctas);
+        SCOPED_TRACE(std::string(is_dynamic ? "dynamic" : "static") + " persistent grid of " +
+                     std::to_string(ctas) + " CTAs");
+        cuda::hopper_bwd::override_persistent_grid_ctas(ctas, is_dynamic);
         const MaskGradients persistent = run_cuda(p);
         EXPECT_TRUE(persistent.dq.bitwise_equal(per_tile.dq)) << "dq differs from the per-tile grid";
         EXPECT_TRUE(persistent.dk.bitwise_equal(per_tile.dk)) << "dk differs from the per-tile grid";
         EXPECT_TRUE(persistent.dv.bitwise_equal(per_tile.dv)) << "dv differs from the per-tile grid";
       }
-      check_mask_case(c);  // under the 3-CTA grid (the override stays until the end)
+      check_mask_case(c);  // under the dynamic 3-CTA grid (the override stays until the end)
     }
 }
 
