@@ -42,11 +42,19 @@
 //   from registers at the end.
 //
 // The grid (HopperBackwardParams::grid_ctas, launch.hpp): one CTA per tile, or persistent
-// (FLASHATTN_CUDA_HOPPER_BWD_GRID=persistent: one CTA per SM). Either way CTA b runs one
-// tile of each round of gridDim.x consecutive tiles, b in even rounds and gridDim.x - 1 - b
-// in odd ones (CtaTiles, dq_order.hpp; the per-tile grid: tile b only), so in increasing
-// tile index; the loads and the consumers walk the same tiles and skip the same ones
-// (key_block_work), and the dQ writer takes each step from consumer 0. What runs on across
+// (FLASHATTN_CUDA_HOPPER_BWD_GRID=persistent or =dynamic: one CTA per SM). The static walk
+// (persistent; the per-tile grid: tile b only): CTA b runs one tile of each round of
+// gridDim.x consecutive tiles, b in even rounds and gridDim.x - 1 - b in odd ones (CtaTiles,
+// dq_order.hpp). The dynamic claims (maybe_tile_counter): tile b first, then gridDim.x + the
+// counter's next value (ClaimedTiles), in the L2-section order (heaviest key blocks first).
+// Either way a CTA's tiles come in increasing index. The producer warpgroup's warp
+// kSchedulerWarp (its lane 0, the scheduler) walks them and puts each into a two-slot tile
+// queue (hopper/tile_queue.cuh, as the forward's), with what the loads need of it
+// (TileLoads), and loads its K/V; the Q/dO loads thread and every consumer warp take them
+// from there and skip the same ones (key_block_work), and the dQ writer takes each step
+// from consumer 0. The producer's roles fit their 24 registers without a spill only so:
+// the scheduler keeps its state in shared memory (SchedulerState) and claims after the K/V
+// load, the loads thread reads the tile from its TileLoads at each step. What runs on across
 // a CTA's tiles: the Q/dO/LSE/D ring (its stages and mbarrier phases count the CTA's
 // steps, not the tile's, and so does the overlapped schedule's dS^T buffer parity), so the
 // next tile's first steps load while the consumers finish the current one; and K/V: the
@@ -79,12 +87,17 @@
 //     higher key block, which have a lower t. Per-tile grid (t = blockIdx.x): CTAs are
 //     dispatched in blockIdx order, so those are resident or finished when it waits, and
 //     by induction on t each of them completes its steps (the lowest waits for no one).
-//     Persistent grid (at most one CTA per SM, so all CTAs are resident at once; each CTA
-//     runs its tiles in increasing index, CtaTiles, and publishes a tile's last turn before
-//     it starts the next tile): by induction on t, a tile t' < t that t waits for is run by
-//     a resident CTA, which reaches t' after finishing its tiles below t' (complete by
+//     Persistent grids (at most one CTA per SM, so all CTAs are resident at once; each CTA
+//     runs its tiles in increasing index and publishes a tile's last turn before it starts
+//     the next tile): by induction on t, a tile t' < t that t waits for is run by a
+//     resident CTA, which reaches t' after finishing its tiles below t' (complete by
 //     induction), never after t: if it is t's own CTA, t' comes before t in its walk, so a
-//     CTA never waits on a tile it runs later. Nothing else a
+//     CTA never waits on a tile it runs later. The dynamic claims keep both premises: t' is
+//     claimed by the time t is (the first gridDim.x tiles by blockIdx, the others by the
+//     counter, whose values are handed out in increasing order: t' - gridDim.x was drawn
+//     before t - gridDim.x), so it has a CTA, and each CTA's claims increase. A claim waits
+//     only for the CTA's own consumers (the queue's slot, kv_empty), never for another CTA.
+//     (tests/cuda/test_hopper_bwd_dq_order.cpp simulates it.) Nothing else a
 //     CTA waits on (its own mbarriers and named barriers) depends on another CTA, and
 //     whatever the order of the steps inside a tile (query heads of the group, then
 //     ascending query blocks), no tile waits on a tile that waits on it.
