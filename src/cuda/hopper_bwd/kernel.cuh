@@ -349,7 +349,7 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
       reinterpret_cast<std::uint64_t*>(shared_base + kConfig.barrier_offset() + kTileQueueOffset);
   const hopper::TileQueue tile_queue{queue_barriers, queue_barriers + 2,
                                      reinterpret_cast<std::int32_t*>(queue_barriers + 4)};
-  constexpr int kTileReaders = 1 + kConsumerWarps;  // the loads thread, every consumer warp
+  constexpr int kTileReaders = 1 + kConsumerThreads;  // the loads thread, every consumer thread
   auto* tile_loads = reinterpret_cast<TileLoads*>(shared_base + kConfig.barrier_offset() + kTileLoadsOffset);
 
   if (threadIdx.x == 0) {
@@ -679,7 +679,10 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
   int ring_base = 0;
   int kv_loads = 0;
   for (int taken = 0;; ++taken) {
-    const std::int32_t tile = tile_queue.take(taken, 0xffffffffu);
+    // The tile (every consumer thread arrives on the slot's "empty": no lane-0 branch here).
+    ptx::mbarrier_wait(&tile_queue.full[taken & 1], (taken >> 1) & 1);
+    const std::int32_t tile = tile_queue.slots[taken & 1];
+    ::cuda::ptx::mbarrier_arrive(&tile_queue.empty[taken & 1]);
     if (tile == kNoTile) break;
     KeyBlockWork work;
     if (!key_block_work<kBlockM, kBlockN, kDeterministic>(params, tile, work)) continue;
