@@ -460,8 +460,7 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
       if (threadIdx.x % 32 != 0) return;
       // ---- scheduler lane and K/V loads: warp kSchedulerWarp's lane 0 ---------------------
       // Puts the CTA's tiles into the queue in walk order (the static walk, CtaTiles, or the
-      // counter's claims, ClaimedTiles: dq_order.hpp; one loop each, so that each holds only
-      // its walk), each with its TileLoads, then kNoTile. After putting a tile it loads the
+      // counter's claims, ClaimedTiles: dq_order.hpp), each with its TileLoads, then kNoTile. After putting a tile it loads the
       // tile's K and V once every consumer warp is done reading the previous tile's
       // (kv_empty: after the dQ product of its last step, before its last dK and the dK/dV
       // stores, which the load overlaps), and only then takes the next tile: a claim runs
@@ -576,35 +575,38 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
                           head_q * workspace.stats_head_stride + loads.stats_start + m_block * kBlockM, kStatsBytes,
                           &full[stage]);
         };
-        if constexpr (kIsListed) {
-          // ListedSteps' walk (pipeline.cuh: the query heads of the group in turn, each its
-          // list of query tiles) with 32-bit state: list(sequence, head_q0 + head, key block)
-          // = first_list + head * head_stride. It runs exactly `steps` (the lists' total)
-          // times, so skipping the finished lists first never passes the last.
-          std::int32_t head = 0, index = 0;
-          std::int32_t count = key_tile_lists.count(loads.first_list);
-          while (ring < ring_end) {
-            while (index >= count) {
-              ++head;
-              index = 0;
-              count = key_tile_lists.count(loads.first_list + head * key_tile_lists.head_stride);
+        // A tile without a step loads nothing (its record holds no more than that).
+        if (loads.steps > 0) {
+          if constexpr (kIsListed) {
+            // ListedSteps' walk (pipeline.cuh: the query heads of the group in turn, each its
+            // list of query tiles) with 32-bit state: list(sequence, head_q0 + head, key block)
+            // = first_list + head * head_stride. It runs exactly `steps` (the lists' total)
+            // times, so skipping the finished lists first never passes the last.
+            std::int32_t head = 0, index = 0;
+            std::int32_t count = key_tile_lists.count(loads.first_list);
+            while (ring < ring_end) {
+              while (index >= count) {
+                ++head;
+                index = 0;
+                count = key_tile_lists.count(loads.first_list + head * key_tile_lists.head_stride);
+              }
+              const std::int64_t list = loads.first_list + head * key_tile_lists.head_stride;
+              const TileEntry entry = key_tile_lists.entry(list, index);
+              const ListedStep listed{loads.head_q0 + head, entry.tile, entry.partial ? 1 : 0,
+                                      entry.partial ? key_tile_lists.code(list, index) : kGeneralTile};
+              ++index;
+              load_step(listed.head_q, listed.m_block, listed);
             }
-            const std::int64_t list = loads.first_list + head * key_tile_lists.head_stride;
-            const TileEntry entry = key_tile_lists.entry(list, index);
-            const ListedStep listed{loads.head_q0 + head, entry.tile, entry.partial ? 1 : 0,
-                                    entry.partial ? key_tile_lists.code(list, index) : kGeneralTile};
-            ++index;
-            load_step(listed.head_q, listed.m_block, listed);
-          }
-        } else {
-          // The interval's steps, counted (32-bit, no division).
-          std::int32_t head_q = loads.head_q0;
-          std::int32_t m_block = loads.m_block_begin;
-          while (ring < ring_end) {
-            load_step(head_q, m_block, ListedStep{});
-            if (++m_block == loads.m_block_begin + loads.m_blocks) {
-              m_block = loads.m_block_begin;
-              ++head_q;
+          } else {
+            // The interval's steps, counted (32-bit, no division).
+            std::int32_t head_q = loads.head_q0;
+            std::int32_t m_block = loads.m_block_begin;
+            while (ring < ring_end) {
+              load_step(head_q, m_block, ListedStep{});
+              if (++m_block == loads.m_block_begin + loads.m_blocks) {
+                m_block = loads.m_block_begin;
+                ++head_q;
+              }
             }
           }
         }

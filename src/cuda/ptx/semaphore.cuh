@@ -31,15 +31,4 @@ __device__ __forceinline__ void store_release_gpu(std::int32_t* semaphore, std::
   asm volatile("st.release.gpu.global.b32 [%0], %1;\n" ::"l"(semaphore), "r"(value) : "memory");
 }
 
-// atom.relaxed.gpu.global.add.s32: the old value of *counter, which is incremented by
-// `value`. The RMWs of one location are totally ordered whatever the memory order, so a
-// counter hands out every value once; relaxed publishes nothing else. One instruction
-// for one thread: atomicAdd's warp aggregation (vote, popc, shfl) cost a lone lane with
-// 24 registers (hopper_bwd/kernel.cuh's scheduler) its loop state.
-__device__ __forceinline__ std::int32_t fetch_add_relaxed_gpu(std::int32_t* counter, std::int32_t value) {
-  std::int32_t old;
-  asm volatile("atom.relaxed.gpu.global.add.s32 %0, [%1], %2;\n" : "=r"(old) : "l"(counter), "r"(value) : "memory");
-  return old;
-}
-
 }  // namespace flashattn::cuda::ptx
