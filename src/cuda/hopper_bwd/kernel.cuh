@@ -203,6 +203,7 @@ struct TileLoads {
   std::int32_t batch_coordinate;  // the tensor maps' batch (0 when varlen)
   std::int32_t head_q0;           // the group's first query head
   std::int32_t m_block_begin, m_blocks;
+  std::int32_t list_head, list_index, list_count;  // the loads thread's walk of the lists
 };
 inline constexpr int kTileLoadsOffset = 256;  // [2], one per queue slot
 
@@ -582,19 +583,25 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
             // list of query tiles) with 32-bit state: list(sequence, head_q0 + head, key block)
             // = first_list + head * head_stride. It runs exactly `steps` (the lists' total)
             // times, so skipping the finished lists first never passes the last.
-            std::int32_t head = 0, index = 0;
-            std::int32_t count = key_tile_lists.count(loads.first_list);
+            // The walk's state in the tile's record (the thread owns the slot until it releases
+            // it): in registers it spilled beside the step's loads.
+            volatile TileLoads& walk = tile_loads[slot];
+            walk.list_head = 0;
+            walk.list_index = 0;
+            walk.list_count = key_tile_lists.count(loads.first_list);
             while (ring < ring_end) {
-              while (index >= count) {
+              std::int32_t head = walk.list_head, index = walk.list_index;
+              while (index >= walk.list_count) {
                 ++head;
                 index = 0;
-                count = key_tile_lists.count(loads.first_list + head * key_tile_lists.head_stride);
+                walk.list_count = key_tile_lists.count(loads.first_list + head * key_tile_lists.head_stride);
               }
+              walk.list_head = head;
+              walk.list_index = index + 1;
               const std::int64_t list = loads.first_list + head * key_tile_lists.head_stride;
               const TileEntry entry = key_tile_lists.entry(list, index);
               const ListedStep listed{loads.head_q0 + head, entry.tile, entry.partial ? 1 : 0,
                                       entry.partial ? key_tile_lists.code(list, index) : kGeneralTile};
-              ++index;
               load_step(listed.head_q, listed.m_block, listed);
             }
           } else {
