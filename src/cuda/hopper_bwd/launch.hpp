@@ -55,7 +55,8 @@ BackwardSchedule backward_schedule();
 // FLASHATTN_CUDA_HOPPER_BWD_ORDER=l2_sections, FA3's backward order: the kv heads x
 // sequences cut into sections whose Q, dO and dq_accum fit in L2, the key block slowest
 // inside a section (first key block first: under a causal mask the longest CTAs first;
-// deterministic: last first, the turns' order). Read once per process.
+// deterministic: last first, the turns' order). Read once per process. The dynamic grid
+// (persistent_grid) takes the L2-section order unless FLASHATTN_CUDA_HOPPER_BWD_ORDER=flat.
 bool is_l2_section_order_requested();
 
 // kernel.cuh's grid on `device` (head dims 64, 128; the wide kernel keeps one CTA per
