@@ -157,7 +157,10 @@ void backward(const BackwardParams& params, void* stream_handle) {
   // (the workspace still holds both sections, sized without knowing the GPU).
   const bool uses_dq_accum = runs_hopper_kernel || !params.deterministic;
   if (!uses_dq_accum) workspace.dq_accum = nullptr;
-  if (!runs_hopper_kernel) workspace.dq_semaphore = nullptr;
+  if (!runs_hopper_kernel) {
+    workspace.dq_semaphore = nullptr;
+    workspace.maybe_tile_counter = nullptr;
+  }
 
   bwd::launch_preprocess(params, workspace, stream);
   const bool is_aligned = bwd::allows_vector_access(params);

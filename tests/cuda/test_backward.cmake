@@ -44,3 +44,35 @@ foreach(separate_test test_cuda_backward_hopper test_cuda_backward test_cuda_mas
   gtest_discover_tests(${separate_test} DISCOVERY_TIMEOUT 120 TEST_PREFIX "separate_passes."
                        PROPERTIES ENVIRONMENT "FLASHATTN_CUDA_HOPPER_BWD_PASSES=separate")
 endforeach()
+# kernel.cuh's persistent grid (FLASHATTN_CUDA_HOPPER_BWD_GRID=persistent: one CTA per SM,
+# each looping over tiles): every Hopper backward case again ("persistent_grid." prefix), and
+# under a grid of 3 CTAs (FLASHATTN_CUDA_HOPPER_BWD_GRID_CTAS=3: every CTA runs many tiles)
+# in each schedule, one ctest test per binary (two or three variables: set_tests_properties
+# takes the list as it is). `ctest -R '^persistent_grid'` runs them all.
+foreach(persistent_test test_cuda_backward_hopper test_cuda_backward test_cuda_masks_hopper_bwd)
+  gtest_discover_tests(${persistent_test} DISCOVERY_TIMEOUT 120 TEST_PREFIX "persistent_grid."
+                       PROPERTIES ENVIRONMENT "FLASHATTN_CUDA_HOPPER_BWD_GRID=persistent")
+endforeach()
+foreach(persistent_test test_cuda_backward_hopper test_cuda_masks_hopper_bwd)
+  foreach(schedule overlapped lockstep deferred_dk)
+    set(persistent_name "persistent_grid_3ctas.${schedule}.${persistent_test}")
+    add_test(NAME ${persistent_name} COMMAND ${persistent_test})
+    set_tests_properties(${persistent_name} PROPERTIES ENVIRONMENT
+                         "FLASHATTN_CUDA_HOPPER_BWD_GRID=persistent;FLASHATTN_CUDA_HOPPER_BWD_GRID_CTAS=3;FLASHATTN_CUDA_HOPPER_BWD_SCHEDULE=${schedule}")
+  endforeach()
+endforeach()
+# The same with the dynamic grid (FLASHATTN_CUDA_HOPPER_BWD_GRID=dynamic: the CTAs claim tiles
+# from the workspace's counter, in the L2-section order): "dynamic_grid." and
+# "dynamic_grid_3ctas.<schedule>.<binary>"; `ctest -R '^dynamic_grid'` runs them all.
+foreach(dynamic_test test_cuda_backward_hopper test_cuda_backward test_cuda_masks_hopper_bwd)
+  gtest_discover_tests(${dynamic_test} DISCOVERY_TIMEOUT 120 TEST_PREFIX "dynamic_grid."
+                       PROPERTIES ENVIRONMENT "FLASHATTN_CUDA_HOPPER_BWD_GRID=dynamic")
+endforeach()
+foreach(dynamic_test test_cuda_backward_hopper test_cuda_masks_hopper_bwd)
+  foreach(schedule overlapped lockstep deferred_dk)
+    set(dynamic_name "dynamic_grid_3ctas.${schedule}.${dynamic_test}")
+    add_test(NAME ${dynamic_name} COMMAND ${dynamic_test})
+    set_tests_properties(${dynamic_name} PROPERTIES ENVIRONMENT
+                         "FLASHATTN_CUDA_HOPPER_BWD_GRID=dynamic;FLASHATTN_CUDA_HOPPER_BWD_GRID_CTAS=3;FLASHATTN_CUDA_HOPPER_BWD_SCHEDULE=${schedule}")
+  endforeach()
+endforeach()

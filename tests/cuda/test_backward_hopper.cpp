@@ -14,6 +14,7 @@
 // Skips without a GPU.
 #include "tests/cuda/backward_case.hpp"
 
+#include <algorithm>
 #include <cstdlib>
 #include <memory>
 #include <string>
@@ -100,10 +101,10 @@ TEST_F(CudaBackwardHopper, DispatchPicksTheHopperKernelOnSm90) {
   }
 }
 
-// kernel.cuh's schedule and the CTA order follow FLASHATTN_CUDA_HOPPER_BWD_SCHEDULE and
-// FLASHATTN_CUDA_HOPPER_BWD_ORDER (ctest runs this binary again as "overlapped.*",
-// "deferred_dk.*" and "l2_order.*" with one of them set: this pins that the cases there
-// really run them).
+// kernel.cuh's schedule, the CTA order and the grid follow FLASHATTN_CUDA_HOPPER_BWD_SCHEDULE,
+// FLASHATTN_CUDA_HOPPER_BWD_ORDER and FLASHATTN_CUDA_HOPPER_BWD_GRID(_CTAS) (ctest runs this
+// binary again as "lockstep.*", "deferred_dk.*", "l2_order.*" and "persistent_grid*" with
+// some of them set: this pins that the cases there really run them).
 TEST_F(CudaBackwardHopper, ScheduleFollowsTheEnvironment) {
   auto is_set_to = [](const char* name, const std::string& expected) {
     const char* value = std::getenv(name);
@@ -117,6 +118,64 @@ TEST_F(CudaBackwardHopper, ScheduleFollowsTheEnvironment) {
   EXPECT_EQ(cuda::hopper_bwd::backward_schedule(), expected);
   EXPECT_EQ(cuda::hopper_bwd::is_l2_section_order_requested(),
             is_set_to("FLASHATTN_CUDA_HOPPER_BWD_ORDER", "l2_sections"));
+  int sms = 0;
+  if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0) != cudaSuccess) GTEST_SKIP() << "no SM count";
+  const cuda::hopper_bwd::BackwardGrid grid = cuda::hopper_bwd::persistent_grid(0);
+  const bool is_dynamic = is_set_to("FLASHATTN_CUDA_HOPPER_BWD_GRID", "dynamic");
+  if (!is_set_to("FLASHATTN_CUDA_HOPPER_BWD_GRID", "persistent") && !is_dynamic) {
+    EXPECT_EQ(grid.ctas, 0) << "one CTA per tile unless a persistent grid is asked for";
+  } else {
+    const char* cap = std::getenv("FLASHATTN_CUDA_HOPPER_BWD_GRID_CTAS");
+    const int ctas = cap != nullptr ? std::atoi(cap) : 0;
+    EXPECT_EQ(grid.ctas, ctas > 0 ? std::min(ctas, sms) : sms);
+    EXPECT_EQ(grid.is_dynamic, is_dynamic);
+  }
+}
+
+// The persistent grids (kernel.cuh: CTAs looping over tiles, the ring and the K/V buffers
+// running on from one tile into the next), the static walk and the dynamic claims (in the
+// L2-section order), against the per-tile grid in one process: grids of 1, 3 and 7 CTAs, so
+// every CTA runs many tiles, including tiles past a varlen sequence's keys and tiles without
+// a step (empty sequences). Deterministic mode: dQ, dK, dV bitwise equal to the per-tile grid
+// (the same turns; a CTA only waits for tiles of lower index, which it or a resident CTA has
+// run or will run before any higher one). Default mode: dK, dV bitwise equal (summed in
+// registers in a fixed order), dQ within the oracle's tolerance. (The wide kernel, d256,
+// keeps one CTA per tile.)
+TEST_F(CudaBackwardHopper, PersistentGridMatchesThePerTileGrid) {
+  struct GridOverride {  // the process's own grid again when the test ends, even on failure
+    ~GridOverride() { cuda::hopper_bwd::override_persistent_grid_ctas(-1); }
+  } restore;
+  for (std::int64_t d : {64, 128})
+    for (bool deterministic : {true, false})
+      for (bool causal : {true, false}) {
+        Case c = hopper_case(causal ? DType::bfloat16 : DType::float16, 0, 0, causal, d);
+        c.varlen_q = {0, 1, 70, 300, 5, 0, 260, 129};
+        c.varlen_k = {3, 1, 200, 290, 0, 0, 400, 64};
+        c.batch = 8, c.heads_q = 8, c.heads_kv = 2, c.deterministic = deterministic;
+        if (!causal) c.window_left = 100, c.window_right = 20;
+        SCOPED_TRACE(c.name());
+        Problem p(c);
+        cuda::hopper_bwd::override_persistent_grid_ctas(0);
+        const std::vector<Gradients> per_tile = run_cuda(p, 1);
+        for (const bool is_dynamic : {false, true})
+        for (int ctas : {1, 3, 7}) {
+          SCOPED_TRACE(std::string(is_dynamic ? "dynamic" : "static") + " persistent grid of " +
+                       std::to_string(ctas) + " CTAs");
+          cuda::hopper_bwd::override_persistent_grid_ctas(ctas, is_dynamic);
+          const std::vector<Gradients> persistent = run_cuda(p, deterministic ? 2 : 1);
+          for (const Gradients& run : persistent) {
+            if (deterministic) EXPECT_TRUE(run.dq.bitwise_equal(per_tile[0].dq)) << "dq differs from the per-tile grid";
+            EXPECT_TRUE(run.dk.bitwise_equal(per_tile[0].dk)) << "dk differs from the per-tile grid";
+            EXPECT_TRUE(run.dv.bitwise_equal(per_tile[0].dv)) << "dv differs from the per-tile grid";
+          }
+          if (ctas == 3) {
+            const ReferencePair ref = reference_gradients(p);
+            expect_close("dq", persistent[0].dq, ref.exact.dq, ref.lowprec.dq, c.name());
+            expect_close("dk", persistent[0].dk, ref.exact.dk, ref.lowprec.dk, c.name());
+            expect_close("dv", persistent[0].dv, ref.exact.dv, ref.lowprec.dv, c.name());
+          }
+        }
+      }
 }
 
 TEST_F(CudaBackwardHopper, TailsOfBothSequences) {

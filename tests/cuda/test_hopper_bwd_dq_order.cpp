@@ -8,7 +8,9 @@
 // index of (sequence, query block, head) is unique and inside the workspace section.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <random>
 #include <set>
 #include <sstream>
 #include <string>
@@ -177,6 +179,149 @@ TEST(HopperBwdDqOrder, CtaOrderIsABijectionAndKeepsTheTurnsAhead) {
               else EXPECT_LT(lower, higher) << "key block " << n << " (more query blocks) after " << n + 1;
             }
         }
+}
+
+// kernel.cuh's walk of the tiles (CtaTiles): every tile exactly once over the CTAs, in
+// increasing order per CTA (the deterministic mode cannot deadlock otherwise), one tile per
+// CTA in the per-tile grid; and under the causal weights of the flat order (tile t: key
+// block t % key_blocks, weight key_blocks - key block) the busiest CTA does at most the
+// work of the lightest plus one heaviest tile, where the plain stride gave some CTAs twice
+// the work of others (132 CTAs, 8 key blocks).
+TEST(HopperBwdDqOrder, CtaTilesCoverEveryTileOnceInIncreasingOrder) {
+  for (const std::int32_t num_tiles : {1, 2, 7, 64, 131, 132, 133, 263, 264, 2048, 4099})
+    for (const std::int32_t ctas : {1, 2, 3, 7, 66, 132}) {
+      if (ctas > num_tiles) continue;
+      SCOPED_TRACE("num_tiles " + std::to_string(num_tiles) + " ctas " + std::to_string(ctas));
+      std::vector<int> seen(static_cast<std::size_t>(num_tiles), 0);
+      for (std::int32_t cta = 0; cta < ctas; ++cta) {
+        CtaTiles tiles(cta, ctas, num_tiles);
+        std::int32_t previous = -1;
+        for (std::int32_t tile; tiles.next(tile);) {
+          ASSERT_GE(tile, 0);
+          ASSERT_LT(tile, num_tiles);
+          EXPECT_GT(tile, previous) << "cta " << cta;
+          previous = tile;
+          ++seen[static_cast<std::size_t>(tile)];
+        }
+      }
+      for (std::int32_t tile = 0; tile < num_tiles; ++tile) EXPECT_EQ(seen[static_cast<std::size_t>(tile)], 1) << tile;
+    }
+  for (const std::int32_t num_tiles : {1, 5, 132})
+    for (std::int32_t cta = 0; cta < num_tiles; ++cta) {
+      CtaTiles tiles(cta, num_tiles, num_tiles);
+      std::int32_t tile = -1;
+      ASSERT_TRUE(tiles.next(tile));
+      EXPECT_EQ(tile, cta);
+      EXPECT_FALSE(tiles.next(tile));
+    }
+  const std::int32_t key_blocks = 8, ctas = 132, num_tiles = key_blocks * 256;
+  std::int64_t lightest = INT64_MAX, busiest = 0;
+  for (std::int32_t cta = 0; cta < ctas; ++cta) {
+    CtaTiles tiles(cta, ctas, num_tiles);
+    std::int64_t work = 0;
+    for (std::int32_t tile; tiles.next(tile);) work += key_blocks - tile % key_blocks;
+    lightest = std::min(lightest, work);
+    busiest = std::max(busiest, work);
+  }
+  EXPECT_LE(busiest, lightest + key_blocks);
+}
+
+// kernel.cuh's walks as the scheduler lane computes them, from the take alone: the static
+// walk's round-th tile equals CtaTiles::next's round-th, and the first candidate past the
+// tiles ends it.
+TEST(HopperBwdDqOrder, StatelessWalksMatchTheirClasses) {
+  for (const std::int32_t num_tiles : {1, 7, 132, 133, 2048})
+    for (const std::int32_t ctas : {1, 3, 132}) {
+      if (ctas > num_tiles) continue;
+      for (std::int32_t cta = 0; cta < ctas; ++cta) {
+        CtaTiles tiles(cta, ctas, num_tiles);
+        std::uint32_t round = 0;
+        for (std::int32_t tile; tiles.next(tile); ++round)
+          EXPECT_EQ(CtaTiles::tile_of_round(cta, ctas, round), static_cast<std::uint32_t>(tile));
+        EXPECT_GE(CtaTiles::tile_of_round(cta, ctas, round), static_cast<std::uint32_t>(num_tiles));
+      }
+    }
+}
+
+// The dynamic grid's claims (ClaimedTiles, one shared counter), the CTAs claiming in a random
+// interleaving with up to two tiles claimed ahead of the one they run (the kernel's queue):
+// every tile exactly once, increasing per CTA; and in deterministic mode, where tile t waits
+// for the tiles of its (kv head, sequence) with higher key blocks (all of them here, a
+// superset of the kernel's: only those sharing a query block), the run never deadlocks: some
+// CTA can always finish its oldest tile or claim, in every interleaving tried, in both CTA
+// orders.
+TEST(HopperBwdDqOrder, ClaimedTilesCoverEveryTileOnceAndNeverDeadlock) {
+  std::mt19937 random(17);
+  for (const std::int32_t key_blocks : {1, 3, 8, 16})
+    for (const std::int32_t head_batches : {1, 2, 5, 16})
+      for (const std::int32_t section_heads : {0, 2, 4})
+        for (const std::int32_t ctas : {1, 2, 3, 7, 20})
+          for (int trial = 0; trial < 4; ++trial) {
+            const std::int32_t num_tiles = key_blocks * head_batches;
+            if (ctas > num_tiles) continue;
+            SCOPED_TRACE("key blocks " + std::to_string(key_blocks) + " head_batches " +
+                         std::to_string(head_batches) + " section " + std::to_string(section_heads) + " ctas " +
+                         std::to_string(ctas) + " trial " + std::to_string(trial));
+            const hopper::TileOrder order{key_blocks, head_batches, section_heads};
+            std::int32_t counter = 0;
+            auto claim = [&]() { return counter++; };
+            std::vector<ClaimedTiles> walks;
+            for (std::int32_t cta = 0; cta < ctas; ++cta) walks.emplace_back(cta, ctas, num_tiles);
+            std::vector<std::vector<std::int32_t>> queued(static_cast<std::size_t>(ctas));
+            std::vector<bool> walk_ended(static_cast<std::size_t>(ctas), false);
+            std::vector<std::int32_t> last_claimed(static_cast<std::size_t>(ctas), -1);
+            std::vector<bool> done(static_cast<std::size_t>(num_tiles), false);
+            std::vector<int> claimed(static_cast<std::size_t>(num_tiles), 0);
+            // Tile t may finish once every tile it waits for has (deterministic turns).
+            auto can_finish = [&](std::int32_t tile) {
+              const KeyBlockOfCta at = key_block_of_cta(order, tile, /*deterministic=*/true);
+              for (std::int32_t other = 0; other < num_tiles; ++other) {
+                const KeyBlockOfCta o = key_block_of_cta(order, other, true);
+                if (o.head_batch == at.head_batch && o.n_block > at.n_block && !done[static_cast<std::size_t>(other)])
+                  return false;
+              }
+              return true;
+            };
+            std::int32_t finished = 0;
+            while (finished < num_tiles) {
+              std::vector<std::pair<int, std::int32_t>> actions;  // (0 claim | 1 finish, cta)
+              for (std::int32_t cta = 0; cta < ctas; ++cta) {
+                const auto& queue = queued[static_cast<std::size_t>(cta)];
+                if (!walk_ended[static_cast<std::size_t>(cta)] && queue.size() < 3) actions.push_back({0, cta});
+                if (!queue.empty() && can_finish(queue.front())) actions.push_back({1, cta});
+              }
+              ASSERT_FALSE(actions.empty()) << "deadlock with " << finished << " of " << num_tiles << " tiles done";
+              const auto [kind, cta] = actions[std::uniform_int_distribution<std::size_t>(0, actions.size() - 1)(random)];
+              auto& queue = queued[static_cast<std::size_t>(cta)];
+              if (kind == 0) {
+                std::int32_t tile = -1;
+                if (!walks[static_cast<std::size_t>(cta)].next(tile, claim)) {
+                  walk_ended[static_cast<std::size_t>(cta)] = true;
+                  continue;
+                }
+                ASSERT_GE(tile, 0);
+                ASSERT_LT(tile, num_tiles);
+                EXPECT_GT(tile, last_claimed[static_cast<std::size_t>(cta)]) << "cta " << cta;
+                last_claimed[static_cast<std::size_t>(cta)] = tile;
+                ++claimed[static_cast<std::size_t>(tile)];
+                queue.push_back(tile);
+              } else {
+                done[static_cast<std::size_t>(queue.front())] = true;
+                queue.erase(queue.begin());
+                ++finished;
+              }
+            }
+            for (std::int32_t tile = 0; tile < num_tiles; ++tile)
+              EXPECT_EQ(claimed[static_cast<std::size_t>(tile)], 1) << tile;
+          }
+  // One CTA per tile: its own tile and no claim.
+  std::int32_t counter = 0;
+  ClaimedTiles walk(4, 5, 5);
+  std::int32_t tile = -1;
+  ASSERT_TRUE(walk.next(tile, [&]() { return counter++; }));
+  EXPECT_EQ(tile, 4);
+  EXPECT_FALSE(walk.next(tile, [&]() { return counter++; }));
+  EXPECT_EQ(counter, 0);
 }
 
 }  // namespace

@@ -11,6 +11,10 @@
 // FA2-class kernels. Skips without a GPU.
 #include "tests/cuda/backward_case.hpp"
 
+#include <string>
+
+#include "src/cuda/hopper_bwd/launch.hpp"
+
 namespace flashattn {
 namespace {
 
@@ -192,6 +196,38 @@ TEST_F(CudaMasksHopperBackward, DeterministicWithMasks) {
     c.is_bias = false, c.causal = true;
     check_mask_case(c);
   }
+}
+
+// The persistent grids (kernel.cuh: CTAs looping over tiles; the static walk and the dynamic
+// claims) under device masks: GQA, causal, deterministic, grids of 1 and 3 CTAs (many tiles
+// each) against the per-tile grid
+// in one process: dQ, dK, dV (and dBias: its atomic adds are per element, in no fixed
+// order, so within the oracle's tolerance only) bitwise equal in deterministic mode, and
+// within the oracle's tolerance.
+TEST_F(CudaMasksHopperBackward, PersistentGridMatchesThePerTileGrid) {
+  struct GridOverride {  // the process's own grid again when the test ends, even on failure
+    ~GridOverride() { cuda::hopper_bwd::override_persistent_grid_ctas(-1); }
+  } restore;
+  for (const std::int64_t d : {64, 128})
+    for (const bool is_bias : {true, false}) {
+      MaskCase c = mask_case(d);
+      c.heads_q = 8, c.heads_kv = 2, c.batch = 3, c.deterministic = true, c.is_bias = is_bias, c.causal = !is_bias;
+      SCOPED_TRACE(c.name());
+      MaskProblem p(c);
+      cuda::hopper_bwd::override_persistent_grid_ctas(0);
+      const MaskGradients per_tile = run_cuda(p);
+      for (const bool is_dynamic : {false, true})
+      for (const int ctas : {1, 3}) {
+        SCOPED_TRACE(std::string(is_dynamic ? "dynamic" : "static") + " persistent grid of " +
+                     std::to_string(ctas) + " CTAs");
+        cuda::hopper_bwd::override_persistent_grid_ctas(ctas, is_dynamic);
+        const MaskGradients persistent = run_cuda(p);
+        EXPECT_TRUE(persistent.dq.bitwise_equal(per_tile.dq)) << "dq differs from the per-tile grid";
+        EXPECT_TRUE(persistent.dk.bitwise_equal(per_tile.dk)) << "dk differs from the per-tile grid";
+        EXPECT_TRUE(persistent.dv.bitwise_equal(per_tile.dv)) << "dv differs from the per-tile grid";
+      }
+      check_mask_case(c);  // under the dynamic 3-CTA grid (the override stays until the end)
+    }
 }
 
 // GQA 8/1 over a long key range: one CTA walks eight query heads' lists (each of the

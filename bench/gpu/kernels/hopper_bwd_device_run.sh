@@ -8,6 +8,8 @@
 #   SKIP_OVERLAPPED=1: skips the overlapped/deferred_dk schedules' and the L2-section
 #   order's tests, sanitizers and A/B timing (FLASHATTN_CUDA_HOPPER_BWD_SCHEDULE,
 #   FLASHATTN_CUDA_HOPPER_BWD_ORDER; kernel.cuh, tile_config.hpp, launch.hpp)
+#   SKIP_PERSISTENT=1: skips the persistent grid's tests, sanitizers and per-tile vs
+#   persistent timing (FLASHATTN_CUDA_HOPPER_BWD_GRID=persistent, launch.hpp)
 # Runs in the tree it lives in: the repo root, or (what the 2026-11-23 runs did, so
 # that other work in progress in a shared checkout cannot break the build) a
 # `git archive HEAD` snapshot with .device-deps copied in, in an ignored folder named
@@ -77,6 +79,30 @@ if [ "${SKIP_OVERLAPPED:-0}" != 1 ]; then
   FLASHATTN_CUDA_HOPPER_BWD_ORDER=l2_sections timeout "${TIMING_LIMIT:-120}" \
     "$tree/bench/gpu/kernels/flashattn_hopper_bwd_timing" 20 --schedules --quick > "$out/schedules_l2_sections.csv" 2>> "$logs/timing.err"
   echo "schedules l2_sections rc=$?" | tee -a "$log"; cat "$out/schedules_l2_sections.csv" | tee -a "$log"
+fi
+
+if [ "${SKIP_PERSISTENT:-0}" != 1 ]; then
+  step "persistent grid: tests, sanitizers, per-tile vs persistent"
+  for grid_ctas in "" 3; do
+    for t in test_cuda_backward_hopper test_cuda_masks_hopper_bwd; do
+      FLASHATTN_CUDA_HOPPER_BWD_GRID=persistent FLASHATTN_CUDA_HOPPER_BWD_GRID_CTAS=$grid_ctas \
+        timeout "${HOPPER_TEST_LIMIT:-300}" "$tree/tests/cuda/$t" --gtest_brief=1 > "$logs/persistent${grid_ctas}_$t.log" 2>&1
+      rc=$?; echo "persistent grid ${grid_ctas:-(every SM)} $t rc=$rc" | tee -a "$log"
+      grep -E "FAILED|Failure|PASSED" "$logs/persistent${grid_ctas}_$t.log" | head -20 | tee -a "$log"
+      if [ "$rc" = 124 ]; then tail -20 "$logs/persistent${grid_ctas}_$t.log" | tee -a "$log"; echo "hang: stopping" | tee -a "$log"; tar -czf "$out/logs.tar.gz" -C "$logs" .; exit 1; fi
+    done
+  done
+  for tool in memcheck racecheck synccheck; do
+    FLASHATTN_CUDA_HOPPER_BWD_GRID=persistent FLASHATTN_CUDA_HOPPER_BWD_GRID_CTAS=3 timeout "${SANITIZER_LIMIT:-60}" \
+      compute-sanitizer --tool $tool --error-exitcode 3 "$tree/tests/cuda/test_cuda_backward_hopper" --gtest_brief=1 \
+      --gtest_filter='*TailsOfBothSequences*:*Varlen*:*PersistentGrid*' > "$logs/persistent_$tool.log" 2>&1
+    echo "persistent $tool rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$logs/persistent_$tool.log" | tail -1)" | tee -a "$log"
+  done
+  for extra in "" "--deterministic"; do
+    timeout "${TIMING_LIMIT:-120}" "$tree/bench/gpu/kernels/flashattn_hopper_bwd_timing" 20 --grids --quick $extra \
+      > "$out/grids${extra:+_deterministic}.csv" 2>> "$logs/timing.err"
+    echo "grids $extra rc=$?" | tee -a "$log"; cat "$out/grids${extra:+_deterministic}.csv" | tee -a "$log"
+  done
 fi
 
 step "variants"

@@ -20,6 +20,14 @@
 //     max_rel_diff compares the others' gradients with lockstep's (deterministic: dQ/dK/dV
 //     must be bitwise equal, 0). deferred_dk runs only at d128 in the default mode
 //     (elsewhere it is the overlapped kernel again).
+// flashattn_hopper_bwd_timing [repeats] --grids [--quick] [--deterministic]
+//     kernel.cuh's grids side by side on the d64/d128 sweeps, in the schedule
+//     FLASHATTN_CUDA_HOPPER_BWD_SCHEDULE selects: one CTA per tile (the default), the
+//     persistent grid's static walk (one CTA per SM, FLASHATTN_CUDA_HOPPER_BWD_GRID=persistent)
+//     and its dynamic claims (=dynamic, in the L2-section order unless
+//     FLASHATTN_CUDA_HOPPER_BWD_ORDER=flat), whatever FLASHATTN_CUDA_HOPPER_BWD_GRID says;
+//     the max_rel_diff columns compare each persistent grid's gradients with the per-tile
+//     grid's (deterministic: must be 0, bitwise equal).
 // Anywhere after [repeats]: --dropout P (dropout probability P on every shape) and
 // --alibi (ALiBi, one slope per head); sm90_plain_ms is then the same shape without
 // them (same call, so their cost is sm90_ms / sm90_plain_ms), and the anchors run
@@ -345,6 +353,64 @@ void sweep_schedules(int repeats, bool quick, const Variants& variants) {
     }
 }
 
+// Times kernel.cuh's grids on one shape (the library's dispatch, its schedule).
+void compare_grids(const Shape& shape, int repeats, const Variants& variants) {
+  namespace hopper_bwd = flashattn::cuda::hopper_bwd;
+  Problem p(shape, variants);
+  const std::string reason = hopper_bwd::why_unsupported(flashattn::validate_backward(p.args));
+  if (!reason.empty()) {
+    std::printf("# %s n%lld: not on the Hopper kernel: %s\n", shape.sweep, static_cast<long long>(shape.seqlen),
+                reason.c_str());
+    return;
+  }
+  constexpr int kPerTile = 0, kEverySm = 1 << 30;  // persistent_grid_ctas caps it at the SM count
+  auto run_with = [&](int ctas, bool is_dynamic) {
+    hopper_bwd::override_persistent_grid_ctas(ctas, is_dynamic);
+    flashattn::backward(p.args);
+  };
+  p.poison_gradients();
+  run_with(kPerTile, false);
+  check(cudaDeviceSynchronize(), "per-tile grid run");
+  const std::vector<float> reference = p.gradients();
+  p.poison_gradients();
+  run_with(kEverySm, false);
+  check(cudaDeviceSynchronize(), "persistent grid run");
+  const double difference = max_relative_difference(p.gradients(), reference);
+  p.poison_gradients();
+  run_with(kEverySm, true);
+  check(cudaDeviceSynchronize(), "dynamic grid run");
+  const double dynamic_difference = max_relative_difference(p.gradients(), reference);
+  const double per_tile_ms = median_ms([&] { run_with(kPerTile, false); }, repeats);
+  const double persistent_ms = median_ms([&] { run_with(kEverySm, false); }, repeats);
+  const double dynamic_ms = median_ms([&] { run_with(kEverySm, true); }, repeats);
+  hopper_bwd::override_persistent_grid_ctas(-1);
+  const double flops = 2.5 * p.forward_flops();
+  auto tflops = [&](double ms) { return flops / (ms * 1e-3) / 1e12; };
+  std::printf("%s,%s,%lld,%lld,%lld,%lld,%d,%d,%.4f,%.1f,%.4f,%.1f,%.3f,%.3g,%.4f,%.1f,%.3f,%.3g\n", shape.sweep,
+              flashattn::dtype_name(shape.dtype), static_cast<long long>(shape.batch),
+              static_cast<long long>(shape.heads), static_cast<long long>(shape.seqlen),
+              static_cast<long long>(shape.head_dim), shape.causal ? 1 : 0, variants.deterministic ? 1 : 0, per_tile_ms,
+              tflops(per_tile_ms), persistent_ms, tflops(persistent_ms), per_tile_ms / persistent_ms, difference,
+              dynamic_ms, tflops(dynamic_ms), per_tile_ms / dynamic_ms, dynamic_difference);
+  std::fflush(stdout);
+}
+
+void sweep_grids(int repeats, bool quick, const Variants& variants) {
+  std::printf("sweep,dtype,batch,heads,seqlen,head_dim,causal,deterministic,per_tile_ms,per_tile_tflops,"
+              "persistent_ms,persistent_tflops,persistent_speedup,max_rel_diff,dynamic_ms,dynamic_tflops,"
+              "dynamic_speedup,dynamic_max_rel_diff\n");
+  const std::vector<std::int64_t> seqlens =
+      quick ? std::vector<std::int64_t>{1024, 4096, 16384} : std::vector<std::int64_t>{512, 1024, 2048, 4096, 8192, 16384};
+  for (std::int64_t n : seqlens)
+    for (bool causal : {false, true}) {
+      if (n >= 1024)
+        compare_grids({"seed004_fp16_b4h48_d64", flashattn::DType::float16, 4, 48, n, 64, causal}, repeats, variants);
+      for (std::int64_t d : {64, 128})
+        compare_grids({"fa3_bf16_16k_tokens", flashattn::DType::bfloat16, 16384 / n, 2048 / d, n, d, causal},
+                      repeats, variants);
+    }
+}
+
 // Variant names: m<block_m>_n<block_n>_s<stages>.
 void sweep_variants(int repeats) {
   using flashattn::cuda::hopper_bwd::HopperBwdTileConfig;
@@ -377,6 +443,12 @@ int main(int argc, char** argv) {
   }
   if (argc > 2 && std::string(argv[2]) == "--variants") {
     sweep_variants(repeats);
+    return 0;
+  }
+  if (argc > 2 && std::string(argv[2]) == "--grids") {
+    bool quick_grids = false;
+    for (int i = 3; i < argc; ++i) quick_grids = quick_grids || std::string(argv[i]) == "--quick";
+    sweep_grids(repeats, quick_grids, variants);
     return 0;
   }
   if (argc > 2 && std::string(argv[2]) == "--schedules") {

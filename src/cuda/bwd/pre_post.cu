@@ -114,6 +114,7 @@ struct ZeroedSections {
   std::int64_t dq_accum_vectors = 0;  // float4s
   std::int32_t* maybe_semaphores = nullptr;
   std::int64_t semaphores = 0;
+  std::int32_t* maybe_tile_counter = nullptr;  // one int32
 };
 
 template <class Element>
@@ -125,6 +126,7 @@ __global__ void __launch_bounds__(kThreads)
   for (std::int64_t v = thread; v < zeroed.dq_accum_vectors; v += threads)
     zeroed.maybe_dq_accum[v] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   for (std::int64_t s = thread; s < zeroed.semaphores; s += threads) zeroed.maybe_semaphores[s] = 0;
+  if (thread == 0 && zeroed.maybe_tile_counter != nullptr) *zeroed.maybe_tile_counter = 0;
 
   const RowOfGroup row = row_of_group(params, row_blocks, lanes_per_row);
   float sum = 0.0f;
@@ -292,12 +294,15 @@ void launch_preprocess(const BackwardParams& params, const Workspace& workspace,
       zeroed.maybe_semaphores = workspace.dq_semaphore;
       zeroed.semaphores = Workspace::semaphores_per_head(params) * params.heads_q;
     }
+    zeroed.maybe_tile_counter = workspace.maybe_tile_counter;
     if (grid.ctas == 0) {
       // No rows to walk (batch or heads empty are returned earlier; seqlen_q 0): the memsets' job only.
       if (zeroed.dq_accum_vectors > 0)
         FLASHATTN_CUDA_CHECK(cudaMemsetAsync(zeroed.maybe_dq_accum, 0, 16 * zeroed.dq_accum_vectors, stream));
       if (zeroed.semaphores > 0)
         FLASHATTN_CUDA_CHECK(cudaMemsetAsync(zeroed.maybe_semaphores, 0, 4 * zeroed.semaphores, stream));
+      if (zeroed.maybe_tile_counter != nullptr)
+        FLASHATTN_CUDA_CHECK(cudaMemsetAsync(zeroed.maybe_tile_counter, 0, sizeof(std::int32_t), stream));
       return;
     }
     const auto kernel =
@@ -317,6 +322,8 @@ void launch_preprocess(const BackwardParams& params, const Workspace& workspace,
         sizeof(std::int32_t) * static_cast<std::size_t>(Workspace::semaphores_per_head(params) * params.heads_q);
     FLASHATTN_CUDA_CHECK(cudaMemsetAsync(workspace.dq_semaphore, 0, bytes, stream));
   }
+  if (workspace.maybe_tile_counter != nullptr)
+    FLASHATTN_CUDA_CHECK(cudaMemsetAsync(workspace.maybe_tile_counter, 0, sizeof(std::int32_t), stream));
   launch_per_row(dsum_kernel<__half>, dsum_kernel<__nv_bfloat16>, params, workspace, padded_rows, stream);
 }
 

@@ -29,6 +29,9 @@ struct Workspace {
   // int32 [heads_q, semaphores_per_head]; zeroed by the preprocess. (No stride field:
   // the Hopper kernel's parameters fill exactly 512 bytes before its tensor maps.)
   std::int32_t* dq_semaphore = nullptr;
+  // The Hopper backward's dynamic persistent grid (hopper_bwd/kernel.cuh): the tiles claimed
+  // so far, one int32 zeroed by the preprocess; null where no Hopper kernel runs.
+  std::int32_t* maybe_tile_counter = nullptr;
 
   // dq_accum rows of one head: the packed query rows plus kMaxBlockM, so a query tile
   // of block_m rows starting in the last sequence stays inside the head's rows. A
@@ -79,7 +82,7 @@ inline std::size_t round_up_to_alignment(std::size_t bytes) {
 
 // LSE [heads_q, stats rows] fp32 | D [heads_q, stats rows] fp32 | dq_accum [heads_q,
 // dq rows, head_dim] fp32 | dq_semaphore [heads_q, semaphore rows] int32 (deterministic
-// only). Sections start on 256-byte boundaries.
+// only) | the tile counter, int32. Sections start on 256-byte boundaries.
 // The size depends on the arguments only, never on the GPU: a deterministic call may
 // run the Hopper kernel (ordered dQ bulk reductions into dq_accum, one semaphore per
 // query block) or the FA2-class kernels (a dQ kernel writing dQ directly, neither
@@ -88,8 +91,12 @@ struct WorkspaceLayout {
   std::size_t stats_bytes = 0;  // each of LSE and D
   std::size_t dq_accum_bytes = 0;
   std::size_t semaphore_bytes = 0;
+  // The tile counter (one int32, a section of its own in every layout).
+  std::size_t tile_counter_bytes = kWorkspaceAlignment;
   // + alignment slack: the sections are carved from the caller's pointer rounded up to 256 bytes.
-  std::size_t total() const { return 2 * stats_bytes + dq_accum_bytes + semaphore_bytes + kWorkspaceAlignment; }
+  std::size_t total() const {
+    return 2 * stats_bytes + dq_accum_bytes + semaphore_bytes + tile_counter_bytes + kWorkspaceAlignment;
+  }
 };
 
 inline WorkspaceLayout workspace_layout(const BackwardParams& params) {
@@ -115,6 +122,8 @@ inline Workspace carve_workspace(const BackwardParams& params) {
   if (layout.dq_accum_bytes > 0) workspace.dq_accum = reinterpret_cast<float*>(base + 2 * layout.stats_bytes);
   if (layout.semaphore_bytes > 0)
     workspace.dq_semaphore = reinterpret_cast<std::int32_t*>(base + 2 * layout.stats_bytes + layout.dq_accum_bytes);
+  workspace.maybe_tile_counter =
+      reinterpret_cast<std::int32_t*>(base + 2 * layout.stats_bytes + layout.dq_accum_bytes + layout.semaphore_bytes);
   workspace.stats_head_stride = Workspace::stats_rows_per_head(params);
   workspace.dq_head_stride = Workspace::dq_rows_per_head(params);
   return workspace;

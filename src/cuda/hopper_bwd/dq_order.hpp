@@ -98,4 +98,82 @@ FLASHATTN_HOST_DEVICE KeyBlockOfCta key_block_of_cta(const hopper::TileOrder& or
   return {deterministic ? at.m_block : order.num_m_blocks - 1 - at.m_block, at.head_batch};
 }
 
+// The tiles CTA `cta` of `ctas` runs (kernel.cuh; every role walks them alike): rounds of
+// `ctas` consecutive tiles of the order, the CTA taking the round's cta-th tile in even
+// rounds and its (ctas - 1 - cta)-th in odd ones; indices past num_tiles (the last round)
+// are skipped. Every tile once over the CTAs, increasing per CTA (the deterministic mode's
+// deadlock argument, top of kernel.cuh). The reversal pairs a CTA's heavy tiles with light
+// ones under causal masks: in the flat order tile t has key block t % key_blocks, and with
+// the plain stride (cta, cta + ctas, ...) a CTA met few key blocks when ctas is not a
+// multiple of them (1k causal at d128, 132 CTAs, 8 key blocks: two of eight, some CTAs twice
+// the work of others). ctas == num_tiles (one CTA per tile): tile cta only.
+// tests/cuda/test_hopper_bwd_dq_order.cpp checks both properties.
+class CtaTiles {
+ public:
+  FLASHATTN_HOST_DEVICE CtaTiles(std::int32_t cta, std::int32_t ctas, std::int32_t num_tiles)
+      : cta_(static_cast<std::uint32_t>(cta)),
+        ctas_(static_cast<std::uint32_t>(ctas)),
+        num_tiles_(static_cast<std::uint32_t>(num_tiles)) {}
+  // The next tile into `tile`; false when the CTA is done.
+  FLASHATTN_HOST_DEVICE bool next(std::int32_t& tile) {
+    const std::uint32_t candidate = tile_of_round(cta_, ctas_, round_++);
+    if (candidate >= num_tiles_) return false;
+    tile = static_cast<std::int32_t>(candidate);
+    return true;
+  }
+  // The walk without state (the kernel's scheduler lane: 24 registers): the CTA's tile of
+  // round `round` (its round-th tile), num_tiles or more when the walk has ended before it.
+  // Only the last round can be partial, so the first candidate past num_tiles ends the walk.
+  // Below 2^32: num_tiles and ctas are below 2^31, round <= num_tiles / ctas + 1.
+  FLASHATTN_HOST_DEVICE static std::uint32_t tile_of_round(std::uint32_t cta, std::uint32_t ctas,
+                                                            std::uint32_t round) {
+    return round * ctas + ((round & 1u) != 0 ? ctas - 1 - cta : cta);
+  }
+
+ private:
+  std::uint32_t cta_, ctas_, num_tiles_;
+  std::uint32_t round_ = 0;
+};
+
+// The tiles CTA `cta` of `ctas` runs under the dynamic persistent grid (kernel.cuh,
+// FLASHATTN_CUDA_HOPPER_BWD_GRID=dynamic): tile cta first, then tile ctas + c for each value
+// c that `claim` draws from the grid's counter (kernel: atomicAdd on the workspace's, zeroed
+// by the preprocess), until one reaches num_tiles. Every tile once over the CTAs (the first
+// ctas by blockIdx, the rest by the counter, which hands out every value once), and
+// increasing per CTA, since the counter only grows. Deterministic mode (top of kernel.cuh):
+// when a tile waits for tile t' < t, t' has been claimed (the counter handed out every value
+// below t's), and its CTA runs it after its own lower tiles only. ctas == num_tiles: tile
+// cta only, no claim. tests/cuda/test_hopper_bwd_dq_order.cpp checks both properties and
+// simulates the deterministic waits under interleaved claims.
+class ClaimedTiles {
+ public:
+  FLASHATTN_HOST_DEVICE ClaimedTiles(std::int32_t cta, std::int32_t ctas, std::int32_t num_tiles)
+      : cta_(static_cast<std::uint32_t>(cta)),
+        ctas_(static_cast<std::uint32_t>(ctas)),
+        num_tiles_(static_cast<std::uint32_t>(num_tiles)) {}
+  // The next tile into `tile`; false when the CTA is done. claim(): the counter's next value.
+  template <class Claim>
+  FLASHATTN_HOST_DEVICE bool next(std::int32_t& tile, Claim&& claim) {
+    const std::uint32_t candidate = tile_of_take(cta_, ctas_, num_tiles_, taken_++, claim);
+    if (candidate >= num_tiles_) return false;
+    tile = static_cast<std::int32_t>(candidate);
+    return true;
+  }
+  // The walk without state (the kernel's scheduler lane): the CTA's taken-th tile (taken
+  // counts from 0 and stops at the first result of num_tiles or more), claiming from the
+  // counter for every take but the first (none when the first tiles are all: ctas >=
+  // num_tiles). 32-bit: ctas + any value the counter reaches stays below 2^32.
+  template <class Claim>
+  FLASHATTN_HOST_DEVICE static std::uint32_t tile_of_take(std::uint32_t cta, std::uint32_t ctas,
+                                                          std::uint32_t num_tiles, int taken, Claim&& claim) {
+    if (taken == 0) return cta;
+    if (ctas >= num_tiles) return num_tiles;
+    return ctas + static_cast<std::uint32_t>(claim());
+  }
+
+ private:
+  std::uint32_t cta_, ctas_, num_tiles_;
+  int taken_ = 0;
+};
+
 }  // namespace flashattn::cuda::hopper_bwd

@@ -41,6 +41,30 @@
 //   dK (scaled by softmax_scale) and dV (dropout: scaled by 1 / (1 - p)) are stored
 //   from registers at the end.
 //
+// The grid (HopperBackwardParams::grid_ctas, launch.hpp): one CTA per tile, or persistent
+// (FLASHATTN_CUDA_HOPPER_BWD_GRID=persistent or =dynamic: one CTA per SM). The static walk
+// (persistent; the per-tile grid: tile b only): CTA b runs one tile of each round of
+// gridDim.x consecutive tiles, b in even rounds and gridDim.x - 1 - b in odd ones (CtaTiles,
+// dq_order.hpp). The dynamic claims (maybe_tile_counter): tile b first, then gridDim.x + the
+// counter's next value (ClaimedTiles), in the L2-section order (heaviest key blocks first).
+// Either way a CTA's tiles come in increasing index. The producer warpgroup's warp
+// kSchedulerWarp (its lane 0, the scheduler) walks them and puts each into a two-slot tile
+// queue (hopper/tile_queue.cuh, as the forward's), with what the loads need of it
+// (TileLoads), and loads its K/V; the Q/dO loads thread and every consumer warp take them
+// from there and skip the same ones (key_block_work), and the dQ writer takes each step
+// from consumer 0. The producer's roles fit their 24 registers without a spill only so:
+// the scheduler keeps its state in shared memory (SchedulerState) and claims after the K/V
+// load, the loads thread reads the tile from its TileLoads at each step. What runs on across
+// a CTA's tiles: the Q/dO/LSE/D ring (its stages and mbarrier phases count the CTA's
+// steps, not the tile's, and so does the overlapped schedule's dS^T buffer parity), so the
+// next tile's first steps load while the consumers finish the current one; and K/V: the
+// loads wait on kv_empty, which every consumer warp arrives on once its tile's last dQ
+// product (the last reader of K and V) is done, so the next K/V land while the consumers
+// issue their last dK and store dK/dV. Per tile, balanced: kv_full and kv_empty complete
+// one phase per tile with a step, the accumulators restart; the dQ handshake barriers
+// once per step and once more at the end. Tiles with keys but no step load nothing and
+// store dK = dV = 0; tiles past a varlen sequence's keys are skipped by every role.
+//
 // Shared-memory tiles: 64-column panels, 128-byte swizzle (see hopper/kernel.cuh).
 // dS^T is one panel: row = key, 64 query columns.
 // Rows past a sequence: Q/dO rows past the tensor arrive as zeros, rows of the next
@@ -57,21 +81,32 @@
 // (dq_order.hpp gives the visitors of a query block, exactly those whose
 // rows_of_columns range holds it), after it waits for the reduction to complete and
 // publishes turn + 1 (release). Fp32 addition in a fixed order: dQ is bitwise
-// repeatable. The key blocks are mapped onto blockIdx.x in reverse (highest first; within
-// a sequence and kv head, in both CTA orders: pipeline.cuh's cta_key_block):
-//   - deadlock freedom: a CTA only waits for CTAs of the same (sequence, kv head) with a
-//     higher key block, which have a lower blockIdx.x. CTAs are dispatched in blockIdx
-//     order, so those are resident or finished when it waits, and by induction on
-//     blockIdx.x each of them completes its steps (the lowest CTA waits for no one);
-//     nothing else a CTA waits on (its own mbarriers and named barriers) depends on
-//     another CTA. Whatever the order of the steps inside a CTA (query heads of the group,
-//     then ascending query blocks), no CTA waits on a CTA that waits on it.
+// repeatable. The key blocks are mapped onto the tile index t in reverse (highest first;
+// within a sequence and kv head, in both CTA orders: pipeline.cuh's cta_key_block):
+//   - deadlock freedom: a tile only waits for tiles of the same (sequence, kv head) with a
+//     higher key block, which have a lower t. Per-tile grid (t = blockIdx.x): CTAs are
+//     dispatched in blockIdx order, so those are resident or finished when it waits, and
+//     by induction on t each of them completes its steps (the lowest waits for no one).
+//     Persistent grids (at most one CTA per SM, so all CTAs are resident at once; each CTA
+//     runs its tiles in increasing index and publishes a tile's last turn before it starts
+//     the next tile): by induction on t, a tile t' < t that t waits for is run by a
+//     resident CTA, which reaches t' after finishing its tiles below t' (complete by
+//     induction), never after t: if it is t's own CTA, t' comes before t in its walk, so a
+//     CTA never waits on a tile it runs later. The dynamic claims keep both premises: t' is
+//     claimed by the time t is (the first gridDim.x tiles by blockIdx, the others by the
+//     counter, whose values are handed out in increasing order: t' - gridDim.x was drawn
+//     before t - gridDim.x), so it has a CTA, and each CTA's claims increase. A claim waits
+//     only for the CTA's own consumers (the queue's slot, kv_empty), never for another CTA.
+//     (tests/cuda/test_hopper_bwd_dq_order.cpp simulates it.) Nothing else a
+//     CTA waits on (its own mbarriers and named barriers) depends on another CTA, and
+//     whatever the order of the steps inside a tile (query heads of the group, then
+//     ascending query blocks), no tile waits on a tile that waits on it.
 //   - speed: under causal and sliding-window masks a higher key block starts at a later
 //     query block, so it reaches a given query block after fewer steps than a lower one:
 //     descending turns are (roughly) the order in which the CTAs arrive anyway (FA3
 //     does the same for causal masks). Without a mask every CTA arrives at once and
 //     the adds of a query block serialize either way.
-// CTAs that return early (keys past the sequence, no query block) take no turn.
+// Tiles without a step (keys past the sequence, no query block) take no turn.
 //
 // Device masks (attn_mask, block masks: src/core/mask_tables.hpp). When
 // params.device_mask.by_key_tile is present the steps are, per query head of the group,
@@ -83,7 +118,7 @@
 // with a tile code takes the fast pass instead (fragment::fragment_allowed_bits: its
 // allowed bits before the products), or, under a block mask without bits and
 // FLASHATTN_CUDA_MASKS_BWD_ROW_INTERVALS=1, the key-interval pass (each key row's
-// allowed queries, one interval made once per CTA: see the consumers' prologue).
+// allowed queries, one interval made once per tile: see the consumers' tile loop).
 // Rows with LSE = -inf (they see no key) have +inf in the workspace (preprocess), so
 // P = exp2(-inf or finite - inf) = 0, never NaN. dBias: dS^T before the softcap factor
 // (natural-log units: S^T's gradient w.r.t. scale·q·k + bias) atomically added per
@@ -100,6 +135,7 @@
 #include <cstdint>
 #include <cuda/ptx>
 #include <string>
+#include <type_traits>
 
 #include "flashattn/error.hpp"
 #include "flashattn/mask.hpp"
@@ -110,6 +146,7 @@
 #include "src/cuda/common/named_barriers.hpp"
 #include "src/cuda/common/numeric.cuh"
 #include "src/cuda/common/swizzle.cuh"
+#include "src/cuda/hopper/tile_queue.cuh"
 #include "src/cuda/hopper_bwd/dq_order.hpp"
 #include "src/cuda/hopper_bwd/launch.hpp"
 #include "src/cuda/hopper_bwd/pipeline.cuh"
@@ -124,6 +161,96 @@
 
 namespace flashattn::cuda::hopper_bwd {
 
+#if FLASHATTN_HOPPER_DEVICE_CODE
+// One tile of a CTA's loop: keys [n0, n0 + kv_rows) of kv head head_kv of sequence
+// `batch`, and its steps: every query head of the group x every query block that sees
+// the keys (query blocks [m_block_begin, + m_blocks); dq_order.hpp: the deterministic
+// turns derive from the same ranges), or under a device mask the query tiles its lists
+// name (ListedSteps). The producer, the dQ writer and the consumers compute it alike, so
+// they skip the same tiles and walk the same steps.
+struct KeyBlockWork {
+  // 32-bit: tile coordinates, and key rows below 2^31 (why_unsupported); the producer
+  // warpgroup's 24 registers hold them across its steps.
+  std::int32_t n_block, head_kv, batch;
+  std::int32_t n0, kv_rows;
+  MaskRule mask;  // the sequence's lengths and window
+  int m_block_begin, m_blocks, steps;
+};
+
+// The overlapped schedule's step as consumer 0 hands it to the dQ writer (kernel below),
+// in the 256 bytes of mbarriers and slots from kDqStepSlotOffset.
+struct DqStep {
+  std::int32_t head_q, m_block, batch, n_block;
+  std::int32_t flags;  // kDqStepLastOfTile, kDqStepEnd
+};
+inline constexpr std::int32_t kDqStepLastOfTile = 1;  // the tile's last step: publish its turn at once
+inline constexpr std::int32_t kDqStepEnd = 2;         // no step: the consumers are done
+inline constexpr int kDqStepSlotOffset = 192;
+
+// The tile queue (hopper/tile_queue.cuh): the scheduler lane (the producer warpgroup's warp
+// kSchedulerWarp) puts each tile of the CTA's walk, the loads thread and every consumer warp
+// take it; its mbarriers full[2], empty[2] and slots[2] from this offset of the barrier bytes.
+inline constexpr int kTileQueueOffset = 64;
+inline constexpr int kSchedulerWarp = 2;
+inline constexpr std::int32_t kNoTile = -1;  // the queue's end: every reader stops there
+
+// What the Q/dO loads thread needs of a queued tile, decoded once by the scheduler lane
+// (key_block_work) and written beside the queue's slot before the tile is put: the loads
+// thread reads it from shared memory at each step and releases the slot after the tile's
+// last loads (24 registers: decoding the tile itself, or holding the decoded tile across
+// its steps, made it spill in every step).
+struct TileLoads {
+  std::int64_t stats_start;       // the sequence's first statistics row
+  std::int64_t first_list;        // a device mask's list of (sequence, head_q0, key block)
+  std::int32_t steps;             // -1: the queue's end; 0: nothing to load
+  std::int32_t q_start;           // the sequence's first query row (a TMA coordinate)
+  std::int32_t batch_coordinate;  // the tensor maps' batch (0 when varlen)
+  std::int32_t head_q0;           // the group's first query head
+  std::int32_t m_block_begin, m_blocks;
+  std::int32_t list_head, list_index, list_count;  // the loads thread's walk of the lists
+};
+inline constexpr int kTileLoadsOffset = 256;  // [2], one per queue slot
+
+// The scheduler lane's state between tiles (see the lane in the kernel).
+struct SchedulerState {
+  std::int32_t taken;     // tiles put so far
+  std::int32_t tile;      // the next tile to put (kNoTile: the walk has ended)
+  std::int32_t kv_loads;  // tiles whose K/V were loaded (kv_full's and kv_empty's phases)
+  std::int32_t k_row, head_kv;  // the tile just put: its K/V coordinates
+  // The walk's constants (read here, not hoisted into registers across the loop).
+  std::uint32_t cta, ctas, num_tiles;
+  std::int32_t is_dynamic;
+};
+inline constexpr int kSchedulerStateOffset = kTileLoadsOffset + 2 * static_cast<int>(sizeof(TileLoads));
+
+// The work of tile `tile`; false when its keys lie past its sequence (varlen: no step and
+// no dK/dV row), a tile every role skips. A tile with keys and no step (no query row sees
+// them) only writes dK = dV = 0.
+template <int kBlockM, int kBlockN, bool kDeterministic>
+__device__ __forceinline__ bool key_block_work(const HopperBackwardParams& params, std::int32_t tile,
+                                               KeyBlockWork& work) {
+  const BackwardParams& attention = params.backward;
+  const KeyBlockCoordinates cta = cta_key_block<kDeterministic>(params, tile);
+  work.n_block = static_cast<std::int32_t>(cta.n_block);
+  work.head_kv = static_cast<std::int32_t>(cta.head_kv);
+  work.batch = static_cast<std::int32_t>(cta.batch);
+  const std::int64_t seqlen_k = attention.seqlen_k_of(cta.batch);
+  const std::int64_t n0 = cta.n_block * kBlockN;
+  if (n0 >= seqlen_k) return false;
+  work.n0 = static_cast<std::int32_t>(n0);
+  work.kv_rows = static_cast<std::int32_t>(seqlen_k - n0 < kBlockN ? seqlen_k - n0 : kBlockN);
+  work.mask = attention.mask_of(cta.batch);
+  const QueryBlockRange query_blocks = query_blocks_of_key_block(work.mask, work.n0, work.kv_rows, kBlockM);
+  work.m_block_begin = query_blocks.begin;
+  work.m_blocks = query_blocks.count;
+  const TileLists& key_tile_lists = attention.device_mask.by_key_tile;
+  work.steps = key_tile_lists.present()
+                   ? ListedSteps::total(key_tile_lists, cta.batch, cta.head_kv * attention.group_size,
+                                        attention.group_size, cta.n_block)
+                   : work.m_blocks * static_cast<int>(attention.group_size);
+  return true;
+}
+#endif
 
 template <class T, int kHeadDimArg, int kBlockMArg, int kBlockNArg, int kStagesArg, bool kDeterministic,
           BackwardSchedule kSchedule>
@@ -167,35 +294,35 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
                 "one dQ handshake barrier of each kind per consumer");
   static_assert(128 * kConfig.producer_registers() + kConsumerThreads * kConfig.consumer_registers() <= 65536,
                 "register file: 64K 32-bit registers per SM");
-  static_assert((1 + 2 * kStages) * 8 <= kListedStepSlotsOffset &&
-                    kListedStepSlotsOffset + kStages * static_cast<int>(sizeof(ListedStep)) <= 256,
+  static_assert(kSchedulerStateOffset + static_cast<int>(sizeof(SchedulerState)) <= HopperBwdTileConfig::kBarrierBytes,
+                "tile slots exceed the barrier bytes");
+  static_assert((2 + 2 * kStages) * 8 <= kTileQueueOffset && kTileQueueOffset + 4 * 8 + 2 * 4 <= kListedStepSlotsOffset &&
+                    kListedStepSlotsOffset + kStages * static_cast<int>(sizeof(ListedStep)) <= kDqStepSlotOffset &&
+                    kDqStepSlotOffset + static_cast<int>(sizeof(DqStep)) <= 256,
                 "mbarriers and step slots exceed their 256 bytes");
 
   const BackwardParams& attention = params.backward;
   const bwd::Workspace& workspace = params.workspace;
+  // The CTA's tiles: blockIdx.x, blockIdx.x + gridDim.x, ... below num_tiles (the per-tile
+  // grid: its one tile), each a (key block, kv head, sequence) of params.key_block_order.
   // Flat: key block fastest, so under a causal mask the low key blocks (the most query
   // blocks) start first and the short ones fill the tail (as the FA2-class kernel); or in
   // L2 sections (launch.hpp). Deterministic: highest key block first (see the top of the file).
-  const KeyBlockCoordinates cta = cta_key_block<kDeterministic>(params);
-  const std::int64_t n_block = cta.n_block, head_kv = cta.head_kv, batch = cta.batch;
-  const std::int64_t seqlen_q = attention.seqlen_q_of(batch), seqlen_k = attention.seqlen_k_of(batch);
-  const std::int64_t n0 = n_block * kBlockN;
-  if (n0 >= seqlen_k) return;
-  const std::int64_t kv_rows = seqlen_k - n0 < kBlockN ? seqlen_k - n0 : kBlockN;
-  const MaskRule mask = attention.mask_of(batch);
-  // Steps: every query head of the group x every query block that sees this key block.
-  // (dq_order.hpp: the deterministic mode's turns are derived from the same ranges.)
-  const QueryBlockRange query_blocks = query_blocks_of_key_block(mask, n0, kv_rows, kBlockM);
-  const int m_block_begin = query_blocks.begin;
-  const int m_blocks = query_blocks.count;
-  // Under a device mask: the listed query tiles instead (see the top of the file).
+  // (Read where each role loops: computed once here it is live across the role split, in
+  // the producer warpgroup's 24 registers too.)
+  const auto num_tiles = [&]() {
+    return params.key_block_order.num_m_blocks * params.key_block_order.num_heads_batches;
+  };
+  // Under a device mask the steps are the listed query tiles (see the top of the file).
   const TileLists& key_tile_lists = attention.device_mask.by_key_tile;
   const bool is_listed = key_tile_lists.present();
-  const int steps = is_listed ? ListedSteps::total(key_tile_lists, batch, head_kv * attention.group_size,
-                                                   attention.group_size, n_block)
-                              : m_blocks * static_cast<int>(attention.group_size);
-  auto step_head = [&](int step) { return head_kv * attention.group_size + step / m_blocks; };
-  auto step_m0 = [&](int step) { return static_cast<std::int64_t>(m_block_begin + step % m_blocks) * kBlockM; };
+  // The interval path's step -> (query head, first query row) of a tile.
+  auto step_head = [&](const KeyBlockWork& work, int step) {
+    return work.head_kv * attention.group_size + step / work.m_blocks;
+  };
+  auto step_m0 = [&](const KeyBlockWork& work, int step) {
+    return static_cast<std::int64_t>(work.m_block_begin + step % work.m_blocks) * kBlockM;
+  };
 
   // Tiles 1024-byte aligned (the swizzle atom; the descriptors' base offset is 0).
   extern __shared__ unsigned char shared_storage[];
@@ -214,25 +341,38 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
   float* shared_lse = reinterpret_cast<float*>(shared_base + kConfig.lse_offset());    // kStages x kBlockM
   float* shared_dsum = reinterpret_cast<float*>(shared_base + kConfig.dsum_offset());  // kStages x kBlockM
   auto* barriers = reinterpret_cast<std::uint64_t*>(shared_base + kConfig.barrier_offset());
-  std::uint64_t* kv_full = barriers;                // K and V landed
-  std::uint64_t* full = barriers + 1;               // [kStages]: Q, dO, LSE, D of a step landed
-  std::uint64_t* empty = barriers + 1 + kStages;    // [kStages]: every consumer warp is done with it
+  std::uint64_t* kv_full = barriers;                // K and V of a tile landed
+  std::uint64_t* kv_empty = barriers + 1;           // every consumer warp is done reading a tile's K and V
+  std::uint64_t* full = barriers + 2;               // [kStages]: Q, dO, LSE, D of a step landed
+  std::uint64_t* empty = barriers + 2 + kStages;    // [kStages]: every consumer warp is done with it
   // [kStages]: a listed step (device mask), written by the producer before the stage's loads.
   auto* step_slots = reinterpret_cast<ListedStep*>(shared_base + kConfig.barrier_offset() + kListedStepSlotsOffset);
+  // Overlapped schedule: the step whose dQ consumer 0 has staged, for the dQ writer.
+  auto* dq_step_slot = reinterpret_cast<DqStep*>(shared_base + kConfig.barrier_offset() + kDqStepSlotOffset);
+  // The CTA's tiles, from the scheduler lane to the loads thread and the consumer warps.
+  std::uint64_t* queue_barriers =
+      reinterpret_cast<std::uint64_t*>(shared_base + kConfig.barrier_offset() + kTileQueueOffset);
+  const hopper::TileQueue tile_queue{queue_barriers, queue_barriers + 2,
+                                     reinterpret_cast<std::int32_t*>(queue_barriers + 4)};
+  constexpr int kTileReaders = 1 + kConsumerThreads;  // the loads thread, every consumer thread
+  auto* tile_loads = reinterpret_cast<TileLoads*>(shared_base + kConfig.barrier_offset() + kTileLoadsOffset);
 
   if (threadIdx.x == 0) {
     ::cuda::ptx::mbarrier_init(kv_full, 1);
+    ::cuda::ptx::mbarrier_init(kv_empty, kConsumerWarps);
     for (int stage = 0; stage < kStages; ++stage) {
       ::cuda::ptx::mbarrier_init(&full[stage], 1);
       ::cuda::ptx::mbarrier_init(&empty[stage], kConsumerWarps);
+    }
+    for (int slot = 0; slot < 2; ++slot) {
+      ::cuda::ptx::mbarrier_init(&tile_queue.full[slot], 1);
+      ::cuda::ptx::mbarrier_init(&tile_queue.empty[slot], kTileReaders);
     }
     ::cuda::ptx::fence_mbarrier_init(::cuda::ptx::sem_release, ::cuda::ptx::scope_cluster);
   }
   __syncthreads();
 
   const int warpgroup = threadIdx.x / 128;
-  const std::int32_t batch_coordinate = attention.is_varlen() ? 0 : static_cast<std::int32_t>(batch);
-  const std::int64_t stats_start = bwd::Workspace::stats_start(attention, batch);
 
   if (warpgroup == 0) {
     // ---- producer ----------------------------------------------------------------
@@ -241,43 +381,52 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
       // ---- dQ writer (overlapped schedule): warp 1 ----------------------------------
       // Per step, per consumer c: wait until c has staged its part (kDqFull), add its
       // panels to dq_accum (TMA tensor reductions), and once the TMA has read them hand
-      // them back (kDqEmpty). Deterministic: the step's turn is taken before the first
-      // reduction and published once they are performed, which the writer waits for only
-      // after the next step's reductions are issued (FA3's next step: the completion's
-      // latency overlaps the next turn; a CTA still waits only for higher key blocks,
-      // which never wait for it, so holding a turn longer cannot deadlock). The steps are
-      // the producer's (its own walk of the lists under a device mask).
+      // them back (kDqEmpty). The step (query head, query block, sequence, key block) comes
+      // from consumer 0 through dq_step_slot, written before its kDqFull arrival; the
+      // consumers end with a step marked kDqStepEnd. (A walk of the tiles of its own, beside
+      // the loads' in the warpgroup's 24 registers, spilled both loops' state.) The
+      // handshake balances: the writer arrives on kDqEmpty once first and after every step,
+      // each consumer syncs on it before each step and once after its last.
+      // Deterministic: the step's turn is taken before the first reduction and published
+      // once they are performed, which the writer waits for only after the next step's
+      // reductions are issued (FA3's next step: the completion's latency overlaps the next
+      // turn; a CTA still waits only for higher key blocks, which never wait for it, so
+      // holding a turn longer cannot deadlock); a tile's last turn is published before the
+      // next tile's first is taken (see the top of the file).
       if (threadIdx.x / 32 == 1) {
-        if (steps == 0) return;
         const int lane = threadIdx.x % 32;
         const std::uint32_t staging = static_cast<std::uint32_t>(__cvta_generic_to_shared(shared_dq));
-        // dq_accum rows (of a head) below total_q + kMaxBlockM < 2^31 (launch.cu): 32-bit.
-        const auto packed_start = static_cast<std::int32_t>(attention.is_varlen() ? attention.q_start(batch)
-                                                                                  : batch * attention.seqlen_q);
 #pragma unroll
         for (int consumer = 0; consumer < kConsumerWarpgroups; ++consumer)
           ptx::named_barrier_arrive(NamedBarrier::kDqEmptyFirst, kDqHandshakeThreads, consumer);
         DqTurn previous_turn{nullptr, 0};  // deterministic: taken, not yet published
-        auto write_step = [&](int step, std::int32_t head_q, std::int32_t m_block) {
+        for (;;) {
+          ptx::named_barrier_sync(NamedBarrier::kDqFullFirst, kDqHandshakeThreads, 0);
+          const DqStep step = *dq_step_slot;
+          if ((step.flags & kDqStepEnd) != 0) break;
           DqTurn turn{nullptr, 0};
           if constexpr (kDeterministic) {
             if (lane == 0) {
               turn = dq_turn_of<kBlockM, kBlockN, /*kTurnOutOfLine=*/false>(
-                  attention, workspace, mask, batch, head_q, static_cast<std::int64_t>(m_block) * kBlockM, n_block);
+                  attention, workspace, attention.mask_of(step.batch), step.batch, step.head_q,
+                  static_cast<std::int64_t>(step.m_block) * kBlockM, step.n_block);
               acquire_dq_turn(turn);
             }
             __syncwarp();
           }
+          // dq_accum rows (of a head) below total_q + kMaxBlockM < 2^31 (launch.cu): 32-bit.
+          const auto packed_start = static_cast<std::int32_t>(attention.is_varlen() ? attention.q_start(step.batch)
+                                                                                    : step.batch * attention.seqlen_q);
 #pragma unroll
           for (int consumer = 0; consumer < kConsumerWarpgroups; ++consumer) {
-            ptx::named_barrier_sync(NamedBarrier::kDqFullFirst, kDqHandshakeThreads, consumer);
+            if (consumer > 0) ptx::named_barrier_sync(NamedBarrier::kDqFullFirst, kDqHandshakeThreads, consumer);
             if (lane == 0) {
-              const std::int32_t row = packed_start + m_block * kBlockM + (kDqSplitsRows ? 64 * consumer : 0);
+              const std::int32_t row = packed_start + step.m_block * kBlockM + (kDqSplitsRows ? 64 * consumer : 0);
 #pragma unroll
               for (int panel = 0; panel < kDqPanelsPerConsumer; ++panel)
                 ptx::tensor_reduce_add_4d(
                     &params.dq_accum_map, staging + (consumer * kDqPanelsPerConsumer + panel) * kDqPanelBytes,
-                    (kDqSplitsRows ? 0 : consumer * kDqColumns) + panel * kDqPanelColumns, row, head_q, 0);
+                    (kDqSplitsRows ? 0 : consumer * kDqColumns) + panel * kDqPanelColumns, row, step.head_q, 0);
               ptx::bulk_commit_group();
             }
             __syncwarp();
@@ -291,81 +440,198 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
               else ptx::bulk_wait_group_read<0>();
             }
             __syncwarp();
-            if (step + 1 < steps) ptx::named_barrier_arrive(NamedBarrier::kDqEmptyFirst, kDqHandshakeThreads, consumer);
+            ptx::named_barrier_arrive(NamedBarrier::kDqEmptyFirst, kDqHandshakeThreads, consumer);
           }
           if constexpr (kDeterministic) {
-            // The previous step's reductions are performed (this step's kConsumerWarpgroups
-            // groups may still run): publish its turn.
-            if (lane == 0 && step > 0) release_dq_turn<kConsumerWarpgroups>(previous_turn);
-            previous_turn = turn;
+            if (lane == 0) {
+              // The previous step's reductions are performed (this step's kConsumerWarpgroups
+              // groups may still run): publish its turn; a tile's last turn at once.
+              if (previous_turn.semaphore != nullptr) release_dq_turn<kConsumerWarpgroups>(previous_turn);
+              previous_turn = turn;
+              if ((step.flags & kDqStepLastOfTile) != 0) {
+                release_dq_turn(turn);
+                previous_turn = DqTurn{nullptr, 0};
+              }
+            }
             __syncwarp();
           }
-        };
-        // Two loops, so that each holds only its own walk (this warp has 24 registers).
-        if (is_listed) {
-          ListedSteps listed_steps(key_tile_lists, batch, head_kv * attention.group_size, attention.group_size,
-                                   n_block);
-          for (int step = 0; step < steps; ++step) {
-            const ListedStep listed = listed_steps.next();
-            write_step(step, listed.head_q, listed.m_block);
-          }
-        } else {
-          // The interval's steps, counted (32-bit, no division).
-          auto head_q = static_cast<std::int32_t>(head_kv * attention.group_size);
-          std::int32_t m_block = m_block_begin;
-          for (int step = 0; step < steps; ++step) {
-            write_step(step, head_q, m_block);
-            if (++m_block == m_block_begin + m_blocks) {
-              m_block = m_block_begin;
-              ++head_q;
-            }
-          }
         }
-        // The staging panels stay readable until the TMA is done with them; deterministic:
-        // the last turn.
-        if (lane == 0) {
-          if constexpr (kDeterministic) release_dq_turn(previous_turn);
-          else ptx::bulk_wait_group<0>();
-        }
+        // The staging panels stay readable until the TMA is done with them.
+        if (lane == 0) ptx::bulk_wait_group<0>();
         return;
       }
     }
-    if (threadIdx.x != 0 || steps == 0) return;
-    const std::int32_t k_row = static_cast<std::int32_t>(attention.k_start(batch) + n0);
-    ::cuda::ptx::mbarrier_arrive_expect_tx(::cuda::ptx::sem_release, ::cuda::ptx::scope_cta,
-                                           ::cuda::ptx::space_shared, kv_full, 2 * kKVBytes);
-    load_panels<kPanels, kBlockN>(shared_k, &params.k_map, k_row, static_cast<std::int32_t>(head_kv), batch_coordinate, kv_full);
-    load_panels<kPanels, kBlockN>(shared_v, &params.v_map, k_row, static_cast<std::int32_t>(head_kv), batch_coordinate, kv_full);
-    ListedSteps listed_steps(key_tile_lists, batch, head_kv * attention.group_size, attention.group_size, n_block);
-    for (int step = 0; step < steps; ++step) {
-      const int stage = step % kStages;
-      if (step >= kStages) ptx::mbarrier_wait(&empty[stage], ((step / kStages) - 1) & 1);
-      std::int64_t head_q, m0;
-      if (is_listed) {
-        // The slot is released to the consumers by the arrival below.
-        const ListedStep listed = listed_steps.next();
-        step_slots[stage] = listed;
-        head_q = listed.head_q;
-        m0 = static_cast<std::int64_t>(listed.m_block) * kBlockM;
-      } else {
-        head_q = step_head(step);
-        m0 = step_m0(step);
+    if (threadIdx.x / 32 == kSchedulerWarp) {
+      if (threadIdx.x % 32 != 0) return;
+      // ---- scheduler lane and K/V loads: warp kSchedulerWarp's lane 0 ---------------------
+      // Puts the CTA's tiles into the queue in walk order (the static walk, CtaTiles, or the
+      // counter's claims, ClaimedTiles: dq_order.hpp), each with its TileLoads, then kNoTile. After putting a tile it loads the
+      // tile's K and V once every consumer warp is done reading the previous tile's
+      // (kv_empty: after the dQ product of its last step, before its last dK and the dK/dV
+      // stores, which the load overlaps), and only then takes the next tile: a claim runs
+      // about one tile ahead of the consumers (the queue would allow two), so the counter's
+      // last tiles go to the CTAs that finish first. Tiles without a step (or past their
+      // sequence) load no K/V.
+      // Its state lives in shared memory (SchedulerState, volatile: read where used), so
+      // that no register is live across a tile's decode: with 24 registers the decode
+      // (64-bit sequence bounds, the walk, the lists' total) needs them all, and in a loop
+      // it spilled the walk, the counts and half of the decoded tile.
+      volatile SchedulerState* state =
+          reinterpret_cast<volatile SchedulerState*>(shared_base + kConfig.barrier_offset() + kSchedulerStateOffset);
+      // K and V of the tile just put in `slot`, once the consumers are done with the previous.
+      auto load_kv = [&](int slot) {
+        const int kv_loads = state->kv_loads;
+        if (kv_loads > 0) ptx::mbarrier_wait(kv_empty, (kv_loads - 1) & 1);
+        state->kv_loads = kv_loads + 1;
+        const std::int32_t k_row = state->k_row, head_kv = state->head_kv;
+        const std::int32_t batch_coordinate = tile_loads[slot].batch_coordinate;
+        ::cuda::ptx::mbarrier_arrive_expect_tx(::cuda::ptx::sem_release, ::cuda::ptx::scope_cta,
+                                               ::cuda::ptx::space_shared, kv_full, 2 * kKVBytes);
+        load_panels<kPanels, kBlockN>(shared_k, &params.k_map, k_row, head_kv, batch_coordinate, kv_full);
+        load_panels<kPanels, kBlockN>(shared_v, &params.v_map, k_row, head_kv, batch_coordinate, kv_full);
+      };
+      state->taken = 0;
+      state->kv_loads = 0;
+      state->cta = blockIdx.x;
+      state->ctas = gridDim.x;
+      state->num_tiles = static_cast<std::uint32_t>(num_tiles());
+      state->is_dynamic = params.maybe_tile_counter != nullptr ? 1 : 0;
+      state->tile = static_cast<std::int32_t>(blockIdx.x);  // both walks' first (gridDim.x <= num_tiles)
+      for (;;) {
+        const int taken = state->taken;
+        const auto tile = static_cast<std::uint32_t>(state->tile);
+        if (tile == static_cast<std::uint32_t>(kNoTile)) break;
+        const int slot = taken & 1;
+        tile_queue.wait_free(taken);
+        {
+          KeyBlockWork work;
+          const bool has_keys =
+              key_block_work<kBlockM, kBlockN, kDeterministic>(params, static_cast<std::int32_t>(tile), work);
+          const std::int32_t steps = has_keys ? work.steps : 0;
+          volatile TileLoads& loads = tile_loads[slot];  // each field stored where computed
+          loads.steps = steps;
+          if (steps > 0) {
+            loads.stats_start = bwd::Workspace::stats_start(attention, work.batch);
+            loads.q_start = static_cast<std::int32_t>(attention.q_start(work.batch));
+            loads.batch_coordinate = attention.is_varlen() ? 0 : work.batch;
+            loads.head_q0 = static_cast<std::int32_t>(work.head_kv * attention.group_size);
+            loads.m_block_begin = work.m_block_begin;
+            loads.m_blocks = work.m_blocks;
+            if (is_listed)
+              loads.first_list = key_tile_lists.list(work.batch, work.head_kv * attention.group_size, work.n_block);
+            state->k_row = static_cast<std::int32_t>(attention.k_start(work.batch) + work.n0);
+            state->head_kv = work.head_kv;
+          }
+        }
+        tile_queue.put(taken, static_cast<std::int32_t>(tile));
+        state->taken = taken + 1;
+        // K and V (the tile's slot is not rewritten before the next put), then the next
+        // tile: the claim comes after this tile's K/V load (its kv_empty wait), about one
+        // tile ahead of the consumers. Both walks as functions of the take (dq_order.hpp).
+        if (tile_loads[slot].steps > 0) load_kv(slot);
+        const std::uint32_t next_tile =
+            state->is_dynamic != 0
+                ? ClaimedTiles::tile_of_take(state->cta, state->ctas, state->num_tiles, taken + 1,
+                                             [&]() { return atomicAdd(params.maybe_tile_counter, 1); })
+                : CtaTiles::tile_of_round(state->cta, state->ctas, static_cast<std::uint32_t>(taken + 1));
+        state->tile = next_tile < state->num_tiles ? static_cast<std::int32_t>(next_tile) : kNoTile;
       }
-      ::cuda::ptx::mbarrier_arrive_expect_tx(::cuda::ptx::sem_release, ::cuda::ptx::scope_cta,
-                                             ::cuda::ptx::space_shared, &full[stage],
-                                             2 * kQBytes + 2 * kStatsBytes);
-      const std::int32_t q_row = static_cast<std::int32_t>(attention.q_start(batch) + m0);
-      const int offset = stage * kBlockM * kHeadDim;
-      load_panels<kPanels, kBlockM>(shared_q + offset, &params.q_map, q_row, static_cast<std::int32_t>(head_q),
-                                    batch_coordinate, &full[stage]);
-      load_panels<kPanels, kBlockM>(shared_do + offset, &params.dout_map, q_row, static_cast<std::int32_t>(head_q),
-                                    batch_coordinate, &full[stage]);
-      load_statistics(shared_lse + stage * kBlockM, shared_dsum + stage * kBlockM, workspace,
-                      head_q * workspace.stats_head_stride + stats_start + m0, kStatsBytes, &full[stage]);
+      const int taken = state->taken;
+      tile_queue.wait_free(taken);
+      tile_loads[taken & 1].steps = -1;
+      tile_queue.put(taken, kNoTile);
+      return;
+    }
+    if (threadIdx.x != 0) return;
+    // ---- Q/dO loads: thread 0 -----------------------------------------------------------
+    // The tiles from the queue, each read from its TileLoads (shared memory) at every step;
+    // the slot is released after the tile's last loads. The ring of stages runs on across
+    // the CTA's tiles (step `ring` of the CTA: stage ring % kStages), so the next tile's first
+    // steps load while the consumers finish this one.
+    // One loop over the tiles per kind of walk (a device mask's lists or the interval), so
+    // that the interval's loop state is not spilled for the lists' (which need more).
+    auto load_tiles = [&](auto listed_walk) {
+      constexpr bool kIsListed = decltype(listed_walk)::value;
+      int ring = 0;
+      for (int taken = 0;; ++taken) {
+        const int slot = taken & 1;
+        ptx::mbarrier_wait(&tile_queue.full[slot], (taken >> 1) & 1);
+        const TileLoads& loads = tile_loads[slot];
+        if (loads.steps < 0) break;
+        const int ring_end = ring + loads.steps;  // the tile's steps are the ring's [ring, ring_end)
+        // Step `ring`: its stage (once free), the listed step into the stage's slot (released
+        // to the consumers by the "full" arrival), then Q, dO, LSE and D.
+        auto load_step = [&](std::int32_t head_q, std::int32_t m_block, const ListedStep& listed) {
+          const int stage = ring % kStages;
+          if (ring >= kStages) ptx::mbarrier_wait(&empty[stage], ((ring / kStages) - 1) & 1);
+          ++ring;
+          if constexpr (kIsListed) step_slots[stage] = listed;
+          ::cuda::ptx::mbarrier_arrive_expect_tx(::cuda::ptx::sem_release, ::cuda::ptx::scope_cta,
+                                                 ::cuda::ptx::space_shared, &full[stage],
+                                                 2 * kQBytes + 2 * kStatsBytes);
+          const std::int32_t q_row = loads.q_start + m_block * kBlockM;
+          const std::int32_t batch_coordinate = loads.batch_coordinate;
+          const int offset = stage * kBlockM * kHeadDim;
+          load_panels<kPanels, kBlockM>(shared_q + offset, &params.q_map, q_row, head_q, batch_coordinate,
+                                        &full[stage]);
+          load_panels<kPanels, kBlockM>(shared_do + offset, &params.dout_map, q_row, head_q, batch_coordinate,
+                                        &full[stage]);
+          load_statistics(shared_lse + stage * kBlockM, shared_dsum + stage * kBlockM, workspace,
+                          head_q * workspace.stats_head_stride + loads.stats_start + m_block * kBlockM, kStatsBytes,
+                          &full[stage]);
+        };
+        // A tile without a step loads nothing (its record holds no more than that).
+        if (loads.steps > 0) {
+          if constexpr (kIsListed) {
+            // ListedSteps' walk (pipeline.cuh: the query heads of the group in turn, each its
+            // list of query tiles) with 32-bit state: list(sequence, head_q0 + head, key block)
+            // = first_list + head * head_stride. It runs exactly `steps` (the lists' total)
+            // times, so skipping the finished lists first never passes the last.
+            // The walk's state in the tile's record (the thread owns the slot until it releases
+            // it): in registers it spilled beside the step's loads.
+            volatile TileLoads& walk = tile_loads[slot];
+            walk.list_head = 0;
+            walk.list_index = 0;
+            walk.list_count = key_tile_lists.count(loads.first_list);
+            while (ring < ring_end) {
+              std::int32_t head = walk.list_head, index = walk.list_index;
+              while (index >= walk.list_count) {
+                ++head;
+                index = 0;
+                walk.list_count = key_tile_lists.count(loads.first_list + head * key_tile_lists.head_stride);
+              }
+              walk.list_head = head;
+              walk.list_index = index + 1;
+              const std::int64_t list = loads.first_list + head * key_tile_lists.head_stride;
+              const TileEntry entry = key_tile_lists.entry(list, index);
+              const ListedStep listed{loads.head_q0 + head, entry.tile, entry.partial ? 1 : 0,
+                                      entry.partial ? key_tile_lists.code(list, index) : kGeneralTile};
+              load_step(listed.head_q, listed.m_block, listed);
+            }
+          } else {
+            // The interval's steps, counted (32-bit, no division).
+            std::int32_t head_q = loads.head_q0;
+            std::int32_t m_block = loads.m_block_begin;
+            while (ring < ring_end) {
+              load_step(head_q, m_block, ListedStep{});
+              if (++m_block == loads.m_block_begin + loads.m_blocks) {
+                m_block = loads.m_block_begin;
+                ++head_q;
+              }
+            }
+          }
+        }
+        // The tile's slot (and its TileLoads) may take the CTA's next tile but one.
+        ::cuda::ptx::mbarrier_arrive(&tile_queue.empty[slot]);
+      }
+    };
+    if (is_listed) {
+      load_tiles(std::true_type{});
+    } else {
+      load_tiles(std::false_type{});
     }
     return;
   }
-
   // ---- consumers -------------------------------------------------------------------
   ptx::setmaxnreg_increase<kConfig.consumer_registers()>();
   const int consumer = warpgroup - 1;
@@ -420,466 +686,517 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
   // plain exponent in it, so it is the second instance), and ALiBi keeps the
   // per-element path there.
   constexpr bool kHasAffineAlibi = kBlockM / 2 <= 32;
-  fragment::RowBlockSides alibi_sides{};
-  if (kHasAffineAlibi && params.is_alibi_affine && attention.has_alibi()) {
-    const ScoreRule geometry = attention.score_of(batch, head_kv * attention.group_size, mask);  // its diagonal
-    const std::int64_t warp_key_first = n0 + key_row0 - group;
-    alibi_sides =
-        fragment::RowBlockSides::of(geometry.row_side_bounds(warp_key_first, warp_key_first + 15, kBlockM, mask));
-  }
 
-  float dv[kHeadDim / 2];  // (64 keys, kHeadDim) per consumer, fp32
-  float dk[kHeadDim / 2];  // (64 keys, kHeadDim) per consumer, unscaled
-#pragma unroll
-  for (int i = 0; i < kHeadDim / 2; ++i) dv[i] = dk[i] = 0.0f;
-
-  // deferred_dk: the previous step's dS^T fragments (the A of its dK) and stage.
-  std::uint32_t ds_previous[kBlockM / 16][4];
-  int previous_stage = 0;
-
-  // The key-interval pass (launch.hpp's FLASHATTN_CUDA_MASKS_BWD_ROW_INTERVALS): under a
-  // block mask without bits each key row's allowed queries are one interval for the
-  // CTA's whole life (fragment::key_row_query_interval), made here while K and V land, into
-  // shared memory (kBlockN x 8 bytes after the mbarriers); a partial step of a partial id
-  // turns its two rows' into its allowed bits (fragment::allowed_bits_of_key_intervals:
-  // two LDS.64, a few integer operations a row) instead of the fast pass's call (loads,
-  // 64-bit span arithmetic, two span tests per element). Whether the pass applies is one
-  // host-made flag (launch.cu: asked for, lists, a block mask without bits), and the
-  // intervals' address is found from the shared base where it is read: with the mask's
-  // pointers (block mask, bits) tested per step and the address held across the loop,
-  // the step loop spilled (deterministic d128 overlapped 24/24 -> 32/44 bytes, a spill
-  // load per step on the unmasked path; ptxas -v), with the pointer tests alone too.
-  // Compiled where shared memory has room (not deferred_dk's three stages: tile_config.hpp).
-  constexpr int kKeyIntervalOffset = kConfig.has_key_intervals() ? kConfig.key_interval_offset() : -1;
-  if (kKeyIntervalOffset >= 0 && params.is_mask_key_intervals)
-    store_key_intervals<kBlockN, kKeyIntervalOffset>(params, mask, batch, n0 + key_row0);
-
-  if (steps > 0) ptx::mbarrier_wait(kv_full, 0);
-  for (int step = 0; step < steps; ++step) {
-    const int stage = step % kStages;
-    const std::uint64_t stage_offset = (stage * kQBytes) >> 4;
-    ptx::mbarrier_wait(&full[stage], (step / kStages) & 1);
-    // The step: its stage's slot under a device mask (is_partial: the tile needs the
-    // element pass), else the interval's.
-    std::int64_t head_q, m0;
-    if (is_listed) {
-      const ListedStep listed = step_slots[stage];
-      head_q = listed.head_q;
-      m0 = static_cast<std::int64_t>(listed.m_block) * kBlockM;
-    } else {
-      head_q = step_head(step);
-      m0 = step_m0(step);
+  // The ring's steps of the CTA's earlier tiles (stages, their phases and the dS^T buffers
+  // run on across tiles, as the producer's), and the K/V tiles consumed (kv_full's phase).
+  int ring_base = 0;
+  int kv_loads = 0;
+  for (int taken = 0;; ++taken) {
+    // The tile (every consumer thread arrives on the slot's "empty": no lane-0 branch here).
+    ptx::mbarrier_wait(&tile_queue.full[taken & 1], (taken >> 1) & 1);
+    const std::int32_t tile = tile_queue.slots[taken & 1];
+    ::cuda::ptx::mbarrier_arrive(&tile_queue.empty[taken & 1]);
+    if (tile == kNoTile) break;
+    KeyBlockWork work;
+    if (!key_block_work<kBlockM, kBlockN, kDeterministic>(params, tile, work)) continue;
+    const std::int64_t n_block = work.n_block, head_kv = work.head_kv, batch = work.batch;
+    const std::int64_t n0 = work.n0, kv_rows = work.kv_rows;
+    const MaskRule mask = work.mask;
+    const std::int64_t seqlen_q = mask.seqlen_q, seqlen_k = mask.seqlen_k;
+    const int steps = work.steps;
+    fragment::RowBlockSides alibi_sides{};
+    if (kHasAffineAlibi && params.is_alibi_affine && attention.has_alibi()) {
+      const ScoreRule geometry = attention.score_of(batch, head_kv * attention.group_size, mask);  // its diagonal
+      const std::int64_t warp_key_first = n0 + key_row0 - group;
+      alibi_sides =
+          fragment::RowBlockSides::of(geometry.row_side_bounds(warp_key_first, warp_key_first + 15, kBlockM, mask));
     }
-    // A listed partial tile with a tile code: its allowed bits (fragment::
-    // fragment_allowed_bits, outlined: a few loads, then register math), all ones on the
-    // other listed tiles; applied (P = 0) beside the interval path's apply_mask. Before
-    // the products are issued and as a call: inlined there it spilled 16 bytes of loop
-    // state at d128, beside the products in flight 24, after the waits 52; as a call 12
-    // (ptxas -v). The words are all it holds across the step.
-    std::uint32_t allowed[fragment::kAllowedWords<kBlockM / 8>];
-    if (is_listed) {
-      const ListedStep listed = step_slots[stage];
-      if (kKeyIntervalOffset >= 0 && listed.is_partial != 0 && listed.code >= 0 && params.is_mask_key_intervals) {
-        // A partial block of a block mask without bits: its key rows' intervals (above).
-        const fragment::RowKeyInterval* intervals = shared_key_intervals<kKeyIntervalOffset>();
-        const fragment::RowKeyInterval rows[2] = {intervals[key_row0], intervals[key_row0 + 8]};
-        fragment::allowed_bits_of_key_intervals<kBlockM / 8>(allowed, rows, static_cast<std::int32_t>(m0));
-      } else if (listed.is_partial != 0 && listed.code != kGeneralTile) {
-        fragment::fragment_allowed_bits_outlined<kBlockM / 8, true>(allowed, attention, mask, listed.code, batch, n0 + key_row0, m0);
+
+    // The key-interval pass (launch.hpp's FLASHATTN_CUDA_MASKS_BWD_ROW_INTERVALS): under a
+    // block mask without bits each key row's allowed queries are one interval for the
+    // tile's whole life (fragment::key_row_query_interval), made here while K and V land,
+    // into shared memory (kBlockN x 8 bytes after the mbarriers); a partial step of a
+    // partial id turns its two rows' into its allowed bits (fragment::
+    // allowed_bits_of_key_intervals: two LDS.64, a few integer operations a row) instead of
+    // the fast pass's call (loads, 64-bit span arithmetic, two span tests per element).
+    // Whether the pass applies is one host-made flag (launch.cu: asked for, lists, a block
+    // mask without bits), and the intervals' address is found from the shared base where it
+    // is read: with the mask's pointers (block mask, bits) tested per step and the address
+    // held across the loop, the step loop spilled (deterministic d128 overlapped 24/24 ->
+    // 32/44 bytes, a spill load per step on the unmasked path; ptxas -v). Compiled where
+    // shared memory has room (not deferred_dk's three stages: tile_config.hpp).
+    constexpr int kKeyIntervalOffset = kConfig.has_key_intervals() ? kConfig.key_interval_offset() : -1;
+    if (kKeyIntervalOffset >= 0 && params.is_mask_key_intervals)
+      store_key_intervals<kBlockN, kKeyIntervalOffset>(params, mask, batch, n0 + key_row0);
+
+    float dv[kHeadDim / 2];  // (64 keys, kHeadDim) per consumer, fp32
+    float dk[kHeadDim / 2];  // (64 keys, kHeadDim) per consumer, unscaled
+#pragma unroll
+    for (int i = 0; i < kHeadDim / 2; ++i) dv[i] = dk[i] = 0.0f;
+
+    // deferred_dk: the previous step's dS^T fragments (the A of its dK) and stage.
+    std::uint32_t ds_previous[kBlockM / 16][4];
+    int previous_stage = 0;
+
+    if (steps > 0) ptx::mbarrier_wait(kv_full, kv_loads & 1);
+    for (int step = 0; step < steps; ++step) {
+      const int ring = ring_base + step;
+      const int stage = ring % kStages;
+      const std::uint64_t stage_offset = (stage * kQBytes) >> 4;
+      ptx::mbarrier_wait(&full[stage], (ring / kStages) & 1);
+      // The step: its stage's slot under a device mask (is_partial: the tile needs the
+      // element pass), else the interval's.
+      std::int64_t head_q, m0;
+      if (is_listed) {
+        const ListedStep listed = step_slots[stage];
+        head_q = listed.head_q;
+        m0 = static_cast<std::int64_t>(listed.m_block) * kBlockM;
+      } else {
+        head_q = step_head(work, step);
+        m0 = step_m0(work, step);
+      }
+      // A listed partial tile with a tile code: its allowed bits (fragment::
+      // fragment_allowed_bits, outlined: a few loads, then register math), all ones on the
+      // other listed tiles; applied (P = 0) beside the interval path's apply_mask. Before
+      // the products are issued and as a call: inlined there it spilled 16 bytes of loop
+      // state at d128, beside the products in flight 24, after the waits 52; as a call 12
+      // (ptxas -v). The words are all it holds across the step.
+      std::uint32_t allowed[fragment::kAllowedWords<kBlockM / 8>];
+      if (is_listed) {
+        const ListedStep listed = step_slots[stage];
+        if (listed.is_partial != 0 && listed.code != kGeneralTile) {
+          // The key-interval pass or the fast pass, chosen inside the call (pipeline.cuh).
+          const fragment::AllowedBits<kBlockM / 8> bits = listed_allowed_bits_call<kBlockM / 8, kBlockN, kKeyIntervalOffset>(
+              params, mask, listed.code, batch, n0 + key_row0, m0);
+#pragma unroll
+          for (int w = 0; w < fragment::kAllowedWords<kBlockM / 8>; ++w) allowed[w] = bits.words[w];
+        } else {
+#pragma unroll
+          for (int w = 0; w < fragment::kAllowedWords<kBlockM / 8>; ++w) allowed[w] = ~0u;
+        }
+      }
+
+      // S^T = K_w Q^T and dP^T = V_w dO^T: (64 keys, kBlockM queries) each.
+      float s[kBlockM / 2];
+      float dp[kBlockM / 2];
+      ptx::wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < kHeadDim / 16; ++kk)
+        ptx::wgmma_ss<kBlockM, kInput, 0>(s, k_as_a + k_step_offset(kk, kBlockN),
+                                           q_as_b + stage_offset + k_step_offset(kk, kBlockM), kk > 0 ? 1 : 0);
+      ptx::wgmma_commit_group();
+#pragma unroll
+      for (int kk = 0; kk < kHeadDim / 16; ++kk)
+        ptx::wgmma_ss<kBlockM, kInput, 0>(dp, v_as_a + k_step_offset(kk, kBlockN),
+                                           do_as_b + stage_offset + k_step_offset(kk, kBlockM), kk > 0 ? 1 : 0);
+      ptx::wgmma_commit_group();
+      if constexpr (kDeferDk) {
+        // The previous step's dK_w += dS^T Q: it runs during this step's dS math.
+        if (step > 0) {
+          const std::uint64_t previous_offset = (previous_stage * kQBytes) >> 4;
+#pragma unroll
+          for (int kq = 0; kq < kBlockM / 16; ++kq)
+            ptx::wgmma_rs<kHeadDim, kInput, 1>(dk, ds_previous[kq], q_as_b_mn + previous_offset + mn_step_offset(kq),
+                                               1);
+        }
+        ptx::wgmma_commit_group();  // empty at step 0
+      }
+
+      const float* lse = shared_lse + stage * kBlockM;
+      const float* dsum = shared_dsum + stage * kBlockM;
+      const std::int64_t q_rows_end = m0 + kBlockM < seqlen_q ? m0 + kBlockM : seqlen_q;
+      // The interval path's boundary tiles (listed tiles: is_partial instead).
+      const bool needs_mask =
+          !is_listed && (n0 + kBlockN > seqlen_k || !mask.tile_fully_allowed(m0, q_rows_end, n0, n0 + kBlockN));
+      // Element mask: key rows key_row0 (+8) against query column `column` of the tile.
+      auto apply_mask = [&](float (&p)[kBlockM / 2]) {
+#pragma unroll
+        for (int j = 0; j < kBlockM / 8; ++j)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const std::int64_t query = m0 + 8 * j + 2 * quad_lane + e;
+            const std::int64_t begin = mask.col_begin(query), end = mask.col_end(query);
+#pragma unroll
+            for (int half = 0; half < 2; ++half) {
+              const std::int64_t key = n0 + key_row0 + 8 * half;
+              if (key < begin || key >= end) p[4 * j + 2 * half + e] = 0.0f;
+            }
+          }
+      };
+      // The score rule of this step's query head (ALiBi's slope is per head), and
+      // dropout's keep decisions of this thread's elements: Philox runs while both
+      // products are in flight. The rule's seed/offset are read here, per step, so that
+      // they hold no registers across the loop (the default path is as tight as before).
+      const ScoreRule rule = attention.score_of(batch, head_q, mask);
+      constexpr int kKeepWords = kBlockM / 64;  // 64 queries' decisions per 32-bit word
+      std::uint32_t keep[kKeepWords];
+      float inverse_keep = 1.0f;
+      if (has_dropout) {
+        const DropoutRule dropout = attention.dropout();
+        inverse_keep = dropout.inverse_keep;
+#pragma unroll
+        for (int word = 0; word < kKeepWords; ++word)
+          keep[word] = fragment::dropout_keep_bits_transposed<8>(dropout, attention.dropout_head(batch, head_q),
+                                                                 n0 + key_row0, m0 + 64 * word);
       } else {
 #pragma unroll
-        for (int w = 0; w < fragment::kAllowedWords<kBlockM / 8>; ++w) allowed[w] = ~0u;
+        for (int word = 0; word < kKeepWords; ++word) keep[word] = ~0u;
       }
-    }
+      auto is_kept = [&](int index) { return ((keep[index / 32] >> (index % 32)) & 1u) != 0; };
+      // Z ∘ dP / (1 - p) (Algorithm 2: dS = P ∘ (Z ∘ dP / (1 - p) - D)).
+      auto dropped_dp = [&](int index) { return is_kept(index) ? dp[index] * inverse_keep : 0.0f; };
 
-    // S^T = K_w Q^T and dP^T = V_w dO^T: (64 keys, kBlockM queries) each.
-    float s[kBlockM / 2];
-    float dp[kBlockM / 2];
-    ptx::wgmma_fence();
+      // A listed partial tile without a tile code takes the score loop below whatever the
+      // rule: its element pass runs there, per element, after both products (beside dP^T's
+      // accumulators in flight it spilled loop state in every step, masks or not: 72 bytes
+      // at d128).
+      const bool is_partial = is_listed && step_slots[stage].is_partial != 0 && step_slots[stage].code == kGeneralTile;
+      // ALiBi on a step whose query block this warp's keys see on one side of the
+      // diagonal: the fast path with the bias linear in the distance (below).
+      const DiagonalSide side =
+          rule.has_affine_bias() ? alibi_sides.side(static_cast<std::int32_t>(m0)) : DiagonalSide::straddles;
+      // The fast path: P^T while dP^T is still being computed (compute_p: P^T = exp2(...)
+      // of S^T in place), then the masks and dS^T. One instance per exponent form: both
+      // forms behind a branch in one instance made the element mask after it spill 160
+      // bytes at d128 (ptxas -v).
+      auto fast_path = [&](auto&& compute_p) {
+        ptx::wgmma_wait_group<1 + kDkPending>();
+        ptx::fence_operands(s);
+        compute_p();
+        if (needs_mask) apply_mask(s);
+        if (is_listed) fragment::apply_allowed_bits<kBlockM / 8>(s, allowed, 0.0f);
+        ptx::wgmma_wait_group<kDkPending>();
+        ptx::fence_operands(dp);
+        // dS^T = P^T ∘ (dP^T - D), dropout: P^T ∘ (Z ∘ dP^T / (1 - p) - D) (two loops:
+        // the default one stays free of the decisions).
+        if (!has_dropout) {
 #pragma unroll
-    for (int kk = 0; kk < kHeadDim / 16; ++kk)
-      ptx::wgmma_ss<kBlockM, kInput, 0>(s, k_as_a + k_step_offset(kk, kBlockN),
-                                         q_as_b + stage_offset + k_step_offset(kk, kBlockM), kk > 0 ? 1 : 0);
-    ptx::wgmma_commit_group();
+          for (int j = 0; j < kBlockM / 8; ++j)
 #pragma unroll
-    for (int kk = 0; kk < kHeadDim / 16; ++kk)
-      ptx::wgmma_ss<kBlockM, kInput, 0>(dp, v_as_a + k_step_offset(kk, kBlockN),
-                                         do_as_b + stage_offset + k_step_offset(kk, kBlockM), kk > 0 ? 1 : 0);
-    ptx::wgmma_commit_group();
-    if constexpr (kDeferDk) {
-      // The previous step's dK_w += dS^T Q: it runs during this step's dS math.
-      if (step > 0) {
-        const std::uint64_t previous_offset = (previous_stage * kQBytes) >> 4;
+            for (int e = 0; e < 2; ++e) {
+              const float row_dsum = dsum[8 * j + 2 * quad_lane + e];
+#pragma unroll
+              for (int half = 0; half < 2; ++half) {
+                const int index = 4 * j + 2 * half + e;
+                dp[index] = s[index] * (dp[index] - row_dsum);
+              }
+            }
+        } else {
+#pragma unroll
+          for (int j = 0; j < kBlockM / 8; ++j)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              const float row_dsum = dsum[8 * j + 2 * quad_lane + e];
+#pragma unroll
+              for (int half = 0; half < 2; ++half) {
+                const int index = 4 * j + 2 * half + e;
+                dp[index] = s[index] * (dropped_dp(index) - row_dsum);
+              }
+            }
+        }
+        // dS^T is the gradient w.r.t. scale·q·k + bias here: natural-log units.
+        if (has_dbias)
+          fragment::accumulate_dbias<kBlockM / 8, true>(dp, attention, mask, batch, head_q, n0 + key_row0, m0, 1.0f);
+      };
+      if (rule.is_positive_scale() && !is_partial) {
+        // P^T = exp2(S^T scale_log2 - LSE).
+        fast_path([&]() {
+#pragma unroll
+          for (int j = 0; j < kBlockM / 8; ++j)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              const float lse_log2 = lse[8 * j + 2 * quad_lane + e];
+#pragma unroll
+              for (int half = 0; half < 2; ++half) {
+                float& value = s[4 * j + 2 * half + e];
+                value = ptx::exp2_approx_ftz(fmaf(value, scale_log2, -lse_log2));
+              }
+            }
+        });
+      } else if (kHasAffineAlibi && side != DiagonalSide::straddles && !is_partial) {
+        // ALiBi on one side of the diagonal, where the bias is linear in the distance
+        // q + diagonal - k (ScoreRule::bias_on_side): the exponent is the fast path's
+        // fmaf(dot, scale_log2, c), c = bias(D0) - LSE + bias(8 j + e - 8 half) with D0 the
+        // distance of the lane's (q0, key0), q0 = m0 + 2 quad: per query one add, per
+        // element one FFMA with a compile-time distance.
+        fast_path([&]() {
+          const std::int32_t distance0 = static_cast<std::int32_t>(m0) + 2 * quad_lane +
+                                         static_cast<std::int32_t>(rule.diagonal - n0) - key_row0;
+          const float bias0 = rule.bias_on_side(side, static_cast<float>(distance0));
+          const float bias_per_distance = rule.bias_on_side(side, 1.0f);
+#pragma unroll
+          for (int j = 0; j < kBlockM / 8; ++j)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              const float bias0_minus_lse = bias0 - lse[8 * j + 2 * quad_lane + e];
+#pragma unroll
+              for (int half = 0; half < 2; ++half) {
+                float& value = s[4 * j + 2 * half + e];
+                const float c = fmaf(bias_per_distance, static_cast<float>(8 * j + e - 8 * half), bias0_minus_lse);
+                value = ptx::exp2_approx_ftz(fmaf(value, scale_log2, c));
+              }
+            }
+        });
+      } else {
+        // Softcap and/or ALiBi (and listed partial tiles): P^T = exp2(score - LSE); dS^T
+        // also needs the rule's gradient factor (softcap: 1 - tanh²), taken from the same
+        // dot product.
+        ptx::wgmma_wait_group<kDkPending>();
+        ptx::fence_operands(s);
+        ptx::fence_operands(dp);
+        // A listed partial tile's element pass and dBias per element here: dBias takes dS
+        // before the softcap factor (the bias is added after the softcap).
+        fragment::for_each_score<kBlockM / 8, true>(s, rule, n0 + key_row0, m0, [&](int index, float score,
+                                                                                    float factor) {
+          const int query = 8 * (index / 4) + 2 * quad_lane + index % 2;  // of the block
+          const std::int64_t key = n0 + key_row0 + 8 * ((index / 2) % 2);
+          float log2_p = score - lse[query];
+          if (is_partial) log2_p = masked_log2_probability(log2_p, attention, mask, batch, head_q, m0 + query, key);
+          s[index] = ptx::exp2_approx_ftz(log2_p);
+          const float dp_minus_d = (has_dropout ? dropped_dp(index) : dp[index]) - dsum[query];
+          if (has_dbias) add_dbias(attention, mask, batch, head_q, m0 + query, key, s[index] * dp_minus_d);
+          dp[index] = dp_minus_d * factor;
+        });
+        if (needs_mask) apply_mask(s);
+        if (is_listed) fragment::apply_allowed_bits<kBlockM / 8>(s, allowed, 0.0f);
+#pragma unroll
+        for (int i = 0; i < kBlockM / 2; ++i) dp[i] *= s[i];
+      }
+      // dV takes P ∘ Z (its 1 / (1 - p) is applied once, when dV is stored).
+      if (has_dropout) {
+#pragma unroll
+        for (int i = 0; i < kBlockM / 2; ++i)
+          if (!is_kept(i)) s[i] = 0.0f;
+      }
+
+      // P^T and dS^T as 16-bit A fragments: two adjacent n8 column tiles of the
+      // accumulator are one k16 step (the queries 16 kq .. 16 kq + 15).
+      std::uint32_t p_fragment[kBlockM / 16][4];
+      std::uint32_t ds_fragment[kBlockM / 16][4];
+#pragma unroll
+      for (int kq = 0; kq < kBlockM / 16; ++kq)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+          p_fragment[kq][r] = pack_pair<T>(s[8 * kq + 2 * r], s[8 * kq + 2 * r + 1]);
+          ds_fragment[kq][r] = pack_pair<T>(dp[8 * kq + 2 * r], dp[8 * kq + 2 * r + 1]);
+        }
+      // dS^T to shared memory: register r of step kq is row half r % 2, query chunk 2 kq + r / 2
+      // (panel chunk / 8 of 64 queries, 16-byte chunk chunk % 8 of the row, swizzled).
+      // Overlapped: the buffer of the step's parity (over the CTA's steps: a tile's first step
+      // follows the previous tile's last, as within a tile).
+      const int ds_buffer = kOverlapped ? ring % 2 : 0;
+      unsigned char* step_ds = shared_ds + ds_buffer * kConfig.ds_bytes();
+#pragma unroll
+      for (int kq = 0; kq < kBlockM / 16; ++kq)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+          const int row = key_row0 + 8 * (r % 2);
+          const int chunk = 2 * kq + r / 2;
+          *reinterpret_cast<std::uint32_t*>(step_ds + panels_chunk_offset<kBlockN>(row, chunk) + quad_lane * 4) =
+              ds_fragment[kq][r];
+        }
+
+      if constexpr (!kOverlapped) {
+        // dV_w += P^T dO, dK_w += dS^T Q (depth kBlockM queries).
+        ptx::fence_operands(dv);
+        ptx::fence_operands(dk);
+        ptx::wgmma_fence();
 #pragma unroll
         for (int kq = 0; kq < kBlockM / 16; ++kq)
-          ptx::wgmma_rs<kHeadDim, kInput, 1>(dk, ds_previous[kq], q_as_b_mn + previous_offset + mn_step_offset(kq), 1);
-      }
-      ptx::wgmma_commit_group();  // empty at step 0
-    }
-
-    const float* lse = shared_lse + stage * kBlockM;
-    const float* dsum = shared_dsum + stage * kBlockM;
-    const std::int64_t q_rows_end = m0 + kBlockM < seqlen_q ? m0 + kBlockM : seqlen_q;
-    // The interval path's boundary tiles (listed tiles: is_partial instead).
-    const bool needs_mask =
-        !is_listed && (n0 + kBlockN > seqlen_k || !mask.tile_fully_allowed(m0, q_rows_end, n0, n0 + kBlockN));
-    // Element mask: key rows key_row0 (+8) against query column `column` of the tile.
-    auto apply_mask = [&](float (&p)[kBlockM / 2]) {
-#pragma unroll
-      for (int j = 0; j < kBlockM / 8; ++j)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const std::int64_t query = m0 + 8 * j + 2 * quad_lane + e;
-          const std::int64_t begin = mask.col_begin(query), end = mask.col_end(query);
-#pragma unroll
-          for (int half = 0; half < 2; ++half) {
-            const std::int64_t key = n0 + key_row0 + 8 * half;
-            if (key < begin || key >= end) p[4 * j + 2 * half + e] = 0.0f;
-          }
-        }
-    };
-    // The score rule of this step's query head (ALiBi's slope is per head), and
-    // dropout's keep decisions of this thread's elements: Philox runs while both
-    // products are in flight. The rule's seed/offset are read here, per step, so that
-    // they hold no registers across the loop (the default path is as tight as before).
-    const ScoreRule rule = attention.score_of(batch, head_q, mask);
-    constexpr int kKeepWords = kBlockM / 64;  // 64 queries' decisions per 32-bit word
-    std::uint32_t keep[kKeepWords];
-    float inverse_keep = 1.0f;
-    if (has_dropout) {
-      const DropoutRule dropout = attention.dropout();
-      inverse_keep = dropout.inverse_keep;
-#pragma unroll
-      for (int word = 0; word < kKeepWords; ++word)
-        keep[word] = fragment::dropout_keep_bits_transposed<8>(dropout, attention.dropout_head(batch, head_q),
-                                                               n0 + key_row0, m0 + 64 * word);
-    } else {
-#pragma unroll
-      for (int word = 0; word < kKeepWords; ++word) keep[word] = ~0u;
-    }
-    auto is_kept = [&](int index) { return ((keep[index / 32] >> (index % 32)) & 1u) != 0; };
-    // Z ∘ dP / (1 - p) (Algorithm 2: dS = P ∘ (Z ∘ dP / (1 - p) - D)).
-    auto dropped_dp = [&](int index) { return is_kept(index) ? dp[index] * inverse_keep : 0.0f; };
-
-    // A listed partial tile without a tile code takes the score loop below whatever the
-    // rule: its element pass runs there, per element, after both products (beside dP^T's
-    // accumulators in flight it spilled loop state in every step, masks or not: 72 bytes
-    // at d128).
-    const bool is_partial = is_listed && step_slots[stage].is_partial != 0 && step_slots[stage].code == kGeneralTile;
-    // ALiBi on a step whose query block this warp's keys see on one side of the
-    // diagonal: the fast path with the bias linear in the distance (below).
-    const DiagonalSide side =
-        rule.has_affine_bias() ? alibi_sides.side(static_cast<std::int32_t>(m0)) : DiagonalSide::straddles;
-    // The fast path: P^T while dP^T is still being computed (compute_p: P^T = exp2(...)
-    // of S^T in place), then the masks and dS^T. One instance per exponent form: both
-    // forms behind a branch in one instance made the element mask after it spill 160
-    // bytes at d128 (ptxas -v).
-    auto fast_path = [&](auto&& compute_p) {
-      ptx::wgmma_wait_group<1 + kDkPending>();
-      ptx::fence_operands(s);
-      compute_p();
-      if (needs_mask) apply_mask(s);
-      if (is_listed) fragment::apply_allowed_bits<kBlockM / 8>(s, allowed, 0.0f);
-      ptx::wgmma_wait_group<kDkPending>();
-      ptx::fence_operands(dp);
-      // dS^T = P^T ∘ (dP^T - D), dropout: P^T ∘ (Z ∘ dP^T / (1 - p) - D) (two loops:
-      // the default one stays free of the decisions).
-      if (!has_dropout) {
-#pragma unroll
-        for (int j = 0; j < kBlockM / 8; ++j)
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const float row_dsum = dsum[8 * j + 2 * quad_lane + e];
-#pragma unroll
-            for (int half = 0; half < 2; ++half) {
-              const int index = 4 * j + 2 * half + e;
-              dp[index] = s[index] * (dp[index] - row_dsum);
-            }
-          }
-      } else {
-#pragma unroll
-        for (int j = 0; j < kBlockM / 8; ++j)
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const float row_dsum = dsum[8 * j + 2 * quad_lane + e];
-#pragma unroll
-            for (int half = 0; half < 2; ++half) {
-              const int index = 4 * j + 2 * half + e;
-              dp[index] = s[index] * (dropped_dp(index) - row_dsum);
-            }
-          }
-      }
-      // dS^T is the gradient w.r.t. scale·q·k + bias here: natural-log units.
-      if (has_dbias)
-        fragment::accumulate_dbias<kBlockM / 8, true>(dp, attention, mask, batch, head_q, n0 + key_row0, m0, 1.0f);
-    };
-    if (rule.is_positive_scale() && !is_partial) {
-      // P^T = exp2(S^T scale_log2 - LSE).
-      fast_path([&]() {
-#pragma unroll
-        for (int j = 0; j < kBlockM / 8; ++j)
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const float lse_log2 = lse[8 * j + 2 * quad_lane + e];
-#pragma unroll
-            for (int half = 0; half < 2; ++half) {
-              float& value = s[4 * j + 2 * half + e];
-              value = ptx::exp2_approx_ftz(fmaf(value, scale_log2, -lse_log2));
-            }
-          }
-      });
-    } else if (kHasAffineAlibi && side != DiagonalSide::straddles && !is_partial) {
-      // ALiBi on one side of the diagonal, where the bias is linear in the distance
-      // q + diagonal - k (ScoreRule::bias_on_side): the exponent is the fast path's
-      // fmaf(dot, scale_log2, c), c = bias(D0) - LSE + bias(8 j + e - 8 half) with D0 the
-      // distance of the lane's (q0, key0), q0 = m0 + 2 quad: per query one add, per
-      // element one FFMA with a compile-time distance.
-      fast_path([&]() {
-        const std::int32_t distance0 = static_cast<std::int32_t>(m0) + 2 * quad_lane +
-                                       static_cast<std::int32_t>(rule.diagonal - n0) - key_row0;
-        const float bias0 = rule.bias_on_side(side, static_cast<float>(distance0));
-        const float bias_per_distance = rule.bias_on_side(side, 1.0f);
-#pragma unroll
-        for (int j = 0; j < kBlockM / 8; ++j)
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const float bias0_minus_lse = bias0 - lse[8 * j + 2 * quad_lane + e];
-#pragma unroll
-            for (int half = 0; half < 2; ++half) {
-              float& value = s[4 * j + 2 * half + e];
-              const float c = fmaf(bias_per_distance, static_cast<float>(8 * j + e - 8 * half), bias0_minus_lse);
-              value = ptx::exp2_approx_ftz(fmaf(value, scale_log2, c));
-            }
-          }
-      });
-    } else {
-      // Softcap and/or ALiBi (and listed partial tiles): P^T = exp2(score - LSE); dS^T
-      // also needs the rule's gradient factor (softcap: 1 - tanh²), taken from the same
-      // dot product.
-      ptx::wgmma_wait_group<kDkPending>();
-      ptx::fence_operands(s);
-      ptx::fence_operands(dp);
-      // A listed partial tile's element pass and dBias per element here: dBias takes dS
-      // before the softcap factor (the bias is added after the softcap).
-      fragment::for_each_score<kBlockM / 8, true>(s, rule, n0 + key_row0, m0, [&](int index, float score, float factor) {
-        const int query = 8 * (index / 4) + 2 * quad_lane + index % 2;  // of the block
-        const std::int64_t key = n0 + key_row0 + 8 * ((index / 2) % 2);
-        float log2_p = score - lse[query];
-        if (is_partial) log2_p = masked_log2_probability(log2_p, attention, mask, batch, head_q, m0 + query, key);
-        s[index] = ptx::exp2_approx_ftz(log2_p);
-        const float dp_minus_d = (has_dropout ? dropped_dp(index) : dp[index]) - dsum[query];
-        if (has_dbias) add_dbias(attention, mask, batch, head_q, m0 + query, key, s[index] * dp_minus_d);
-        dp[index] = dp_minus_d * factor;
-      });
-      if (needs_mask) apply_mask(s);
-      if (is_listed) fragment::apply_allowed_bits<kBlockM / 8>(s, allowed, 0.0f);
-#pragma unroll
-      for (int i = 0; i < kBlockM / 2; ++i) dp[i] *= s[i];
-    }
-    // dV takes P ∘ Z (its 1 / (1 - p) is applied once, when dV is stored).
-    if (has_dropout) {
-#pragma unroll
-      for (int i = 0; i < kBlockM / 2; ++i)
-        if (!is_kept(i)) s[i] = 0.0f;
-    }
-
-    // P^T and dS^T as 16-bit A fragments: two adjacent n8 column tiles of the
-    // accumulator are one k16 step (the queries 16 kq .. 16 kq + 15).
-    std::uint32_t p_fragment[kBlockM / 16][4];
-    std::uint32_t ds_fragment[kBlockM / 16][4];
-#pragma unroll
-    for (int kq = 0; kq < kBlockM / 16; ++kq)
-#pragma unroll
-      for (int r = 0; r < 4; ++r) {
-        p_fragment[kq][r] = pack_pair<T>(s[8 * kq + 2 * r], s[8 * kq + 2 * r + 1]);
-        ds_fragment[kq][r] = pack_pair<T>(dp[8 * kq + 2 * r], dp[8 * kq + 2 * r + 1]);
-      }
-    // dS^T to shared memory: register r of step kq is row half r % 2, query chunk 2 kq + r / 2
-    // (panel chunk / 8 of 64 queries, 16-byte chunk chunk % 8 of the row, swizzled).
-    // Overlapped: the buffer of the step's parity.
-    const int ds_buffer = kOverlapped ? step % 2 : 0;
-    unsigned char* step_ds = shared_ds + ds_buffer * kConfig.ds_bytes();
-#pragma unroll
-    for (int kq = 0; kq < kBlockM / 16; ++kq)
-#pragma unroll
-      for (int r = 0; r < 4; ++r) {
-        const int row = key_row0 + 8 * (r % 2);
-        const int chunk = 2 * kq + r / 2;
-        *reinterpret_cast<std::uint32_t*>(step_ds + panels_chunk_offset<kBlockN>(row, chunk) + quad_lane * 4) =
-            ds_fragment[kq][r];
-      }
-
-    if constexpr (!kOverlapped) {
-      // dV_w += P^T dO, dK_w += dS^T Q (depth kBlockM queries).
-      ptx::fence_operands(dv);
-      ptx::fence_operands(dk);
-      ptx::wgmma_fence();
-#pragma unroll
-      for (int kq = 0; kq < kBlockM / 16; ++kq)
-        ptx::wgmma_rs<kHeadDim, kInput, 1>(dv, p_fragment[kq], do_as_b_mn + stage_offset + mn_step_offset(kq), 1);
-#pragma unroll
-      for (int kq = 0; kq < kBlockM / 16; ++kq)
-        ptx::wgmma_rs<kHeadDim, kInput, 1>(dk, ds_fragment[kq], q_as_b_mn + stage_offset + mn_step_offset(kq), 1);
-      ptx::wgmma_commit_group();
-
-      // Both halves of dS^T written (visible to the async proxy, which wgmma reads
-      // through), and the previous step's dQ staging tile read by the TMA.
-      ptx::fence_proxy_async_shared();
-      if (is_issuer) ptx::bulk_wait_group_read<0>();
-      ptx::named_barrier_sync(NamedBarrier::kDsWritten, kConsumerThreads);
-
-      // dQ[:, consumer's columns] = dS K (depth kBlockN keys).
-      float dq[kDqColumns / 2];
-      ptx::wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < kBlockN / 16; ++kk)
-        ptx::wgmma_ss<kDqColumns, kInput, 1, 1>(dq, ds_as_a_mn + mn_step_offset(kk), k_as_b_mn + mn_step_offset(kk),
-                                                 kk > 0 ? 1 : 0);
-      ptx::wgmma_commit_group();
-      ptx::wgmma_wait_group<0>();
-      ptx::fence_operands(dq);
-      ptx::fence_operands(dv);
-      ptx::fence_operands(dk);
-      // Q, dO, LSE, D of this stage are no longer read by this warp (every lane's reads
-      // ordered before lane 0's release).
-      __syncwarp();
-      if (lane == 0) ::cuda::ptx::mbarrier_arrive(&empty[stage]);
-
-#pragma unroll
-      for (int j = 0; j < kDqColumns / 8; ++j)
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          const int row = dq_row0 + warp_row0 + 8 * half;
-          const int column = dq_column0 + 8 * j + 2 * quad_lane;
-          *reinterpret_cast<float2*>(shared_dq + row * kHeadDim + column) =
-              make_float2(dq[4 * j + 2 * half], dq[4 * j + 2 * half + 1]);
-        }
-      ptx::fence_proxy_async_shared();
-      // Also: every consumer's dQ product is done, so dS^T may be rewritten next step.
-      ptx::named_barrier_sync(NamedBarrier::kDqStaged, kConsumerThreads);
-      if constexpr (!kDeterministic) {
-        if (is_issuer) {
-          ptx::bulk_reduce_add_f32(workspace.dq_accum + workspace.dq_offset(attention, batch, m0, head_q),
-                                   address_of(shared_dq), kBlockM * kHeadDim * 4);
-          ptx::bulk_commit_group();
-        }
-      } else {
-        if (is_issuer)
-          ordered_reduce_add<kBlockM, kBlockN, /*kTurnOutOfLine=*/true>(attention, workspace, mask, batch, head_q, m0,
-                                                                         n_block, address_of(shared_dq),
-                                                                         kBlockM * kHeadDim * 4);
-        // The issuer rejoins its warp before the next step's warpgroup-wide wgmma.
-        __syncwarp();
-      }
-    } else {
-      // dV_w += P^T dO: runs while the consumers meet.
-      ptx::fence_operands(dv);
-      if constexpr (!kDeferDk) ptx::fence_operands(dk);  // deferred_dk: the previous dK is in flight
-      ptx::wgmma_fence();
-#pragma unroll
-      for (int kq = 0; kq < kBlockM / 16; ++kq)
-        ptx::wgmma_rs<kHeadDim, kInput, 1>(dv, p_fragment[kq], do_as_b_mn + stage_offset + mn_step_offset(kq), 1);
-      ptx::wgmma_commit_group();
-      // Both halves of this step's dS^T written (visible to the async proxy, which wgmma
-      // reads through). The one barrier of the step: the buffer was last read by the dQ
-      // products of step - 2, which each consumer completed before arriving here at step - 1.
-      ptx::fence_proxy_async_shared();
-      ptx::named_barrier_sync(NamedBarrier::kDsWritten, kConsumerThreads);
-
-      // dQ[consumer's part] = dS K (depth kBlockN keys), then dK_w += dS^T Q: dQ completes
-      // while dK runs, so its staging stores overlap the dK product.
-      float dq[kDqColumns / 2];
-      ptx::wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < kBlockN / 16; ++kk)
-        ptx::wgmma_ss<kDqColumns, kInput, 1, 1>(
-            dq, ds_as_a_mn + ((ds_buffer * kConfig.ds_bytes()) >> 4) + mn_step_offset(kk),
-            k_as_b_mn + mn_step_offset(kk), kk > 0 ? 1 : 0);
-      ptx::wgmma_commit_group();
-      if constexpr (!kDeferDk) {
+          ptx::wgmma_rs<kHeadDim, kInput, 1>(dv, p_fragment[kq], do_as_b_mn + stage_offset + mn_step_offset(kq), 1);
 #pragma unroll
         for (int kq = 0; kq < kBlockM / 16; ++kq)
           ptx::wgmma_rs<kHeadDim, kInput, 1>(dk, ds_fragment[kq], q_as_b_mn + stage_offset + mn_step_offset(kq), 1);
         ptx::wgmma_commit_group();
-        ptx::wgmma_wait_group<1>();  // dV and dQ (groups complete in order)
-      } else {
-        ptx::wgmma_wait_group<0>();  // the previous dK, dV and dQ
-        ptx::fence_operands(dk);
-        // The previous step's Q, dO, LSE, D are no longer read by this warp.
-        __syncwarp();
-        if (step > 0 && lane == 0) ::cuda::ptx::mbarrier_arrive(&empty[previous_stage]);
-      }
-      ptx::fence_operands(dq);
-      ptx::fence_operands(dv);
 
-      // This consumer's panels are free once the writer's previous reductions have read them.
-      ptx::named_barrier_sync(NamedBarrier::kDqEmptyFirst, kDqHandshakeThreads, consumer);
-      // dq[4 j + 2 half + e] = dQ part (warp_row0 + 8 half, 8 j + 2 quad_lane + e), in the
-      // fp32 panels' swizzle (common/swizzle.cuh: a warp's float2 stores are conflict-free).
-      static_assert(kDqPanelBytes == kDqPanelRows * kSwizzleRowBytes, "float_panels_offset's panels");
-      unsigned char* staging =
-          reinterpret_cast<unsigned char*>(shared_dq) + consumer * kDqPanelsPerConsumer * kDqPanelBytes;
-#pragma unroll
-      for (int j = 0; j < kDqColumns / 8; ++j)
-#pragma unroll
-        for (int half = 0; half < 2; ++half)
-          *reinterpret_cast<float2*>(staging + float_panels_offset<kDqPanelRows>(warp_row0 + 8 * half,
-                                                                                 8 * j + 2 * quad_lane)) =
-              make_float2(dq[4 * j + 2 * half], dq[4 * j + 2 * half + 1]);
-      ptx::fence_proxy_async_shared();
-      ptx::named_barrier_arrive(NamedBarrier::kDqFullFirst, kDqHandshakeThreads, consumer);
+        // Both halves of dS^T written (visible to the async proxy, which wgmma reads
+        // through), and the previous step's dQ staging tile read by the TMA.
+        ptx::fence_proxy_async_shared();
+        if (is_issuer) ptx::bulk_wait_group_read<0>();
+        ptx::named_barrier_sync(NamedBarrier::kDsWritten, kConsumerThreads);
 
-      if constexpr (!kDeferDk) {
-        ptx::wgmma_wait_group<0>();  // dK: Q and dO of the stage are no longer read
+        // dQ[:, consumer's columns] = dS K (depth kBlockN keys).
+        float dq[kDqColumns / 2];
+        ptx::wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < kBlockN / 16; ++kk)
+          ptx::wgmma_ss<kDqColumns, kInput, 1, 1>(dq, ds_as_a_mn + mn_step_offset(kk), k_as_b_mn + mn_step_offset(kk),
+                                                   kk > 0 ? 1 : 0);
+        ptx::wgmma_commit_group();
+        ptx::wgmma_wait_group<0>();
+        ptx::fence_operands(dq);
+        ptx::fence_operands(dv);
         ptx::fence_operands(dk);
-        // Q, dO, LSE, D of this stage are no longer read by this warp.
+        // Q, dO, LSE, D of this stage are no longer read by this warp (every lane's reads
+        // ordered before lane 0's release).
         __syncwarp();
         if (lane == 0) ::cuda::ptx::mbarrier_arrive(&empty[stage]);
+        // The tile's last step: K and V are no longer read either (the next tile's may load).
+        if (lane == 0 && step == steps - 1) ::cuda::ptx::mbarrier_arrive(kv_empty);
+
+#pragma unroll
+        for (int j = 0; j < kDqColumns / 8; ++j)
+#pragma unroll
+          for (int half = 0; half < 2; ++half) {
+            const int row = dq_row0 + warp_row0 + 8 * half;
+            const int column = dq_column0 + 8 * j + 2 * quad_lane;
+            *reinterpret_cast<float2*>(shared_dq + row * kHeadDim + column) =
+                make_float2(dq[4 * j + 2 * half], dq[4 * j + 2 * half + 1]);
+          }
+        ptx::fence_proxy_async_shared();
+        // Also: every consumer's dQ product is done, so dS^T may be rewritten next step.
+        ptx::named_barrier_sync(NamedBarrier::kDqStaged, kConsumerThreads);
+        if constexpr (!kDeterministic) {
+          if (is_issuer) {
+            ptx::bulk_reduce_add_f32(workspace.dq_accum + workspace.dq_offset(attention, batch, m0, head_q),
+                                     address_of(shared_dq), kBlockM * kHeadDim * 4);
+            ptx::bulk_commit_group();
+          }
+        } else {
+          if (is_issuer)
+            ordered_reduce_add<kBlockM, kBlockN, /*kTurnOutOfLine=*/true>(attention, workspace, mask, batch, head_q, m0,
+                                                                           n_block, address_of(shared_dq),
+                                                                           kBlockM * kHeadDim * 4);
+          // The issuer rejoins its warp before the next step's warpgroup-wide wgmma.
+          __syncwarp();
+        }
       } else {
+        // dV_w += P^T dO: runs while the consumers meet.
+        ptx::fence_operands(dv);
+        if constexpr (!kDeferDk) ptx::fence_operands(dk);  // deferred_dk: the previous dK is in flight
+        ptx::wgmma_fence();
 #pragma unroll
         for (int kq = 0; kq < kBlockM / 16; ++kq)
+          ptx::wgmma_rs<kHeadDim, kInput, 1>(dv, p_fragment[kq], do_as_b_mn + stage_offset + mn_step_offset(kq), 1);
+        ptx::wgmma_commit_group();
+        // Both halves of this step's dS^T written (visible to the async proxy, which wgmma
+        // reads through). The one barrier of the step: the buffer was last read by the dQ
+        // products of step - 2, which each consumer completed before arriving here at step - 1.
+        ptx::fence_proxy_async_shared();
+        ptx::named_barrier_sync(NamedBarrier::kDsWritten, kConsumerThreads);
+
+        // dQ[consumer's part] = dS K (depth kBlockN keys), then dK_w += dS^T Q: dQ completes
+        // while dK runs, so its staging stores overlap the dK product.
+        float dq[kDqColumns / 2];
+        ptx::wgmma_fence();
 #pragma unroll
-          for (int r = 0; r < 4; ++r) ds_previous[kq][r] = ds_fragment[kq][r];
-        previous_stage = stage;
+        for (int kk = 0; kk < kBlockN / 16; ++kk)
+          ptx::wgmma_ss<kDqColumns, kInput, 1, 1>(
+              dq, ds_as_a_mn + ((ds_buffer * kConfig.ds_bytes()) >> 4) + mn_step_offset(kk),
+              k_as_b_mn + mn_step_offset(kk), kk > 0 ? 1 : 0);
+        ptx::wgmma_commit_group();
+        if constexpr (!kDeferDk) {
+#pragma unroll
+          for (int kq = 0; kq < kBlockM / 16; ++kq)
+            ptx::wgmma_rs<kHeadDim, kInput, 1>(dk, ds_fragment[kq], q_as_b_mn + stage_offset + mn_step_offset(kq), 1);
+          ptx::wgmma_commit_group();
+          ptx::wgmma_wait_group<1>();  // dV and dQ (groups complete in order)
+          // The tile's last step: K and V are no longer read (dK reads Q): the next tile's
+          // may load during this step's dK and the dK/dV stores.
+          if (step == steps - 1) {
+            __syncwarp();
+            if (lane == 0) ::cuda::ptx::mbarrier_arrive(kv_empty);
+          }
+        } else {
+          ptx::wgmma_wait_group<0>();  // the previous dK, dV and dQ
+          ptx::fence_operands(dk);
+          // The previous step's Q, dO, LSE, D are no longer read by this warp; on the tile's
+          // last step, K and V neither (the last dK reads Q).
+          __syncwarp();
+          if (step > 0 && lane == 0) ::cuda::ptx::mbarrier_arrive(&empty[previous_stage]);
+          if (step == steps - 1 && lane == 0) ::cuda::ptx::mbarrier_arrive(kv_empty);
+        }
+        ptx::fence_operands(dq);
+        ptx::fence_operands(dv);
+
+        // This consumer's panels are free once the writer's previous reductions have read them.
+        ptx::named_barrier_sync(NamedBarrier::kDqEmptyFirst, kDqHandshakeThreads, consumer);
+        // dq[4 j + 2 half + e] = dQ part (warp_row0 + 8 half, 8 j + 2 quad_lane + e), in the
+        // fp32 panels' swizzle (common/swizzle.cuh: a warp's float2 stores are conflict-free).
+        static_assert(kDqPanelBytes == kDqPanelRows * kSwizzleRowBytes, "float_panels_offset's panels");
+        unsigned char* staging =
+            reinterpret_cast<unsigned char*>(shared_dq) + consumer * kDqPanelsPerConsumer * kDqPanelBytes;
+#pragma unroll
+        for (int j = 0; j < kDqColumns / 8; ++j)
+#pragma unroll
+          for (int half = 0; half < 2; ++half)
+            *reinterpret_cast<float2*>(staging + float_panels_offset<kDqPanelRows>(warp_row0 + 8 * half,
+                                                                                   8 * j + 2 * quad_lane)) =
+                make_float2(dq[4 * j + 2 * half], dq[4 * j + 2 * half + 1]);
+        // The step, for the writer (which read the previous one before releasing the panels).
+        if (consumer == 0 && thread_in_warpgroup == 0)
+          *dq_step_slot = DqStep{static_cast<std::int32_t>(head_q), static_cast<std::int32_t>(m0 / kBlockM),
+                                 static_cast<std::int32_t>(batch), static_cast<std::int32_t>(n_block),
+                                 step == steps - 1 ? kDqStepLastOfTile : 0};
+        ptx::fence_proxy_async_shared();
+        ptx::named_barrier_arrive(NamedBarrier::kDqFullFirst, kDqHandshakeThreads, consumer);
+
+        if constexpr (!kDeferDk) {
+          ptx::wgmma_wait_group<0>();  // dK: Q and dO of the stage are no longer read
+          ptx::fence_operands(dk);
+          // Q, dO, LSE, D of this stage are no longer read by this warp.
+          __syncwarp();
+          if (lane == 0) ::cuda::ptx::mbarrier_arrive(&empty[stage]);
+        } else {
+#pragma unroll
+          for (int kq = 0; kq < kBlockM / 16; ++kq)
+#pragma unroll
+            for (int r = 0; r < 4; ++r) ds_previous[kq][r] = ds_fragment[kq][r];
+          previous_stage = stage;
+        }
+      }
+    }
+    if constexpr (kDeferDk) {
+      // The last step's dK.
+      if (steps > 0) {
+        const std::uint64_t previous_offset = (previous_stage * kQBytes) >> 4;
+        ptx::fence_operands(dk);
+        ptx::wgmma_fence();
+#pragma unroll
+        for (int kq = 0; kq < kBlockM / 16; ++kq)
+          ptx::wgmma_rs<kHeadDim, kInput, 1>(dk, ds_previous[kq], q_as_b_mn + previous_offset + mn_step_offset(kq), 1);
+        ptx::wgmma_commit_group();
+        ptx::wgmma_wait_group<0>();
+        ptx::fence_operands(dk);
+        // Its stage is free (the ring runs on into the next tile).
+        __syncwarp();
+        if (lane == 0) ::cuda::ptx::mbarrier_arrive(&empty[previous_stage]);
+      }
+    }
+    ring_base += steps;
+    if (steps > 0) ++kv_loads;
+
+    // dK = scale * dS^T Q and dV (/ (1 - p) under dropout; 1 otherwise), straight from
+    // the accumulators: rows < kv_rows.
+    T* dk_out = static_cast<T*>(attention.dk) + attention.dk_offset(batch, head_kv) + n0 * attention.dk_row_stride;
+    T* dv_out = static_cast<T*>(attention.dv) + attention.dv_offset(batch, head_kv) + n0 * attention.dv_row_stride;
+    const float scale = attention.softmax_scale;
+    const float dv_scale = attention.dropout_inverse_keep;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int row = key_row0 + 8 * half;
+      if (row >= kv_rows) continue;
+#pragma unroll
+      for (int j = 0; j < kHeadDim / 8; ++j) {
+        const int column = 8 * j + 2 * quad_lane;
+        *reinterpret_cast<std::uint32_t*>(dk_out + row * attention.dk_row_stride + column) =
+            pack_pair<T>(dk[4 * j + 2 * half] * scale, dk[4 * j + 2 * half + 1] * scale);
+        *reinterpret_cast<std::uint32_t*>(dv_out + row * attention.dv_row_stride + column) =
+            pack_pair<T>(dv[4 * j + 2 * half] * dv_scale, dv[4 * j + 2 * half + 1] * dv_scale);
       }
     }
   }
-  if constexpr (kDeferDk) {
-    // The last step's dK.
-    if (steps > 0) {
-      const std::uint64_t previous_offset = (previous_stage * kQBytes) >> 4;
-      ptx::fence_operands(dk);
-      ptx::wgmma_fence();
-#pragma unroll
-      for (int kq = 0; kq < kBlockM / 16; ++kq)
-        ptx::wgmma_rs<kHeadDim, kInput, 1>(dk, ds_previous[kq], q_as_b_mn + previous_offset + mn_step_offset(kq), 1);
-      ptx::wgmma_commit_group();
-      ptx::wgmma_wait_group<0>();
-      ptx::fence_operands(dk);
+  if constexpr (kOverlapped) {
+    // The end for the dQ writer: its last arrival on kDqEmpty (after the last step), then
+    // consumer 0's step marked kDqStepEnd.
+    ptx::named_barrier_sync(NamedBarrier::kDqEmptyFirst, kDqHandshakeThreads, consumer);
+    if (consumer == 0) {
+      if (thread_in_warpgroup == 0) *dq_step_slot = DqStep{0, 0, 0, 0, kDqStepEnd};
+      ptx::named_barrier_arrive(NamedBarrier::kDqFullFirst, kDqHandshakeThreads, consumer);
     }
   }
   // The staging tile must stay readable until the TMA has added it.
-  if (is_issuer && steps > 0) ptx::bulk_wait_group<0>();
-
-  // dK = scale * dS^T Q and dV (/ (1 - p) under dropout; 1 otherwise), straight from
-  // the accumulators: rows < kv_rows.
-  T* dk_out = static_cast<T*>(attention.dk) + attention.dk_offset(batch, head_kv) + n0 * attention.dk_row_stride;
-  T* dv_out = static_cast<T*>(attention.dv) + attention.dv_offset(batch, head_kv) + n0 * attention.dv_row_stride;
-  const float scale = attention.softmax_scale;
-  const float dv_scale = attention.dropout_inverse_keep;
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const int row = key_row0 + 8 * half;
-    if (row >= kv_rows) continue;
-#pragma unroll
-    for (int j = 0; j < kHeadDim / 8; ++j) {
-      const int column = 8 * j + 2 * quad_lane;
-      *reinterpret_cast<std::uint32_t*>(dk_out + row * attention.dk_row_stride + column) =
-          pack_pair<T>(dk[4 * j + 2 * half] * scale, dk[4 * j + 2 * half + 1] * scale);
-      *reinterpret_cast<std::uint32_t*>(dv_out + row * attention.dv_row_stride + column) =
-          pack_pair<T>(dv[4 * j + 2 * half] * dv_scale, dv[4 * j + 2 * half + 1] * dv_scale);
-    }
-  }
+  if (is_issuer) ptx::bulk_wait_group<0>();
 #endif
 }
 
@@ -905,7 +1222,7 @@ void launch_backward_sm90(const HopperBackwardParams& params, cudaStream_t strea
   launch_per_key_block(backward_kernel_sm90<T, kConfig.kernel_head_dim, kConfig.block_m, kConfig.block_n, kConfig.stages,
                                             kDeterministic, kSchedule>,
                        opted_in_devices, params, kConfig.block_n, kConfig.threads(),
-                       kConfig.for_schedule(kSchedule).shared_bytes(), stream);
+                       kConfig.for_schedule(kSchedule).shared_bytes(), stream, params.grid_ctas);
 }
 
 // What a generated translation unit instantiates (see src/cuda/generate_instantiations.py).

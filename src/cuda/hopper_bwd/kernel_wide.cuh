@@ -97,7 +97,7 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
   const bwd::Workspace& workspace = params.workspace;
   // As kernel.cuh: flat (key block fastest: under a causal mask the long CTAs start first)
   // or in L2 sections; deterministic: highest key block first (kernel.cuh says why).
-  const KeyBlockCoordinates cta = cta_key_block<kDeterministic>(params);
+  const KeyBlockCoordinates cta = cta_key_block<kDeterministic>(params, static_cast<std::int32_t>(blockIdx.x));
   const std::int64_t n_block = cta.n_block, head_kv = cta.head_kv, batch = cta.batch;
   const std::int64_t seqlen_q = attention.seqlen_q_of(batch), seqlen_k = attention.seqlen_k_of(batch);
   const std::int64_t n0 = n_block * kBlockN;

@@ -3,13 +3,16 @@
 // kernels.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstdint>
 #include <cstdlib>
 #include <string>
 
 #include "flashattn/error.hpp"
 #include "src/cuda/common/alibi_path.hpp"
+#include "src/cuda/common/check.cuh"
 #include "src/cuda/head_dims.hpp"
 #include "src/cuda/hopper/launch.hpp"
 #include "src/cuda/hopper_bwd/launch.hpp"
@@ -70,6 +73,67 @@ bool is_mask_key_intervals_requested() {
 
 namespace {
 
+// Multiprocessors of a device, asked once per device index.
+int multiprocessor_count(int device) {
+  constexpr int kMaxCachedDevices = 64;
+  static std::atomic<int> cached[kMaxCachedDevices];
+  int count = device >= 0 && device < kMaxCachedDevices ? cached[device].load(std::memory_order_relaxed) : 0;
+  if (count == 0) {
+    FLASHATTN_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
+    if (device >= 0 && device < kMaxCachedDevices) cached[device].store(count, std::memory_order_relaxed);
+  }
+  return count;
+}
+
+// FLASHATTN_CUDA_HOPPER_BWD_ORDER=flat: the flat order even under the dynamic grid.
+bool is_flat_order_requested() {
+  static const bool requested = [] {
+    const char* value = std::getenv("FLASHATTN_CUDA_HOPPER_BWD_ORDER");
+    return value != nullptr && std::string(value) == "flat";
+  }();
+  return requested;
+}
+
+// The environment's grid: ctas 0 = one CTA per tile, -1 = persistent on every SM, n > 0 =
+// persistent with at most n CTAs.
+BackwardGrid environment_grid() {
+  static const BackwardGrid grid = [] {
+    const char* value = std::getenv("FLASHATTN_CUDA_HOPPER_BWD_GRID");
+    const std::string name = value != nullptr ? value : "";
+    if (name != "persistent" && name != "dynamic") return BackwardGrid{};
+    const char* ctas = std::getenv("FLASHATTN_CUDA_HOPPER_BWD_GRID_CTAS");
+    const int cap = ctas != nullptr ? std::atoi(ctas) : 0;
+    return BackwardGrid{cap > 0 ? cap : -1, name == "dynamic"};
+  }();
+  return grid;
+}
+
+// override_persistent_grid_ctas's grid; ctas negative: none.
+std::atomic<int> grid_override{-1};
+std::atomic<bool> dynamic_override{false};
+
+}  // namespace
+
+BackwardGrid persistent_grid(int device) {
+  const int overridden = grid_override.load(std::memory_order_relaxed);
+  const BackwardGrid grid =
+      overridden >= 0 ? BackwardGrid{overridden, dynamic_override.load(std::memory_order_relaxed)} : environment_grid();
+  if (grid.ctas == 0) return {};
+  // All CTAs resident at once (one per SM: the kernel's shared memory and registers allow
+  // no second), which the deterministic mode's turns need (kernel.cuh).
+  const int sms = multiprocessor_count(device);
+  return {grid.ctas > 0 && grid.ctas < sms ? grid.ctas : sms, grid.is_dynamic};
+}
+
+int persistent_grid_ctas(int device) { return persistent_grid(device).ctas; }
+
+void override_persistent_grid_ctas(int ctas, bool is_dynamic) {
+  dynamic_override.store(is_dynamic, std::memory_order_relaxed);
+  grid_override.store(ctas, std::memory_order_relaxed);
+}
+
+namespace {
+
 template <class T, bool kDeterministic>
 void run_for_head_dim(const HopperBackwardParams& params, cudaStream_t stream, BackwardSchedule schedule) {
   const std::int64_t d = params.backward.head_dim;
@@ -123,7 +187,7 @@ namespace {
 
 // The maps' boxes: block_m rows of Q/dO, block_n rows of K/V.
 HopperBackwardParams make_params_with_boxes(const BackwardParams& params, const bwd::Workspace& workspace,
-                                            int block_m, int block_n) {
+                                            int block_m, int block_n, bool is_dynamic_grid = false) {
   const bool is_varlen = params.is_varlen();
   const std::int64_t rows_q = is_varlen ? params.total_q : params.seqlen_q;
   const std::int64_t rows_k = is_varlen ? params.total_k : params.seqlen_k;
@@ -138,7 +202,10 @@ HopperBackwardParams make_params_with_boxes(const BackwardParams& params, const 
   const std::int64_t num_n_blocks = (params.seqlen_k + block_n - 1) / block_n;
   hopper_params.key_block_order.num_m_blocks = static_cast<std::int32_t>(num_n_blocks);
   hopper_params.key_block_order.num_heads_batches = static_cast<std::int32_t>(params.heads_kv * params.batch);
-  if (is_l2_section_order_requested()) {
+  // The dynamic grid claims tiles in this order: the L2 sections put the heaviest first
+  // (key block 0, the most query blocks under a causal mask; deterministic: the turns'
+  // order, the last key block first) unless the flat order is asked for.
+  if (is_l2_section_order_requested() || (is_dynamic_grid && !is_flat_order_requested())) {
     const std::int64_t kv_head_bytes = params.group_size * params.seqlen_q * params.head_dim * 8;
     hopper_params.key_block_order.section_heads =
         hopper::l2_section_heads(kv_head_bytes, /*group_size=*/1, std::int64_t{40} << 20);
@@ -168,7 +235,13 @@ HopperBackwardParams make_params_with_boxes(const BackwardParams& params, const 
 
 HopperBackwardParams make_backward_params(const BackwardParams& params, const bwd::Workspace& workspace,
                                           const HopperBwdTileConfig& config, BackwardSchedule schedule) {
-  HopperBackwardParams hopper_params = make_params_with_boxes(params, workspace, config.block_m, config.block_n);
+  const BackwardGrid grid = persistent_grid(params.device.index);
+  // The dynamic grid needs the workspace's counter (every carved workspace has one).
+  const bool is_dynamic = grid.ctas > 0 && grid.is_dynamic && workspace.maybe_tile_counter != nullptr;
+  HopperBackwardParams hopper_params =
+      make_params_with_boxes(params, workspace, config.block_m, config.block_n, is_dynamic);
+  hopper_params.grid_ctas = grid.ctas;
+  if (is_dynamic) hopper_params.maybe_tile_counter = workspace.maybe_tile_counter;
   // dq_accum as (head_dim, rows of a head, heads_q, 1) fp32 (bwd/workspace.hpp: row
   // h * dq_head_stride + packed row): the overlapped schedule's TMA reductions of one
   // consumer's 32-column panels (64 rows each). Its rows are below total_q + kMaxBlockM,

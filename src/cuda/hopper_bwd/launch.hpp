@@ -38,9 +38,15 @@ struct HopperBackwardParams {
   // (head_dim, dq rows of a head, heads_q, 1) over workspace.dq_accum, box (32 columns, 64
   // rows, 1, 1), 128-byte swizzle; zero when unused.
   CUtensorMap dq_accum_map;
-  // Which (key block, kv head, sequence) CTA blockIdx.x runs (pipeline.cuh: cta_key_block):
+  // Which (key block, kv head, sequence) tile t is (pipeline.cuh: cta_key_block):
   // hopper::TileOrder over (key blocks) x (heads_kv x batch), flat or in L2 sections.
   hopper::TileOrder key_block_order;
+  // kernel.cuh's grid (host only): 0 = one CTA per tile; n > 0 = at most n CTAs, each
+  // looping over tiles (persistent_grid). The wide kernel ignores it.
+  int grid_ctas = 0;
+  // The persistent grid's dynamic claims (kernel.cuh, FLASHATTN_CUDA_HOPPER_BWD_GRID=dynamic):
+  // the workspace's tile counter, zeroed by the preprocess; null: the static walk (CtaTiles).
+  std::int32_t* maybe_tile_counter = nullptr;
 };
 
 // The schedule kernel.cuh runs (tile_config.hpp): FLASHATTN_CUDA_HOPPER_BWD_SCHEDULE=
@@ -52,7 +58,8 @@ BackwardSchedule backward_schedule();
 // FLASHATTN_CUDA_HOPPER_BWD_ORDER=l2_sections, FA3's backward order: the kv heads x
 // sequences cut into sections whose Q, dO and dq_accum fit in L2, the key block slowest
 // inside a section (first key block first: under a causal mask the longest CTAs first;
-// deterministic: last first, the turns' order). Read once per process.
+// deterministic: last first, the turns' order). Read once per process. The dynamic grid
+// (persistent_grid) takes the L2-section order unless FLASHATTN_CUDA_HOPPER_BWD_ORDER=flat.
 bool is_l2_section_order_requested();
 
 // The key-interval pass (FLASHATTN_CUDA_MASKS_BWD_ROW_INTERVALS=1, read once per process;
@@ -61,6 +68,27 @@ bool is_l2_section_order_requested();
 // (mask_tables.hpp's key_query_interval, into shared memory) and turns it into a partial
 // tile's allowed bits, instead of the fast pass's loads and span tests per partial tile.
 bool is_mask_key_intervals_requested();
+
+// kernel.cuh's grid on `device` (head dims 64, 128; the wide kernel keeps one CTA per
+// tile). ctas 0 = one CTA per tile (the default); with FLASHATTN_CUDA_HOPPER_BWD_GRID=
+// persistent one CTA per SM, each walking a static share of the tiles (CtaTiles,
+// dq_order.hpp), or with =dynamic one CTA per SM, each claiming its next tile from a counter
+// in the workspace (heaviest first: launch.cu picks the L2-section order for it). Either way
+// a tile's K/V and first Q/dO loads overlap the previous tile's last steps and dK/dV stores
+// (kernel.cuh). FLASHATTN_CUDA_HOPPER_BWD_GRID_CTAS=n (tests: many tiles per CTA) caps the
+// persistent grids at n CTAs. The environment is read once per process.
+struct BackwardGrid {
+  int ctas = 0;             // 0: one CTA per tile
+  bool is_dynamic = false;  // the counter's claims (ctas > 0 only)
+};
+BackwardGrid persistent_grid(int device);
+int persistent_grid_ctas(int device);  // persistent_grid(device).ctas
+
+// Tests and the timing tool (bench/gpu/kernels/hopper_bwd_timing.cu --grids) only: from now
+// on in this process persistent_grid returns {min(ctas, SMs), is_dynamic} (ctas 0: one CTA
+// per tile) instead of the environment's choice; a negative value restores it. Lets one
+// process compare the grids (deterministic mode: bitwise).
+void override_persistent_grid_ctas(int ctas, bool is_dynamic = false);
 
 // kDeterministic: the dQ reductions of each query block ordered by key block (needs
 // params.backward.deterministic and the workspace's dq_semaphore; see kernel.cuh); in

@@ -52,13 +52,15 @@ struct KeyBlockCoordinates {
   std::int64_t n_block, head_kv, batch;
 };
 
-// The (key block, kv head, sequence) of CTA blockIdx.x in params.key_block_order
-// (dq_order.hpp: key_block_of_cta).
+// The (key block, kv head, sequence) of tile `tile` in params.key_block_order
+// (dq_order.hpp: key_block_of_cta): blockIdx.x in a per-tile grid; kernel.cuh's persistent
+// grid walks blockIdx.x, + gridDim.x, ...
 template <bool kDeterministic>
-__device__ __forceinline__ KeyBlockCoordinates cta_key_block(const HopperBackwardParams& params) {
-  const KeyBlockOfCta cta =
-      key_block_of_cta(params.key_block_order, static_cast<std::int32_t>(blockIdx.x), kDeterministic);
-  const std::int64_t heads_kv = params.backward.heads_kv;
+__device__ __forceinline__ KeyBlockCoordinates cta_key_block(const HopperBackwardParams& params, std::int32_t tile) {
+  const KeyBlockOfCta cta = key_block_of_cta(params.key_block_order, tile, kDeterministic);
+  // 32-bit division (heads_kv x batch is an int32 tile count): a 64-bit one is a call, which
+  // in a loop over tiles made its callers spill (kernel.cuh's loads: 24 registers).
+  const auto heads_kv = static_cast<std::int32_t>(params.backward.heads_kv);
   return {cta.n_block, cta.head_batch % heads_kv, cta.head_batch / heads_kv};
 }
 
@@ -158,14 +160,16 @@ __device__ __forceinline__ fragment::RowKeyInterval* shared_key_intervals() {
   return reinterpret_cast<fragment::RowKeyInterval*>(base + kOffset);
 }
 
-// Once per CTA, by every consumer thread: the intervals of its two key rows row0 = n0 +
+// Once per tile, by every consumer thread: the intervals of its two key rows row0 = n0 +
 // key_row (key_row < kBlockN - 8) and row0 + 8 (fragment::key_row_query_interval), written
-// by lane quad 0 of each row; the warp's rows are its own (it alone reads them).
+// by lane quad 0 of each row; the warp's rows are its own (it alone reads them; the first
+// __syncwarp keeps a persistent CTA's previous tile's reads before these writes).
 template <int kBlockN, int kOffset>
 __device__ __forceinline__ void store_key_intervals(const HopperBackwardParams& params, const MaskRule mask,
                                                  std::int64_t batch, std::int64_t row0) {
   fragment::RowKeyInterval* intervals = shared_key_intervals<kOffset>();
   const int key_row = static_cast<int>(row0 & (kBlockN - 1));  // n0 is a multiple of kBlockN
+  __syncwarp();
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     const fragment::RowKeyInterval interval =
@@ -173,6 +177,31 @@ __device__ __forceinline__ void store_key_intervals(const HopperBackwardParams& 
     if (threadIdx.x % 4 == 0) intervals[key_row + 8 * half] = interval;
   }
   __syncwarp();
+}
+
+// A listed partial step's allowed bits (the consumers' step loop, kernel.cuh), as one
+// real call whichever pass makes them: the key-interval pass (kOffset >= 0, asked for, a
+// partial block id: the two key rows' intervals from shared memory) or the fast pass. The
+// choice inside the call keeps the step loop's branch as it was without the pass (a second
+// branch there spilled loop state of the overlapped d128 kernel: ptxas -v 16/20 -> 36/32
+// bytes under the persistent tile loop).
+template <int kNTiles, int kBlockN, int kOffset>
+__device__ __noinline__ fragment::AllowedBits<kNTiles> listed_allowed_bits_call(const HopperBackwardParams& params,
+                                                                              const MaskRule mask,
+                                                                              std::int32_t tile_code, std::int64_t batch,
+                                                                              std::int64_t row0, std::int64_t col0) {
+  fragment::AllowedBits<kNTiles> allowed;
+  if constexpr (kOffset >= 0) {
+    if (params.is_mask_key_intervals && tile_code >= 0) {
+      const fragment::RowKeyInterval* intervals = shared_key_intervals<kOffset>();
+      const int key_row = static_cast<int>(row0 & (kBlockN - 1));  // n0 is a multiple of kBlockN
+      const fragment::RowKeyInterval rows[2] = {intervals[key_row], intervals[key_row + 8]};
+      fragment::allowed_bits_of_key_intervals<kNTiles>(allowed.words, rows, static_cast<std::int32_t>(col0));
+      return allowed;
+    }
+  }
+  fragment::fragment_allowed_bits<kNTiles, true>(allowed.words, params.backward, mask, tile_code, batch, row0, col0);
+  return allowed;
 }
 
 // Deterministic mode under a device mask: the turn of key tile n_block in query tile
@@ -262,20 +291,26 @@ __device__ __forceinline__ void ordered_reduce_add(const BackwardParams& attenti
 }
 #endif
 
-// Launches `kernel` (one CTA per key block of block_n keys x kv head x sequence) with
-// `shared_bytes` of dynamic shared memory for already checked params. Above 48 KB a
-// kernel must opt in, once per device: `opted_in_devices` is the kernel's own record.
-// No allocation, no synchronisation.
+// Launches `kernel` (one tile per key block of block_n keys x kv head x sequence) with
+// `shared_bytes` of dynamic shared memory for already checked params: one CTA per tile,
+// or with max_ctas > 0 at most max_ctas CTAs, each looping over tiles (kernel.cuh's
+// persistent grid; the kernel must loop). Above 48 KB a kernel must opt in, once per
+// device: `opted_in_devices` is the kernel's own record. No allocation, no synchronisation.
 template <class Kernel>
 void launch_per_key_block(Kernel* kernel, std::atomic<std::uint64_t>& opted_in_devices, const HopperBackwardParams& params,
-                          int block_n, int threads, int shared_bytes, cudaStream_t stream) {
+                          int block_n, int threads, int shared_bytes, cudaStream_t stream, int max_ctas = 0) {
   const BackwardParams& attention = params.backward;
   const std::int64_t num_n_blocks = (attention.seqlen_k + block_n - 1) / block_n;
-  const std::int64_t num_ctas = num_n_blocks * attention.heads_kv * attention.batch;
-  if (num_ctas == 0) return;
-  if (num_ctas > INT_MAX)
+  const std::int64_t num_tiles = num_n_blocks * attention.heads_kv * attention.batch;
+  if (num_tiles == 0) return;
+  if (num_tiles > INT_MAX)
     throw NotSupported("flashattn: cuda backward: too many key blocks x heads x batch for one launch (" +
-                       std::to_string(num_ctas) + ")");
+                       std::to_string(num_tiles) + ")");
+  // The kernel's loop bound is the order's tile count: it must be this grid's.
+  if (static_cast<std::int64_t>(params.key_block_order.num_m_blocks) * params.key_block_order.num_heads_batches !=
+      num_tiles)
+    throw Error("flashattn: cuda backward: the Hopper CTA order was made for other tiles");
+  const std::int64_t num_ctas = max_ctas > 0 && max_ctas < num_tiles ? max_ctas : num_tiles;
   int device = 0;
   FLASHATTN_CUDA_CHECK(cudaGetDevice(&device));
   const std::uint64_t device_bit = device < 64 ? (std::uint64_t{1} << device) : 0;

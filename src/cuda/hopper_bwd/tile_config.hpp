@@ -78,18 +78,20 @@ struct HopperBwdTileConfig {
   constexpr int lse_offset() const { return dq_offset() + dq_staging_bytes(); }
   constexpr int dsum_offset() const { return lse_offset() + stages * stats_bytes(); }
   constexpr int barrier_offset() const { return dsum_offset() + stages * stats_bytes(); }
+  // mbarriers, the steps' and tiles' slots (kernel.cuh); deferred_dk's three stages at d128
+  // fill exactly 227 KB with them and the alignment slack.
+  static constexpr int kBarrierBytes = 512;
   // The key-interval pass (kernel.cuh, FLASHATTN_CUDA_MASKS_BWD_ROW_INTERVALS): one
   // 8-byte allowed-query interval per key row after the mbarriers, where it fits (not
-  // beside deferred_dk's third stage at d128: 256 bytes to spare there; its masks keep the
-  // fast pass).
-  constexpr int key_interval_offset() const { return barrier_offset() + 256; }
+  // beside deferred_dk's third stage at d128; its masks keep the fast pass).
+  constexpr int key_interval_offset() const { return barrier_offset() + kBarrierBytes; }
   constexpr int key_interval_bytes() const { return block_n * 8; }
   constexpr bool has_key_intervals() const {
-    return barrier_offset() + 256 + key_interval_bytes() + 1024 <= kMaxSharedBytes;
+    return key_interval_offset() + key_interval_bytes() + 1024 <= kMaxSharedBytes;
   }
-  // + 256 bytes of mbarriers (+ the key intervals) + slack to align the base to 1024 bytes.
+  // + the mbarriers (+ the key intervals) + slack to align the base to 1024 bytes.
   constexpr int shared_bytes() const {
-    return barrier_offset() + 256 + (has_key_intervals() ? key_interval_bytes() : 0) + 1024;
+    return key_interval_offset() + (has_key_intervals() ? key_interval_bytes() : 0) + 1024;
   }
 };
 
