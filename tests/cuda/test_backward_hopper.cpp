@@ -132,6 +132,41 @@ TEST_F(CudaBackwardHopper, ScheduleFollowsTheEnvironment) {
   }
 }
 
+// The grid of a call (launch.hpp's backward_grid): the environment's when it names one,
+// else the dynamic grid on every SM for causal problems of at most 4k keys without device
+// masks or deterministic turns, one CTA per tile for the rest.
+TEST(CudaBackwardHopper, GridFollowsTheProblemUnlessAsked) {
+  int sms = 0;
+  if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0) != cudaSuccess) GTEST_SKIP() << "no SM count";
+  BackwardParams causal_1k;
+  causal_1k.seqlen_q = causal_1k.seqlen_k = 1024;
+  causal_1k.is_causal = true;
+  causal_1k.window_right = 0;
+  BackwardParams causal_16k = causal_1k;
+  causal_16k.seqlen_q = causal_16k.seqlen_k = 16384;
+  BackwardParams full_1k = causal_1k;
+  full_1k.is_causal = false;
+  full_1k.window_right = -1;
+  BackwardParams windowed_1k = causal_1k;
+  windowed_1k.window_left = 256;
+  BackwardParams deterministic_1k = causal_1k;
+  deterministic_1k.deterministic = true;
+  using cuda::hopper_bwd::backward_grid;
+  if (std::getenv("FLASHATTN_CUDA_HOPPER_BWD_GRID") != nullptr) {
+    for (const BackwardParams* params : {&causal_1k, &causal_16k, &full_1k}) {
+      const cuda::hopper_bwd::BackwardGrid asked = cuda::hopper_bwd::persistent_grid(0), got = backward_grid(*params, 0);
+      EXPECT_EQ(got.ctas, asked.ctas);
+      EXPECT_EQ(got.is_dynamic, asked.is_dynamic);
+    }
+    return;
+  }
+  const cuda::hopper_bwd::BackwardGrid dynamic = backward_grid(causal_1k, 0);
+  EXPECT_EQ(dynamic.ctas, sms);
+  EXPECT_TRUE(dynamic.is_dynamic);
+  for (const BackwardParams* params : {&causal_16k, &full_1k, &windowed_1k, &deterministic_1k})
+    EXPECT_EQ(backward_grid(*params, 0).ctas, 0);
+}
+
 // The persistent grids (kernel.cuh: CTAs looping over tiles, the ring and the K/V buffers
 // running on from one tile into the next), the static walk and the dynamic claims (in the
 // L2-section order), against the per-tile grid in one process: grids of 1, 3 and 7 CTAs, so

@@ -602,7 +602,7 @@ std::vector<MaskCase> full_cases() {
     cases.push_back(l);
     MaskCase m = block_case("fast documents causal d256", make(f16, 2, 300, 260, 2, 1, 256), Block::documents, 128, 128);
     cases.push_back(m);
-    // The Hopper backward's key-interval pass (FLASHATTN_CUDA_MASKS_BWD_ROW_INTERVALS=1):
+    // The Hopper backward's key-interval pass (the default; off under the masks_bwd_fast_pass. prefix):
     // deterministic turns with GQA on both tile shapes, prefix-LM with a window at d128
     // (query rows of two spans, keys of one), ALiBi's affine path on partial tiles.
     MaskCase n = block_case("fast documents causal deterministic 128", make(bf16, 2, 260, 300, 4, 2, 128),

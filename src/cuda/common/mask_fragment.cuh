@@ -345,7 +345,7 @@ __device__ __forceinline__ void apply_row_key_intervals(float (&s)[4 * kNTiles],
   }
 }
 
-// The key-interval pass (the Hopper backward, FLASHATTN_CUDA_MASKS_BWD_ROW_INTERVALS=1):
+// The key-interval pass (the Hopper backward by default; FLASHATTN_CUDA_MASKS_BWD_ROW_INTERVALS=0 off):
 // the row-interval pass transposed, for a dK/dV kernel whose fragment rows are keys. A
 // key's allowed queries in a partial block of a block mask without bits are always one
 // interval (key_query_interval, mask_tables.hpp), and a CTA of such a kernel owns its

@@ -116,8 +116,8 @@
 // of softcap/ALiBi, which partial tiles always take) on the log2 scores before the
 // exponential, a full one nothing (the lists hold the interval rule too). A partial tile
 // with a tile code takes the fast pass instead (fragment::fragment_allowed_bits: its
-// allowed bits before the products), or, under a block mask without bits and
-// FLASHATTN_CUDA_MASKS_BWD_ROW_INTERVALS=1, the key-interval pass (each key row's
+// allowed bits before the products), or, under a block mask without bits (unless
+// FLASHATTN_CUDA_MASKS_BWD_ROW_INTERVALS=0), the key-interval pass (each key row's
 // allowed queries, one interval made once per tile: see the consumers' tile loop).
 // Rows with LSE = -inf (they see no key) have +inf in the workspace (preprocess), so
 // P = exp2(-inf or finite - inf) = 0, never NaN. dBias: dS^T before the softcap factor

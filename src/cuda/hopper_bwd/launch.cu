@@ -8,6 +8,7 @@
 #include <atomic>
 #include <cstdint>
 #include <cstdlib>
+#include <optional>
 #include <string>
 
 #include "flashattn/error.hpp"
@@ -63,12 +64,12 @@ bool is_l2_section_order_requested() {
   return requested;
 }
 
-bool is_mask_key_intervals_requested() {
-  static const bool requested = [] {
+bool are_mask_key_intervals_enabled() {
+  static const bool enabled = [] {
     const char* value = std::getenv("FLASHATTN_CUDA_MASKS_BWD_ROW_INTERVALS");
-    return value != nullptr && std::string(value) == "1";
+    return value == nullptr || std::string(value) != "0";
   }();
-  return requested;
+  return enabled;
 }
 
 namespace {
@@ -95,12 +96,13 @@ bool is_flat_order_requested() {
 }
 
 // The environment's grid: ctas 0 = one CTA per tile, -1 = persistent on every SM, n > 0 =
-// persistent with at most n CTAs.
-BackwardGrid environment_grid() {
-  static const BackwardGrid grid = [] {
+// persistent with at most n CTAs; nullopt: not set (the problem picks: backward_grid).
+std::optional<BackwardGrid> environment_grid() {
+  static const std::optional<BackwardGrid> grid = []() -> std::optional<BackwardGrid> {
     const char* value = std::getenv("FLASHATTN_CUDA_HOPPER_BWD_GRID");
     const std::string name = value != nullptr ? value : "";
-    if (name != "persistent" && name != "dynamic") return BackwardGrid{};
+    if (name == "per_tile") return BackwardGrid{};
+    if (name != "persistent" && name != "dynamic") return std::nullopt;
     const char* ctas = std::getenv("FLASHATTN_CUDA_HOPPER_BWD_GRID_CTAS");
     const int cap = ctas != nullptr ? std::atoi(ctas) : 0;
     return BackwardGrid{cap > 0 ? cap : -1, name == "dynamic"};
@@ -114,15 +116,38 @@ std::atomic<bool> dynamic_override{false};
 
 }  // namespace
 
-BackwardGrid persistent_grid(int device) {
-  const int overridden = grid_override.load(std::memory_order_relaxed);
-  const BackwardGrid grid =
-      overridden >= 0 ? BackwardGrid{overridden, dynamic_override.load(std::memory_order_relaxed)} : environment_grid();
+namespace {
+
+// A grid asked for (ctas -1: every SM) on `device`.
+BackwardGrid resident_grid(const BackwardGrid& grid, int device) {
   if (grid.ctas == 0) return {};
   // All CTAs resident at once (one per SM: the kernel's shared memory and registers allow
   // no second), which the deterministic mode's turns need (kernel.cuh).
   const int sms = multiprocessor_count(device);
   return {grid.ctas > 0 && grid.ctas < sms ? grid.ctas : sms, grid.is_dynamic};
+}
+
+// The override's or the environment's grid, if either names one.
+std::optional<BackwardGrid> requested_grid() {
+  const int overridden = grid_override.load(std::memory_order_relaxed);
+  if (overridden >= 0) return BackwardGrid{overridden, dynamic_override.load(std::memory_order_relaxed)};
+  return environment_grid();
+}
+
+}  // namespace
+
+BackwardGrid persistent_grid(int device) { return resident_grid(requested_grid().value_or(BackwardGrid{}), device); }
+
+BackwardGrid backward_grid(const BackwardParams& params, int device) {
+  if (const std::optional<BackwardGrid> requested = requested_grid()) return resident_grid(*requested, device);
+  // Unasked: the dynamic grid where it was timed faster (H200, 2026-11-27, hopper_bwd/
+  // TUNING.md): causal problems of at most 4k keys, whose per-tile grid leaves SMs idle
+  // behind the long diagonal tiles (+4-9% at 1k, +4-5% at 4k); at 16k and without a mask the
+  // per-tile grid was 1-2.5% faster. Not under device masks or the deterministic turns
+  // (not timed there).
+  const bool is_short_causal = params.is_causal && params.window_left < 0 && params.seqlen_k <= 4096 &&
+                               !params.has_attn_mask() && !params.has_block_mask() && !params.deterministic;
+  return is_short_causal ? resident_grid(BackwardGrid{-1, true}, device) : BackwardGrid{};
 }
 
 int persistent_grid_ctas(int device) { return persistent_grid(device).ctas; }
@@ -235,7 +260,7 @@ HopperBackwardParams make_params_with_boxes(const BackwardParams& params, const 
 
 HopperBackwardParams make_backward_params(const BackwardParams& params, const bwd::Workspace& workspace,
                                           const HopperBwdTileConfig& config, BackwardSchedule schedule) {
-  const BackwardGrid grid = persistent_grid(params.device.index);
+  const BackwardGrid grid = backward_grid(params, params.device.index);
   // The dynamic grid needs the workspace's counter (every carved workspace has one).
   const bool is_dynamic = grid.ctas > 0 && grid.is_dynamic && workspace.maybe_tile_counter != nullptr;
   HopperBackwardParams hopper_params =
@@ -286,7 +311,7 @@ void backward_main(const BackwardParams& params, const bwd::Workspace& workspace
     throw Error("flashattn: cuda backward: the Hopper kernels' mask tables lack the lists they walk");
   // The key-interval pass (kernel.cuh) where it applies: a listed walk of a block mask
   // without bits. One flag, so that the kernel tests one uniform bool per partial step.
-  hopper_params.is_mask_key_intervals = is_mask_key_intervals_requested() && device_mask.by_key_tile.present() &&
+  hopper_params.is_mask_key_intervals = are_mask_key_intervals_enabled() && device_mask.by_key_tile.present() &&
                                         params.has_block_mask() && !params.block_mask.rule.has_bits();
   if (params.deterministic) {
     if (params.dtype == DType::bfloat16) {

@@ -31,7 +31,7 @@ struct HopperBackwardParams {
   CUtensorMap v_map;     // box rows block_n
   // ALiBi's affine form on steps off the diagonal (common/alibi_path.hpp).
   bool is_alibi_affine = true;
-  // The key-interval pass of listed partial tiles (kernel.cuh): is_mask_key_intervals_requested
+  // The key-interval pass of listed partial tiles (kernel.cuh): are_mask_key_intervals_enabled
   // and a listed walk of a block mask without bits (set by backward_main).
   bool is_mask_key_intervals = false;
   // The overlapped schedule's dQ reductions (kernel.cuh, not the wide kernel): fp32 map
@@ -62,15 +62,17 @@ BackwardSchedule backward_schedule();
 // (persistent_grid) takes the L2-section order unless FLASHATTN_CUDA_HOPPER_BWD_ORDER=flat.
 bool is_l2_section_order_requested();
 
-// The key-interval pass (FLASHATTN_CUDA_MASKS_BWD_ROW_INTERVALS=1, read once per process;
-// off by default until timed): under a block mask without bits (document ids, band,
-// prefix) kernel.cuh makes each key row's allowed-query interval once per CTA
+// The key-interval pass (on by default; FLASHATTN_CUDA_MASKS_BWD_ROW_INTERVALS=0 turns it
+// off, read once per process): under a block mask without bits (document ids, band,
+// prefix) kernel.cuh makes each key row's allowed-query interval once per tile
 // (mask_tables.hpp's key_query_interval, into shared memory) and turns it into a partial
 // tile's allowed bits, instead of the fast pass's loads and span tests per partial tile.
-bool is_mask_key_intervals_requested();
+// H200, 2026-11-27, vs FlexAttention's backward: window 1.01 -> 1.09x, document 0.84 -> 1.01x.
+bool are_mask_key_intervals_enabled();
 
 // kernel.cuh's grid on `device` (head dims 64, 128; the wide kernel keeps one CTA per
-// tile). ctas 0 = one CTA per tile (the default); with FLASHATTN_CUDA_HOPPER_BWD_GRID=
+// tile) as the override or the environment asks for it (backward_grid: the call's own).
+// ctas 0 = one CTA per tile; with FLASHATTN_CUDA_HOPPER_BWD_GRID=
 // persistent one CTA per SM, each walking a static share of the tiles (CtaTiles,
 // dq_order.hpp), or with =dynamic one CTA per SM, each claiming its next tile from a counter
 // in the workspace (heaviest first: launch.cu picks the L2-section order for it). Either way
@@ -82,6 +84,11 @@ struct BackwardGrid {
   bool is_dynamic = false;  // the counter's claims (ctas > 0 only)
 };
 BackwardGrid persistent_grid(int device);
+// The grid a backward call on `device` takes: the override's or the environment's
+// (persistent_grid; FLASHATTN_CUDA_HOPPER_BWD_GRID=per_tile forces one CTA per tile), else
+// the problem's: the dynamic grid for causal problems of at most 4k keys without device
+// masks or deterministic turns (where it was timed faster), one CTA per tile otherwise.
+BackwardGrid backward_grid(const BackwardParams& params, int device);
 int persistent_grid_ctas(int device);  // persistent_grid(device).ctas
 
 // Tests and the timing tool (bench/gpu/kernels/hopper_bwd_timing.cu --grids) only: from now
