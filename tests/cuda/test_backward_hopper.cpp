@@ -135,7 +135,7 @@ TEST_F(CudaBackwardHopper, ScheduleFollowsTheEnvironment) {
 // The grid of a call (launch.hpp's backward_grid): the environment's when it names one,
 // else the dynamic grid on every SM for causal problems of at most 4k keys without device
 // masks or deterministic turns, one CTA per tile for the rest.
-TEST(CudaBackwardHopper, GridFollowsTheProblemUnlessAsked) {
+TEST_F(CudaBackwardHopper, GridFollowsTheProblemUnlessAsked) {
   int sms = 0;
   if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0) != cudaSuccess) GTEST_SKIP() << "no SM count";
   BackwardParams causal_1k;
