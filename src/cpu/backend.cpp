@@ -125,8 +125,9 @@ void forward(const AttentionParams& params, Algorithm algorithm, int num_threads
     case Algorithm::flash2: flash2_forward(params, num_threads); return;
     case Algorithm::flash1: flash1_forward(params, num_threads); return;
     case Algorithm::reference: reference_forward_into(params); return;
+    case Algorithm::flash3: break;  // the Hopper kernels' algorithm: refused below
   }
-  throw NotSupported(std::string("flashattn: cpu forward: unknown algorithm ") + algorithm_name(algorithm));
+  throw NotSupported(std::string("flashattn: cpu forward: no CPU implementation of algorithm ") + algorithm_name(algorithm));
 }
 
 void backward(const BackwardParams& params, Algorithm algorithm, int num_threads) {
@@ -141,8 +142,9 @@ void backward(const BackwardParams& params, Algorithm algorithm, int num_threads
     case Algorithm::flash2:
     case Algorithm::flash1: flash_backward(params, num_threads); return;  // one flash backward serves both forwards
     case Algorithm::reference: reference_backward_into(params); return;
+    case Algorithm::flash3: break;  // the Hopper kernels' algorithm: refused below
   }
-  throw NotSupported(std::string("flashattn: cpu backward: unknown algorithm ") + algorithm_name(algorithm));
+  throw NotSupported(std::string("flashattn: cpu backward: no CPU implementation of algorithm ") + algorithm_name(algorithm));
 }
 
 void merge_attention_states(const MergeParams& p) {
