@@ -121,6 +121,10 @@ struct ElementRule {
   std::int64_t block_m = 0, block_n = 0, words_per_row = 0;
 
   FLASHATTN_HOST_DEVICE bool has_bits() const { return maybe_partial_bits != nullptr; }
+  // Batch b's prefix-LM length (0 without a prefix).
+  FLASHATTN_HOST_DEVICE std::int64_t prefix_length(std::int64_t b) const {
+    return maybe_prefix_lengths != nullptr ? maybe_prefix_lengths[b * prefix_batch_stride] : 0;
+  }
   FLASHATTN_HOST_DEVICE bool in_band(std::int64_t row, std::int64_t col) const {
     const std::int64_t diagonal = row + diagonal_offset;
     return (window_left < 0 || col >= diagonal - window_left) && (window_right < 0 || col <= diagonal + window_right);

@@ -132,8 +132,7 @@ __device__ __forceinline__ RowMask<kNTiles> make_row_mask(const AttentionParams&
   const BlockMaskView& view = params.block_mask;
   const ElementRule& rule = view.rule;
   const bool is_rule_applied = tile_code != DeviceMask::kFullBlock;
-  const std::int64_t prefix_length =
-      is_rule_applied && rule.maybe_prefix_lengths != nullptr ? rule.maybe_prefix_lengths[b * rule.prefix_batch_stride] : 0;
+  const std::int64_t prefix_length = is_rule_applied ? rule.prefix_length(b) : 0;
   DocumentSpan documents;
   if (is_rule_applied && rule.maybe_q_document_ids != nullptr) {
     const std::int32_t* spans = kTransposed ? device_mask.maybe_document_query_spans : device_mask.maybe_document_key_spans;
@@ -306,8 +305,7 @@ __device__ __forceinline__ RowKeyInterval row_key_interval(const AttentionParams
                                                            std::int64_t b, std::int64_t row) {
   const DeviceMask& device_mask = params.device_mask;
   const ElementRule& rule = params.block_mask.rule;
-  const std::int64_t prefix_length =
-      rule.maybe_prefix_lengths != nullptr ? rule.maybe_prefix_lengths[b * rule.prefix_batch_stride] : 0;
+  const std::int64_t prefix_length = rule.prefix_length(b);
   DocumentSpan documents;
   if (rule.maybe_q_document_ids != nullptr) {
     // Unsorted ids have no spans (their tiles are kGeneralTile): nothing to read.
@@ -359,8 +357,7 @@ __device__ __forceinline__ RowKeyInterval key_row_query_interval(const Attention
                                                                  std::int64_t b, std::int64_t key) {
   const DeviceMask& device_mask = params.device_mask;
   const ElementRule& rule = params.block_mask.rule;
-  const std::int64_t prefix_length =
-      rule.maybe_prefix_lengths != nullptr ? rule.maybe_prefix_lengths[b * rule.prefix_batch_stride] : 0;
+  const std::int64_t prefix_length = rule.prefix_length(b);
   DocumentSpan documents;
   if (rule.maybe_q_document_ids != nullptr) {
     if (device_mask.maybe_document_query_spans == nullptr) return {0, 0};
