@@ -674,6 +674,29 @@ std::vector<Fp8Case> fp8_cases() {
     sharp.input_scale = 4.0;
     add(sharp);
   }
+  // Key counts that are whole multiples of d128's wide key tiles (192, 224; the cases above
+  // all end in a partial block of those): 1344 = 7 x 192 = 6 x 224 keys (10.5 blocks of 128),
+  // one exact 224-key block, and causal 448 x 448 (2 x 224, 2.33 x 192).
+  for (std::int64_t d : {64, 128, 256}) {
+    Fp8Case whole_blocks;
+    whole_blocks.head_dim = d;
+    whole_blocks.seqlen_q = 192;
+    whole_blocks.seqlen_k = 1344;
+    add(whole_blocks);
+    Fp8Case one_block;
+    one_block.head_dim = d;
+    one_block.seqlen_q = 100;
+    one_block.seqlen_k = 224;
+    add(one_block);
+    Fp8Case causal_whole;
+    causal_whole.head_dim = d;
+    causal_whole.heads_q = 1;
+    causal_whole.heads_kv = 1;
+    causal_whole.seqlen_q = 448;
+    causal_whole.seqlen_k = 448;
+    causal_whole.is_causal = true;
+    add(causal_whole);
+  }
   return cases;
 }
 
@@ -756,6 +779,31 @@ INSTANTIATE_TEST_SUITE_P(PingPong, HopperFp8Forward,
 
 INSTANTIATE_TEST_SUITE_P(Overlap, HopperFp8Forward,
                          ::testing::ValuesIn(cases_with_schedule(cuda::hopper_fp8::Fp8Schedule::in_place_overlap)),
+                         [](const ::testing::TestParamInfo<Fp8Case>& info) {
+                           return "case" + std::to_string(info.index);
+                         });
+
+// d128's wide key tiles (in_place_overlap_n192/_n224; FLASHATTN_CUDA_FP8_SCHEDULE=overlap_n192,
+// =overlap_n224, or FLASHATTN_CUDA_FP8_BLOCK_N=192/224 for d128 alone): the cases whose kernel
+// head dim is 128 (d128, and d80/d96 padded to it; d64 and d256 would run the Overlap suite's
+// kernel again). Key counts below one wide block (1, 97, 100, 128, 129), inside the second
+// (203, 211, 230, 257, 260, 270, 300, 333), many blocks with a tail (1025, 2100, 2300, varlen
+// 129/300/2200), whole blocks (1344, 224, causal 448), empty key sequences.
+std::vector<Fp8Case> d128_cases_with_schedule(cuda::hopper_fp8::Fp8Schedule schedule) {
+  std::vector<Fp8Case> cases;
+  for (const Fp8Case& c : cases_with_schedule(schedule))
+    if (c.head_dim == 80 || c.head_dim == 96 || c.head_dim == 128) cases.push_back(c);
+  return cases;
+}
+
+INSTANTIATE_TEST_SUITE_P(OverlapN192, HopperFp8Forward,
+                         ::testing::ValuesIn(d128_cases_with_schedule(cuda::hopper_fp8::Fp8Schedule::in_place_overlap_n192)),
+                         [](const ::testing::TestParamInfo<Fp8Case>& info) {
+                           return "case" + std::to_string(info.index);
+                         });
+
+INSTANTIATE_TEST_SUITE_P(OverlapN224, HopperFp8Forward,
+                         ::testing::ValuesIn(d128_cases_with_schedule(cuda::hopper_fp8::Fp8Schedule::in_place_overlap_n224)),
                          [](const ::testing::TestParamInfo<Fp8Case>& info) {
                            return "case" + std::to_string(info.index);
                          });

@@ -50,9 +50,9 @@ Fp8ForwardParams make_fp8_forward_params(const AttentionParams& params, Fp8Sched
                                      params.q_head_stride, params.q_batch_stride, panel_bytes, config.block_m);
   if (rows_k == 0) return fp8_params;
   fp8_params.k_map = make_tensor_map("k", params.k, params.head_dim, rows_k, params.heads_kv, batch, params.k_row_stride,
-                                     params.k_head_stride, params.k_batch_stride, panel_bytes, config.block_n());
+                                     params.k_head_stride, params.k_batch_stride, panel_bytes, config.block_n);
   fp8_params.v_map = make_tensor_map("v", params.v, params.head_dim, rows_k, params.heads_kv, batch, params.v_row_stride,
-                                     params.v_head_stride, params.v_batch_stride, panel_bytes, config.block_n());
+                                     params.v_head_stride, params.v_batch_stride, panel_bytes, config.block_n);
   return fp8_params;
 }
 
@@ -127,6 +127,15 @@ Fp8Schedule default_schedule(int kernel_head_dim) {
     return std::nullopt;
   }();
   if (requested) return *requested;
+  // FLASHATTN_CUDA_FP8_BLOCK_N=192|224: d128's wide key tiles (an A/B switch, not timed yet).
+  static const std::optional<Fp8Schedule> wide_d128 = []() -> std::optional<Fp8Schedule> {
+    const char* value = std::getenv("FLASHATTN_CUDA_FP8_BLOCK_N");
+    if (value != nullptr)
+      for (const Fp8Schedule candidate : {Fp8Schedule::in_place_overlap_n192, Fp8Schedule::in_place_overlap_n224})
+        if (std::string(value) == std::to_string(fp8_tile_config(128, candidate).block_n)) return candidate;
+    return std::nullopt;
+  }();
+  if (kernel_head_dim == 128 && wide_d128) return *wide_d128;
   // Timed on the H200, 2026-11-27 (hopper_fp8/TUNING.md): the rotated loop (in_place_overlap)
   // over in_place at d256 1.05-1.17x (16k: 819 -> 961 TF/s), at d128 16k 1.06x (663 -> 707);
   // d64 (not timed with it) keeps the in-place transpose, which gained 4-5% over the copy.
