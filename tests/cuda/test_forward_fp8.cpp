@@ -788,19 +788,22 @@ INSTANTIATE_TEST_SUITE_P(Overlap, HopperFp8Forward,
 // head dim is 128 (d128, and d80/d96 padded to it; d64 and d256 would run the Overlap suite's
 // kernel again). Key counts below one wide block (1, 97, 100, 128, 129), inside the second
 // (203, 211, 230, 257, 260, 270, 300, 333), many blocks with a tail (1025, 2100, 2300, varlen
-// 129/300/2200), whole blocks (1344, 224, causal 448), empty key sequences.
-std::vector<Fp8Case> d128_cases_with_schedule(cuda::hopper_fp8::Fp8Schedule schedule) {
+// 129/300/2200), whole blocks (1344, 224, causal 448), empty key sequences. OverlapN192 also
+// skips the unit rescales (Fp8Rescale::when_max_moves), OverlapN224 always rescales.
+std::vector<Fp8Case> d128_cases_with_schedule(
+    cuda::hopper_fp8::Fp8Schedule schedule,
+    cuda::hopper_fp8::Fp8Rescale rescale = cuda::hopper_fp8::Fp8Rescale::every_block) {
   std::vector<Fp8Case> cases;
-  for (const Fp8Case& c : cases_with_schedule(schedule))
+  for (const Fp8Case& c : cases_with_schedule(schedule, rescale))
     if (c.head_dim == 80 || c.head_dim == 96 || c.head_dim == 128) cases.push_back(c);
   return cases;
 }
 
-INSTANTIATE_TEST_SUITE_P(OverlapN192, HopperFp8Forward,
-                         ::testing::ValuesIn(d128_cases_with_schedule(cuda::hopper_fp8::Fp8Schedule::in_place_overlap_n192)),
-                         [](const ::testing::TestParamInfo<Fp8Case>& info) {
-                           return "case" + std::to_string(info.index);
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    OverlapN192, HopperFp8Forward,
+    ::testing::ValuesIn(d128_cases_with_schedule(cuda::hopper_fp8::Fp8Schedule::in_place_overlap_n192,
+                                                 cuda::hopper_fp8::Fp8Rescale::when_max_moves)),
+    [](const ::testing::TestParamInfo<Fp8Case>& info) { return "case" + std::to_string(info.index); });
 
 INSTANTIATE_TEST_SUITE_P(OverlapN224, HopperFp8Forward,
                          ::testing::ValuesIn(d128_cases_with_schedule(cuda::hopper_fp8::Fp8Schedule::in_place_overlap_n224)),
