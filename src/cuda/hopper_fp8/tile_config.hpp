@@ -38,7 +38,7 @@ namespace flashattn::cuda::hopper_fp8 {
 using hopper::kMaxConsumerWarpgroups;
 using hopper::kMaxSharedBytes;
 // Keys per tile of every entry but the wide one (Fp8TileConfig::block_n).
-inline constexpr int kBlockN = 128;
+inline constexpr int kDefaultBlockN = 128;
 
 // How the producer warpgroup turns V into Vt and when it issues its loads (kernel.cuh).
 enum class Fp8Schedule : int {
@@ -122,7 +122,7 @@ inline constexpr Fp8Rescale kFp8Rescales[] = {Fp8Rescale::every_block, Fp8Rescal
 struct Fp8TileConfig {
   int kernel_head_dim;     // head dim the kernel is compiled for: 64, 128 or 256
   int block_m;             // query rows per CTA (64 per consumer warpgroup)
-  int block_n;             // keys per tile: kBlockN, or 192/224 at d128 (in_place_overlap_n192/_n224)
+  int block_n;             // keys per tile: kDefaultBlockN, or 192/224 at d128 (in_place_overlap_n192/_n224)
   int k_stages;            // K tiles in flight (TMA ring)
   int v_stages;            // V tiles in flight (TMA ring; in place: V then Vt in each stage)
   int vt_stages;           // Vt tiles (transpose_copy: a ring of their own; in place: = v_stages)
@@ -170,13 +170,13 @@ struct Fp8TileConfig {
 
 constexpr Fp8TileConfig fp8_copy_entry(int kernel_head_dim, int block_m, int stages, int producer_registers,
                                        int consumer_registers) {
-  return Fp8TileConfig{kernel_head_dim,    block_m, kBlockN, stages, stages, stages, Fp8Schedule::transpose_copy,
+  return Fp8TileConfig{kernel_head_dim,    block_m, kDefaultBlockN, stages, stages, stages, Fp8Schedule::transpose_copy,
                        /*is_ping_pong=*/false, producer_registers, consumer_registers};
 }
 constexpr Fp8TileConfig fp8_in_place_entry(int kernel_head_dim, int block_m, int k_stages, int v_stages,
                                            int producer_registers, int consumer_registers,
                                            Fp8Schedule schedule = Fp8Schedule::transpose_in_place,
-                                           int block_n = kBlockN) {
+                                           int block_n = kDefaultBlockN) {
   return Fp8TileConfig{kernel_head_dim,
                        block_m,
                        block_n,
