@@ -232,10 +232,11 @@ __global__ void __launch_bounds__(fp8_tile_config(kHeadDimArg, kScheduleArg).thr
   constexpr int kVtRowBytes = hopper::kSwizzleRowBytes;  // a Vt panel's rows: 128 keys per head-dim index
   constexpr int kVtPanels = kConfig.vt_panels();
   constexpr int kVtPanelBytes = kConfig.vt_panel_bytes();
-  // The in-place transpose's 128 x 128-byte squares: V's head-dim panel p holds Vt rows
-  // 128 p.. (d256), V's keys 128 P.. hold Vt panel P (the wide d128 tiles); either way
-  // square i is the 16 KB at 16384 i, in V's and in Vt's layout. In the wide tiles the
-  // last square's rows past block_n hold no key of this block (stale bytes of the stage,
+  // The in-place transpose's 128 x 128-byte squares (d128, d256): V's head-dim panel p
+  // holds Vt rows 128 p.. (d256), V's keys 128 P.. hold Vt panel P (the wide d128 tiles);
+  // either way square i is the 16 KB at 16384 i, in V's and in Vt's layout. At d64 V's keys
+  // 128 P.. (8 KB, 64-byte rows) hold Vt panel P (8 KB, 128-byte rows). In the wide tiles
+  // the last panel's keys past block_n are none of this block's (stale bytes of the stage,
   // or never written): their images are Vt bytes past block_n, which no k32 step reads.
   constexpr int kSquares = kPanels * kVtPanels;
   constexpr int kConsumerWarpgroups = kConfig.consumer_warpgroups();
@@ -247,8 +248,8 @@ __global__ void __launch_bounds__(fp8_tile_config(kHeadDimArg, kScheduleArg).thr
   static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256, "FP8 kernel head dims: 64, 128, 256");
   static_assert(!kIsInPlace || kVtStages == kVStages, "in place, Vt_j lives in V_j's stage");
   static_assert(kBlockN % 32 == 0 && kBlockN <= 256, "key tiles: whole k32 steps of P V, TMA boxes of <= 256 rows");
-  static_assert(kVtPanels == 1 || (kHeadDim == 128 && kConfig.has_rotated_loop()),
-                "Vt over several panels: d128 (one V panel, squares along the keys), the rotated loop's transpose");
+  static_assert(kVtPanels == 1 || (kHeadDim <= 128 && kConfig.has_rotated_loop()),
+                "Vt over several panels: d64/d128 (one V panel, split along the keys), the rotated loop's transpose");
   static_assert(kQBytes % kTileAlignment == 0 && kKBytes % kTileAlignment == 0 && kVStageBytes % kTileAlignment == 0 &&
                     kVtPanelBytes % kTileAlignment == 0 && (kBlockM * kPanelBytes) % kTileAlignment == 0 &&
                     (kBlockN * kPanelBytes) % kTileAlignment == 0,
@@ -492,7 +493,8 @@ __global__ void __launch_bounds__(fp8_tile_config(kHeadDimArg, kScheduleArg).thr
       //   32w..32w+31, all 64 bytes; 16 registers, the producer has 32), the warpgroup
       //   syncs, then each stores its 4.
       constexpr bool kIsWarpClosed = kPanelBytes == kVtRowBytes;
-      static_assert(kIsWarpClosed || kSteps == 4 * kTransposeWarps, "d64: 4 steps per warp cover the tile");
+      static_assert(kIsWarpClosed || (128 / 16) * (kHeadDim / 32) == 4 * kTransposeWarps,
+                    "d64: 4 steps per warp cover 128 keys (one Vt panel)");
       // Addresses with few registers, equal to v_step_offset / vt_step_offset's (the
       // model check_in_place_transpose.py checks them):
       //   d128/d256, block (g, c) (c counts 16-byte chunks over the panels):
@@ -660,18 +662,25 @@ __global__ void __launch_bounds__(fp8_tile_config(kHeadDimArg, kScheduleArg).thr
             }
           }
         } else {
-          std::uint32_t fragments[4][4];  // step i: (keys 0..7 | 8..15) x (chunk 2e | 2e+1)
+          // One Vt panel (128 keys, 8 KB of V and of Vt) at a time: the wide tile's second
+          // panel is the same transpose 8 KB further (its keys from 128, rows of V and Vt
+          // keep their swizzle phase), after the first's stores (disjoint bytes: no sync).
 #pragma unroll
-          for (int i = 0; i < 4; ++i) {
-            const int g = 2 * transpose_warp + i % 2, e = i / 2;
-            ptx::ldmatrix_x4_trans(fragments[i][0], fragments[i][1], fragments[i][2], fragments[i][3],
-                                   tile_address + 16 * kPanelBytes * g + (lane_load_offset ^ (32 * e)));
-          }
-          ptx::named_barrier_sync(NamedBarrier::kVTileRead, kTransposeThreads);  // the whole tile read
+          for (int panel = 0; panel < kVtPanels; ++panel) {
+            const std::uint32_t panel_address = tile_address + panel * kVtPanelBytes;
+            std::uint32_t fragments[4][4];  // step i: (keys 0..7 | 8..15) x (chunk 2e | 2e+1)
 #pragma unroll
-          for (int i = 0; i < 4; ++i) {
-            const int g = 2 * transpose_warp + i % 2, e = i / 2;
-            store_fragment(tile_address + 32 * kVtRowBytes * e + (lane_store_offset ^ (16 * g)), fragments[i]);
+            for (int i = 0; i < 4; ++i) {
+              const int g = 2 * transpose_warp + i % 2, e = i / 2;
+              ptx::ldmatrix_x4_trans(fragments[i][0], fragments[i][1], fragments[i][2], fragments[i][3],
+                                     panel_address + 16 * kPanelBytes * g + (lane_load_offset ^ (32 * e)));
+            }
+            ptx::named_barrier_sync(NamedBarrier::kVTileRead, kTransposeThreads);  // the whole panel read
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+              const int g = 2 * transpose_warp + i % 2, e = i / 2;
+              store_fragment(panel_address + 32 * kVtRowBytes * e + (lane_store_offset ^ (16 * g)), fragments[i]);
+            }
           }
         }
         // The Vt writes before the consumers' wgmma (async proxy) reads them and before
@@ -1072,6 +1081,9 @@ void run_forward_fp8(const Fp8ForwardParams& params, cudaStream_t stream) {
                                                                                                         stream);
     case Fp8Schedule::in_place_overlap_n224:
       return launch_forward_fp8<kHeadDim, kernel_schedule(kHeadDim, Fp8Schedule::in_place_overlap_n224)>(params,
+                                                                                                        stream);
+    case Fp8Schedule::in_place_overlap_n160:
+      return launch_forward_fp8<kHeadDim, kernel_schedule(kHeadDim, Fp8Schedule::in_place_overlap_n160)>(params,
                                                                                                         stream);
   }
   throw NotSupported("flashattn: FP8 forward: unknown schedule " + std::to_string(static_cast<int>(params.schedule)));

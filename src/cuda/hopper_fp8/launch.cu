@@ -127,15 +127,26 @@ Fp8Schedule default_schedule(int kernel_head_dim) {
     return std::nullopt;
   }();
   if (requested) return *requested;
-  // FLASHATTN_CUDA_FP8_BLOCK_N=192|224: d128's wide key tiles (an A/B switch, not timed yet).
-  static const std::optional<Fp8Schedule> wide_d128 = []() -> std::optional<Fp8Schedule> {
+  // FLASHATTN_CUDA_FP8_BLOCK_N: a comma-separated list of key-tile widths, e.g. "224" or
+  // "160,224": each head dim with a wide entry of one of them runs it (an A/B switch, not
+  // timed yet; the other head dims keep their default).
+  // (Widths parsed once into a bit set over multiples of 32.)
+  static const std::uint32_t wide_block_ns = [] {
+    std::uint32_t widths = 0;
     const char* value = std::getenv("FLASHATTN_CUDA_FP8_BLOCK_N");
-    if (value != nullptr)
-      for (const Fp8Schedule candidate : {Fp8Schedule::in_place_overlap_n192, Fp8Schedule::in_place_overlap_n224})
-        if (std::string(value) == std::to_string(fp8_tile_config(128, candidate).block_n)) return candidate;
-    return std::nullopt;
+    for (const char* item = value; item != nullptr && *item != '\0';) {
+      char* end = nullptr;
+      const long width = std::strtol(item, &end, 10);
+      if (end == item) break;
+      if (width > 0 && width <= 1024 && width % 32 == 0) widths |= std::uint32_t{1} << (width / 32 - 1);
+      item = *end == ',' ? end + 1 : end;
+    }
+    return widths;
   }();
-  if (kernel_head_dim == 128 && wide_d128) return *wide_d128;
+  for (const Fp8Schedule wide : kFp8WideSchedules) {
+    const Fp8TileConfig config = fp8_tile_config(kernel_head_dim, wide);
+    if (config.schedule == wide && (wide_block_ns >> (config.block_n / 32 - 1) & 1) != 0) return wide;
+  }
   // Timed on the H200, 2026-11-27 (hopper_fp8/TUNING.md): the rotated loop (in_place_overlap)
   // over in_place at d256 1.05-1.17x (16k: 819 -> 961 TF/s), at d128 16k 1.06x (663 -> 707);
   // d64 (not timed with it) keeps the in-place transpose, which gained 4-5% over the copy.

@@ -23,11 +23,11 @@
 //     [+ vt_stages x Vt (d, block_n) for transpose_copy]
 // Q, K and V rows are d bytes: one swizzle panel of d bytes (64-byte swizzle) at d64,
 // 128-byte panels (128-byte swizzle) at d128 and d256. Vt rows are block_n bytes in
-// 128-byte panels (128-byte swizzle), one per 128 keys: one panel at block_n 128; two at
-// d128's wide entries (in_place_overlap_n192/_n224: the second panel part-used), each a
-// 128 x 128-byte square that the V transpose fills in place from the 16 KB of the V stage
-// that holds keys 128 P.. (a V stage is then two whole squares, 32 KB, of which the TMA
-// fills block_n rows).
+// 128-byte panels (128-byte swizzle), one per 128 keys: one panel at block_n 128; two in
+// the wide entries (in_place_overlap_n160 at d64, _n192/_n224 at d128: the second panel
+// part-used), each the transpose in place of the part of the V stage that holds keys
+// 128 P.. (d128: a 128 x 128-byte square, 16 KB; d64: 128 keys x 64 bytes, 8 KB); a V
+// stage is then two whole panels, of which the TMA fills block_n rows.
 // Host and device code; no CUDA headers.
 #pragma once
 
@@ -70,18 +70,20 @@ enum class Fp8Schedule : int {
   // overlap together). The in_place_overlap kernel reads this at run time (a uniform
   // branch, no kernel of its own); d64 (three consumer warpgroups) takes no turns.
   in_place_overlap_ping_pong = 4,
-  // in_place_overlap with a wider key tile at d128: 192 or 224 keys (FA3 uses 224 for FP8
-  // d128 non-causal, hopper/tile_size.h). The per-key-block costs (row max/sum
-  // reductions, the rescale of O, barriers, GEMM issue) spread over more keys and each
-  // P V GEMM runs longer. Vt rows span two 128-byte panels. Head dims without an entry
-  // (d64, d256) run in_place_overlap. (256 keys: ptxas serialises the wgmmas, C7512: S 128
-  // + O 64 + P 32 registers live across the GEMM issue.)
+  // in_place_overlap with a wider key tile: 192 or 224 keys at d128, 160 at d64 (FA3's FP8
+  // tiles, hopper/tile_size.h: d128 non-causal 128 x 224, d64 192 x 160). The per-key-block
+  // costs (row max/sum reductions, the rescale of O, barriers, GEMM issue) spread over more
+  // keys and each P V GEMM runs longer. Vt rows span two 128-byte panels. Head dims
+  // without an entry run in_place_overlap. (d128 at 256 keys: ptxas serialises the
+  // wgmmas, C7512: S 128 + O 64 + P 32 registers live across the GEMM issue.)
   in_place_overlap_n192 = 5,
   in_place_overlap_n224 = 6,
+  in_place_overlap_n160 = 7,
 };
 
 constexpr bool is_wide_overlap(Fp8Schedule schedule) {
-  return schedule == Fp8Schedule::in_place_overlap_n192 || schedule == Fp8Schedule::in_place_overlap_n224;
+  return schedule == Fp8Schedule::in_place_overlap_n192 || schedule == Fp8Schedule::in_place_overlap_n224 ||
+         schedule == Fp8Schedule::in_place_overlap_n160;
 }
 
 constexpr const char* fp8_schedule_name(Fp8Schedule schedule) {
@@ -93,6 +95,7 @@ constexpr const char* fp8_schedule_name(Fp8Schedule schedule) {
     case Fp8Schedule::in_place_overlap_ping_pong: return "overlap_ping_pong";
     case Fp8Schedule::in_place_overlap_n192: return "overlap_n192";
     case Fp8Schedule::in_place_overlap_n224: return "overlap_n224";
+    case Fp8Schedule::in_place_overlap_n160: return "overlap_n160";
   }
   return "unknown";
 }
@@ -100,7 +103,11 @@ inline constexpr Fp8Schedule kFp8Schedules[] = {Fp8Schedule::transpose_copy, Fp8
                                                 Fp8Schedule::in_place_ping_pong, Fp8Schedule::in_place_overlap,
                                                 Fp8Schedule::in_place_overlap_ping_pong,
                                                 Fp8Schedule::in_place_overlap_n192,
-                                                Fp8Schedule::in_place_overlap_n224};
+                                                Fp8Schedule::in_place_overlap_n224,
+                                                Fp8Schedule::in_place_overlap_n160};
+inline constexpr Fp8Schedule kFp8WideSchedules[] = {Fp8Schedule::in_place_overlap_n160,
+                                                    Fp8Schedule::in_place_overlap_n192,
+                                                    Fp8Schedule::in_place_overlap_n224};
 
 // When the in_place_overlap kernel multiplies O by the rescale factor of its rows
 // (kernel.cuh, rescale_o). The factor is exactly 1 when a row's running max did not
@@ -122,7 +129,7 @@ inline constexpr Fp8Rescale kFp8Rescales[] = {Fp8Rescale::every_block, Fp8Rescal
 struct Fp8TileConfig {
   int kernel_head_dim;     // head dim the kernel is compiled for: 64, 128 or 256
   int block_m;             // query rows per CTA (64 per consumer warpgroup)
-  int block_n;             // keys per tile: kDefaultBlockN, or 192/224 at d128 (in_place_overlap_n192/_n224)
+  int block_n;             // keys per tile: kDefaultBlockN, or the wide entries' 160 (d64), 192/224 (d128)
   int k_stages;            // K tiles in flight (TMA ring)
   int v_stages;            // V tiles in flight (TMA ring; in place: V then Vt in each stage)
   int vt_stages;           // Vt tiles (transpose_copy: a ring of their own; in place: = v_stages)
@@ -226,6 +233,10 @@ inline constexpr Fp8TileConfig kFp8TileTable[] = {
     //                  dim  M   K  V/Vt  registers  schedule                              N
     fp8_in_place_entry(128, 128, 3, 4,    40, 232,   Fp8Schedule::in_place_overlap_n192, 192),
     fp8_in_place_entry(128, 128, 2, 4,    40, 232,   Fp8Schedule::in_place_overlap_n224, 224),
+    // in_place_overlap_n160 (not timed yet): d64 at FA3's 192 x 160. V/Vt stage two 8 KB
+    // Vt panels (16 KB; the TMA fills 10 KB), K 10 KB: Q 12 + K 3 x 10 + V/Vt 4 x 16 = 106 KB.
+    // Consumers hold S 80 + O 32 + P 20 registers across the GEMM issue, of 160.
+    fp8_in_place_entry(64, 192, 3, 4,     32, 160,   Fp8Schedule::in_place_overlap_n160, 160),
 };
 
 // The schedule whose kernel runs `schedule` at this head dim: in_place_overlap for

@@ -499,6 +499,36 @@ __device__ __forceinline__ void wgmma_m64n128k32_rs_E4m3(float (&d)[64], const s
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_descriptor), "r"(scale_d));
 }
 
+// D (64 x 160, fp32) {+}= A (64 x 32 e4m3, shared) * B (32 x 160 e4m3, shared), both K-major
+// (FP8 wgmma has no transpose: the immediates trans-a/trans-b exist only for .f16/.bf16).
+__device__ __forceinline__ void wgmma_m64n160k32_ss_E4m3(float (&d)[80], std::uint64_t a_descriptor,
+                                                        std::uint64_t b_descriptor, int scale_d) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %82, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n160k32.f32.e4m3.e4m3 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79}, %80, %81, p, 1, 1;\n"
+      "}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79])
+      : "l"(a_descriptor), "l"(b_descriptor), "r"(scale_d));
+}
+
+// D (64 x 160, fp32) {+}= A (64 x 32 e4m3, registers: the k32 A fragment, wgmma.cuh) * B (32 x 160 e4m3,
+// shared, K-major).
+__device__ __forceinline__ void wgmma_m64n160k32_rs_E4m3(float (&d)[80], const std::uint32_t (&a)[4],
+                                                        std::uint64_t b_descriptor, int scale_d) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %85, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n160k32.f32.e4m3.e4m3 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79}, {%80, %81, %82, %83}, %84, p, 1, 1;\n"
+      "}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_descriptor), "r"(scale_d));
+}
+
 // D (64 x 192, fp32) {+}= A (64 x 32 e4m3, shared) * B (32 x 192 e4m3, shared), both K-major
 // (FP8 wgmma has no transpose: the immediates trans-a/trans-b exist only for .f16/.bf16).
 __device__ __forceinline__ void wgmma_m64n192k32_ss_E4m3(float (&d)[96], std::uint64_t a_descriptor,
@@ -597,6 +627,8 @@ __device__ __forceinline__ void wgmma_ss_e4m3(float (&d)[kN / 2], std::uint64_t 
     wgmma_m64n64k32_ss_E4m3(d, a_descriptor, b_descriptor, scale_d);
   } else if constexpr (kN == 128) {
     wgmma_m64n128k32_ss_E4m3(d, a_descriptor, b_descriptor, scale_d);
+  } else if constexpr (kN == 160) {
+    wgmma_m64n160k32_ss_E4m3(d, a_descriptor, b_descriptor, scale_d);
   } else if constexpr (kN == 192) {
     wgmma_m64n192k32_ss_E4m3(d, a_descriptor, b_descriptor, scale_d);
   } else if constexpr (kN == 224) {
@@ -615,6 +647,8 @@ __device__ __forceinline__ void wgmma_rs_e4m3(float (&d)[kN / 2], const std::uin
     wgmma_m64n64k32_rs_E4m3(d, a, b_descriptor, scale_d);
   } else if constexpr (kN == 128) {
     wgmma_m64n128k32_rs_E4m3(d, a, b_descriptor, scale_d);
+  } else if constexpr (kN == 160) {
+    wgmma_m64n160k32_rs_E4m3(d, a, b_descriptor, scale_d);
   } else if constexpr (kN == 192) {
     wgmma_m64n192k32_rs_E4m3(d, a, b_descriptor, scale_d);
   } else if constexpr (kN == 224) {
