@@ -75,8 +75,9 @@
 // Shared-memory tiles: Q, K, V as panels of P = min(d, 128) bytes per row with the P-byte
 // swizzle (TMA and wgmma: 16-byte chunk c of row r at c ^ ((r * P / 128) % (P / 16)),
 // i.e. byte address bits 4.. XOR bits 7..; swizzle_offset below); Vt as panels of
-// 128-byte rows, one per 128 keys (block_n 128: one; the wide overlaps at d128, 192 or 224
-// keys: two, each written in place over the 16 KB of the V stage that holds its keys).
+// 128-byte rows, one per 128 keys (block_n 128: one; the wide overlaps, d128 at 192 or 224
+// keys and d64 at 160: two, each written in place over the part of the V stage that holds
+// its keys: 16 KB at d128, 8 KB at d64).
 #pragma once
 
 #include <cuda.h>
