@@ -130,6 +130,18 @@ for schedule in InPlace PingPong Overlap OverlapPingPong; do
   filter=$(for c in $fp8_cases; do printf '%s/*/case%s:' "$schedule" "$c"; done)
   for tool in racecheck synccheck memcheck; do fsan $tool test_cuda_forward_fp8 "${filter%:}"; done
 done
+# The wide key tiles (OverlapN192/OverlapN224 hold the d128, d80, d96 cases, OverlapN160 the
+# d64 ones): keys below one block, tails, padded d80 (d128), window, varlen with empty
+# sequences, seqlen_k = 0, long causal (dense and varlen), whole wide blocks (1344 keys,
+# causal 448 and 960).
+fp8_wide_cases="2 3 6 11 27 34 38 40 42 44 46 47"
+for schedule in OverlapN192 OverlapN224; do
+  filter=$(for c in $fp8_wide_cases; do printf '%s/*/case%s:' "$schedule" "$c"; done)
+  for tool in racecheck synccheck memcheck; do fsan $tool test_cuda_forward_fp8 "${filter%:}"; done
+done
+fp8_d64_wide_cases="2 3 6 11 18 22 24 26 28 31"
+filter=$(for c in $fp8_d64_wide_cases; do printf 'OverlapN160/*/case%s:' "$c"; done)
+for tool in racecheck synccheck memcheck; do fsan $tool test_cuda_forward_fp8 "${filter%:}"; done
 fi
 
 export PYTHONUNBUFFERED=1 PYTHONPATH="$tree/python"

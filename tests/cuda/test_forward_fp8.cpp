@@ -674,6 +674,34 @@ std::vector<Fp8Case> fp8_cases() {
     sharp.input_scale = 4.0;
     add(sharp);
   }
+  // Key counts that are whole multiples of the wide key tiles (160, 192, 224; the cases
+  // above all end in a partial block of those): 1344 = 7 x 192 = 6 x 224 keys (10.5 blocks of
+  // 128), one exact 224-key block, causal 448 x 448 (2 x 224, 2.33 x 192), causal 320 x 960
+  // (6 x 160 = 5 x 192 keys).
+  for (std::int64_t d : {64, 128, 256}) {
+    Fp8Case whole_blocks;
+    whole_blocks.head_dim = d;
+    whole_blocks.seqlen_q = 192;
+    whole_blocks.seqlen_k = 1344;
+    add(whole_blocks);
+    Fp8Case one_block;
+    one_block.head_dim = d;
+    one_block.seqlen_q = 100;
+    one_block.seqlen_k = 224;
+    add(one_block);
+    Fp8Case causal_whole;
+    causal_whole.head_dim = d;
+    causal_whole.heads_q = 1;
+    causal_whole.heads_kv = 1;
+    causal_whole.seqlen_q = 448;
+    causal_whole.seqlen_k = 448;
+    causal_whole.is_causal = true;
+    add(causal_whole);
+    Fp8Case causal_160 = causal_whole;
+    causal_160.seqlen_q = 320;
+    causal_160.seqlen_k = 960;
+    add(causal_160);
+  }
   return cases;
 }
 
@@ -759,6 +787,42 @@ INSTANTIATE_TEST_SUITE_P(Overlap, HopperFp8Forward,
                          [](const ::testing::TestParamInfo<Fp8Case>& info) {
                            return "case" + std::to_string(info.index);
                          });
+
+// The wide key tiles (in_place_overlap_n192/_n224 at d128, _n160 at d64;
+// FLASHATTN_CUDA_FP8_SCHEDULE=overlap_n192 etc., or FLASHATTN_CUDA_FP8_BLOCK_N=160,192,224 per
+// head dim): the cases whose kernel head dim has that entry (d128 with d80/d96 padded to it,
+// or d64; the others would run the Overlap suite's kernel again). Key counts below one wide
+// block (1, 97, 100, 128, 129), inside the second (203, 211, 230, 257, 260, 270, 300, 333),
+// many blocks with a tail (1025, 2100, 2300, varlen 129/300/2200), whole blocks (1344, 224,
+// causal 448, causal 960), empty key sequences. OverlapN192 also skips the unit rescales
+// (Fp8Rescale::when_max_moves), OverlapN224 and OverlapN160 always rescale.
+std::vector<Fp8Case> kernel_head_dim_cases_with_schedule(
+    std::int64_t kernel_head_dim, cuda::hopper_fp8::Fp8Schedule schedule,
+    cuda::hopper_fp8::Fp8Rescale rescale = cuda::hopper_fp8::Fp8Rescale::every_block) {
+  std::vector<Fp8Case> cases;
+  for (const Fp8Case& c : cases_with_schedule(schedule, rescale)) {
+    const bool runs_kernel_head_dim =
+        kernel_head_dim == 128 ? c.head_dim == 80 || c.head_dim == 96 || c.head_dim == 128 : c.head_dim == kernel_head_dim;
+    if (runs_kernel_head_dim) cases.push_back(c);
+  }
+  return cases;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    OverlapN192, HopperFp8Forward,
+    ::testing::ValuesIn(kernel_head_dim_cases_with_schedule(128, cuda::hopper_fp8::Fp8Schedule::in_place_overlap_n192,
+                                                            cuda::hopper_fp8::Fp8Rescale::when_max_moves)),
+    [](const ::testing::TestParamInfo<Fp8Case>& info) { return "case" + std::to_string(info.index); });
+
+INSTANTIATE_TEST_SUITE_P(
+    OverlapN224, HopperFp8Forward,
+    ::testing::ValuesIn(kernel_head_dim_cases_with_schedule(128, cuda::hopper_fp8::Fp8Schedule::in_place_overlap_n224)),
+    [](const ::testing::TestParamInfo<Fp8Case>& info) { return "case" + std::to_string(info.index); });
+
+INSTANTIATE_TEST_SUITE_P(
+    OverlapN160, HopperFp8Forward,
+    ::testing::ValuesIn(kernel_head_dim_cases_with_schedule(64, cuda::hopper_fp8::Fp8Schedule::in_place_overlap_n160)),
+    [](const ::testing::TestParamInfo<Fp8Case>& info) { return "case" + std::to_string(info.index); });
 
 INSTANTIATE_TEST_SUITE_P(
     OverlapPingPong, HopperFp8Forward,

@@ -9,13 +9,17 @@
 // rms_diff_vs_bf16 are a smoke check at full size (expect ~1e-2 max, ~1e-3 rms on these
 // N(0, 1)-like inputs), `unwritten` counts output elements still NaN-poisoned.
 //
-// Usage: flashattn_fp8_timing [--quick] [--schedules copy,in_place,ping_pong,overlap,overlap_ping_pong]
+// Usage: flashattn_fp8_timing [--quick] [--head-dims 64,128,256]
+//          [--schedules copy,in_place,ping_pong,overlap,overlap_ping_pong,overlap_n192,overlap_n224,overlap_n160]
 //   prints CSV: kernel,batch,heads,seqlen,head_dim,causal,ms,tflops,speedup_vs_bf16,
 //   max_abs_diff_vs_bf16,rms_diff_vs_bf16,unwritten
 // Without --schedules one FP8 row per shape, kernel flash3_fp8, the process's default
 // schedule (FLASHATTN_CUDA_FP8_SCHEDULE); with it one row per listed schedule,
 // kernel flash3_fp8_<schedule>, all timed in this process beside the same bf16 run (d64
-// has no ping-pong kernel: its ping_pong row runs in_place, its overlap_ping_pong row overlap).
+// has no ping-pong kernel: its ping_pong row runs in_place, its overlap_ping_pong row overlap;
+// overlap_n192/_n224 are d128's wide key tiles, overlap_n160 d64's: the other head dims'
+// rows of these run overlap).
+// --head-dims: only these head dims' shapes (default all three).
 // FLASHATTN_CUDA_FP8_RESCALE=when_max_moves: the overlap rows skip unit rescales (their
 // kernel names end in _when_max_moves; the other schedules always rescale).
 #include <cuda_bf16.h>
@@ -188,9 +192,8 @@ void time_shape(const Shape& s, const std::vector<Fp8Schedule>& schedules, int w
     float max_difference = 0.0f;
     std::memcpy(&max_difference, &max_bits, sizeof max_difference);
     const double fp8_ms = median_ms(run_fp8, warmup, reps);
-    // The overlap kernel's rescale (FLASHATTN_CUDA_FP8_RESCALE, read by forward) when not the default.
-    const bool reads_rescale = kernel_schedule(hopper_fp8::kernel_head_dim_for(params.head_dim), schedule) ==
-                               Fp8Schedule::in_place_overlap;
+    // The overlap kernels' rescale (FLASHATTN_CUDA_FP8_RESCALE, read by forward) when not the default.
+    const bool reads_rescale = fp8_tile_config(hopper_fp8::kernel_head_dim_for(params.head_dim), schedule).has_rotated_loop();
     std::string name = is_default ? std::string("flash3_fp8") : std::string("flash3_fp8_") + fp8_schedule_name(schedule);
     if (reads_rescale && default_rescale() != Fp8Rescale::every_block)
       name += std::string("_") + fp8_rescale_name(default_rescale());
@@ -209,6 +212,7 @@ int main(int argc, char** argv) {
   using namespace flashattn::cuda::hopper_fp8;
   bool quick = false;
   std::vector<Fp8Schedule> schedules;  // empty: the default schedule
+  std::vector<std::int64_t> head_dims = {64, 128, 256};
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--quick") == 0) {
       quick = true;
@@ -225,14 +229,31 @@ int main(int argc, char** argv) {
           }
         if (!found) {
           std::fprintf(stderr,
-                       "--schedules: unknown schedule '%s' (copy, in_place, ping_pong, overlap, overlap_ping_pong)\n",
+                       "--schedules: unknown schedule '%s' (copy, in_place, ping_pong, overlap, overlap_ping_pong, "
+                       "overlap_n192, overlap_n224, overlap_n160)\n",
                        name.c_str());
           return 2;
         }
         begin = end + 1;
       }
+    } else if (std::strcmp(argv[i], "--head-dims") == 0 && i + 1 < argc) {
+      head_dims.clear();
+      const std::string list = argv[++i];
+      for (std::size_t begin = 0; begin <= list.size();) {
+        const std::size_t end = std::min(list.find(',', begin), list.size());
+        const std::string name = list.substr(begin, end - begin);
+        if (name != "64" && name != "128" && name != "256") {
+          std::fprintf(stderr, "--head-dims: unknown head dim '%s' (64, 128, 256)\n", name.c_str());
+          return 2;
+        }
+        head_dims.push_back(std::stoll(name));
+        begin = end + 1;
+      }
     } else {
-      std::fprintf(stderr, "usage: %s [--quick] [--schedules copy,in_place,ping_pong,overlap,overlap_ping_pong]\n", argv[0]);
+      std::fprintf(stderr,
+                   "usage: %s [--quick] [--head-dims 64,128,256] [--schedules "
+                   "copy,in_place,ping_pong,overlap,overlap_ping_pong,overlap_n192,overlap_n224,overlap_n160]\n",
+                   argv[0]);
       return 2;
     }
   }
@@ -240,7 +261,7 @@ int main(int argc, char** argv) {
   std::printf(
       "kernel,batch,heads,seqlen,head_dim,causal,ms,tflops,speedup_vs_bf16,max_abs_diff_vs_bf16,rms_diff_vs_bf16,"
       "unwritten\n");
-  for (std::int64_t d : {64, 128, 256})
+  for (std::int64_t d : head_dims)
     for (std::int64_t n : {1024, 4096, 16384})
       for (bool c : {false, true}) time_shape(Shape{16384 / n, 2048 / d, n, d, c}, schedules, warmup, reps);
   return 0;

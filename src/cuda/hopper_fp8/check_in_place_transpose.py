@@ -5,8 +5,12 @@
 # schedule's items per warp (each warp's loads of an item before its stores, the warps
 # in random order: their sets are disjoint) and the copy schedule's steps. Both must
 # leave Vt row d, byte 32 kp + k' = V[32 kp + pi(k')][d] (kernel.cuh, point 2). The copy
-# path is device-verified: its passing checks the model. Run after changing the
-# transpose's addressing: python3 src/cuda/hopper_fp8/check_in_place_transpose.py
+# path is device-verified: its passing checks the model. The wide key tiles (d128 192/224
+# keys: a V stage of two 128 x 128-byte squares; d64 160 keys: two 128-key panels of 8 KB;
+# the rows past block_n stale bytes) must leave Vt panel kp / 128 (d x 128 bytes each), row
+# d, byte kp % 128 = V[32 (kp / 32) + pi(kp % 32)][d] for every key byte kp < block_n.
+# Run after changing the transpose's addressing:
+# python3 src/cuda/hopper_fp8/check_in_place_transpose.py
 import random
 import sys
 def swz(P, off): return off ^ ((off >> 3) & ((P//16 - 1) << 4))
@@ -33,12 +37,13 @@ def perm(x,y,s):
     bs=[(x>>(8*i))&0xff for i in range(4)]+[(y>>(8*i))&0xff for i in range(4)]
     return sum(bs[(s>>(4*i))&7]<<(8*i) for i in range(4))
 ITEMS=[[(0,0,1,1),(0,1,1,0)],[(2,2,3,3),(2,3,3,2)],[(0,2,2,0),(1,3,3,1)],[(0,3,3,0),(1,2,2,1)]]
-def run(D):
-    P=min(D,128); panels=D//P
-    V=[[random.randrange(256) for _ in range(D)] for _ in range(BN)]
-    mem=[0]*(BN*D)
-    for k in range(BN):
-        for d in range(D): mem[(d//P)*BN*P + swz(P, k*P + d%P)] = V[k][d]
+def run(D, block_n=BN):
+    # block_n > 128 (d128 only): the stage holds 256 rows, those past block_n stale.
+    P=min(D,128); panels=D//P; squares=panels*((block_n+127)//128); rows=128*((block_n+127)//128)
+    V=[[random.randrange(256) for _ in range(D)] for _ in range(rows)]
+    mem=[0]*(rows*D)
+    for k in range(rows):
+        for d in range(D): mem[(d//P)*rows*P + swz(P, k*P + d%P)] = V[k][d]
     def v_step_offset(lane,g,e):
         m,r=lane//8,lane%8; key=16*g+8*(m%2)+r; db=16*(2*e+m//2)
         return (db//P)*(BN*P)+swz(P,key*P+db%P)
@@ -58,7 +63,7 @@ def run(D):
                 stmatrix(mem, stores[i], regs, 2)
         order=list(range(4)); random.shuffle(order)  # warps in any order (disjoint sets)
         for w in order:
-            for item in range(2*panels):
+            for item in range(2*squares):
                 a1,b1,a2,b2=ITEMS[w][item%2]; pa=16384*(item//2)
                 if a1==b1:
                     for half in range(2):
@@ -75,28 +80,29 @@ def run(D):
                         bs=[pa+4096*b1+(SL[l]^(32*a1)^(16*half)) for l in range(32)]
                         iS=[pa+4096*a1+2048*half+(SL[l]^(32*b1)) for l in range(32)]
                         move([bl,[x^16 for x in bl],il,[x+2048 for x in il]],[bs,[x+2048 for x in bs],iS,[x^16 for x in iS]])
-    else:  # d64: whole tile, every warp loads 4 steps, then all store
+    else:  # d64: 128 keys (one Vt panel, 8 KB) at a time, every warp loads 4 steps, then all store
         LL=[v_step_offset(l,0,0) for l in range(32)]; SL=[vt_step_offset(l,0,0) for l in range(32)]
-        allf={}
-        for w in range(4):
-            for i in range(4):
-                g,e=2*w+i%2,i//2
-                allf[(w,i)]=ldmatrix_trans(mem,[16*P*g+(LL[l]^(32*e)) for l in range(32)],4)
-        for w in range(4):
-            for i in range(4):
-                g,e=2*w+i%2,i//2; f=allf[(w,i)]
-                regs=[]
-                for l in range(32):
-                    sw=l//4>=4
-                    ea=perm(f[l][0],f[l][1],0x6420); oa=perm(f[l][0],f[l][1],0x7531)
-                    eb=perm(f[l][2],f[l][3],0x6420); ob=perm(f[l][2],f[l][3],0x7531)
-                    regs.append([oa if sw else ea, ea if sw else oa, ob if sw else eb, eb if sw else ob])
-                stmatrix(mem,[4096*e+(SL[l]^(16*g)) for l in range(32)],regs,4)
+        for pa in range(0, rows*D, 128*D):
+            allf={}
+            for w in range(4):
+                for i in range(4):
+                    g,e=2*w+i%2,i//2
+                    allf[(w,i)]=ldmatrix_trans(mem,[pa+16*P*g+(LL[l]^(32*e)) for l in range(32)],4)
+            for w in range(4):
+                for i in range(4):
+                    g,e=2*w+i%2,i//2; f=allf[(w,i)]
+                    regs=[]
+                    for l in range(32):
+                        sw=l//4>=4
+                        ea=perm(f[l][0],f[l][1],0x6420); oa=perm(f[l][0],f[l][1],0x7531)
+                        eb=perm(f[l][2],f[l][3],0x6420); ob=perm(f[l][2],f[l][3],0x7531)
+                        regs.append([oa if sw else ea, ea if sw else oa, ob if sw else eb, eb if sw else ob])
+                    stmatrix(mem,[pa+4096*e+(SL[l]^(16*g)) for l in range(32)],regs,4)
     bad=0
     for d in range(D):
-        for kp in range(BN):
+        for kp in range(block_n):
             key=32*(kp//32)+pi(kp%32)
-            if mem[swz(128,d*128+kp)]!=V[key][d]: bad+=1
+            if mem[128*D*(kp//128)+swz(128,d*128+kp%128)]!=V[key][d]: bad+=1
     return bad
 random.seed(1)
 failures = 0
@@ -104,6 +110,10 @@ for D in (64,128,256):
     bad = run(D)
     failures += bad
     print("in place", D, "mismatches:", bad)
+for D, block_n in ((128, 192), (128, 224), (128, 256), (64, 160), (64, 256)):
+    bad = run(D, block_n)
+    failures += bad
+    print("in place", D, "block_n", block_n, "mismatches:", bad)
 # in_place_overlap's unrolled addresses ((tile + lane_offset) ^ C) + offset against the
 # loop's tile + offset + (lane_offset ^ C), for 1024-aligned stage bases (kernel.cuh).
 def overlap_address_mismatches():

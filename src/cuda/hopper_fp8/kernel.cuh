@@ -74,8 +74,10 @@
 //
 // Shared-memory tiles: Q, K, V as panels of P = min(d, 128) bytes per row with the P-byte
 // swizzle (TMA and wgmma: 16-byte chunk c of row r at c ^ ((r * P / 128) % (P / 16)),
-// i.e. byte address bits 4.. XOR bits 7..; swizzle_offset below); Vt as one panel of
-// 128-byte rows (block_n = 128 keys).
+// i.e. byte address bits 4.. XOR bits 7..; swizzle_offset below); Vt as panels of
+// 128-byte rows, one per 128 keys (block_n 128: one; the wide overlaps, d128 at 192 or 224
+// keys and d64 at 160: two, each written in place over the part of the V stage that holds
+// its keys: 16 KB at d128, 8 KB at d64).
 #pragma once
 
 #include <cuda.h>
@@ -222,9 +224,22 @@ __global__ void __launch_bounds__(fp8_tile_config(kHeadDimArg, kScheduleArg).thr
   constexpr int kVtStages = kConfig.vt_stages;  // Vt ring (in place: the V ring itself)
   constexpr int kPanelBytes = kConfig.panel_bytes();
   constexpr int kPanels = kConfig.panels();
+  constexpr int kBlockN = kConfig.block_n;
   constexpr int kQBytes = kConfig.q_bytes();
-  constexpr int kKVBytes = kConfig.kv_tile_bytes();
-  constexpr int kVtRowBytes = kBlockN;  // one 128-byte swizzle row of keys per head-dim index
+  constexpr int kKBytes = kConfig.k_tile_bytes();        // a K stage: (kBlockN, kHeadDim)
+  constexpr int kVBytes = kConfig.v_tile_bytes();        // the TMA's V tile (kBlockN, kHeadDim)
+  constexpr int kVStageBytes = kConfig.v_stage_bytes();  // a V stage (in place: also its Vt)
+  constexpr int kVtBytes = kConfig.vt_tile_bytes();      // Vt (kHeadDim, kBlockN) in whole panels
+  constexpr int kVtRowBytes = hopper::kSwizzleRowBytes;  // a Vt panel's rows: 128 keys per head-dim index
+  constexpr int kVtPanels = kConfig.vt_panels();
+  constexpr int kVtPanelBytes = kConfig.vt_panel_bytes();
+  // The in-place transpose's 128 x 128-byte squares (d128, d256): V's head-dim panel p
+  // holds Vt rows 128 p.. (d256), V's keys 128 P.. hold Vt panel P (the wide d128 tiles);
+  // either way square i is the 16 KB at 16384 i, in V's and in Vt's layout. At d64 V's keys
+  // 128 P.. (8 KB, 64-byte rows) hold Vt panel P (8 KB, 128-byte rows). In the wide tiles
+  // the last panel's keys past block_n are none of this block's (stale bytes of the stage,
+  // or never written): their images are Vt bytes past block_n, which no k32 step reads.
+  constexpr int kSquares = kPanels * kVtPanels;
   constexpr int kConsumerWarpgroups = kConfig.consumer_warpgroups();
   static_assert(kBlockM % ptx::kWarpgroupRows == 0 && kConsumerWarpgroups >= 1 &&
                     kConsumerWarpgroups <= kMaxConsumerWarpgroups,
@@ -233,9 +248,12 @@ __global__ void __launch_bounds__(fp8_tile_config(kHeadDimArg, kScheduleArg).thr
                 "setmaxnreg: the warpgroups' registers exceed those the CTA is launched with");
   static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256, "FP8 kernel head dims: 64, 128, 256");
   static_assert(!kIsInPlace || kVtStages == kVStages, "in place, Vt_j lives in V_j's stage");
-  static_assert(kVtRowBytes == 128, "Vt rows are one 128-byte swizzle row");
-  static_assert(kQBytes % kTileAlignment == 0 && kKVBytes % kTileAlignment == 0 &&
-                    (kBlockM * kPanelBytes) % kTileAlignment == 0 && (kBlockN * kPanelBytes) % kTileAlignment == 0,
+  static_assert(kBlockN % 32 == 0 && kBlockN <= 256, "key tiles: whole k32 steps of P V, TMA boxes of <= 256 rows");
+  static_assert(kVtPanels == 1 || (kHeadDim <= 128 && kConfig.has_rotated_loop()),
+                "Vt over several panels: d64/d128 (one V panel, split along the keys), the rotated loop's transpose");
+  static_assert(kQBytes % kTileAlignment == 0 && kKBytes % kTileAlignment == 0 && kVStageBytes % kTileAlignment == 0 &&
+                    kVtPanelBytes % kTileAlignment == 0 && (kBlockM * kPanelBytes) % kTileAlignment == 0 &&
+                    (kBlockN * kPanelBytes) % kTileAlignment == 0,
                 "every tile and panel starts at a swizzle atom");
   static_assert(kConfig.shared_bytes() <= kMaxSharedBytes, "tiles exceed 227 KB of shared memory");
 
@@ -273,11 +291,12 @@ __global__ void __launch_bounds__(fp8_tile_config(kHeadDimArg, kScheduleArg).thr
   extern __shared__ unsigned char shared_storage[];
   const std::uint32_t raw_address = static_cast<std::uint32_t>(__cvta_generic_to_shared(shared_storage));
   unsigned char* shared_q = shared_storage + ((kTileAlignment - raw_address % kTileAlignment) % kTileAlignment);
-  unsigned char* shared_k = shared_q + kQBytes;              // kKStages x (kBlockN, kHeadDim) in panels
-  unsigned char* shared_v = shared_k + kKStages * kKVBytes;  // kVStages x (kBlockN, kHeadDim) in panels
-  // kVtStages x (kHeadDim, kBlockN): after the V ring, or in place over it.
-  unsigned char* shared_vt = kIsInPlace ? shared_v : shared_v + kVStages * kKVBytes;
-  auto* barriers = reinterpret_cast<std::uint64_t*>(shared_q + kQBytes + kConfig.tile_slots() * kKVBytes);
+  unsigned char* shared_k = shared_q + kQBytes;             // kKStages x (kBlockN, kHeadDim) in panels
+  unsigned char* shared_v = shared_k + kKStages * kKBytes;  // kVStages x (kBlockN, kHeadDim) in panels
+  // kVtStages x (kHeadDim, kBlockN) in Vt panels: after the V ring, or in place over it.
+  unsigned char* shared_vt = kIsInPlace ? shared_v : shared_v + kVStages * kVStageBytes;
+  constexpr int kVtStageBytes = kIsInPlace ? kVStageBytes : kVtBytes;
+  auto* barriers = reinterpret_cast<std::uint64_t*>(shared_q + kConfig.tiles_bytes());
   constexpr int kConsumerWarps = 4 * kConsumerWarpgroups;
   // Producer roles: thread 0 issues every TMA copy; all 4 warps (thread 0 between its
   // copies) transpose V. (A loader warp of its own, transposing with 3 warps, measured
@@ -335,13 +354,16 @@ __global__ void __launch_bounds__(fp8_tile_config(kHeadDimArg, kScheduleArg).thr
     }
     // The TMA copy of block `index` of the visit order into its stage of a ring of
     // `stages` (thread 0; the stage's previous block must have been released).
+    // Every K and V copy brings kBlockN rows (kKBytes = kVBytes; rows past the tensor's end
+    // arrive as zeros and count too); `stage_bytes` is the ring's stride.
+    static_assert(kKBytes == kVBytes, "K and V tiles: one byte count");
     auto issue_load = [&](const CUtensorMap* tensor_map, unsigned char* ring, std::uint64_t* full, int stages,
-                          int index) {
+                          int stage_bytes, int index) {
       const int stage = index % stages;
       ::cuda::ptx::mbarrier_arrive_expect_tx(::cuda::ptx::sem_release, ::cuda::ptx::scope_cta,
-                                             ::cuda::ptx::space_shared, &full[stage], kKVBytes);
+                                             ::cuda::ptx::space_shared, &full[stage], kKBytes);
       const std::int32_t row = static_cast<std::int32_t>(k_start + (tile.n_block_end - 1 - index) * kBlockN);
-      load_byte_panels<kPanels, kPanelBytes, kBlockN>(ring + stage * kKVBytes, tensor_map, row,
+      load_byte_panels<kPanels, kPanelBytes, kBlockN>(ring + stage * stage_bytes, tensor_map, row,
                                                       static_cast<std::int32_t>(head_kv), batch_coordinate,
                                                       &full[stage]);
     };
@@ -414,9 +436,9 @@ __global__ void __launch_bounds__(fp8_tile_config(kHeadDimArg, kScheduleArg).thr
     if constexpr (!kIsInPlace) {
       // Block `index` into its stage (thread 0), waiting until the stage is released.
       auto load_block = [&](const CUtensorMap* tensor_map, unsigned char* ring, std::uint64_t* full,
-                            std::uint64_t* empty, int stages, int index) {
+                            std::uint64_t* empty, int stages, int stage_bytes, int index) {
         wait_stage_free(empty, stages, index);
-        issue_load(tensor_map, ring, full, stages, index);
+        issue_load(tensor_map, ring, full, stages, stage_bytes, index);
       };
       // Vt_index = V_index^T into Vt's ring; all 4 warps (thread 0 between its copies),
       // one step at a time.
@@ -424,8 +446,8 @@ __global__ void __launch_bounds__(fp8_tile_config(kHeadDimArg, kScheduleArg).thr
         ptx::mbarrier_wait(&v_full[index % kVStages], (index / kVStages) & 1);
         wait_stage_free(vt_empty, kVtStages, index);
         __syncwarp();  // ldmatrix/stmatrix are .aligned: the whole warp, converged
-        const std::uint32_t v_tile = ptx::shared_address(shared_v + (index % kVStages) * kKVBytes);
-        const std::uint32_t vt_tile = ptx::shared_address(shared_vt + (index % kVtStages) * kKVBytes);
+        const std::uint32_t v_tile = ptx::shared_address(shared_v + (index % kVStages) * kVStageBytes);
+        const std::uint32_t vt_tile = ptx::shared_address(shared_vt + (index % kVtStages) * kVtStageBytes);
 #pragma unroll 1
         for (int step = transpose_warp; step < kSteps; step += kTransposeWarps) {
           std::uint32_t fragment[4];
@@ -447,8 +469,8 @@ __global__ void __launch_bounds__(fp8_tile_config(kHeadDimArg, kScheduleArg).thr
       for (int index = 0; index < num_n_blocks; ++index) {
         if (is_loader) {
           for (; loaded < num_n_blocks && loaded < index + kVStages; ++loaded) {
-            load_block(&params.k_map, shared_k, k_full, k_empty, kKStages, loaded);
-            load_block(&params.v_map, shared_v, v_full, v_empty, kVStages, loaded);
+            load_block(&params.k_map, shared_k, k_full, k_empty, kKStages, kKBytes, loaded);
+            load_block(&params.v_map, shared_v, v_full, v_empty, kVStages, kVStageBytes, loaded);
           }
         }
         transpose_v(index);
@@ -472,7 +494,8 @@ __global__ void __launch_bounds__(fp8_tile_config(kHeadDimArg, kScheduleArg).thr
       //   32w..32w+31, all 64 bytes; 16 registers, the producer has 32), the warpgroup
       //   syncs, then each stores its 4.
       constexpr bool kIsWarpClosed = kPanelBytes == kVtRowBytes;
-      static_assert(kIsWarpClosed || kSteps == 4 * kTransposeWarps, "d64: 4 steps per warp cover the tile");
+      static_assert(kIsWarpClosed || (128 / 16) * (kHeadDim / 32) == 4 * kTransposeWarps,
+                    "d64: 4 steps per warp cover 128 keys (one Vt panel)");
       // Addresses with few registers, equal to v_step_offset / vt_step_offset's (the
       // model check_in_place_transpose.py checks them):
       //   d128/d256, block (g, c) (c counts 16-byte chunks over the panels):
@@ -501,9 +524,9 @@ __global__ void __launch_bounds__(fp8_tile_config(kHeadDimArg, kScheduleArg).thr
       int k_issued = 0, v_issued = 0;  // thread 0: blocks whose copy was issued
       auto issue_free_loads = [&]() {
         while (k_issued < num_n_blocks && is_stage_free(k_empty, kKStages, k_issued))
-          issue_load(&params.k_map, shared_k, k_full, kKStages, k_issued++);
+          issue_load(&params.k_map, shared_k, k_full, kKStages, kKBytes, k_issued++);
         while (v_issued < num_n_blocks && is_stage_free(vt_empty, kVStages, v_issued))
-          issue_load(&params.v_map, shared_v, v_full, kVStages, v_issued++);
+          issue_load(&params.v_map, shared_v, v_full, kVStages, kVStageBytes, v_issued++);
       };
       for (int index = 0; index < num_n_blocks; ++index) {
         const int stage = index % kVStages;
@@ -522,7 +545,7 @@ __global__ void __launch_bounds__(fp8_tile_config(kHeadDimArg, kScheduleArg).thr
           ptx::mbarrier_wait(&v_full[stage], parity);
         }
         __syncwarp();  // ldmatrix/stmatrix are .aligned: the whole warp, converged
-        const std::uint32_t tile_address = ptx::shared_address(shared_v + stage * kKVBytes);
+        const std::uint32_t tile_address = ptx::shared_address(shared_v + stage * kVStageBytes);
         if constexpr (kIsWarpClosed) {
           // Head-dim rows 2c' (even) and 2c'+1 (odd) of a chunk are bytes (2q, 2q+1, 2q+8,
           // 2q+9) of the two key halves: byte permute 0x6420 (even) and 0x7531 (odd); the
@@ -557,7 +580,7 @@ __global__ void __launch_bounds__(fp8_tile_config(kHeadDimArg, kScheduleArg).thr
               constexpr int kWarpCodes = static_cast<int>(
                   (kInPlaceItemCodes >> (8 * kInPlaceItemsPerPanel * decltype(warp_tag)::value)) & 0xFFFF);
 #pragma unroll
-              for (int item = 0; item < kInPlaceItemsPerPanel * kPanels; ++item) {
+              for (int item = 0; item < kInPlaceItemsPerPanel * kSquares; ++item) {
                 const int code = (kWarpCodes >> (8 * (item % kInPlaceItemsPerPanel))) & 0xFF;
                 const int a1 = code & 3, b1 = (code >> 2) & 3, a2 = (code >> 4) & 3;
                 const std::uint32_t panel = 16384 * (item / kInPlaceItemsPerPanel);
@@ -598,7 +621,7 @@ __global__ void __launch_bounds__(fp8_tile_config(kHeadDimArg, kScheduleArg).thr
             }
           } else {
 #pragma unroll 1
-            for (int item = 0; item < kInPlaceItemsPerPanel * kPanels; ++item) {
+            for (int item = 0; item < kInPlaceItemsPerPanel * kSquares; ++item) {
               // 32x32 blocks (a1, b1), (a2, b2): bits 0-1, 2-3, 4-5, 6-7 of the item's code.
               const int code = (warp_item_codes >> (8 * (item % kInPlaceItemsPerPanel))) & 0xFF;
               const int a1 = code & 3, b1 = (code >> 2) & 3, a2 = (code >> 4) & 3;
@@ -640,18 +663,25 @@ __global__ void __launch_bounds__(fp8_tile_config(kHeadDimArg, kScheduleArg).thr
             }
           }
         } else {
-          std::uint32_t fragments[4][4];  // step i: (keys 0..7 | 8..15) x (chunk 2e | 2e+1)
+          // One Vt panel (128 keys, 8 KB of V and of Vt) at a time: the wide tile's second
+          // panel is the same transpose 8 KB further (its keys from 128, rows of V and Vt
+          // keep their swizzle phase), after the first's stores (disjoint bytes: no sync).
 #pragma unroll
-          for (int i = 0; i < 4; ++i) {
-            const int g = 2 * transpose_warp + i % 2, e = i / 2;
-            ptx::ldmatrix_x4_trans(fragments[i][0], fragments[i][1], fragments[i][2], fragments[i][3],
-                                   tile_address + 16 * kPanelBytes * g + (lane_load_offset ^ (32 * e)));
-          }
-          ptx::named_barrier_sync(NamedBarrier::kVTileRead, kTransposeThreads);  // the whole tile read
+          for (int panel = 0; panel < kVtPanels; ++panel) {
+            const std::uint32_t panel_address = tile_address + panel * kVtPanelBytes;
+            std::uint32_t fragments[4][4];  // step i: (keys 0..7 | 8..15) x (chunk 2e | 2e+1)
 #pragma unroll
-          for (int i = 0; i < 4; ++i) {
-            const int g = 2 * transpose_warp + i % 2, e = i / 2;
-            store_fragment(tile_address + 32 * kVtRowBytes * e + (lane_store_offset ^ (16 * g)), fragments[i]);
+            for (int i = 0; i < 4; ++i) {
+              const int g = 2 * transpose_warp + i % 2, e = i / 2;
+              ptx::ldmatrix_x4_trans(fragments[i][0], fragments[i][1], fragments[i][2], fragments[i][3],
+                                     panel_address + 16 * kPanelBytes * g + (lane_load_offset ^ (32 * e)));
+            }
+            ptx::named_barrier_sync(NamedBarrier::kVTileRead, kTransposeThreads);  // the whole panel read
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+              const int g = 2 * transpose_warp + i % 2, e = i / 2;
+              store_fragment(panel_address + 32 * kVtRowBytes * e + (lane_store_offset ^ (16 * g)), fragments[i]);
+            }
           }
         }
         // The Vt writes before the consumers' wgmma (async proxy) reads them and before
@@ -663,7 +693,7 @@ __global__ void __launch_bounds__(fp8_tile_config(kHeadDimArg, kScheduleArg).thr
       if (is_loader) {
         for (; k_issued < num_n_blocks; ++k_issued) {
           wait_stage_free(k_empty, kKStages, k_issued);
-          issue_load(&params.k_map, shared_k, k_full, kKStages, k_issued);
+          issue_load(&params.k_map, shared_k, k_full, kKStages, kKBytes, k_issued);
         }
       }
     }
@@ -727,7 +757,7 @@ __global__ void __launch_bounds__(fp8_tile_config(kHeadDimArg, kScheduleArg).thr
 
   // S = Q K^T for block `index` (issued and committed, not waited for).
   auto issue_qk = [&](int index) {
-    const std::uint64_t stage_k_descriptor = k_descriptor + (((index % kKStages) * kKVBytes) >> 4);
+    const std::uint64_t stage_k_descriptor = k_descriptor + (((index % kKStages) * kKBytes) >> 4);
     ptx::wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kHeadDim / 32; ++kk) {
@@ -736,15 +766,16 @@ __global__ void __launch_bounds__(fp8_tile_config(kHeadDimArg, kScheduleArg).thr
     }
     ptx::wgmma_commit_group();
   };
-  // O += P' V for block `index`: k32 step kp reads bytes [32 kp, 32 kp + 32) of every Vt
-  // row (keys 32 kp + pi(0..31)).
+  // O += P' V for block `index`: k32 step kp reads keys 32 kp + pi(0..31), bytes
+  // [32 kp, 32 kp + 32) of every Vt row: 32 (kp % 4) .. of Vt panel kp / 4.
   auto issue_pv = [&](int index) {
-    const std::uint64_t stage_vt_descriptor = vt_descriptor + (((index % kVtStages) * kKVBytes) >> 4);
+    const std::uint64_t stage_vt_descriptor = vt_descriptor + (((index % kVtStages) * kVtStageBytes) >> 4);
     ptx::fence_operands(o);
     ptx::wgmma_fence();
 #pragma unroll
     for (int kp = 0; kp < kBlockN / 32; ++kp) {
-      ptx::wgmma_rs_e4m3<kHeadDim>(o, p[kp], stage_vt_descriptor + ((32 * kp) >> 4), 1);
+      const int vt_offset = (kp / 4) * kVtPanelBytes + 32 * (kp % 4);
+      ptx::wgmma_rs_e4m3<kHeadDim>(o, p[kp], stage_vt_descriptor + (vt_offset >> 4), 1);
     }
     ptx::wgmma_commit_group();
   };
@@ -1046,6 +1077,15 @@ void run_forward_fp8(const Fp8ForwardParams& params, cudaStream_t stream) {
     case Fp8Schedule::in_place_overlap:
     case Fp8Schedule::in_place_overlap_ping_pong:
       return launch_forward_fp8<kHeadDim, Fp8Schedule::in_place_overlap>(params, stream);
+    case Fp8Schedule::in_place_overlap_n192:
+      return launch_forward_fp8<kHeadDim, kernel_schedule(kHeadDim, Fp8Schedule::in_place_overlap_n192)>(params,
+                                                                                                        stream);
+    case Fp8Schedule::in_place_overlap_n224:
+      return launch_forward_fp8<kHeadDim, kernel_schedule(kHeadDim, Fp8Schedule::in_place_overlap_n224)>(params,
+                                                                                                        stream);
+    case Fp8Schedule::in_place_overlap_n160:
+      return launch_forward_fp8<kHeadDim, kernel_schedule(kHeadDim, Fp8Schedule::in_place_overlap_n160)>(params,
+                                                                                                        stream);
   }
   throw NotSupported("flashattn: FP8 forward: unknown schedule " + std::to_string(static_cast<int>(params.schedule)));
 }

@@ -50,9 +50,9 @@ Fp8ForwardParams make_fp8_forward_params(const AttentionParams& params, Fp8Sched
                                      params.q_head_stride, params.q_batch_stride, panel_bytes, config.block_m);
   if (rows_k == 0) return fp8_params;
   fp8_params.k_map = make_tensor_map("k", params.k, params.head_dim, rows_k, params.heads_kv, batch, params.k_row_stride,
-                                     params.k_head_stride, params.k_batch_stride, panel_bytes, config.block_n());
+                                     params.k_head_stride, params.k_batch_stride, panel_bytes, config.block_n);
   fp8_params.v_map = make_tensor_map("v", params.v, params.head_dim, rows_k, params.heads_kv, batch, params.v_row_stride,
-                                     params.v_head_stride, params.v_batch_stride, panel_bytes, config.block_n());
+                                     params.v_head_stride, params.v_batch_stride, panel_bytes, config.block_n);
   return fp8_params;
 }
 
@@ -127,6 +127,26 @@ Fp8Schedule default_schedule(int kernel_head_dim) {
     return std::nullopt;
   }();
   if (requested) return *requested;
+  // FLASHATTN_CUDA_FP8_BLOCK_N: a comma-separated list of key-tile widths, e.g. "224" or
+  // "160,224": each head dim with a wide entry of one of them runs it (an A/B switch, not
+  // timed yet; the other head dims keep their default).
+  // (Widths parsed once into a bit set over multiples of 32.)
+  static const std::uint32_t wide_block_ns = [] {
+    std::uint32_t widths = 0;
+    const char* value = std::getenv("FLASHATTN_CUDA_FP8_BLOCK_N");
+    for (const char* item = value; item != nullptr && *item != '\0';) {
+      char* end = nullptr;
+      const long width = std::strtol(item, &end, 10);
+      if (end == item) break;
+      if (width > 0 && width <= 1024 && width % 32 == 0) widths |= std::uint32_t{1} << (width / 32 - 1);
+      item = *end == ',' ? end + 1 : end;
+    }
+    return widths;
+  }();
+  for (const Fp8Schedule wide : kFp8WideSchedules) {
+    const Fp8TileConfig config = fp8_tile_config(kernel_head_dim, wide);
+    if (config.schedule == wide && (wide_block_ns >> (config.block_n / 32 - 1) & 1) != 0) return wide;
+  }
   // Timed on the H200, 2026-11-27 (hopper_fp8/TUNING.md): the rotated loop (in_place_overlap)
   // over in_place at d256 1.05-1.17x (16k: 819 -> 961 TF/s), at d128 16k 1.06x (663 -> 707);
   // d64 (not timed with it) keeps the in-place transpose, which gained 4-5% over the copy.

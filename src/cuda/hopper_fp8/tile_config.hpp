@@ -22,8 +22,12 @@
 //   Q (block_m, d) + k_stages x K (block_n, d) + v_stages x V (block_n, d)
 //     [+ vt_stages x Vt (d, block_n) for transpose_copy]
 // Q, K and V rows are d bytes: one swizzle panel of d bytes (64-byte swizzle) at d64,
-// 128-byte panels (128-byte swizzle) at d128 and d256. Vt rows are block_n = 128 bytes:
-// one 128-byte panel.
+// 128-byte panels (128-byte swizzle) at d128 and d256. Vt rows are block_n bytes in
+// 128-byte panels (128-byte swizzle), one per 128 keys: one panel at block_n 128; two in
+// the wide entries (in_place_overlap_n160 at d64, _n192/_n224 at d128: the second panel
+// part-used), each the transpose in place of the part of the V stage that holds keys
+// 128 P.. (d128: a 128 x 128-byte square, 16 KB; d64: 128 keys x 64 bytes, 8 KB); a V
+// stage is then two whole panels, of which the TMA fills block_n rows.
 // Host and device code; no CUDA headers.
 #pragma once
 
@@ -33,9 +37,8 @@ namespace flashattn::cuda::hopper_fp8 {
 
 using hopper::kMaxConsumerWarpgroups;
 using hopper::kMaxSharedBytes;
-// Keys per tile: the Vt rows are block_n e4m3 = one 128-byte swizzle row, which the
-// transpose's addressing and the P V descriptor assume.
-inline constexpr int kBlockN = 128;
+// Keys per tile of every entry but the wide one (Fp8TileConfig::block_n).
+inline constexpr int kDefaultBlockN = 128;
 
 // How the producer warpgroup turns V into Vt and when it issues its loads (kernel.cuh).
 enum class Fp8Schedule : int {
@@ -67,7 +70,21 @@ enum class Fp8Schedule : int {
   // overlap together). The in_place_overlap kernel reads this at run time (a uniform
   // branch, no kernel of its own); d64 (three consumer warpgroups) takes no turns.
   in_place_overlap_ping_pong = 4,
+  // in_place_overlap with a wider key tile: 192 or 224 keys at d128, 160 at d64 (FA3's FP8
+  // tiles, hopper/tile_size.h: d128 non-causal 128 x 224, d64 192 x 160). The per-key-block
+  // costs (row max/sum reductions, the rescale of O, barriers, GEMM issue) spread over more
+  // keys and each P V GEMM runs longer. Vt rows span two 128-byte panels. Head dims
+  // without an entry run in_place_overlap. (d128 at 256 keys: ptxas serialises the
+  // wgmmas, C7512: S 128 + O 64 + P 32 registers live across the GEMM issue.)
+  in_place_overlap_n192 = 5,
+  in_place_overlap_n224 = 6,
+  in_place_overlap_n160 = 7,
 };
+
+constexpr bool is_wide_overlap(Fp8Schedule schedule) {
+  return schedule == Fp8Schedule::in_place_overlap_n192 || schedule == Fp8Schedule::in_place_overlap_n224 ||
+         schedule == Fp8Schedule::in_place_overlap_n160;
+}
 
 constexpr const char* fp8_schedule_name(Fp8Schedule schedule) {
   switch (schedule) {
@@ -76,12 +93,21 @@ constexpr const char* fp8_schedule_name(Fp8Schedule schedule) {
     case Fp8Schedule::in_place_ping_pong: return "ping_pong";
     case Fp8Schedule::in_place_overlap: return "overlap";
     case Fp8Schedule::in_place_overlap_ping_pong: return "overlap_ping_pong";
+    case Fp8Schedule::in_place_overlap_n192: return "overlap_n192";
+    case Fp8Schedule::in_place_overlap_n224: return "overlap_n224";
+    case Fp8Schedule::in_place_overlap_n160: return "overlap_n160";
   }
   return "unknown";
 }
 inline constexpr Fp8Schedule kFp8Schedules[] = {Fp8Schedule::transpose_copy, Fp8Schedule::transpose_in_place,
                                                 Fp8Schedule::in_place_ping_pong, Fp8Schedule::in_place_overlap,
-                                                Fp8Schedule::in_place_overlap_ping_pong};
+                                                Fp8Schedule::in_place_overlap_ping_pong,
+                                                Fp8Schedule::in_place_overlap_n192,
+                                                Fp8Schedule::in_place_overlap_n224,
+                                                Fp8Schedule::in_place_overlap_n160};
+inline constexpr Fp8Schedule kFp8WideSchedules[] = {Fp8Schedule::in_place_overlap_n160,
+                                                    Fp8Schedule::in_place_overlap_n192,
+                                                    Fp8Schedule::in_place_overlap_n224};
 
 // When the in_place_overlap kernel multiplies O by the rescale factor of its rows
 // (kernel.cuh, rescale_o). The factor is exactly 1 when a row's running max did not
@@ -103,6 +129,7 @@ inline constexpr Fp8Rescale kFp8Rescales[] = {Fp8Rescale::every_block, Fp8Rescal
 struct Fp8TileConfig {
   int kernel_head_dim;     // head dim the kernel is compiled for: 64, 128 or 256
   int block_m;             // query rows per CTA (64 per consumer warpgroup)
+  int block_n;             // keys per tile: kDefaultBlockN, or the wide entries' 160 (d64), 192/224 (d128)
   int k_stages;            // K tiles in flight (TMA ring)
   int v_stages;            // V tiles in flight (TMA ring; in place: V then Vt in each stage)
   int vt_stages;           // Vt tiles (transpose_copy: a ring of their own; in place: = v_stages)
@@ -113,8 +140,9 @@ struct Fp8TileConfig {
 
   constexpr bool is_in_place() const { return schedule != Fp8Schedule::transpose_copy; }
   // The consumer loop ends with the softmax and starts with the wait for the PV GEMM.
-  constexpr bool has_rotated_loop() const { return schedule == Fp8Schedule::in_place_overlap; }
-  constexpr int block_n() const { return kBlockN; }
+  constexpr bool has_rotated_loop() const {
+    return schedule == Fp8Schedule::in_place_overlap || is_wide_overlap(schedule);
+  }
   constexpr int consumer_warpgroups() const { return block_m / 64; }
   constexpr int threads() const { return 128 * (1 + consumer_warpgroups()); }
   // Registers per thread at launch: __launch_bounds__(threads, 1) caps it at the 64K
@@ -129,22 +157,36 @@ struct Fp8TileConfig {
   constexpr int panel_bytes() const { return row_bytes() < hopper::kSwizzleRowBytes ? row_bytes() : hopper::kSwizzleRowBytes; }
   constexpr int panels() const { return row_bytes() / panel_bytes(); }
   constexpr int q_bytes() const { return block_m * row_bytes(); }
-  constexpr int kv_tile_bytes() const { return kBlockN * row_bytes(); }
-  constexpr int tile_slots() const { return k_stages + v_stages + (is_in_place() ? 0 : vt_stages); }
+  // Vt (d, block_n) in panels of 128 keys (128-byte rows), the last one whole even when
+  // block_n is not a multiple of 128 (its rows' tails are never read).
+  constexpr int vt_panels() const { return (block_n + hopper::kSwizzleRowBytes - 1) / hopper::kSwizzleRowBytes; }
+  constexpr int vt_panel_bytes() const { return kernel_head_dim * hopper::kSwizzleRowBytes; }
+  constexpr int k_tile_bytes() const { return block_n * row_bytes(); }
+  // A V stage: the TMA's V tile (block_n, d), in place also its Vt (whole panels).
+  constexpr int v_tile_bytes() const { return block_n * row_bytes(); }
+  constexpr int vt_tile_bytes() const { return vt_panels() * vt_panel_bytes(); }
+  constexpr int v_stage_bytes() const {
+    return is_in_place() && vt_tile_bytes() > v_tile_bytes() ? vt_tile_bytes() : v_tile_bytes();
+  }
   // Tiles + mbarriers (256 bytes) + slack to align the tiles to 1024 bytes (the swizzle atom).
-  constexpr int shared_bytes() const { return q_bytes() + tile_slots() * kv_tile_bytes() + 256 + 1024; }
+  constexpr int tiles_bytes() const {
+    return q_bytes() + k_stages * k_tile_bytes() + v_stages * v_stage_bytes() + (is_in_place() ? 0 : vt_stages * vt_tile_bytes());
+  }
+  constexpr int shared_bytes() const { return tiles_bytes() + 256 + 1024; }
 };
 
 constexpr Fp8TileConfig fp8_copy_entry(int kernel_head_dim, int block_m, int stages, int producer_registers,
                                        int consumer_registers) {
-  return Fp8TileConfig{kernel_head_dim,    block_m, stages, stages, stages, Fp8Schedule::transpose_copy,
+  return Fp8TileConfig{kernel_head_dim,    block_m, kDefaultBlockN, stages, stages, stages, Fp8Schedule::transpose_copy,
                        /*is_ping_pong=*/false, producer_registers, consumer_registers};
 }
 constexpr Fp8TileConfig fp8_in_place_entry(int kernel_head_dim, int block_m, int k_stages, int v_stages,
                                            int producer_registers, int consumer_registers,
-                                           Fp8Schedule schedule = Fp8Schedule::transpose_in_place) {
+                                           Fp8Schedule schedule = Fp8Schedule::transpose_in_place,
+                                           int block_n = kDefaultBlockN) {
   return Fp8TileConfig{kernel_head_dim,
                        block_m,
+                       block_n,
                        k_stages,
                        v_stages,
                        v_stages,
@@ -181,16 +223,31 @@ inline constexpr Fp8TileConfig kFp8TileTable[] = {
     fp8_in_place_entry(64, 192, 3, 4,     32, 160,   Fp8Schedule::in_place_overlap),
     fp8_in_place_entry(128, 128, 3, 4,    40, 232,   Fp8Schedule::in_place_overlap),
     fp8_in_place_entry(256, 128, 2, 4,    24, 240,   Fp8Schedule::in_place_overlap),
+    // in_place_overlap_n192/_n224 (not timed yet): d128 with 192 or 224 keys per tile. A
+    // V/Vt stage is two whole Vt panels (32 KB; the TMA fills 24 or 28 KB of it), K stages
+    // are 24 or 28 KB: Q 16 + K 3 x 24 + V/Vt 4 x 32 = 216 KB; Q 16 + K 2 x 28 + V/Vt 4 x 32
+    // = 200 KB (a third K stage does not fit). Consumers hold S (96 or 112 fp32), O (64)
+    // and P (24 or 28 e4m3 registers) across the GEMM issue: d128's 40 / 232 split keeps
+    // the producer unspilled (at 24 / 240 the producer spills and the consumers spill the
+    // same: ptxas -v, TUNING.md).
+    //                  dim  M   K  V/Vt  registers  schedule                              N
+    fp8_in_place_entry(128, 128, 3, 4,    40, 232,   Fp8Schedule::in_place_overlap_n192, 192),
+    fp8_in_place_entry(128, 128, 2, 4,    40, 232,   Fp8Schedule::in_place_overlap_n224, 224),
+    // in_place_overlap_n160 (not timed yet): d64 at FA3's 192 x 160. V/Vt stage two 8 KB
+    // Vt panels (16 KB; the TMA fills 10 KB), K 10 KB: Q 12 + K 3 x 10 + V/Vt 4 x 16 = 106 KB.
+    // Consumers hold S 80 + O 32 + P 20 registers across the GEMM issue, of 160.
+    fp8_in_place_entry(64, 192, 3, 4,     32, 160,   Fp8Schedule::in_place_overlap_n160, 160),
 };
 
 // The schedule whose kernel runs `schedule` at this head dim: in_place_overlap for
 // in_place_overlap_ping_pong (the kernel takes turns at run time), else the table's entry
-// if it has one, else the ping-pong's fallback, transpose_in_place (d64: three consumer
-// warpgroups).
+// if it has one, else the fallback: in_place_overlap for the wide overlaps (d64, d256),
+// transpose_in_place for the ping-pong (d64: three consumer warpgroups).
 constexpr Fp8Schedule kernel_schedule(int kernel_head_dim, Fp8Schedule schedule) {
   if (schedule == Fp8Schedule::in_place_overlap_ping_pong) return Fp8Schedule::in_place_overlap;
   for (const Fp8TileConfig& config : kFp8TileTable)
     if (config.kernel_head_dim == kernel_head_dim && config.schedule == schedule) return schedule;
+  if (is_wide_overlap(schedule)) return Fp8Schedule::in_place_overlap;
   return Fp8Schedule::transpose_in_place;
 }
 
@@ -199,7 +256,7 @@ constexpr Fp8TileConfig fp8_tile_config(int kernel_head_dim, Fp8Schedule schedul
   const Fp8Schedule resolved = kernel_schedule(kernel_head_dim, schedule);
   for (const Fp8TileConfig& config : kFp8TileTable)
     if (config.kernel_head_dim == kernel_head_dim && config.schedule == resolved) return config;
-  return Fp8TileConfig{0, 0, 0, 0, 0, resolved, false, 0, 0};
+  return Fp8TileConfig{0, 0, 0, 0, 0, 0, resolved, false, 0, 0};
 }
 
 }  // namespace flashattn::cuda::hopper_fp8
