@@ -193,4 +193,67 @@ FLASHATTN_UNROLL
   return halves;
 }
 
+// Draw once per step (the caller's switch): the two warps whose 16 keys differ only in
+// key bit 4 (warps 2i, 2i + 1 of a warpgroup) need the same draws, lane L of one the
+// same as lane L of the other (r and c above do not depend on key bit 4), each warp 8
+// of the 16 numbers (words 2u, 2u + 1 of draw u = its key bit 4). So warp u makes only
+// the draws of the 16-query blocks with block % 2 == u, keeps its own 8 decisions of
+// each (`own`: the byte order above at byte `block`, 0 in the other blocks) and hands
+// the other warp its 8 (`others`: byte block / 2, i.e. bits 8·(block / 2) ..), which
+// transposed_keep_halves_of places at blocks of the other parity: half the draws of
+// dropout_keep_halves_transposed, the same decisions.
+struct TransposedOrderedHalf {
+  std::uint32_t own = 0, others = 0;
+};
+
+// Bit 7 of byte 2·qt + k of word `half` of the warp's two words → element order
+// 4·qt + 2·half + k (8 bits; see dropout_keep_halves_transposed).
+FLASHATTN_HOST_DEVICE std::uint32_t transposed_ordered_byte(const DropoutRule& rule, std::uint32_t word0,
+                                                            std::uint32_t word1) {
+  const std::uint32_t half0 = rule.kept_sign_bytes(word0);
+  const std::uint32_t half1 = rule.kept_sign_bytes(word1);
+  return (high_word(half0 & 0x80808080u, 0x02042040u) | high_word(half1 & 0x80808080u, 0x02042040u << 2)) & 0xffu;
+}
+
+template <int kNTiles>
+FLASHATTN_HOST_DEVICE TransposedOrderedHalf dropout_ordered_half_transposed(const DropoutRule& rule,
+                                                                            std::uint32_t batch_head,
+                                                                            std::int64_t key_row0,
+                                                                            std::int64_t query_col0, int quad) {
+  static_assert(kNTiles % 4 == 0 && 4 * kNTiles <= 32, "pairs of 16-query blocks; 32 bits hold 8 tiles");
+  const int key_bit0 = static_cast<int>(key_row0 & 1);
+  const int key_bit4 = static_cast<int>((key_row0 >> 4) & 1);
+  const std::int64_t key_base = key_row0 & ~std::int64_t{17};
+  const std::int64_t query_base = query_col0 + 2 * quad + key_bit0;
+  TransposedOrderedHalf half;
+FLASHATTN_UNROLL
+  for (int pair = 0; pair < kNTiles / 4; ++pair) {
+    const int block = 2 * pair + key_bit4;
+    const philox::Bits128 bits = rule.draw(batch_head, query_base + 16 * block, key_base);
+    const std::uint32_t words_u0 = transposed_ordered_byte(rule, bits.word[0], bits.word[1]);
+    const std::uint32_t words_u1 = transposed_ordered_byte(rule, bits.word[2], bits.word[3]);
+    half.own |= (key_bit4 ? words_u1 : words_u0) << (8 * block);
+    half.others |= (key_bit4 ? words_u0 : words_u1) << (8 * pair);
+  }
+  return half;
+}
+
+// dropout_keep_halves_transposed's result from this lane's TransposedOrderedHalf::own and
+// the other warp's lane L `others`.
+template <int kNTiles>
+FLASHATTN_HOST_DEVICE TransposedKeepHalves transposed_keep_halves_of(std::uint32_t own, std::uint32_t from_other,
+                                                                     std::int64_t key_row0) {
+  static_assert(kNTiles % 4 == 0 && 4 * kNTiles <= 32, "pairs of 16-query blocks; 32 bits hold 8 tiles");
+  const int key_bit0 = static_cast<int>(key_row0 & 1);
+  const int key_bit4 = static_cast<int>((key_row0 >> 4) & 1);
+  std::uint32_t ordered = own;
+FLASHATTN_UNROLL
+  for (int pair = 0; pair < kNTiles / 4; ++pair)
+    ordered |= ((from_other >> (8 * pair)) & 0xffu) << (8 * (2 * pair + 1 - key_bit4));
+  TransposedKeepHalves halves;
+  halves.mine = ordered & (key_bit0 ? 0xaaaaaaaau : 0x55555555u);
+  halves.partners = key_bit0 ? (ordered & 0x55555555u) << 1 : (ordered & 0xaaaaaaaau) >> 1;
+  return halves;
+}
+
 }  // namespace flashattn::cuda::fragment

@@ -33,7 +33,8 @@ namespace hopper_bwd {
 // schedule's per-consumer handshake with the dQ-writer warp (one barrier each per
 // consumer warpgroup c, 128 + 32 threads): consumer c's dQ staging panels free (the
 // writer's reduction has read them: ids 3..4), and staged (ids 5..6).
-enum class NamedBarrier : int { kDsWritten = 1, kDqStaged = 2, kDqEmptyFirst = 3, kDqFullFirst = 5 };
+// kDrawPairFirst + 2·consumer + warp pair: the dropout draw exchange's two warps (4 ids).
+enum class NamedBarrier : int { kDsWritten = 1, kDqStaged = 2, kDqEmptyFirst = 3, kDqFullFirst = 5, kDrawPairFirst = 7 };
 // The wide (d256) Hopper backward (hopper_bwd/kernel_wide.cuh), over both consumers:
 // both halves of P and dS written (and fenced for the async proxy); both consumers
 // done reading the stage's Q, dO and the P, dS tiles.

@@ -834,10 +834,45 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
       if (has_dropout) {
         const DropoutRule dropout = attention.dropout();
         inverse_keep = dropout.inverse_keep;
+        const std::uint32_t batch_head = attention.dropout_head(batch, head_q);
+        // The draw exchange (params.is_dropout_draw_once; tile_config.hpp): the warps 2i,
+        // 2i + 1 of a consumer need the same draws (dropout_fragment.hpp), so each makes
+        // half of them and hands the other its decisions through shared memory, by step
+        // parity (a pair's write of step s + 2 follows its barrier of step s + 1, which
+        // follows the other warp's read of step s). Used where the exchange is in the
+        // allocation: always unless it lives in the alignment slack (deferred_dk d128).
+        using ExchangeWord = std::conditional_t<kKeepWords == 1, std::uint16_t, std::uint32_t>;
+        const int base_padding = static_cast<int>(shared_base - shared_storage);
+        if (params.is_dropout_draw_once &&
+            kConfig.draw_exchange_offset() + kConfig.draw_exchange_bytes() + base_padding <= kConfig.shared_bytes()) {
+          static_assert(kConfig.draw_exchange_bytes() == 2 * kConsumerThreads * static_cast<int>(sizeof(ExchangeWord)),
+                        "one exchange word per consumer thread and step parity");
+          const int warp = thread_in_warpgroup / 32;
+          ExchangeWord* exchange = reinterpret_cast<ExchangeWord*>(shared_base + kConfig.draw_exchange_offset()) +
+                                   (ring & 1) * kConsumerThreads + consumer * 128;
+          std::uint32_t own[kKeepWords];
+          std::uint32_t others = 0;
 #pragma unroll
-        for (int word = 0; word < kKeepWords; ++word)
-          keep[word] = fragment::dropout_keep_bits_transposed<8>(dropout, attention.dropout_head(batch, head_q),
-                                                                 n0 + key_row0, m0 + 64 * word);
+          for (int word = 0; word < kKeepWords; ++word) {
+            const fragment::TransposedOrderedHalf half = fragment::dropout_ordered_half_transposed<8>(
+                dropout, batch_head, n0 + key_row0, m0 + 64 * word, quad_lane);
+            own[word] = half.own;
+            others |= half.others << (16 * word);
+          }
+          exchange[thread_in_warpgroup] = static_cast<ExchangeWord>(others);
+          ptx::named_barrier_sync(NamedBarrier::kDrawPairFirst, 64, 2 * consumer + warp / 2);
+          const std::uint32_t from_other = exchange[32 * (warp ^ 1) + lane];
+#pragma unroll
+          for (int word = 0; word < kKeepWords; ++word) {
+            const fragment::TransposedKeepHalves halves =
+                fragment::transposed_keep_halves_of<8>(own[word], from_other >> (16 * word), n0 + key_row0);
+            keep[word] = halves.mine | __shfl_xor_sync(0xffffffffu, halves.partners, 4);
+          }
+        } else {
+#pragma unroll
+          for (int word = 0; word < kKeepWords; ++word)
+            keep[word] = fragment::dropout_keep_bits_transposed<8>(dropout, batch_head, n0 + key_row0, m0 + 64 * word);
+        }
       } else {
 #pragma unroll
         for (int word = 0; word < kKeepWords; ++word) keep[word] = ~0u;

@@ -64,6 +64,15 @@ bool is_l2_section_order_requested() {
   return requested;
 }
 
+// FLASHATTN_CUDA_HOPPER_BWD_DROPOUT_DRAW=once: kernel.cuh's draw exchange (A/B timing; read once).
+bool is_dropout_draw_once_requested() {
+  static const bool requested = [] {
+    const char* value = std::getenv("FLASHATTN_CUDA_HOPPER_BWD_DROPOUT_DRAW");
+    return value != nullptr && std::string(value) == "once";
+  }();
+  return requested;
+}
+
 bool are_mask_key_intervals_enabled() {
   static const bool enabled = [] {
     const char* value = std::getenv("FLASHATTN_CUDA_MASKS_BWD_ROW_INTERVALS");
@@ -221,6 +230,7 @@ HopperBackwardParams make_params_with_boxes(const BackwardParams& params, const 
   hopper_params.backward = params;
   hopper_params.workspace = workspace;
   hopper_params.is_alibi_affine = is_affine_alibi_enabled();
+  hopper_params.is_dropout_draw_once = is_dropout_draw_once_requested();
   // The CTAs' order (launch.hpp). A section's kv heads share their query heads' Q, dO
   // (16-bit) and dq_accum (fp32): 8 d bytes per query row, seqlen_q rows (varlen: the
   // longest sequence), group_size query heads; FA3 budgets 40 MB of L2 for them.

@@ -89,9 +89,20 @@ struct HopperBwdTileConfig {
   constexpr bool has_key_intervals() const {
     return key_interval_offset() + key_interval_bytes() + 1024 <= kMaxSharedBytes;
   }
-  // + the mbarriers (+ the key intervals) + slack to align the base to 1024 bytes.
+  // Dropout's draw exchange (kernel.cuh, FLASHATTN_CUDA_HOPPER_BWD_DROPOUT_DRAW=once): per
+  // step parity, one 16-bit value per consumer thread and 64 queries of the step. Where it
+  // does not fit (deferred_dk's three stages at d128) the kernel uses the alignment slack
+  // when the base needed no more than 1024 − draw_exchange_bytes() of it, else draws twice.
+  constexpr int draw_exchange_offset() const {
+    return key_interval_offset() + (has_key_intervals() ? key_interval_bytes() : 0);
+  }
+  constexpr int draw_exchange_bytes() const { return 2 * 128 * kConsumerWarpgroups * 2 * (block_m / 64); }
+  constexpr bool has_draw_exchange() const {
+    return draw_exchange_offset() + draw_exchange_bytes() + 1024 <= kMaxSharedBytes;
+  }
+  // + the mbarriers (+ the key intervals) (+ the draw exchange) + slack to align the base to 1024 bytes.
   constexpr int shared_bytes() const {
-    return key_interval_offset() + (has_key_intervals() ? key_interval_bytes() : 0) + 1024;
+    return draw_exchange_offset() + (has_draw_exchange() ? draw_exchange_bytes() : 0) + 1024;
   }
 };
 
