@@ -28,6 +28,9 @@ def main():
     args = parser.parse_args()
     with open(args.csv, newline="") as f:
         lines = [line for line in f if line.strip() and not line.startswith("==")]
+    # ncu writes a "Kernel Name" line before the header of each kernel's table: start at the header.
+    header = next((i for i, line in enumerate(lines) if line.startswith('"Address"')), 0)
+    lines = lines[header:]
     rows = list(csv.DictReader(lines))
     if not rows:
         sys.exit(f"{args.csv}: no rows")
@@ -39,7 +42,7 @@ def main():
     source_column = next((c for c in columns if c.strip().lower() == "source"), columns[1])
     address_column = next((c for c in columns if "Address" in c), columns[0])
     reason_columns = [c for c in columns if c != total_column and (c.startswith("stall_") or "Stall" in c)
-                      and "Sampling" not in c]
+                      and "Sampling" not in c and "Not Issued" not in c]
     total = sum(number(r[total_column]) for r in rows) or 1.0
     print(f"{len(rows)} instructions, {total:.0f} samples ({total_column})")
     for row in sorted(rows, key=lambda r: -number(r[total_column]))[:args.top]:

@@ -76,14 +76,14 @@ foreach(dynamic_test test_cuda_backward_hopper test_cuda_masks_hopper_bwd)
                          "FLASHATTN_CUDA_HOPPER_BWD_GRID=dynamic;FLASHATTN_CUDA_HOPPER_BWD_GRID_CTAS=3;FLASHATTN_CUDA_HOPPER_BWD_SCHEDULE=${schedule}")
   endforeach()
 endforeach()
-# Dropout's draws made once per step (FLASHATTN_CUDA_HOPPER_BWD_DROPOUT_DRAW=once,
-# hopper_bwd/kernel.cuh's draw exchange; the default draws twice): the Hopper backward's
+# Dropout's draws made by each warp that uses them (FLASHATTN_CUDA_HOPPER_BWD_DROPOUT_DRAW=twice;
+# the default makes each once per step, hopper_bwd/kernel.cuh's draw exchange): the Hopper backward's
 # dropout cases in each schedule (the masks' backward suites: tests/cuda/CMakeLists.txt),
-# compared with the CPU element by element as in the default. `ctest -R '^dropout_draw_once'`.
-gtest_discover_tests(test_cuda_backward_hopper DISCOVERY_TIMEOUT 120 TEST_PREFIX "dropout_draw_once."
-                     TEST_FILTER "*Dropout*" PROPERTIES ENVIRONMENT "FLASHATTN_CUDA_HOPPER_BWD_DROPOUT_DRAW=once")
+# compared with the CPU element by element as in the default. `ctest -R '^dropout_draw_twice'`.
+gtest_discover_tests(test_cuda_backward_hopper DISCOVERY_TIMEOUT 120 TEST_PREFIX "dropout_draw_twice."
+                     TEST_FILTER "*Dropout*" PROPERTIES ENVIRONMENT "FLASHATTN_CUDA_HOPPER_BWD_DROPOUT_DRAW=twice")
 foreach(schedule lockstep deferred_dk)
-  gtest_discover_tests(test_cuda_backward_hopper DISCOVERY_TIMEOUT 120 TEST_PREFIX "dropout_draw_once_${schedule}."
+  gtest_discover_tests(test_cuda_backward_hopper DISCOVERY_TIMEOUT 120 TEST_PREFIX "dropout_draw_twice_${schedule}."
                        TEST_FILTER "*Dropout*" PROPERTIES ENVIRONMENT
-                       "FLASHATTN_CUDA_HOPPER_BWD_DROPOUT_DRAW=once;FLASHATTN_CUDA_HOPPER_BWD_SCHEDULE=${schedule}")
+                       "FLASHATTN_CUDA_HOPPER_BWD_DROPOUT_DRAW=twice;FLASHATTN_CUDA_HOPPER_BWD_SCHEDULE=${schedule}")
 endforeach()

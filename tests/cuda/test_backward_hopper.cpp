@@ -151,6 +151,14 @@ TEST_F(CudaBackwardHopper, GridFollowsTheProblemUnlessAsked) {
   windowed_1k.window_left = 256;
   BackwardParams deterministic_1k = causal_1k;
   deterministic_1k.deterministic = true;
+  BackwardParams deterministic_full_1k = full_1k;
+  deterministic_full_1k.deterministic = true;
+  BackwardParams deterministic_full_16k = deterministic_full_1k;
+  deterministic_full_16k.seqlen_q = deterministic_full_16k.seqlen_k = 16384;
+  BackwardParams block_masked_1k = full_1k;  // the rule reads only whether a block mask is present
+  block_masked_1k.block_mask.block_m = block_masked_1k.block_mask.block_n = 128;
+  BackwardParams block_masked_16k = block_masked_1k;
+  block_masked_16k.seqlen_q = block_masked_16k.seqlen_k = 16384;
   using cuda::hopper_bwd::backward_grid;
   if (std::getenv("FLASHATTN_CUDA_HOPPER_BWD_GRID") != nullptr) {
     for (const BackwardParams* params : {&causal_1k, &causal_16k, &full_1k}) {
@@ -160,10 +168,13 @@ TEST_F(CudaBackwardHopper, GridFollowsTheProblemUnlessAsked) {
     }
     return;
   }
-  const cuda::hopper_bwd::BackwardGrid dynamic = backward_grid(causal_1k, 0);
-  EXPECT_EQ(dynamic.ctas, sms);
-  EXPECT_TRUE(dynamic.is_dynamic);
-  for (const BackwardParams* params : {&causal_16k, &full_1k, &windowed_1k, &deterministic_1k})
+  for (const BackwardParams* params : {&causal_1k, &deterministic_full_1k, &block_masked_1k}) {
+    const cuda::hopper_bwd::BackwardGrid dynamic = backward_grid(*params, 0);
+    EXPECT_EQ(dynamic.ctas, sms);
+    EXPECT_TRUE(dynamic.is_dynamic);
+  }
+  for (const BackwardParams* params :
+       {&causal_16k, &full_1k, &windowed_1k, &deterministic_1k, &deterministic_full_16k, &block_masked_16k})
     EXPECT_EQ(backward_grid(*params, 0).ctas, 0);
 }
 

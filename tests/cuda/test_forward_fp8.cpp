@@ -26,6 +26,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <random>
@@ -831,6 +832,23 @@ INSTANTIATE_TEST_SUITE_P(
     [](const ::testing::TestParamInfo<Fp8Case>& info) { return "case" + std::to_string(info.index); });
 
 // Refusals name the argument.
+// The process default (no FLASHATTN_CUDA_FP8_SCHEDULE / _BLOCK_N): the timed table of
+// launch.cu's default_schedule, wide key tiles only where they won (d128 from 4k keys, d64
+// from 16k). Their kernels are checked by the OverlapN224 / OverlapN160 suites.
+TEST(HopperFp8DefaultSchedule, FollowsHeadDimAndKeyLength) {
+  if (std::getenv("FLASHATTN_CUDA_FP8_SCHEDULE") != nullptr || std::getenv("FLASHATTN_CUDA_FP8_BLOCK_N") != nullptr)
+    GTEST_SKIP() << "a schedule is asked for in the environment";
+  using cuda::hopper_fp8::default_schedule;
+  using cuda::hopper_fp8::Fp8Schedule;
+  EXPECT_EQ(default_schedule(128, 1024), Fp8Schedule::in_place_overlap);
+  EXPECT_EQ(default_schedule(128, 4095), Fp8Schedule::in_place_overlap);
+  EXPECT_EQ(default_schedule(128, 4096), Fp8Schedule::in_place_overlap_n224);
+  EXPECT_EQ(default_schedule(128, 16384), Fp8Schedule::in_place_overlap_n224);
+  EXPECT_EQ(default_schedule(64, 4096), Fp8Schedule::in_place_overlap);
+  EXPECT_EQ(default_schedule(64, 16384), Fp8Schedule::in_place_overlap_n160);
+  EXPECT_EQ(default_schedule(256, 16384), Fp8Schedule::in_place_overlap);
+}
+
 TEST(HopperFp8ForwardRefusal, NamesTheArgument) {
   AttentionParams params;
   params.input_dtype = DType::bfloat16;

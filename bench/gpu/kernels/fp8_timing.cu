@@ -173,7 +173,7 @@ void time_shape(const Shape& s, const std::vector<Fp8Schedule>& schedules, int w
   FLASHATTN_CUDA_CHECK(cudaMalloc(&device_max_bits, sizeof(int)));
   FLASHATTN_CUDA_CHECK(cudaMalloc(&device_sum, sizeof(double)));
   const bool is_default = schedules.empty();
-  for (const Fp8Schedule schedule : is_default ? std::vector<Fp8Schedule>{default_schedule(hopper_fp8::kernel_head_dim_for(params.head_dim))} : schedules) {
+  for (const Fp8Schedule schedule : is_default ? std::vector<Fp8Schedule>{default_schedule(hopper_fp8::kernel_head_dim_for(params.head_dim), params.seqlen_k)} : schedules) {
     auto run_fp8 = [&] { hopper_fp8::forward(params, nullptr, schedule); };
     FLASHATTN_CUDA_CHECK(cudaMemset(out_fp8, 0xff, elements * sizeof(__nv_bfloat16)));
     run_fp8();

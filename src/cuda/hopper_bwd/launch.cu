@@ -64,13 +64,13 @@ bool is_l2_section_order_requested() {
   return requested;
 }
 
-// FLASHATTN_CUDA_HOPPER_BWD_DROPOUT_DRAW=once: kernel.cuh's draw exchange (A/B timing; read once).
-bool is_dropout_draw_once_requested() {
-  static const bool requested = [] {
+// kernel.cuh's draw exchange unless FLASHATTN_CUDA_HOPPER_BWD_DROPOUT_DRAW=twice (read once).
+bool is_dropout_draw_once_enabled() {
+  static const bool enabled = [] {
     const char* value = std::getenv("FLASHATTN_CUDA_HOPPER_BWD_DROPOUT_DRAW");
-    return value != nullptr && std::string(value) == "once";
+    return value == nullptr || std::string(value) != "twice";
   }();
-  return requested;
+  return enabled;
 }
 
 bool are_mask_key_intervals_enabled() {
@@ -150,13 +150,20 @@ BackwardGrid persistent_grid(int device) { return resident_grid(requested_grid()
 BackwardGrid backward_grid(const BackwardParams& params, int device) {
   if (const std::optional<BackwardGrid> requested = requested_grid()) return resident_grid(*requested, device);
   // Unasked: the dynamic grid where it was timed faster (H200, 2026-11-27, hopper_bwd/
-  // TUNING.md): causal problems of at most 4k keys, whose per-tile grid leaves SMs idle
-  // behind the long diagonal tiles (+4-9% at 1k, +4-5% at 4k); at 16k and without a mask the
-  // per-tile grid was 1-2.5% faster. Not under device masks or the deterministic turns
-  // (not timed there).
-  const bool is_short_causal = params.is_causal && params.window_left < 0 && params.seqlen_k <= 4096 &&
-                               !params.has_attn_mask() && !params.has_block_mask() && !params.deterministic;
-  return is_short_causal ? resident_grid(BackwardGrid{-1, true}, device) : BackwardGrid{};
+  // TUNING.md), all at most 4k keys (at 16k the per-tile grid was 0-2.5% faster):
+  // - causal problems (no left window), whose per-tile grid leaves SMs idle behind the long
+  //   diagonal tiles: +4-9% at 1k, +4-5% at 4k;
+  // - block masks, whose key tiles list very unequal numbers of query tiles: N4k d128
+  //   causal +1.5%, sliding window +3%, document +4%;
+  // - the deterministic turns without any mask: +10-73% (the per-tile grid's CTAs wait for
+  //   their turn while later tiles cannot start); causal deterministic lost (0.41-0.84x).
+  // Not under a dense attn_mask (not timed).
+  if (params.seqlen_k > 4096 || params.has_attn_mask()) return BackwardGrid{};
+  const bool is_causal_prefix = params.is_causal && params.window_left < 0;
+  const bool is_unmasked = !params.is_causal && params.window_left < 0 && params.window_right < 0 &&
+                           !params.has_block_mask();
+  const bool is_dynamic = params.deterministic ? is_unmasked : is_causal_prefix || params.has_block_mask();
+  return is_dynamic ? resident_grid(BackwardGrid{-1, true}, device) : BackwardGrid{};
 }
 
 int persistent_grid_ctas(int device) { return persistent_grid(device).ctas; }
@@ -230,7 +237,7 @@ HopperBackwardParams make_params_with_boxes(const BackwardParams& params, const 
   hopper_params.backward = params;
   hopper_params.workspace = workspace;
   hopper_params.is_alibi_affine = is_affine_alibi_enabled();
-  hopper_params.is_dropout_draw_once = is_dropout_draw_once_requested();
+  hopper_params.is_dropout_draw_once = is_dropout_draw_once_enabled();
   // The CTAs' order (launch.hpp). A section's kv heads share their query heads' Q, dO
   // (16-bit) and dq_accum (fp32): 8 d bytes per query row, seqlen_q rows (varlen: the
   // longest sequence), group_size query heads; FA3 budgets 40 MB of L2 for them.

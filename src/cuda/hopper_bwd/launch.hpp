@@ -35,7 +35,7 @@ struct HopperBackwardParams {
   // and a listed walk of a block mask without bits (set by backward_main).
   bool is_mask_key_intervals = false;
   // Dropout: each Philox draw of a step made once, by one of the two warps that use it
-  // (kernel.cuh's draw exchange; FLASHATTN_CUDA_HOPPER_BWD_DROPOUT_DRAW=once).
+  // (kernel.cuh's draw exchange; the default, FLASHATTN_CUDA_HOPPER_BWD_DROPOUT_DRAW=twice off).
   bool is_dropout_draw_once = false;
   // The overlapped schedule's dQ reductions (kernel.cuh, not the wide kernel): fp32 map
   // (head_dim, dq rows of a head, heads_q, 1) over workspace.dq_accum, box (32 columns, 64
@@ -72,8 +72,11 @@ bool is_l2_section_order_requested();
 // tile's allowed bits, instead of the fast pass's loads and span tests per partial tile.
 // H200, 2026-11-27, vs FlexAttention's backward: window 1.01 -> 1.09x, document 0.84 -> 1.01x.
 bool are_mask_key_intervals_enabled();
-// FLASHATTN_CUDA_HOPPER_BWD_DROPOUT_DRAW=once (HopperBackwardParams::is_dropout_draw_once).
-bool is_dropout_draw_once_requested();
+// Dropout's draws made once per step (HopperBackwardParams::is_dropout_draw_once), the
+// default: H200, 2026-11-27, backward with dropout 0.1 +2-7% over drawing twice, the
+// dropout-free backward unchanged. FLASHATTN_CUDA_HOPPER_BWD_DROPOUT_DRAW=twice: each of
+// the two warps that use a draw makes it.
+bool is_dropout_draw_once_enabled();
 
 // kernel.cuh's grid on `device` (head dims 64, 128; the wide kernel keeps one CTA per
 // tile) as the override or the environment asks for it (backward_grid: the call's own).

@@ -89,8 +89,8 @@ struct HopperBwdTileConfig {
   constexpr bool has_key_intervals() const {
     return key_interval_offset() + key_interval_bytes() + 1024 <= kMaxSharedBytes;
   }
-  // Dropout's draw exchange (kernel.cuh, FLASHATTN_CUDA_HOPPER_BWD_DROPOUT_DRAW=once): per
-  // step parity, one 16-bit value per consumer thread and 64 queries of the step. Where it
+  // Dropout's draw exchange (kernel.cuh; the default, FLASHATTN_CUDA_HOPPER_BWD_DROPOUT_DRAW=
+  // twice turns it off): per step parity, one 16-bit value per consumer thread and 64 queries of the step. Where it
   // does not fit (deferred_dk's three stages at d128) the kernel uses the alignment slack
   // when the base needed no more than 1024 − draw_exchange_bytes() of it, else draws twice.
   constexpr int draw_exchange_offset() const {

@@ -118,7 +118,7 @@ std::string why_unsupported(const AttentionParams& params) {
 
 bool supports(const AttentionParams& params) { return why_unsupported(params).empty(); }
 
-Fp8Schedule default_schedule(int kernel_head_dim) {
+Fp8Schedule default_schedule(int kernel_head_dim, std::int64_t seqlen_k) {
   static const std::optional<Fp8Schedule> requested = []() -> std::optional<Fp8Schedule> {
     const char* value = std::getenv("FLASHATTN_CUDA_FP8_SCHEDULE");
     if (value != nullptr)
@@ -148,9 +148,14 @@ Fp8Schedule default_schedule(int kernel_head_dim) {
     if (config.schedule == wide && (wide_block_ns >> (config.block_n / 32 - 1) & 1) != 0) return wide;
   }
   // Timed on the H200, 2026-11-27 (hopper_fp8/TUNING.md): the rotated loop (in_place_overlap)
-  // over in_place at d256 1.05-1.17x (16k: 819 -> 961 TF/s), at d128 16k 1.06x (663 -> 707);
-  // d64 (not timed with it) keeps the in-place transpose, which gained 4-5% over the copy.
-  return kernel_head_dim == 64 ? Fp8Schedule::transpose_in_place : Fp8Schedule::in_place_overlap;
+  // over in_place at d256 1.05-1.17x (16k: 819 -> 961 TF/s), at d128 16k 1.06x (663 -> 707),
+  // at d64 1.01-1.02x. Wide key tiles (same process, session 21): d128's 224 keys over
+  // overlap at 4k 1.03-1.09x, at 16k 1.14-1.16x (704 -> 801 non-causal), but 0.86x at 1k
+  // causal (a fifth tile mostly past the keys); d64's 160 keys 1.01-1.03x at 16k, 0.85-0.97x
+  // at 1k-4k.
+  if (kernel_head_dim == 128 && seqlen_k >= 4096) return Fp8Schedule::in_place_overlap_n224;
+  if (kernel_head_dim == 64 && seqlen_k >= 16384) return Fp8Schedule::in_place_overlap_n160;
+  return Fp8Schedule::in_place_overlap;
 }
 
 Fp8Rescale default_rescale() {
@@ -179,7 +184,7 @@ void forward(const AttentionParams& params, cudaStream_t stream, Fp8Schedule sch
 }
 
 void forward(const AttentionParams& params, cudaStream_t stream) {
-  forward(params, stream, default_schedule(kernel_head_dim_for(params.head_dim)));
+  forward(params, stream, default_schedule(kernel_head_dim_for(params.head_dim), params.seqlen_k));
 }
 
 }  // namespace flashattn::cuda::hopper_fp8

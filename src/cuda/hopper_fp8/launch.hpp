@@ -48,13 +48,14 @@ void forward(const AttentionParams& params, cudaStream_t stream);
 void forward(const AttentionParams& params, cudaStream_t stream, Fp8Schedule schedule);
 void forward(const AttentionParams& params, cudaStream_t stream, Fp8Schedule schedule, Fp8Rescale rescale);
 
-// The schedule of a kernel head dim: in_place_overlap at 128 and 256, transpose_in_place at
-// 64 (timed); FLASHATTN_CUDA_FP8_SCHEDULE=copy|in_place|ping_pong|overlap|overlap_ping_pong|
+// The schedule of a kernel head dim and key length (timed, launch.cu): in_place_overlap,
+// with wide key tiles at d128 from 4k keys (224) and at d64 from 16k keys (160);
+// FLASHATTN_CUDA_FP8_SCHEDULE=copy|in_place|ping_pong|overlap|overlap_ping_pong|
 // overlap_n192|overlap_n224|overlap_n160 forces one for every head dim, else
 // FLASHATTN_CUDA_FP8_BLOCK_N=<list of 160, 192, 224> picks the wide key tile of that width for
 // the head dims that have one (160: d64, 192/224: d128; e.g. "160,224") and leaves the others
 // alone (A/B switches, each read once per process).
-Fp8Schedule default_schedule(int kernel_head_dim);
+Fp8Schedule default_schedule(int kernel_head_dim, std::int64_t seqlen_k);
 
 // every_block unless FLASHATTN_CUDA_FP8_RESCALE=when_max_moves (an A/B switch of the
 // in_place_overlap kernel, read once per process).
