@@ -847,6 +847,12 @@ TEST(HopperFp8DefaultSchedule, FollowsHeadDimAndKeyLength) {
   EXPECT_EQ(default_schedule(64, 4096), Fp8Schedule::in_place_overlap);
   EXPECT_EQ(default_schedule(64, 16384), Fp8Schedule::in_place_overlap_n160);
   EXPECT_EQ(default_schedule(256, 16384), Fp8Schedule::in_place_overlap);
+  if (std::getenv("FLASHATTN_CUDA_FP8_RESCALE") != nullptr) return;
+  using cuda::hopper_fp8::default_rescale;
+  using cuda::hopper_fp8::Fp8Rescale;
+  EXPECT_EQ(default_rescale(64), Fp8Rescale::every_block);
+  EXPECT_EQ(default_rescale(128), Fp8Rescale::every_block);
+  EXPECT_EQ(default_rescale(256), Fp8Rescale::when_max_moves);
 }
 
 TEST(HopperFp8ForwardRefusal, NamesTheArgument) {

@@ -195,8 +195,9 @@ void time_shape(const Shape& s, const std::vector<Fp8Schedule>& schedules, int w
     // The overlap kernels' rescale (FLASHATTN_CUDA_FP8_RESCALE, read by forward) when not the default.
     const bool reads_rescale = fp8_tile_config(hopper_fp8::kernel_head_dim_for(params.head_dim), schedule).has_rotated_loop();
     std::string name = is_default ? std::string("flash3_fp8") : std::string("flash3_fp8_") + fp8_schedule_name(schedule);
-    if (reads_rescale && default_rescale() != Fp8Rescale::every_block)
-      name += std::string("_") + fp8_rescale_name(default_rescale());
+    const Fp8Rescale rescale = default_rescale(hopper_fp8::kernel_head_dim_for(params.head_dim));
+    if (!is_default && reads_rescale && rescale != Fp8Rescale::every_block)
+      name += std::string("_") + fp8_rescale_name(rescale);
     print(name, fp8_ms, bf16_ms / fp8_ms, max_difference, std::sqrt(sum_squares / elements), unwritten);
   }
 

@@ -57,9 +57,10 @@ void forward(const AttentionParams& params, cudaStream_t stream, Fp8Schedule sch
 // alone (A/B switches, each read once per process).
 Fp8Schedule default_schedule(int kernel_head_dim, std::int64_t seqlen_k);
 
-// every_block unless FLASHATTN_CUDA_FP8_RESCALE=when_max_moves (an A/B switch of the
-// in_place_overlap kernel, read once per process).
-Fp8Rescale default_rescale();
+// The rotated-loop kernels' rescale of a kernel head dim: when_max_moves at d256 (timed),
+// every_block elsewhere; FLASHATTN_CUDA_FP8_RESCALE=every_block|when_max_moves forces one
+// for every head dim (read once per process).
+Fp8Rescale default_rescale(int kernel_head_dim);
 
 // Whether forward() runs these params (on their device); why_unsupported() says why not.
 bool supports(const AttentionParams& params);
