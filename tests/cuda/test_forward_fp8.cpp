@@ -820,6 +820,12 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::ValuesIn(kernel_head_dim_cases_with_schedule(128, cuda::hopper_fp8::Fp8Schedule::in_place_overlap_n224)),
     [](const ::testing::TestParamInfo<Fp8Case>& info) { return "case" + std::to_string(info.index); });
 
+// The n224 kernel taking turns (in_place_overlap_n224_ping_pong: no kernel of its own).
+INSTANTIATE_TEST_SUITE_P(
+    OverlapN224PingPong, HopperFp8Forward,
+    ::testing::ValuesIn(
+        kernel_head_dim_cases_with_schedule(128, cuda::hopper_fp8::Fp8Schedule::in_place_overlap_n224_ping_pong)),
+    [](const ::testing::TestParamInfo<Fp8Case>& info) { return "case" + std::to_string(info.index); });
 INSTANTIATE_TEST_SUITE_P(
     OverlapN160, HopperFp8Forward,
     ::testing::ValuesIn(kernel_head_dim_cases_with_schedule(64, cuda::hopper_fp8::Fp8Schedule::in_place_overlap_n160)),
@@ -842,8 +848,8 @@ TEST(HopperFp8DefaultSchedule, FollowsHeadDimAndKeyLength) {
   using cuda::hopper_fp8::Fp8Schedule;
   EXPECT_EQ(default_schedule(128, 1024), Fp8Schedule::in_place_overlap);
   EXPECT_EQ(default_schedule(128, 4095), Fp8Schedule::in_place_overlap);
-  EXPECT_EQ(default_schedule(128, 4096), Fp8Schedule::in_place_overlap_n224);
-  EXPECT_EQ(default_schedule(128, 16384), Fp8Schedule::in_place_overlap_n224);
+  EXPECT_EQ(default_schedule(128, 4096), Fp8Schedule::in_place_overlap_n224_ping_pong);
+  EXPECT_EQ(default_schedule(128, 16384), Fp8Schedule::in_place_overlap_n224_ping_pong);
   EXPECT_EQ(default_schedule(64, 4096), Fp8Schedule::in_place_overlap);
   EXPECT_EQ(default_schedule(64, 16384), Fp8Schedule::in_place_overlap_n160);
   EXPECT_EQ(default_schedule(256, 16384), Fp8Schedule::in_place_overlap);
@@ -851,7 +857,7 @@ TEST(HopperFp8DefaultSchedule, FollowsHeadDimAndKeyLength) {
   using cuda::hopper_fp8::default_rescale;
   using cuda::hopper_fp8::Fp8Rescale;
   EXPECT_EQ(default_rescale(64), Fp8Rescale::every_block);
-  EXPECT_EQ(default_rescale(128), Fp8Rescale::every_block);
+  EXPECT_EQ(default_rescale(128), Fp8Rescale::when_max_moves);
   EXPECT_EQ(default_rescale(256), Fp8Rescale::when_max_moves);
 }
 

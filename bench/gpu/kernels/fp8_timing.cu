@@ -10,7 +10,8 @@
 // N(0, 1)-like inputs), `unwritten` counts output elements still NaN-poisoned.
 //
 // Usage: flashattn_fp8_timing [--quick] [--head-dims 64,128,256]
-//          [--schedules copy,in_place,ping_pong,overlap,overlap_ping_pong,overlap_n192,overlap_n224,overlap_n160]
+//          [--schedules copy,in_place,ping_pong,overlap,overlap_ping_pong,overlap_n192,overlap_n224,overlap_n160,
+//                       overlap_n224_ping_pong]
 //   prints CSV: kernel,batch,heads,seqlen,head_dim,causal,ms,tflops,speedup_vs_bf16,
 //   max_abs_diff_vs_bf16,rms_diff_vs_bf16,unwritten
 // Without --schedules one FP8 row per shape, kernel flash3_fp8, the process's default
@@ -18,7 +19,8 @@
 // kernel flash3_fp8_<schedule>, all timed in this process beside the same bf16 run (d64
 // has no ping-pong kernel: its ping_pong row runs in_place, its overlap_ping_pong row overlap;
 // overlap_n192/_n224 are d128's wide key tiles, overlap_n160 d64's: the other head dims'
-// rows of these run overlap).
+// rows of these run overlap; overlap_n224_ping_pong is n224 taking turns, overlap_ping_pong
+// at d64/d256).
 // --head-dims: only these head dims' shapes (default all three).
 // FLASHATTN_CUDA_FP8_RESCALE=when_max_moves: the overlap rows skip unit rescales (their
 // kernel names end in _when_max_moves; the other schedules always rescale).
@@ -231,7 +233,7 @@ int main(int argc, char** argv) {
         if (!found) {
           std::fprintf(stderr,
                        "--schedules: unknown schedule '%s' (copy, in_place, ping_pong, overlap, overlap_ping_pong, "
-                       "overlap_n192, overlap_n224, overlap_n160)\n",
+                       "overlap_n192, overlap_n224, overlap_n160, overlap_n224_ping_pong)\n",
                        name.c_str());
           return 2;
         }
@@ -253,7 +255,8 @@ int main(int argc, char** argv) {
     } else {
       std::fprintf(stderr,
                    "usage: %s [--quick] [--head-dims 64,128,256] [--schedules "
-                   "copy,in_place,ping_pong,overlap,overlap_ping_pong,overlap_n192,overlap_n224,overlap_n160]\n",
+                   "copy,in_place,ping_pong,overlap,overlap_ping_pong,overlap_n192,overlap_n224,overlap_n160,"
+                   "overlap_n224_ping_pong]\n",
                    argv[0]);
       return 2;
     }

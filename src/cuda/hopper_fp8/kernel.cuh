@@ -876,9 +876,10 @@ __global__ void __launch_bounds__(fp8_tile_config(kHeadDimArg, kScheduleArg).thr
   // other's 128 arrive. Consumer 1 opens consumer 0's first turn and skips its own last
   // hand-over (the last PV), so every barrier completes exactly as often as it is waited
   // on: n + 1 turns each for n key blocks.
-  // in_place_ping_pong takes turns always; the in_place_overlap kernel when asked to
-  // (in_place_overlap_ping_pong, a uniform run-time branch) and it has two consumer
-  // warpgroups.
+  // in_place_ping_pong takes turns always; the rotated-loop kernels (in_place_overlap and
+  // the wide ones) when params.schedule is in_place_overlap_ping_pong (a uniform run-time
+  // branch; run_forward_fp8 also sets it for in_place_overlap_n224_ping_pong) and they
+  // have two consumer warpgroups.
   constexpr bool kIsPingPong = kConfig.is_ping_pong;
   static_assert(!kIsPingPong || kConsumerWarpgroups == 2, "ping-pong: two consumer warpgroups");
   constexpr bool kHasRotatedLoop = kConfig.has_rotated_loop();
@@ -1086,6 +1087,15 @@ void run_forward_fp8(const Fp8ForwardParams& params, cudaStream_t stream) {
     case Fp8Schedule::in_place_overlap_n160:
       return launch_forward_fp8<kHeadDim, kernel_schedule(kHeadDim, Fp8Schedule::in_place_overlap_n160)>(params,
                                                                                                         stream);
+    case Fp8Schedule::in_place_overlap_n224_ping_pong: {
+      // The rotated-loop kernels take turns when params.schedule is
+      // in_place_overlap_ping_pong (takes_turns above): the n224 kernel (no kernel of its
+      // own; where there is none, in_place_overlap's) told so.
+      Fp8ForwardParams taking_turns = params;
+      taking_turns.schedule = Fp8Schedule::in_place_overlap_ping_pong;
+      return launch_forward_fp8<kHeadDim, kernel_schedule(kHeadDim, Fp8Schedule::in_place_overlap_n224_ping_pong)>(
+          taking_turns, stream);
+    }
   }
   throw NotSupported("flashattn: FP8 forward: unknown schedule " + std::to_string(static_cast<int>(params.schedule)));
 }

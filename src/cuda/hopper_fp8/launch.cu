@@ -153,7 +153,9 @@ Fp8Schedule default_schedule(int kernel_head_dim, std::int64_t seqlen_k) {
   // overlap at 4k 1.03-1.09x, at 16k 1.14-1.16x (704 -> 801 non-causal), but 0.86x at 1k
   // causal (a fifth tile mostly past the keys); d64's 160 keys 1.01-1.03x at 16k, 0.85-0.97x
   // at 1k-4k.
-  if (kernel_head_dim == 128 && seqlen_k >= 4096) return Fp8Schedule::in_place_overlap_n224;
+  // The 224-key kernel taking turns (no kernel of its own), session 21 in one process with
+  // n224: 16k 772 -> 792 TF/s, 16k causal 745 -> 765, 4k 702 -> 697 and causal 551 -> 554.
+  if (kernel_head_dim == 128 && seqlen_k >= 4096) return Fp8Schedule::in_place_overlap_n224_ping_pong;
   if (kernel_head_dim == 64 && seqlen_k >= 16384) return Fp8Schedule::in_place_overlap_n160;
   return Fp8Schedule::in_place_overlap;
 }
@@ -169,9 +171,10 @@ Fp8Rescale default_rescale(int kernel_head_dim) {
   if (requested) return *requested;
   // H200, 2026-11-27 (hopper_fp8/TUNING.md), the same bf16 anchor within 0.2% in both
   // processes: skipping the unit rescales gained 6-7% at d256 (16k 895 -> 956 TF/s, causal
-  // 902 -> 963; 4k 901 -> 956); d128's wide tiles moved by under 1% (ratios to bf16), d64
-  // was not timed.
-  return kernel_head_dim == 256 ? Fp8Rescale::when_max_moves : Fp8Rescale::every_block;
+  // 902 -> 963; 4k 901 -> 956). d128's 224-key tiles, in two calls: +1-2% and +7% in TF/s
+  // at 4k/16k (the bf16 anchor moved too: +0-1% in ratio to it), never a loss. d64 was not
+  // timed: it keeps every_block.
+  return kernel_head_dim == 64 ? Fp8Rescale::every_block : Fp8Rescale::when_max_moves;
 }
 
 void forward(const AttentionParams& params, cudaStream_t stream, Fp8Schedule schedule, Fp8Rescale rescale) {

@@ -49,16 +49,18 @@ void forward(const AttentionParams& params, cudaStream_t stream, Fp8Schedule sch
 void forward(const AttentionParams& params, cudaStream_t stream, Fp8Schedule schedule, Fp8Rescale rescale);
 
 // The schedule of a kernel head dim and key length (timed, launch.cu): in_place_overlap,
-// with wide key tiles at d128 from 4k keys (224) and at d64 from 16k keys (160);
+// with wide key tiles at d128 from 4k keys (224, the consumers taking turns) and at d64
+// from 16k keys (160);
 // FLASHATTN_CUDA_FP8_SCHEDULE=copy|in_place|ping_pong|overlap|overlap_ping_pong|
-// overlap_n192|overlap_n224|overlap_n160 forces one for every head dim, else
+// overlap_n192|overlap_n224|overlap_n160|overlap_n224_ping_pong forces one for every head
+// dim (head dims without that kernel run overlap, or overlap_ping_pong), else
 // FLASHATTN_CUDA_FP8_BLOCK_N=<list of 160, 192, 224> picks the wide key tile of that width for
 // the head dims that have one (160: d64, 192/224: d128; e.g. "160,224") and leaves the others
 // alone (A/B switches, each read once per process).
 Fp8Schedule default_schedule(int kernel_head_dim, std::int64_t seqlen_k);
 
-// The rotated-loop kernels' rescale of a kernel head dim: when_max_moves at d256 (timed),
-// every_block elsewhere; FLASHATTN_CUDA_FP8_RESCALE=every_block|when_max_moves forces one
+// The rotated-loop kernels' rescale of a kernel head dim: when_max_moves at d128 and d256
+// (timed), every_block at d64; FLASHATTN_CUDA_FP8_RESCALE=every_block|when_max_moves forces one
 // for every head dim (read once per process).
 Fp8Rescale default_rescale(int kernel_head_dim);
 

@@ -79,6 +79,11 @@ enum class Fp8Schedule : int {
   in_place_overlap_n192 = 5,
   in_place_overlap_n224 = 6,
   in_place_overlap_n160 = 7,
+  // in_place_overlap_n224 with the two consumer warpgroups taking turns, as
+  // in_place_overlap_ping_pong is in_place_overlap taking turns: no kernel of its own (the
+  // n224 kernel has the turn code; run_forward_fp8 launches it told to take turns). Head
+  // dims without the n224 kernel run in_place_overlap_ping_pong.
+  in_place_overlap_n224_ping_pong = 8,
 };
 
 constexpr bool is_wide_overlap(Fp8Schedule schedule) {
@@ -96,6 +101,7 @@ constexpr const char* fp8_schedule_name(Fp8Schedule schedule) {
     case Fp8Schedule::in_place_overlap_n192: return "overlap_n192";
     case Fp8Schedule::in_place_overlap_n224: return "overlap_n224";
     case Fp8Schedule::in_place_overlap_n160: return "overlap_n160";
+    case Fp8Schedule::in_place_overlap_n224_ping_pong: return "overlap_n224_ping_pong";
   }
   return "unknown";
 }
@@ -104,7 +110,8 @@ inline constexpr Fp8Schedule kFp8Schedules[] = {Fp8Schedule::transpose_copy, Fp8
                                                 Fp8Schedule::in_place_overlap_ping_pong,
                                                 Fp8Schedule::in_place_overlap_n192,
                                                 Fp8Schedule::in_place_overlap_n224,
-                                                Fp8Schedule::in_place_overlap_n160};
+                                                Fp8Schedule::in_place_overlap_n160,
+                                                Fp8Schedule::in_place_overlap_n224_ping_pong};
 inline constexpr Fp8Schedule kFp8WideSchedules[] = {Fp8Schedule::in_place_overlap_n160,
                                                     Fp8Schedule::in_place_overlap_n192,
                                                     Fp8Schedule::in_place_overlap_n224};
@@ -240,11 +247,14 @@ inline constexpr Fp8TileConfig kFp8TileTable[] = {
 };
 
 // The schedule whose kernel runs `schedule` at this head dim: in_place_overlap for
-// in_place_overlap_ping_pong (the kernel takes turns at run time), else the table's entry
+// in_place_overlap_ping_pong (the kernel takes turns at run time), that of
+// in_place_overlap_n224 for in_place_overlap_n224_ping_pong, else the table's entry
 // if it has one, else the fallback: in_place_overlap for the wide overlaps (d64, d256),
 // transpose_in_place for the ping-pong (d64: three consumer warpgroups).
 constexpr Fp8Schedule kernel_schedule(int kernel_head_dim, Fp8Schedule schedule) {
   if (schedule == Fp8Schedule::in_place_overlap_ping_pong) return Fp8Schedule::in_place_overlap;
+  if (schedule == Fp8Schedule::in_place_overlap_n224_ping_pong)
+    return kernel_schedule(kernel_head_dim, Fp8Schedule::in_place_overlap_n224);
   for (const Fp8TileConfig& config : kFp8TileTable)
     if (config.kernel_head_dim == kernel_head_dim && config.schedule == schedule) return schedule;
   if (is_wide_overlap(schedule)) return Fp8Schedule::in_place_overlap;
