@@ -3,7 +3,8 @@
 # of bench/gpu/ncu_problems.py (one launch after two warm-up calls): where in the kernel the
 # warps wait, and on what (long scoreboard, barrier, wait, gmma, ...). Writes
 # OUT_DIR/ncu_source_<problem>.ncu-rep and .csv (ncu --page source --print-source sass) and
-# prints the instructions with the most samples (ncu_source_summary.py).
+# prints the instructions with the most samples (ncu_source_summary.py). Roles and source lines:
+# bench/gpu/ncu_source_lines.py (needs the same kernel built here with -lineinfo).
 # usage: bench/gpu/ncu_source.sh OUT_DIR KERNEL_REGEX PROBLEM...   (PYTHONPATH: the built python/)
 set -uo pipefail
 out_dir=${1:?output directory}; kernel=${2:?kernel name regex}; shift 2
