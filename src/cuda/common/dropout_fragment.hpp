@@ -159,6 +159,18 @@ struct TransposedKeepHalves {
   std::uint32_t mine = 0, partners = 0;
 };
 
+// Bit 7 of byte 2·qt + k of word `half` of the warp's two draw words → element order
+// 4·qt + 2·half + k (8 bits): one multiply-high gathers the four sign bits of a word (bit
+// 7 + 8·b moves by 32 − shift_b with shifts 25, 18, 13, 6: to bits 0, 1, 4, 5; no two of
+// the sixteen partial products share a bit, so nothing carries; the rest lands at bits
+// >= 8 and is masked off).
+FLASHATTN_HOST_DEVICE std::uint32_t transposed_ordered_byte(const DropoutRule& rule, std::uint32_t word0,
+                                                            std::uint32_t word1) {
+  const std::uint32_t half0 = rule.kept_sign_bytes(word0);
+  const std::uint32_t half1 = rule.kept_sign_bytes(word1);
+  return (high_word(half0 & 0x80808080u, 0x02042040u) | high_word(half1 & 0x80808080u, 0x02042040u << 2)) & 0xffu;
+}
+
 template <int kNTiles>
 FLASHATTN_HOST_DEVICE TransposedKeepHalves dropout_keep_halves_transposed(const DropoutRule& rule,
                                                                                  std::uint32_t batch_head,
@@ -177,14 +189,8 @@ FLASHATTN_UNROLL
     // those two words are compared (DropoutRule::kept_sign_bytes, 3 operations per 4
     // decisions, where keep_mask compared all 16 and gathered them bit by bit).
     const philox::Bits128 bits = rule.draw(batch_head, query_base + 16 * block, key_base);
-    const std::uint32_t half0 = rule.kept_sign_bytes(key_bit4 ? bits.word[2] : bits.word[0]);
-    const std::uint32_t half1 = rule.kept_sign_bytes(key_bit4 ? bits.word[3] : bits.word[1]);
-    // Bit 7 of byte 2·qt + k of word `half` → element order 4·qt + 2·half + k: one
-    // multiply-high gathers the four sign bits of a word (bit 7 + 8·b moves by
-    // 32 − shift_b with shifts 25, 18, 13, 6: to bits 0, 1, 4, 5; no two of the sixteen
-    // partial products share a bit, so nothing carries; the rest lands at bits >= 8).
-    const std::uint32_t ordered = high_word(half0 & 0x80808080u, 0x02042040u) |
-                                  high_word(half1 & 0x80808080u, 0x02042040u << 2);  // garbage above bit 7
+    const std::uint32_t ordered = transposed_ordered_byte(rule, key_bit4 ? bits.word[2] : bits.word[0],
+                                                          key_bit4 ? bits.word[3] : bits.word[1]);
     const std::uint32_t own = ordered & own_bits;  // k = key bit 0, already at e = key bit 0
     const std::uint32_t other = key_bit0 ? (ordered & 0x55u) << 1 : (ordered & 0xaau) >> 1;  // k = 1 − key bit 0
     halves.mine |= own << (8 * block);
@@ -205,15 +211,6 @@ FLASHATTN_UNROLL
 struct TransposedOrderedHalf {
   std::uint32_t own = 0, others = 0;
 };
-
-// Bit 7 of byte 2·qt + k of word `half` of the warp's two words → element order
-// 4·qt + 2·half + k (8 bits; see dropout_keep_halves_transposed).
-FLASHATTN_HOST_DEVICE std::uint32_t transposed_ordered_byte(const DropoutRule& rule, std::uint32_t word0,
-                                                            std::uint32_t word1) {
-  const std::uint32_t half0 = rule.kept_sign_bytes(word0);
-  const std::uint32_t half1 = rule.kept_sign_bytes(word1);
-  return (high_word(half0 & 0x80808080u, 0x02042040u) | high_word(half1 & 0x80808080u, 0x02042040u << 2)) & 0xffu;
-}
 
 template <int kNTiles>
 FLASHATTN_HOST_DEVICE TransposedOrderedHalf dropout_ordered_half_transposed(const DropoutRule& rule,
