@@ -372,10 +372,7 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
   }
   __syncthreads();
 
-  // Warp-uniform (CUTLASS's canonical_warp_group_idx): broadcast from lane 0, ptxas keeps it
-  // and what derives from it (the consumer's descriptors) in uniform registers, so the step
-  // loop neither re-reads SR_TID.X for them nor moves each descriptor with two R2UR.
-  const int warpgroup = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x / 128), 0);
+  const int warpgroup = threadIdx.x / 128;
 
   if (warpgroup == 0) {
     // ---- producer ----------------------------------------------------------------
@@ -637,7 +634,12 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
   }
   // ---- consumers -------------------------------------------------------------------
   ptx::setmaxnreg_increase<kConfig.consumer_registers()>();
-  const int consumer = warpgroup - 1;
+  // Warp-uniform (CUTLASS's canonical_warp_group_idx): broadcast from lane 0, ptxas keeps it
+  // and what derives from it (the consumer's descriptors) in uniform registers, so the step
+  // loop neither re-reads SR_TID.X for them nor moves each descriptor with two R2UR. Not
+  // under lockstep: there it took uniform registers its loop needed (bf16 d128 spills 16/12
+  // -> 100/108 bytes, ptxas -v); deferred_dk is unchanged by it.
+  const int consumer = (kOverlapped ? __shfl_sync(0xffffffffu, warpgroup, 0) : warpgroup) - 1;
   const int thread_in_warpgroup = threadIdx.x % 128;
   const int lane = threadIdx.x % 32;
   const int group = lane / 4;      // accumulator row within an 8-row half
