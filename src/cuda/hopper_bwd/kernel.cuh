@@ -637,9 +637,10 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
   // Warp-uniform (CUTLASS's canonical_warp_group_idx): broadcast from lane 0, ptxas keeps it
   // and what derives from it (the consumer's descriptors) in uniform registers, so the step
   // loop neither re-reads SR_TID.X for them nor moves each descriptor with two R2UR. Not
-  // under lockstep: there it took uniform registers its loop needed (bf16 d128 spills 16/12
-  // -> 100/108 bytes, ptxas -v); deferred_dk is unchanged by it.
-  const int consumer = (kOverlapped ? __shfl_sync(0xffffffffu, warpgroup, 0) : warpgroup) - 1;
+  // under lockstep nor at d64: there it took registers their loops needed (ptxas -v, bf16:
+  // d128 lockstep spills 16/12 -> 100/108 bytes, d64 overlapped 0/0 -> 12/28).
+  constexpr bool kUniformConsumer = kOverlapped && kHeadDim >= 128;
+  const int consumer = (kUniformConsumer ? __shfl_sync(0xffffffffu, warpgroup, 0) : warpgroup) - 1;
   const int thread_in_warpgroup = threadIdx.x % 128;
   const int lane = threadIdx.x % 32;
   const int group = lane / 4;      // accumulator row within an 8-row half
