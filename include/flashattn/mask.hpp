@@ -98,6 +98,20 @@ struct MaskRule {
     if (row_end <= row_begin) return true;
     return col_begin(row_end - 1) <= tile_col_begin && col_end(row_begin) >= tile_col_end;
   }
+  // Key blocks of size block_n that are fully allowed for every row of [row_begin, row_end):
+  // the blocks tile_fully_allowed accepts, as one range a kernel computes once per query
+  // tile (FA3's n_masking_steps), so that a block's "needs the element mask" test is an
+  // integer compare on its index. Contiguous: they lie inside columns_of_all_rows, which
+  // is clamped to seqlen_k, so a block past the end of the keys is never in it. The
+  // visited blocks (key_blocks) outside it are the partial ones. Empty for no rows.
+  FLASHATTN_HOST_DEVICE BlockRange full_key_blocks(std::int64_t row_begin, std::int64_t row_end,
+                                                   std::int64_t block_n) const {
+    if (row_end <= row_begin) return {0, 0};
+    const ColumnRange all = columns_of_all_rows(row_begin, row_end);
+    const std::int64_t begin = (all.begin + block_n - 1) / block_n;  // both bounds are >= 0
+    const std::int64_t end = all.end / block_n;
+    return {begin, end > begin ? end : begin};
+  }
   // Query rows that see at least one column of [tile_col_begin, tile_col_end): the
   // dual of columns_of_rows, used by the backward pass (K/V blocks outer).
   struct RowRange {

@@ -221,6 +221,11 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
     tile.n_block_end = (columns.end + kBlockN - 1) / kBlockN;
     tile.num_n_blocks =
         columns.end > columns.begin ? static_cast<int>(tile.n_block_end - columns.begin / kBlockN) : 0;
+    // Visit index i is block n_block_end - 1 - i: the full blocks [begin, end) are the
+    // indices [n_block_end - end, n_block_end - begin).
+    const BlockRange full = tile.mask.full_key_blocks(tile.m0, tile.row_end, kBlockN);
+    tile.masked_leading_blocks = static_cast<int>(tile.n_block_end - full.end);
+    tile.full_blocks = static_cast<int>(full.end - full.begin);
     tile.key_list = -1;
     if (kHasDeviceMask && key_lists.present()) {
       // The list was built for (block_m, block_n) (launch_forward_sm90 checks) with the
@@ -243,7 +248,11 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
       return KeyBlock{n0, entry.partial || n0 + kBlockN > tile.seqlen_k,
                       entry.partial ? key_lists.code(tile.key_list, index) : kGeneralTile};
     }
-    return KeyBlock{(tile.n_block_end - 1 - index) * kBlockN, false, kGeneralTile};
+    // Outside [masked_leading_blocks, + full_blocks), as one unsigned compare (an empty
+    // full range: every block; a negative difference wraps to a large value).
+    const bool is_partial = static_cast<unsigned>(index - tile.masked_leading_blocks) >=
+                            static_cast<unsigned>(tile.full_blocks);
+    return KeyBlock{(tile.n_block_end - 1 - index) * kBlockN, is_partial, kGeneralTile};
   };
 
   // Tiles 1024-byte aligned (the swizzle atom; the descriptors' base offset is 0).
@@ -647,9 +656,9 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
     }
     if (is_listed(tile)) {
       if (block.is_partial) apply_device_mask(n0, block.code, bias_factor);  // listed full blocks: no mask at all
-    } else if (n0 + kBlockN > tile.seqlen_k || !tile.mask.tile_fully_allowed(tile.m0, tile.row_end, n0, n0 + kBlockN)) {
+    } else if (block.is_partial) {
       // Interval range: the element mask only where the block crosses a mask edge or
-      // the end of the keys.
+      // the end of the keys (key_block's per-tile range, MaskRule::full_key_blocks).
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
         const std::int64_t row = tile.m0 + thread_row0 + 8 * half;

@@ -42,13 +42,20 @@ struct Tile {
   std::int64_t batch, head, m0, row_end, seqlen_q, seqlen_k, n_block_end;
   std::int64_t key_list;  // the tile's list in the device mask's key lists, -1: the interval range
   int num_n_blocks;       // key blocks visited, from n_block_end - 1 down (or the list's)
+  // The interval range's fully allowed blocks (MaskRule::full_key_blocks) as visit indices
+  // [masked_leading_blocks, masked_leading_blocks + full_blocks): made once per tile, so a
+  // block's "needs the element mask" is one unsigned compare on its index, not the 64-bit
+  // tile_fully_allowed after the S wait (hopper/TUNING.md, "Where the consumers wait").
+  int masked_leading_blocks;
+  int full_blocks;
   MaskRule mask;
 };
 
 // Key block `index` of a tile's visit order: its first key row, and whether it takes the
 // device mask's element pass — listed partial, or past the end of the keys, where TMA
-// delivers zero rows whose scores must not count. Always false on the interval range:
-// the mainloop tests those blocks against the mask edges itself.
+// delivers zero rows whose scores must not count. On the interval range: whether the
+// block is outside the tile's fully allowed blocks (a mask edge or the end of the keys
+// crosses it), so the mainloop applies the rows' intervals there.
 struct KeyBlock {
   std::int64_t n0;
   bool is_partial;
