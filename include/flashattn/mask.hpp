@@ -129,6 +129,37 @@ struct MaskRule {
     if (window_left >= 0) end = clamp(tile_col_end - 1 - offset + window_left + 1, 0, seqlen_q);
     return {begin, end > begin ? end : begin};
   }
+  // Query rows that see every column of [tile_col_begin, tile_col_end), for 0 <=
+  // tile_col_begin < tile_col_end: the dual of columns_of_all_rows (col_begin(row) <=
+  // tile_col_begin, col_end(row) >= tile_col_end; both bounds are monotone in the row, so
+  // the rows are one range). A column past seqlen_k is seen by no row.
+  FLASHATTN_HOST_DEVICE RowRange rows_of_all_columns(std::int64_t tile_col_begin, std::int64_t tile_col_end) const {
+    if (tile_col_end <= tile_col_begin || tile_col_end > seqlen_k) return {0, 0};
+    const std::int64_t offset = seqlen_k - seqlen_q;
+    // col_end(row) >= tile_col_end  <=>  row + offset + window_right + 1 >= tile_col_end
+    std::int64_t begin = 0;
+    if (window_right >= 0) begin = clamp(tile_col_end - offset - window_right - 1, 0, seqlen_q);
+    // col_begin(row) <= tile_col_begin  <=>  row + offset - window_left <= tile_col_begin
+    std::int64_t end = seqlen_q;
+    if (window_left >= 0) end = clamp(tile_col_begin - offset + window_left + 1, 0, seqlen_q);
+    return {begin, end > begin ? end : begin};
+  }
+  // Query blocks of size block_m (rows [m block_m, min((m + 1) block_m, seqlen_q)), never
+  // past seqlen_q) whose every row sees every column of [tile_col_begin, tile_col_end):
+  // the blocks tile_fully_allowed accepts for this key tile (with the key tile inside the
+  // keys), as one range the backward computes once per key tile, so that a query block's
+  // "needs the element mask" test is an integer compare on its index (the dual of
+  // full_key_blocks). Contiguous (rows_of_all_columns is one range); empty when the key
+  // tile reaches past seqlen_k. The visited blocks (query_blocks) outside it are partial.
+  FLASHATTN_HOST_DEVICE BlockRange full_query_blocks(std::int64_t tile_col_begin, std::int64_t tile_col_end,
+                                                     std::int64_t block_m) const {
+    const RowRange rows = rows_of_all_columns(tile_col_begin, tile_col_end);
+    if (rows.end <= rows.begin) return {0, 0};
+    const std::int64_t begin = (rows.begin + block_m - 1) / block_m;
+    // A block ends at min((m + 1) block_m, seqlen_q): the last (clipped) one fits when rows reach seqlen_q.
+    const std::int64_t end = rows.end == seqlen_q ? (seqlen_q + block_m - 1) / block_m : rows.end / block_m;
+    return {begin, end > begin ? end : begin};
+  }
 
   // --- the mask contract (see the file header) in terms of the members above ---
   // K2: kind of the tile rows [row_begin, row_end) x cols [tile_col_begin, tile_col_end).
