@@ -316,13 +316,6 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
   // Under a device mask the steps are the listed query tiles (see the top of the file).
   const TileLists& key_tile_lists = attention.device_mask.by_key_tile;
   const bool is_listed = key_tile_lists.present();
-  // The interval path's step -> (query head, first query row) of a tile.
-  auto step_head = [&](const KeyBlockWork& work, int step) {
-    return work.head_kv * attention.group_size + step / work.m_blocks;
-  };
-  auto step_m0 = [&](const KeyBlockWork& work, int step) {
-    return static_cast<std::int64_t>(work.m_block_begin + step % work.m_blocks) * kBlockM;
-  };
 
   // Tiles 1024-byte aligned (the swizzle atom; the descriptors' base offset is 0).
   extern __shared__ unsigned char shared_storage[];
@@ -345,7 +338,8 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
   std::uint64_t* kv_empty = barriers + 1;           // every consumer warp is done reading a tile's K and V
   std::uint64_t* full = barriers + 2;               // [kStages]: Q, dO, LSE, D of a step landed
   std::uint64_t* empty = barriers + 2 + kStages;    // [kStages]: every consumer warp is done with it
-  // [kStages]: a listed step (device mask), written by the producer before the stage's loads.
+  // [kStages]: the step (query head, query block; under a device mask the listed step),
+  // written by the producer before the stage's loads.
   auto* step_slots = reinterpret_cast<ListedStep*>(shared_base + kConfig.barrier_offset() + kListedStepSlotsOffset);
   // Overlapped schedule: the step whose dQ consumer 0 has staged, for the dQ writer.
   auto* dq_step_slot = reinterpret_cast<DqStep*>(shared_base + kConfig.barrier_offset() + kDqStepSlotOffset);
@@ -559,13 +553,13 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
         const TileLoads& loads = tile_loads[slot];
         if (loads.steps < 0) break;
         const int ring_end = ring + loads.steps;  // the tile's steps are the ring's [ring, ring_end)
-        // Step `ring`: its stage (once free), the listed step into the stage's slot (released
-        // to the consumers by the "full" arrival), then Q, dO, LSE and D.
+        // Step `ring`: its stage (once free), the step into the stage's slot (released to the
+        // consumers by the "full" arrival), then Q, dO, LSE and D.
         auto load_step = [&](std::int32_t head_q, std::int32_t m_block, const ListedStep& listed) {
           const int stage = ring % kStages;
           if (ring >= kStages) ptx::mbarrier_wait(&empty[stage], ((ring / kStages) - 1) & 1);
           ++ring;
-          if constexpr (kIsListed) step_slots[stage] = listed;
+          step_slots[stage] = listed;
           ::cuda::ptx::mbarrier_arrive_expect_tx(::cuda::ptx::sem_release, ::cuda::ptx::scope_cta,
                                                  ::cuda::ptx::space_shared, &full[stage],
                                                  2 * kQBytes + 2 * kStatsBytes);
@@ -609,11 +603,12 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
               load_step(listed.head_q, listed.m_block, listed);
             }
           } else {
-            // The interval's steps, counted (32-bit, no division).
+            // The interval's steps, counted (32-bit, no division); the consumers read each
+            // from its stage's slot (one LDS instead of a division by m_blocks per step).
             std::int32_t head_q = loads.head_q0;
             std::int32_t m_block = loads.m_block_begin;
             while (ring < ring_end) {
-              load_step(head_q, m_block, ListedStep{});
+              load_step(head_q, m_block, ListedStep{head_q, m_block, 0, kGeneralTile});
               if (++m_block == loads.m_block_begin + loads.m_blocks) {
                 m_block = loads.m_block_begin;
                 ++head_q;
@@ -709,8 +704,13 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
     const std::int64_t n_block = work.n_block, head_kv = work.head_kv, batch = work.batch;
     const std::int64_t n0 = work.n0, kv_rows = work.kv_rows;
     const MaskRule mask = work.mask;
-    const std::int64_t seqlen_q = mask.seqlen_q, seqlen_k = mask.seqlen_k;
     const int steps = work.steps;
+    // The query blocks whose tile with these keys needs no element mask (MaskRule::
+    // full_query_blocks: empty when the keys reach past the sequence's), so that a step's
+    // test is an index compare instead of 64-bit tile_fully_allowed (query blocks < 2^31).
+    const BlockRange full_m_range = mask.full_query_blocks(n0, n0 + kBlockN, kBlockM);
+    const auto full_m_block_begin = static_cast<std::int32_t>(full_m_range.begin);
+    const auto full_m_blocks = static_cast<std::uint32_t>(full_m_range.end - full_m_range.begin);
     fragment::RowBlockSides alibi_sides{};
     if (kHasAffineAlibi && params.is_alibi_affine && attention.has_alibi()) {
       const ScoreRule geometry = attention.score_of(batch, head_kv * attention.group_size, mask);  // its diagonal
@@ -751,17 +751,11 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
       const int stage = ring % kStages;
       const std::uint32_t stage_offset = (stage * kQBytes) >> 4;
       ptx::mbarrier_wait(&full[stage], (ring / kStages) & 1);
-      // The step: its stage's slot under a device mask (is_partial: the tile needs the
-      // element pass), else the interval's.
-      std::int64_t head_q, m0;
-      if (is_listed) {
-        const ListedStep listed = step_slots[stage];
-        head_q = listed.head_q;
-        m0 = static_cast<std::int64_t>(listed.m_block) * kBlockM;
-      } else {
-        head_q = step_head(work, step);
-        m0 = step_m0(work, step);
-      }
+      // The step, from its stage's slot (the producer walks the steps: the interval's with
+      // counters, a device mask's lists; is_partial: the listed tile needs the element pass).
+      const std::int32_t m_block = step_slots[stage].m_block;
+      const std::int64_t head_q = step_slots[stage].head_q;
+      const std::int64_t m0 = static_cast<std::int64_t>(m_block) * kBlockM;
       // A listed partial tile with a tile code: its allowed bits (fragment::
       // fragment_allowed_bits, outlined: a few loads, then register math), all ones on the
       // other listed tiles; applied (P = 0) beside the interval path's apply_mask. Before
@@ -811,10 +805,10 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
 
       const float* lse = shared_lse + stage * kBlockM;
       const float* dsum = shared_dsum + stage * kBlockM;
-      const std::int64_t q_rows_end = m0 + kBlockM < seqlen_q ? m0 + kBlockM : seqlen_q;
-      // The interval path's boundary tiles (listed tiles: is_partial instead).
+      // The interval path's boundary tiles (listed tiles: is_partial instead): outside the
+      // tile's fully allowed query blocks (one unsigned compare).
       const bool needs_mask =
-          !is_listed && (n0 + kBlockN > seqlen_k || !mask.tile_fully_allowed(m0, q_rows_end, n0, n0 + kBlockN));
+          !is_listed && static_cast<std::uint32_t>(m_block - full_m_block_begin) >= full_m_blocks;
       // Element mask: key rows key_row0 (+8) against query column `column` of the tile.
       auto apply_mask = [&](float (&p)[kBlockM / 2]) {
 #pragma unroll
@@ -1167,7 +1161,7 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
                 make_float2(dq[4 * j + 2 * half], dq[4 * j + 2 * half + 1]);
         // The step, for the writer (which read the previous one before releasing the panels).
         if (consumer == 0 && thread_in_warpgroup == 0)
-          *dq_step_slot = DqStep{static_cast<std::int32_t>(head_q), static_cast<std::int32_t>(m0 / kBlockM),
+          *dq_step_slot = DqStep{static_cast<std::int32_t>(head_q), m_block,
                                  static_cast<std::int32_t>(batch), static_cast<std::int32_t>(n_block),
                                  step == steps - 1 ? kDqStepLastOfTile : 0};
         ptx::fence_proxy_async_shared();
