@@ -207,6 +207,9 @@ struct TileLoads {
   std::int32_t batch_coordinate;  // the tensor maps' batch (0 when varlen)
   std::int32_t head_q0;           // the group's first query head
   std::int32_t m_block_begin, m_blocks;
+  // The interval's query blocks that need no element mask with these keys (MaskRule::
+  // full_query_blocks: empty when the keys reach past the sequence's): [begin, + count).
+  std::int32_t full_m_block_begin, full_m_blocks;
   std::int32_t list_head, list_index, list_count;  // the loads thread's walk of the lists
 };
 inline constexpr int kTileLoadsOffset = 256;  // [2], one per queue slot
@@ -511,6 +514,9 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
             loads.head_q0 = static_cast<std::int32_t>(work.head_kv * attention.group_size);
             loads.m_block_begin = work.m_block_begin;
             loads.m_blocks = work.m_blocks;
+            const BlockRange full_m_range = work.mask.full_query_blocks(work.n0, work.n0 + kBlockN, kBlockM);
+            loads.full_m_block_begin = static_cast<std::int32_t>(full_m_range.begin);
+            loads.full_m_blocks = static_cast<std::int32_t>(full_m_range.end - full_m_range.begin);
             if (is_listed)
               loads.first_list = key_tile_lists.list(work.batch, work.head_kv * attention.group_size, work.n_block);
             state->k_row = static_cast<std::int32_t>(attention.k_start(work.batch) + work.n0);
@@ -604,11 +610,16 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
             }
           } else {
             // The interval's steps, counted (32-bit, no division); the consumers read each
-            // from its stage's slot (one LDS instead of a division by m_blocks per step).
+            // from its stage's slot (one LDS instead of a division by m_blocks per step), with
+            // is_partial = a boundary tile (the element mask): outside the tile's fully allowed
+            // query blocks, one unsigned compare instead of the consumers' 64-bit
+            // tile_fully_allowed (and no register of theirs across the loop).
             std::int32_t head_q = loads.head_q0;
             std::int32_t m_block = loads.m_block_begin;
             while (ring < ring_end) {
-              load_step(head_q, m_block, ListedStep{head_q, m_block, 0, kGeneralTile});
+              const bool is_boundary = static_cast<std::uint32_t>(m_block - loads.full_m_block_begin) >=
+                                       static_cast<std::uint32_t>(loads.full_m_blocks);
+              load_step(head_q, m_block, ListedStep{head_q, m_block, is_boundary ? 1 : 0, kGeneralTile});
               if (++m_block == loads.m_block_begin + loads.m_blocks) {
                 m_block = loads.m_block_begin;
                 ++head_q;
@@ -705,12 +716,6 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
     const std::int64_t n0 = work.n0, kv_rows = work.kv_rows;
     const MaskRule mask = work.mask;
     const int steps = work.steps;
-    // The query blocks whose tile with these keys needs no element mask (MaskRule::
-    // full_query_blocks: empty when the keys reach past the sequence's), so that a step's
-    // test is an index compare instead of 64-bit tile_fully_allowed (query blocks < 2^31).
-    const BlockRange full_m_range = mask.full_query_blocks(n0, n0 + kBlockN, kBlockM);
-    const auto full_m_block_begin = static_cast<std::int32_t>(full_m_range.begin);
-    const auto full_m_blocks = static_cast<std::uint32_t>(full_m_range.end - full_m_range.begin);
     fragment::RowBlockSides alibi_sides{};
     if (kHasAffineAlibi && params.is_alibi_affine && attention.has_alibi()) {
       const ScoreRule geometry = attention.score_of(batch, head_kv * attention.group_size, mask);  // its diagonal
@@ -752,9 +757,20 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
       const std::uint32_t stage_offset = (stage * kQBytes) >> 4;
       ptx::mbarrier_wait(&full[stage], (ring / kStages) & 1);
       // The step, from its stage's slot (the producer walks the steps: the interval's with
-      // counters, a device mask's lists; is_partial: the listed tile needs the element pass).
-      const std::int32_t m_block = step_slots[stage].m_block;
-      const std::int64_t head_q = step_slots[stage].head_q;
+      // counters, a device mask's lists; is_partial: the listed tile needs the element pass,
+      // the interval's is a boundary tile).
+      // Lockstep's interval steps from the step index instead: its deterministic issuer needs
+      // them at the step's end, and held from the slot they spilled loop state (ptxas -v,
+      // deterministic bf16 lockstep: d128 284/356 -> 456/496 bytes, d64 180/300 -> 844/924).
+      std::int32_t m_block;
+      std::int64_t head_q;
+      if (kOverlapped || is_listed) {
+        m_block = step_slots[stage].m_block;
+        head_q = step_slots[stage].head_q;
+      } else {
+        m_block = work.m_block_begin + step % work.m_blocks;
+        head_q = work.head_kv * attention.group_size + step / work.m_blocks;
+      }
       const std::int64_t m0 = static_cast<std::int64_t>(m_block) * kBlockM;
       // A listed partial tile with a tile code: its allowed bits (fragment::
       // fragment_allowed_bits, outlined: a few loads, then register math), all ones on the
@@ -805,10 +821,17 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
 
       const float* lse = shared_lse + stage * kBlockM;
       const float* dsum = shared_dsum + stage * kBlockM;
-      // The interval path's boundary tiles (listed tiles: is_partial instead): outside the
-      // tile's fully allowed query blocks (one unsigned compare).
-      const bool needs_mask =
-          !is_listed && static_cast<std::uint32_t>(m_block - full_m_block_begin) >= full_m_blocks;
+      // The interval path's boundary tiles (listed tiles: is_partial below instead): the
+      // producer's test, in the slot; lockstep's own 64-bit test (with the slot's it spilled:
+      // ptxas -v, deterministic bf16 d64 lockstep 180/300 -> 840/944 bytes).
+      bool needs_mask;
+      if constexpr (kOverlapped) {
+        needs_mask = !is_listed && step_slots[stage].is_partial != 0;
+      } else {
+        const std::int64_t q_rows_end = m0 + kBlockM < mask.seqlen_q ? m0 + kBlockM : mask.seqlen_q;
+        needs_mask = !is_listed && (n0 + kBlockN > mask.seqlen_k ||
+                                    !mask.tile_fully_allowed(m0, q_rows_end, n0, n0 + kBlockN));
+      }
       // Element mask: key rows key_row0 (+8) against query column `column` of the tile.
       auto apply_mask = [&](float (&p)[kBlockM / 2]) {
 #pragma unroll
