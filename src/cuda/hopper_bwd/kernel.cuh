@@ -818,6 +818,16 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
         }
         ptx::wgmma_commit_group();  // empty at step 0
       }
+      if constexpr (kOverlapped) {
+        // The late dQ hand-off (HopperBackwardParams::is_dq_handoff_late): the previous step's
+        // staged dQ part goes to the writer only now, its stores long landed, so that the
+        // fence no longer waits for them behind the wgmma operand reads. A tile's last step
+        // hands off at once (below), so a step > 0 has its predecessor's pending.
+        if (params.is_dq_handoff_late && step > 0) {
+          ptx::fence_proxy_async_shared();
+          ptx::named_barrier_arrive(NamedBarrier::kDqFullFirst, kDqHandshakeThreads, consumer);
+        }
+      }
 
       const float* lse = shared_lse + stage * kBlockM;
       const float* dsum = shared_dsum + stage * kBlockM;
@@ -1187,8 +1197,15 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
           *dq_step_slot = DqStep{static_cast<std::int32_t>(head_q), m_block,
                                  static_cast<std::int32_t>(batch), static_cast<std::int32_t>(n_block),
                                  step == steps - 1 ? kDqStepLastOfTile : 0};
-        ptx::fence_proxy_async_shared();
-        ptx::named_barrier_arrive(NamedBarrier::kDqFullFirst, kDqHandshakeThreads, consumer);
+        // Staged: visible to the async proxy (the writer's TMA reads), then the writer's turn;
+        // with the late hand-off after the next step's S^T and dP^T issue (above), but at once
+        // on a tile's last step (its turn is published before the next tile's first: the top
+        // of the file), so that nothing is pending across tiles or at the end. The panels are
+        // not rewritten before the writer releases them (kDqEmpty), which follows this arrival.
+        if (!params.is_dq_handoff_late || step == steps - 1) {
+          ptx::fence_proxy_async_shared();
+          ptx::named_barrier_arrive(NamedBarrier::kDqFullFirst, kDqHandshakeThreads, consumer);
+        }
 
         if constexpr (!kDeferDk) {
           ptx::wgmma_wait_group<0>();  // dK: Q and dO of the stage are no longer read

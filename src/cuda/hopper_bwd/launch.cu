@@ -73,6 +73,15 @@ bool is_dropout_draw_once_enabled() {
   return enabled;
 }
 
+// The late dQ hand-off with FLASHATTN_CUDA_HOPPER_BWD_DQ_HANDOFF=late (read once).
+bool is_dq_handoff_late_enabled() {
+  static const bool enabled = [] {
+    const char* value = std::getenv("FLASHATTN_CUDA_HOPPER_BWD_DQ_HANDOFF");
+    return value != nullptr && std::string(value) == "late";
+  }();
+  return enabled;
+}
+
 bool are_mask_key_intervals_enabled() {
   static const bool enabled = [] {
     const char* value = std::getenv("FLASHATTN_CUDA_MASKS_BWD_ROW_INTERVALS");
@@ -238,6 +247,7 @@ HopperBackwardParams make_params_with_boxes(const BackwardParams& params, const 
   hopper_params.workspace = workspace;
   hopper_params.is_alibi_affine = is_affine_alibi_enabled();
   hopper_params.is_dropout_draw_once = is_dropout_draw_once_enabled();
+  hopper_params.is_dq_handoff_late = is_dq_handoff_late_enabled();
   // The CTAs' order (launch.hpp). A section's kv heads share their query heads' Q, dO
   // (16-bit) and dq_accum (fp32): 8 d bytes per query row, seqlen_q rows (varlen: the
   // longest sequence), group_size query heads; FA3 budgets 40 MB of L2 for them.
