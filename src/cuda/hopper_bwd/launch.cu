@@ -82,6 +82,13 @@ bool is_dq_handoff_late_enabled() {
   return enabled;
 }
 
+namespace {
+// override_dq_handoff's choice; negative: none (the environment's).
+std::atomic<int> dq_handoff_override{-1};
+}  // namespace
+
+void override_dq_handoff(int late) { dq_handoff_override.store(late, std::memory_order_relaxed); }
+
 bool are_mask_key_intervals_enabled() {
   static const bool enabled = [] {
     const char* value = std::getenv("FLASHATTN_CUDA_MASKS_BWD_ROW_INTERVALS");
@@ -247,7 +254,8 @@ HopperBackwardParams make_params_with_boxes(const BackwardParams& params, const 
   hopper_params.workspace = workspace;
   hopper_params.is_alibi_affine = is_affine_alibi_enabled();
   hopper_params.is_dropout_draw_once = is_dropout_draw_once_enabled();
-  hopper_params.is_dq_handoff_late = is_dq_handoff_late_enabled();
+  const int dq_handoff = dq_handoff_override.load(std::memory_order_relaxed);
+  hopper_params.is_dq_handoff_late = dq_handoff >= 0 ? dq_handoff > 0 : is_dq_handoff_late_enabled();
   // The CTAs' order (launch.hpp). A section's kv heads share their query heads' Q, dO
   // (16-bit) and dq_accum (fp32): 8 d bytes per query row, seqlen_q rows (varlen: the
   // longest sequence), group_size query heads; FA3 budgets 40 MB of L2 for them.

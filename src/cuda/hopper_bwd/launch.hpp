@@ -86,6 +86,10 @@ bool is_dropout_draw_once_enabled();
 // late; early (or unset) keeps the hand-off right after the dQ stores. Read once per process.
 // Not yet timed (TUNING.md, "The dQ hand-off and the step decode").
 bool is_dq_handoff_late_enabled();
+// Tests and the timing tool (bench/gpu/kernels/hopper_bwd_timing.cu --dq-handoff) only: from
+// now on in this process the params made take the late (late > 0) or the early (late == 0)
+// dQ hand-off instead of the environment's; a negative value restores it.
+void override_dq_handoff(int late);
 
 // kernel.cuh's grid on `device` (head dims 64, 128; the wide kernel keeps one CTA per
 // tile) as the override or the environment asks for it (backward_grid: the call's own).
