@@ -640,13 +640,7 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
   }
   // ---- consumers -------------------------------------------------------------------
   ptx::setmaxnreg_increase<kConfig.consumer_registers()>();
-  // Warp-uniform (CUTLASS's canonical_warp_group_idx): broadcast from lane 0, ptxas keeps it
-  // and what derives from it (the consumer's descriptors) in uniform registers, so the step
-  // loop neither re-reads SR_TID.X for them nor moves each descriptor with two R2UR. Not
-  // under lockstep nor at d64: there it took registers their loops needed (ptxas -v, bf16:
-  // d128 lockstep spills 16/12 -> 100/108 bytes, d64 overlapped 0/0 -> 12/28).
-  constexpr bool kUniformConsumer = kOverlapped && kHeadDim >= 128;
-  const int consumer = (kUniformConsumer ? __shfl_sync(0xffffffffu, warpgroup, 0) : warpgroup) - 1;
+  const int consumer = warpgroup - 1;
   const int thread_in_warpgroup = threadIdx.x % 128;
   const int lane = threadIdx.x % 32;
   const int group = lane / 4;      // accumulator row within an 8-row half
@@ -686,7 +680,6 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
   auto k_step_offset = [](int kk, int tile_rows) { return ((kk / 4) * tile_rows * 128 + (kk % 4) * 32) >> 4; };
   // MN-major k16 step: 16 rows of 128 bytes.
   auto mn_step_offset = [](int kk) { return (kk * 16 * 128) >> 4; };
-  using ptx::descriptor_advanced;
 
   const bool has_dropout = attention.has_dropout();
   const float scale_log2 = attention.softmax_scale_log2;
@@ -754,7 +747,7 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
     for (int step = 0; step < steps; ++step) {
       const int ring = ring_base + step;
       const int stage = ring % kStages;
-      const std::uint32_t stage_offset = (stage * kQBytes) >> 4;
+      const std::uint64_t stage_offset = (stage * kQBytes) >> 4;
       ptx::mbarrier_wait(&full[stage], (ring / kStages) & 1);
       // The step, from its stage's slot (the producer walks the steps: the interval's with
       // counters, a device mask's lists; is_partial: the listed tile needs the element pass,
@@ -799,21 +792,21 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
       ptx::wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < kHeadDim / 16; ++kk)
-        ptx::wgmma_ss<kBlockM, kInput, 0>(s, descriptor_advanced(k_as_a, k_step_offset(kk, kBlockN)),
-                                           descriptor_advanced(q_as_b, stage_offset + k_step_offset(kk, kBlockM)), kk > 0 ? 1 : 0);
+        ptx::wgmma_ss<kBlockM, kInput, 0>(s, k_as_a + k_step_offset(kk, kBlockN),
+                                           q_as_b + stage_offset + k_step_offset(kk, kBlockM), kk > 0 ? 1 : 0);
       ptx::wgmma_commit_group();
 #pragma unroll
       for (int kk = 0; kk < kHeadDim / 16; ++kk)
-        ptx::wgmma_ss<kBlockM, kInput, 0>(dp, descriptor_advanced(v_as_a, k_step_offset(kk, kBlockN)),
-                                           descriptor_advanced(do_as_b, stage_offset + k_step_offset(kk, kBlockM)), kk > 0 ? 1 : 0);
+        ptx::wgmma_ss<kBlockM, kInput, 0>(dp, v_as_a + k_step_offset(kk, kBlockN),
+                                           do_as_b + stage_offset + k_step_offset(kk, kBlockM), kk > 0 ? 1 : 0);
       ptx::wgmma_commit_group();
       if constexpr (kDeferDk) {
         // The previous step's dK_w += dS^T Q: it runs during this step's dS math.
         if (step > 0) {
-          const std::uint32_t previous_offset = (previous_stage * kQBytes) >> 4;
+          const std::uint64_t previous_offset = (previous_stage * kQBytes) >> 4;
 #pragma unroll
           for (int kq = 0; kq < kBlockM / 16; ++kq)
-            ptx::wgmma_rs<kHeadDim, kInput, 1>(dk, ds_previous[kq], descriptor_advanced(q_as_b_mn, previous_offset + mn_step_offset(kq)),
+            ptx::wgmma_rs<kHeadDim, kInput, 1>(dk, ds_previous[kq], q_as_b_mn + previous_offset + mn_step_offset(kq),
                                                1);
         }
         ptx::wgmma_commit_group();  // empty at step 0
@@ -1072,10 +1065,10 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
         ptx::wgmma_fence();
 #pragma unroll
         for (int kq = 0; kq < kBlockM / 16; ++kq)
-          ptx::wgmma_rs<kHeadDim, kInput, 1>(dv, p_fragment[kq], descriptor_advanced(do_as_b_mn, stage_offset + mn_step_offset(kq)), 1);
+          ptx::wgmma_rs<kHeadDim, kInput, 1>(dv, p_fragment[kq], do_as_b_mn + stage_offset + mn_step_offset(kq), 1);
 #pragma unroll
         for (int kq = 0; kq < kBlockM / 16; ++kq)
-          ptx::wgmma_rs<kHeadDim, kInput, 1>(dk, ds_fragment[kq], descriptor_advanced(q_as_b_mn, stage_offset + mn_step_offset(kq)), 1);
+          ptx::wgmma_rs<kHeadDim, kInput, 1>(dk, ds_fragment[kq], q_as_b_mn + stage_offset + mn_step_offset(kq), 1);
         ptx::wgmma_commit_group();
 
         // Both halves of dS^T written (visible to the async proxy, which wgmma reads
@@ -1089,7 +1082,7 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
         ptx::wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < kBlockN / 16; ++kk)
-          ptx::wgmma_ss<kDqColumns, kInput, 1, 1>(dq, descriptor_advanced(ds_as_a_mn, mn_step_offset(kk)), descriptor_advanced(k_as_b_mn, mn_step_offset(kk)),
+          ptx::wgmma_ss<kDqColumns, kInput, 1, 1>(dq, ds_as_a_mn + mn_step_offset(kk), k_as_b_mn + mn_step_offset(kk),
                                                    kk > 0 ? 1 : 0);
         ptx::wgmma_commit_group();
         ptx::wgmma_wait_group<0>();
@@ -1136,7 +1129,7 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
         ptx::wgmma_fence();
 #pragma unroll
         for (int kq = 0; kq < kBlockM / 16; ++kq)
-          ptx::wgmma_rs<kHeadDim, kInput, 1>(dv, p_fragment[kq], descriptor_advanced(do_as_b_mn, stage_offset + mn_step_offset(kq)), 1);
+          ptx::wgmma_rs<kHeadDim, kInput, 1>(dv, p_fragment[kq], do_as_b_mn + stage_offset + mn_step_offset(kq), 1);
         ptx::wgmma_commit_group();
         // Both halves of this step's dS^T written (visible to the async proxy, which wgmma
         // reads through). The one barrier of the step: the buffer was last read by the dQ
@@ -1151,13 +1144,13 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
 #pragma unroll
         for (int kk = 0; kk < kBlockN / 16; ++kk)
           ptx::wgmma_ss<kDqColumns, kInput, 1, 1>(
-              dq, descriptor_advanced(ds_as_a_mn, ((ds_buffer * kConfig.ds_bytes()) >> 4) + mn_step_offset(kk)),
-              descriptor_advanced(k_as_b_mn, mn_step_offset(kk)), kk > 0 ? 1 : 0);
+              dq, ds_as_a_mn + ((ds_buffer * kConfig.ds_bytes()) >> 4) + mn_step_offset(kk),
+              k_as_b_mn + mn_step_offset(kk), kk > 0 ? 1 : 0);
         ptx::wgmma_commit_group();
         if constexpr (!kDeferDk) {
 #pragma unroll
           for (int kq = 0; kq < kBlockM / 16; ++kq)
-            ptx::wgmma_rs<kHeadDim, kInput, 1>(dk, ds_fragment[kq], descriptor_advanced(q_as_b_mn, stage_offset + mn_step_offset(kq)), 1);
+            ptx::wgmma_rs<kHeadDim, kInput, 1>(dk, ds_fragment[kq], q_as_b_mn + stage_offset + mn_step_offset(kq), 1);
           ptx::wgmma_commit_group();
           ptx::wgmma_wait_group<1>();  // dV and dQ (groups complete in order)
           // The tile's last step: K and V are no longer read (dK reads Q): the next tile's
@@ -1225,12 +1218,12 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
     if constexpr (kDeferDk) {
       // The last step's dK.
       if (steps > 0) {
-        const std::uint32_t previous_offset = (previous_stage * kQBytes) >> 4;
+        const std::uint64_t previous_offset = (previous_stage * kQBytes) >> 4;
         ptx::fence_operands(dk);
         ptx::wgmma_fence();
 #pragma unroll
         for (int kq = 0; kq < kBlockM / 16; ++kq)
-          ptx::wgmma_rs<kHeadDim, kInput, 1>(dk, ds_previous[kq], descriptor_advanced(q_as_b_mn, previous_offset + mn_step_offset(kq)), 1);
+          ptx::wgmma_rs<kHeadDim, kInput, 1>(dk, ds_previous[kq], q_as_b_mn + previous_offset + mn_step_offset(kq), 1);
         ptx::wgmma_commit_group();
         ptx::wgmma_wait_group<0>();
         ptx::fence_operands(dk);

@@ -85,17 +85,4 @@ __device__ __forceinline__ std::uint64_t make_smem_descriptor(std::uint32_t shar
   return descriptor;
 }
 
-// `descriptor` with its start address advanced by `offset` (bytes >> 4): a 32-bit add on the
-// low word only. The start field holds a shared-window address >> 4 (< 2^14), so the sum
-// never carries into the high word and equals the 64-bit add; the high word (stride,
-// swizzle) stays a constant, and a low word made of warp-uniform values stays in a uniform
-// register, so an HGMMA takes the descriptor without an R2UR pair or an IMAD.X carry.
-__device__ __forceinline__ std::uint64_t descriptor_advanced(std::uint64_t descriptor, std::uint32_t offset) {
-  const std::uint32_t low = static_cast<std::uint32_t>(descriptor) + offset;
-  const std::uint32_t high = static_cast<std::uint32_t>(descriptor >> 32);
-  std::uint64_t advanced;
-  asm("mov.b64 %0, {%1, %2};" : "=l"(advanced) : "r"(low), "r"(high));
-  return advanced;
-}
-
 }  // namespace flashattn::cuda::ptx
