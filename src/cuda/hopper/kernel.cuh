@@ -209,8 +209,12 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
   auto decode_tile = [&](std::int64_t linear, Tile& tile) {
     const TileOrder::Coordinates coordinates = params.tile_order.at(static_cast<std::int32_t>(linear));
     const std::int64_t m_block = coordinates.m_block;
-    tile.head = coordinates.head_batch % attention.heads_q;
-    tile.batch = coordinates.head_batch / attention.heads_q;
+    // In 32 bits (heads_q * batch <= the tile count, which the launch keeps below 2^31):
+    // the 64-bit division was a subroutine call, whose spills around it the
+    // 24-register scheduler lane paid (ptxas -v).
+    const std::int32_t heads_q = static_cast<std::int32_t>(attention.heads_q);
+    tile.head = coordinates.head_batch % heads_q;
+    tile.batch = coordinates.head_batch / heads_q;
     tile.seqlen_q = attention.seqlen_q_of(tile.batch);
     tile.m0 = m_block * kBlockM;
     if (tile.m0 >= tile.seqlen_q) return false;
@@ -290,7 +294,13 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
   std::uint64_t* tile_full = barriers + 6 + 4 * kStages;   // [2]: the slot holds the next tile
   std::uint64_t* tile_empty = barriers + 8 + 4 * kStages;  // [2]: the loader and every consumer warp read it
   auto* tile_slots = reinterpret_cast<std::int32_t*>(barriers + 10 + 4 * kStages);  // [2]
-  const TileQueue queue{tile_full, tile_empty, tile_slots};  // tile_queue.cuh
+  // Beside the slots, the decoded tiles (TileRecord, tile_scheduler.cuh): after the 256
+  // bytes of the mbarriers, where the mask lists' row intervals are in the kernels that
+  // have them (never persistent).
+  auto* tile_records = reinterpret_cast<TileRecord*>(reinterpret_cast<unsigned char*>(barriers) + 256);  // [2]
+  static_assert(!kPersistentArg || kConfig.tile_record_bytes() >= kTileRecordsBytes,
+                "persistent kernels: shared memory for the tile records");
+  const TileQueue<TileRecord> queue{tile_full, tile_empty, tile_slots, tile_records};  // tile_queue.cuh
   const NamedTileMarks named_marks{static_cast<int>(NamedBarrier::kTileSlotWrittenFirst),
                                    static_cast<int>(NamedBarrier::kTileSlotReadFirst)};
   // Two Q buffers: where the O staged in buffer b goes (StoreHeader, epilogue.cuh).
@@ -373,9 +383,17 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
         std::int32_t linear = Scheduler{tile_end, params.maybe_tile_counter}.initial_tile();
         const int marked_readers = distribution.marked_readers(has_two_q_buffers);
         for (int taken = 0;; ++taken) {
+          // The tile decoded here, once for the CTA (TileRecord): its readers take the
+          // record. Tiles without rows (past a varlen sequence's end) are skipped here,
+          // for every reader, and the next one claimed.
+          Tile tile{};
+          bool is_valid = Scheduler{tile_end, params.maybe_tile_counter}.is_valid(linear);
+          while (is_valid && !decode_tile(linear, tile)) {
+            linear = Scheduler{tile_end, params.maybe_tile_counter}.next_tile(linear);
+            is_valid = Scheduler{tile_end, params.maybe_tile_counter}.is_valid(linear);
+          }
           queue.wait_free(taken);  // with the marks already done: its readers marked taken - 1 read
-          const bool is_valid = Scheduler{tile_end, params.maybe_tile_counter}.is_valid(linear);
-          queue.put(taken, is_valid ? linear : tile_end);
+          queue.put(taken, is_valid ? linear : tile_end, TileRecord::of(tile));
           distribution.publish(marked_readers);
           if (!is_valid) {
             distribution.wait_read(marked_readers);
@@ -398,11 +416,10 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
         // store has read it — for Q of the tile after next, loaded about a tile later.
         int count = 0;
         for (int taken = 0;; ++taken) {
-          const std::int32_t linear = distribution.take(taken, Distribution::kStorerReader, std::true_type{});
+          TileRecord record;
+          const std::int32_t linear = distribution.take(taken, Distribution::kStorerReader, std::true_type{}, record);
           if (linear >= tile_end) break;
-          Tile tile;
-          if (!decode_tile(linear, tile)) continue;
-          storer.store(count, tile);
+          storer.store(count, record.tile(attention.window_left, attention.window_right));
           ptx::bulk_wait_group_read<0>();
           ::cuda::ptx::mbarrier_arrive(&q_empty[count & 1]);
           ++count;
@@ -417,14 +434,19 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
     for (int taken = 0;; ++taken) {
       // One tile per CTA: SingleTileScheduler's; persistent: the queue's (the scheduler lane's).
       std::int32_t linear = SingleTileScheduler::initial_tile();
+      TileRecord record;
       if constexpr (kPersistentArg) {
-        linear = distribution.take(taken, Distribution::kLoaderReader, std::true_type{});
+        linear = distribution.take(taken, Distribution::kLoaderReader, std::true_type{}, record);
       } else if (taken > 0) {
         break;
       }
       if (linear >= tile_end) break;
       Tile tile;
-      if (!decode_tile(linear, tile)) continue;
+      if constexpr (kPersistentArg) {
+        tile = record.tile(attention.window_left, attention.window_right);  // decoded by the scheduler lane
+      } else if (!decode_tile(linear, tile)) {
+        continue;
+      }
       const std::int32_t batch_coordinate = is_varlen ? 0 : static_cast<std::int32_t>(tile.batch);
       // The tile's Q buffer released after its previous use (persistent launches): by
       // every consumer warp, or with two buffers by the storer once the O staged there
@@ -884,13 +906,15 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
     // num_tiles in 32 bits from two launch parameters: kept in registers across the loop
     // (or spilled), the 64-bit num_tiles cost the consumers a reload per tile (ptxas).
     const std::int32_t tile_end = params.tile_order.num_m_blocks * params.tile_order.num_heads_batches;
-    // The CTA's next tile with rows, into `tile`; false once none is left.
+    // The CTA's next tile (the scheduler lane put only tiles with rows, decoded: TileRecord),
+    // into `tile`; false once none is left.
     auto take_next_tile = [&]() {
-      for (;;) {
-        const std::int32_t linear = distribution.take(taken++, Distribution::kFirstConsumerReader + consumer, std::false_type{});
-        if (linear >= tile_end) return false;
-        if (decode_tile(linear, tile)) return true;
-      }
+      TileRecord record;
+      const std::int32_t linear =
+          distribution.take(taken++, Distribution::kFirstConsumerReader + consumer, std::false_type{}, record);
+      if (linear >= tile_end) return false;
+      tile = record.tile(attention.window_left, attention.window_right);
+      return true;
     };
     for (bool has_tile = take_next_tile(); has_tile; has_tile = take_next_tile()) {
       consume_tile();
