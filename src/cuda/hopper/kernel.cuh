@@ -221,15 +221,25 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
     tile.seqlen_k = attention.seqlen_k_of(tile.batch);
     tile.row_end = tile.m0 + kBlockM < tile.seqlen_q ? tile.m0 + kBlockM : tile.seqlen_q;
     tile.mask = attention.mask_of(tile.batch);
+    // Block indices in unsigned 32 bits: every column bound here lies in [0, seqlen_k] and
+    // keys are below 2^31 - 256 (the launch's tensor-map check), so the quotients are the
+    // 64-bit ones. 64-bit divisions by a block_n that is not a power of two (d256: 80)
+    // cost the 24-register producer lanes, which decode, spills (ptxas -v).
+    const auto block_of = [](std::int64_t column) { return static_cast<std::uint32_t>(column) / kBlockN; };
+    const auto blocks_below = [](std::int64_t column) {
+      return (static_cast<std::uint32_t>(column) + kBlockN - 1) / kBlockN;
+    };
     const MaskRule::ColumnRange columns = tile.mask.columns_of_rows(tile.m0, tile.row_end);
-    tile.n_block_end = (columns.end + kBlockN - 1) / kBlockN;
-    tile.num_n_blocks =
-        columns.end > columns.begin ? static_cast<int>(tile.n_block_end - columns.begin / kBlockN) : 0;
-    // Visit index i is block n_block_end - 1 - i: the full blocks [begin, end) are the
-    // indices [n_block_end - end, n_block_end - begin).
-    const BlockRange full = tile.mask.full_key_blocks(tile.m0, tile.row_end, kBlockN);
-    tile.masked_leading_blocks = static_cast<int>(tile.n_block_end - full.end);
-    tile.full_blocks = static_cast<int>(full.end - full.begin);
+    tile.n_block_end = blocks_below(columns.end);
+    tile.num_n_blocks = columns.end > columns.begin ? static_cast<int>(tile.n_block_end - block_of(columns.begin)) : 0;
+    // MaskRule::full_key_blocks (the whole blocks inside columns_of_all_rows; the tile has
+    // rows) in those 32 bits. Visit index i is block n_block_end - 1 - i: the full blocks
+    // [begin, end) are the indices [n_block_end - end, n_block_end - begin).
+    const MaskRule::ColumnRange all_rows = tile.mask.columns_of_all_rows(tile.m0, tile.row_end);
+    const std::uint32_t full_begin = blocks_below(all_rows.begin);
+    const std::uint32_t full_end = block_of(all_rows.end) > full_begin ? block_of(all_rows.end) : full_begin;
+    tile.masked_leading_blocks = static_cast<int>(tile.n_block_end - full_end);
+    tile.full_blocks = static_cast<int>(full_end - full_begin);
     tile.key_list = -1;
     if (kHasDeviceMask && key_lists.present()) {
       // The list was built for (block_m, block_n) (launch_forward_sm90 checks) with the
