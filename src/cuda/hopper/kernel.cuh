@@ -655,6 +655,15 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
       for (int i = 0; i < 4 * kMaskStepTiles; ++i) s[4 * (kNTiles - kMaskStepTiles) + i] = step_s[i];
     }
   };
+  // The interval range's element mask of a partial block (softmax_block): one word of
+  // allowed elements per row and block (fragment::apply_row_key_intervals: ~1.2
+  // instructions an element, ~25 a row), where the per-element form tested each element
+  // against the row's bounds clamped to the block in 64 bits (~5 an element; the d64 1k
+  // causal diagonal block was 9.7% of the consumers' samples, hopper/TUNING.md "Where the
+  // consumers wait"). Not in the one-tile d128 kernel without dropout (masked problems
+  // past 2k, mask lists): there every cheaper form tried spilled 48/48 bytes, loaded in
+  // the key loop (ptxas -v); it keeps the per-element form.
+  constexpr bool kMasksByRowWords = !(kHeadDim == 128 && !kPersistentArg && !kHasDropout);
   // Score rule, element mask, online softmax of `block` (S complete in registers):
   // S becomes P (fp32) and row_factor the rescale O still needs. After the score rule
   // an element's log2 score is score_scale * s + score_offset[half]: on the fast path
@@ -691,18 +700,34 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
     } else if (block.is_partial) {
       // Interval range: the element mask only where the block crosses a mask edge or
       // the end of the keys (key_block's per-tile range, MaskRule::full_key_blocks).
+      if constexpr (kMasksByRowWords) {
+        // Per row its allowed keys as a RowKeyInterval (col_begin, col_end: in [0,
+        // seqlen_k], below 2^31), a word of allowed elements made once per row and block,
+        // then one bit test and select per element (fragment::apply_row_key_intervals,
+        // the mask lists' row-interval pass; no test for a bound that cannot mask).
+        fragment::RowKeyInterval rows[2];
 #pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const std::int64_t row = tile.m0 + thread_row0 + 8 * half;
-        const int begin = static_cast<int>(MaskRule::clamp(tile.mask.col_begin(row) - n0, 0, kBlockN));
-        const int end = static_cast<int>(MaskRule::clamp(tile.mask.col_end(row) - n0, 0, kBlockN));
+        for (int half = 0; half < 2; ++half) {
+          const std::int64_t row = tile.m0 + thread_row0 + 8 * half;
+          rows[half] = {static_cast<std::int32_t>(tile.mask.col_begin(row)),
+                        static_cast<std::int32_t>(tile.mask.col_end(row))};
+        }
+        fragment::apply_row_key_intervals<kNTiles>(s, rows, static_cast<std::int32_t>(n0),
+                                                   online_softmax::negative_infinity<float>());
+      } else {
 #pragma unroll
-        for (int j = 0; j < kBlockN / 8; ++j)
+        for (int half = 0; half < 2; ++half) {
+          const std::int64_t row = tile.m0 + thread_row0 + 8 * half;
+          const int begin = static_cast<int>(MaskRule::clamp(tile.mask.col_begin(row) - n0, 0, kBlockN));
+          const int end = static_cast<int>(MaskRule::clamp(tile.mask.col_end(row) - n0, 0, kBlockN));
 #pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const int col = j * 8 + 2 * quad_lane + e;
-            if (col < begin || col >= end) s[4 * j + 2 * half + e] = online_softmax::negative_infinity<float>();
-          }
+          for (int j = 0; j < kBlockN / 8; ++j)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              const int col = j * 8 + 2 * quad_lane + e;
+              if (col < begin || col >= end) s[4 * j + 2 * half + e] = online_softmax::negative_infinity<float>();
+            }
+        }
       }
     }
     // Per row: raise the max, exponentiate in place, add to the running sum.
