@@ -58,9 +58,11 @@
 //                            the next tile of the flat order (per (batch, head) its last,
 //                            heaviest query tiles first) taken with one atomic when the
 //                            CTA starts a tile — the hardware's block scheduling without
-//                            the per-tile prologue and epilogue. The producer
-//                            takes the tile and hands its index to the consumers through
-//                            a two-slot queue in shared memory (tile_full / tile_empty).
+//                            the per-tile prologue and epilogue. A producer lane
+//                            takes the tile, decodes it once and hands it (its number
+//                            and TileRecord) to the loader, the storer and the
+//                            consumers through a two-slot queue in shared memory
+//                            (tile_full / tile_empty).
 //   tile overlap             (persistent kernels, FLASHATTN_CUDA_HOPPER_EPILOGUE=tma_overlap,
 //                            launch.hpp; off by default until timed) tiles run back to
 //                            back across their boundary, as FA3's: with two Q buffers
@@ -201,7 +203,9 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
   constexpr bool kHasDeviceMask = kConfig.has_mask_lists();
   const TileLists& key_lists = attention.device_mask.by_query_tile;
   // A tile number to its tile (Tile, tile_scheduler.cuh); false for a tile past its
-  // (varlen) sequence's end: it has no rows, every role skips it. A lambda of the kernel,
+  // (varlen) sequence's end: it has no rows and is skipped. Persistent kernels: called by
+  // the scheduler lane only, once per tile (the others read its TileRecord); one-tile
+  // kernels: by every role. A lambda of the kernel,
   // not a method of a tile_scheduler.cuh type: moved there (same body, called the same
   // way) it moved the persistent kernels' code (PTX: the tile order's arithmetic split
   // across its branches; SASS of bf16 d128 +8 instructions, spills 28/36 -> 24/32 bytes),
@@ -462,7 +466,8 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
       // every consumer warp, or with two buffers by the storer once the O staged there
       // (tile_count - 2) is stored. The header tells the storer where this tile's O goes
       // (written before Q is loaded, read after the consumers' o_full: ordered through them;
-      // with the named marks the storer decodes it instead, the header goes unread).
+      // with the named marks the storer makes it from the tile's record instead, the
+      // header goes unread).
       const int q_buffer = q_buffer_of(tile_count);
       const int q_use = q_use_of(tile_count);
       if (q_use > 0) ptx::mbarrier_wait(&q_empty[q_buffer], (q_use - 1) & 1);

@@ -12,10 +12,11 @@
 //                            further (tiles of equal work) or the next value of a global
 //                            counter (unequal work: causal, local, varlen); the launch
 //                            picks one through maybe_tile_counter (PersistentScheduler);
-//   TileDistribution         the queue's readers: the scheduler lane runs the scheduler
-//                            and hands each tile number through the shared-memory queue
-//                            (tile_queue.cuh) to the loader, the storer and the consumer
-//                            warpgroups, which take them in turn.
+//   TileDistribution         the queue's readers: the scheduler lane runs the scheduler,
+//                            decodes each tile once (TileRecord) and hands its number and
+//                            record through the shared-memory queue (tile_queue.cuh) to
+//                            the loader, the storer and the consumer warpgroups, which
+//                            take them in turn.
 // Every scheduler answers initial_tile(), next_tile(linear) and is_valid(linear): a new
 // one (FA3's longest-first or varlen schedulers) changes the scheduler lane's
 // `using Scheduler` in kernel.cuh, not the loader, the consumers or the epilogue.
