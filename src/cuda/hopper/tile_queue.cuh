@@ -29,6 +29,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 #include <cuda/ptx>
 
 #include "src/cuda/ptx/arch.cuh"
@@ -39,8 +40,14 @@ namespace flashattn::cuda::hopper {
 
 // Record: what travels with each tile number (the forward's TileRecord, the decoded
 // tile), written before the slot's full barrier completes and read before its empty one.
-template <class Record>
+// NoTileRecord: the tile number alone (the backward, whose loads thread walks the tile's
+// steps itself and hands them on through TileLoads); `records` stays null then.
+struct NoTileRecord {};
+
+template <class Record = NoTileRecord>
 struct TileQueue {
+  static constexpr bool kHasRecord = !std::is_same_v<Record, NoTileRecord>;
+
   std::uint64_t* full;   // [2]: the slot holds the CTA's next tile number
   std::uint64_t* empty;  // [2]: every reading warp has read it
   std::int32_t* slots;   // [2]
@@ -53,9 +60,9 @@ struct TileQueue {
   }
   // Tile number `taken` is `linear`, with its record (unset past the last tile; the
   // scheduler lane, after wait_free(taken)). The arrival releases both stores.
-  __device__ __forceinline__ void put(int taken, std::int32_t linear, const Record& record) const {
+  __device__ __forceinline__ void put(int taken, std::int32_t linear, const Record& record = {}) const {
 #if FLASHATTN_SM90_DEVICE_CODE
-    records[taken & 1] = record;
+    if constexpr (kHasRecord) records[taken & 1] = record;
     slots[taken & 1] = linear;
     ::cuda::ptx::mbarrier_arrive(&full[taken & 1]);
 #endif
@@ -69,7 +76,7 @@ struct TileQueue {
 #if FLASHATTN_SM90_DEVICE_CODE
     ptx::mbarrier_wait(&full[taken & 1], (taken >> 1) & 1);
     linear = slots[taken & 1];
-    record = records[taken & 1];
+    if constexpr (kHasRecord) record = records[taken & 1];
     __syncwarp(warp_mask);
     if (threadIdx.x % 32 == 0) ::cuda::ptx::mbarrier_arrive(&empty[taken & 1]);
 #endif

@@ -349,7 +349,7 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
   // The CTA's tiles, from the scheduler lane to the loads thread and the consumer warps.
   std::uint64_t* queue_barriers =
       reinterpret_cast<std::uint64_t*>(shared_base + kConfig.barrier_offset() + kTileQueueOffset);
-  const hopper::TileQueue tile_queue{queue_barriers, queue_barriers + 2,
+  const hopper::TileQueue<> tile_queue{queue_barriers, queue_barriers + 2,
                                      reinterpret_cast<std::int32_t*>(queue_barriers + 4)};
   constexpr int kTileReaders = 1 + kConsumerThreads;  // the loads thread, every consumer thread
   auto* tile_loads = reinterpret_cast<TileLoads*>(shared_base + kConfig.barrier_offset() + kTileLoadsOffset);
