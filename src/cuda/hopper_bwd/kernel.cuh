@@ -1257,11 +1257,12 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
     };
     // Through shared memory (see kTmaEpilogue): the tile's last stage, not yet released.
     const bool is_tile_staged = kTmaEpilogue && params.is_epilogue_tma && steps > 0;
-    // A varlen band that passes its sequence's end keeps the register stores: the box would
-    // write into the next sequence (a dense tensor's map clips rows past seqlen_k). A band
-    // wholly past the keys has nothing to store.
-    const bool is_band_staged = is_tile_staged && kv_rows > consumer * kKeysPerConsumer &&
-                                (!attention.is_varlen() || kv_rows >= (consumer + 1) * kKeysPerConsumer);
+    // A varlen tile that passes its sequence's end keeps the register stores: a box would
+    // write into the next sequence (a dense tensor's map clips rows past seqlen_k). Decided
+    // per tile, not per consumer: a branch around stmatrix on `consumer`, which ptxas does not
+    // see as warp-uniform at d64 (kUniformConsumer), spilled the tile loop (bf16 d64
+    // overlapped 0/0 -> 184/304 bytes; with `consumer` broadcast by a shuffle 12/28).
+    const bool is_band_staged = is_tile_staged && (!attention.is_varlen() || kv_rows == kBlockN);
     const int last_stage = (ring_base - 1) % kStages;
     constexpr int kDkTileRows = kBlockM;  // a Q tile
     constexpr int kDvTileRows = kEpilogueInStage ? kBlockM : kBlockN;
@@ -1301,27 +1302,30 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
     }
     if (is_tile_staged) {
       ptx::named_barrier_sync(NamedBarrier::kEpilogueStagedFirst, 128, consumer);
-      // The storing thread is the consumer's first; its warp's test warp-uniform (a barrier
-      // under a branch on threadIdx.x made ptxas take the whole tile loop as divergent and
-      // spill it: bf16 d128 overlapped 20/24 -> 444/548 bytes).
-      if (warp_of_consumer() == 0) {
-        if (lane == 0) {
-          if (is_band_staged) {
-            const auto row = static_cast<std::int32_t>(attention.k_start(batch) + n0) + consumer * kKeysPerConsumer;
-            const std::int32_t batch_coordinate = attention.is_varlen() ? 0 : static_cast<std::int32_t>(batch);
-            store_panels<kPanels, kDkTileRows>(reinterpret_cast<const T*>(shared_base + dk_band_offset), &params.dk_map,
-                                               row, static_cast<std::int32_t>(head_kv), batch_coordinate, kHeadDim);
-            store_panels<kPanels, kDvTileRows>(reinterpret_cast<const T*>(shared_base + dv_band_offset), &params.dv_map,
-                                               row, static_cast<std::int32_t>(head_kv), batch_coordinate, kHeadDim);
-            ptx::bulk_commit_group();
-            ptx::bulk_wait_group_read<0>();
-          }
-          // The stage for the next tile's loads: this consumer's four warp arrivals.
-          ::cuda::ptx::mbarrier_arrive(&empty[last_stage], kConsumerWarps / kConsumerWarpgroups);
+      // The storing thread: the consumer's first.
+      if (thread_in_warpgroup == 0) {
+        if (is_band_staged) {
+          const auto row = static_cast<std::int32_t>(attention.k_start(batch) + n0) + consumer * kKeysPerConsumer;
+          const std::int32_t batch_coordinate = attention.is_varlen() ? 0 : static_cast<std::int32_t>(batch);
+          store_panels<kPanels, kDkTileRows>(reinterpret_cast<const T*>(shared_base + dk_band_offset), &params.dk_map,
+                                             row, static_cast<std::int32_t>(head_kv), batch_coordinate, kHeadDim);
+          store_panels<kPanels, kDvTileRows>(reinterpret_cast<const T*>(shared_base + dv_band_offset), &params.dv_map,
+                                             row, static_cast<std::int32_t>(head_kv), batch_coordinate, kHeadDim);
+          ptx::bulk_commit_group();
+          ptx::bulk_wait_group_read<0>();
         }
-        // The staged dV read: the other warps may write dS^T rows again (next tile's first step).
-        __syncwarp();
-        if constexpr (kEpilogueUsesDs) ptx::named_barrier_arrive(NamedBarrier::kEpilogueReadFirst, 128, consumer);
+        // The stage for the next tile's loads: this consumer's four warp arrivals.
+        ::cuda::ptx::mbarrier_arrive(&empty[last_stage], kConsumerWarps / kConsumerWarpgroups);
+      }
+      if constexpr (kEpilogueUsesDs) {
+        // The staged dV read: the other warps may write dS^T rows again (next tile's first
+        // step). The warp's test warp-uniform: a named barrier under a branch on threadIdx.x
+        // made ptxas take the whole tile loop as divergent (bf16 d128 overlapped spills
+        // 20/24 -> 444/548 bytes).
+        if (warp_of_consumer() == 0) {
+          __syncwarp();
+          ptx::named_barrier_arrive(NamedBarrier::kEpilogueReadFirst, 128, consumer);
+        }
       }
     }
   }
