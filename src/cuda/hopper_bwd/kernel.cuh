@@ -763,6 +763,13 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
     int previous_stage = 0;
 
     if (steps > 0) ptx::mbarrier_wait(kv_full, kv_loads & 1);
+    // The TMA epilogue at block_m 64 staged the previous tile's dV in this consumer's rows of
+    // the dS^T buffers, which the first step rewrites: its storing warp arrives once its
+    // stores have read them (that warp is needed for the first products anyway).
+    if constexpr (kTmaEpilogue && kEpilogueUsesDs) {
+      if (steps > 0 && ring_base > 0 && params.is_epilogue_tma && warp_of_consumer() != 0)
+        ptx::named_barrier_sync(NamedBarrier::kEpilogueReadFirst, 128, consumer);
+    }
     for (int step = 0; step < steps; ++step) {
       const int ring = ring_base + step;
       const int stage = ring % kStages;
@@ -1045,12 +1052,6 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
       // follows the previous tile's last, as within a tile).
       const int ds_buffer = kOverlapped ? ring % 2 : 0;
       unsigned char* step_ds = shared_ds + ds_buffer * kConfig.ds_bytes();
-      // The TMA epilogue at block_m 64 staged the previous tile's dV in this consumer's rows of
-      // the dS^T buffers: the storing warp arrives once its stores have read them.
-      if constexpr (kTmaEpilogue && kEpilogueUsesDs) {
-        if (step == 0 && ring_base > 0 && params.is_epilogue_tma && warp_of_consumer() != 0)
-          ptx::named_barrier_sync(NamedBarrier::kEpilogueReadFirst, 128, consumer);
-      }
 #pragma unroll
       for (int kq = 0; kq < kBlockM / 16; ++kq)
 #pragma unroll
