@@ -1200,11 +1200,10 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
         if constexpr (!kDeferDk) {
           ptx::wgmma_wait_group<0>();  // dK: Q and dO of the stage are no longer read
           ptx::fence_operands(dk);
-          // Q, dO, LSE, D of this stage are no longer read by this warp (the TMA epilogue
-          // stages dK/dV in the tile's last one and releases it after the stores).
+          // Q, dO, LSE, D of this stage are no longer read by this warp (the tile's last
+          // stage is released after the loop: the TMA epilogue stages dK/dV in it).
           __syncwarp();
-          if (lane == 0 && !(kTmaEpilogue && params.is_epilogue_tma && step == steps - 1))
-            ::cuda::ptx::mbarrier_arrive(&empty[stage]);
+          if (lane == 0 && step != steps - 1) ::cuda::ptx::mbarrier_arrive(&empty[stage]);
         } else {
 #pragma unroll
           for (int kq = 0; kq < kBlockM / 16; ++kq)
@@ -1226,10 +1225,7 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
         ptx::wgmma_commit_group();
         ptx::wgmma_wait_group<0>();
         ptx::fence_operands(dk);
-        // Its stage is free (the ring runs on into the next tile), unless the TMA epilogue
-        // stages dK/dV there (released after the stores).
-        __syncwarp();
-        if (lane == 0 && !(kTmaEpilogue && params.is_epilogue_tma)) ::cuda::ptx::mbarrier_arrive(&empty[previous_stage]);
+        // Its stage is released after the loop (the TMA epilogue stages dK/dV in it).
       }
     }
     ring_base += steps;
@@ -1274,6 +1270,14 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
     const int dv_band_offset =
         kEpilogueInStage ? kConfig.do_offset() + last_stage * kQBytes + consumer * kKeysPerConsumer * kSwizzleRowBytes
                          : kConfig.ds_offset() + consumer * kKeysPerConsumer * kSwizzleRowBytes;
+    if constexpr (kOverlapped) {
+      // The tile's last stage, free unless dK/dV are staged in it (the ring runs on into the
+      // next tile; the storing thread releases it then).
+      if (steps > 0 && !is_tile_staged) {
+        __syncwarp();
+        if (lane == 0) ::cuda::ptx::mbarrier_arrive(&empty[last_stage]);
+      }
+    }
     // Both consumers' last products are complete (wgmma_wait<0> above): nobody reads the
     // stage's Q and dO or the dS^T buffers any more.
     if (is_tile_staged) ptx::named_barrier_sync(NamedBarrier::kEpilogueStageFree, kConsumerThreads);
