@@ -118,6 +118,7 @@ TEST_F(CudaBackwardHopper, ScheduleFollowsTheEnvironment) {
   EXPECT_EQ(cuda::hopper_bwd::backward_schedule(), expected);
   EXPECT_EQ(cuda::hopper_bwd::is_l2_section_order_requested(),
             is_set_to("FLASHATTN_CUDA_HOPPER_BWD_ORDER", "l2_sections"));
+  EXPECT_EQ(cuda::hopper_bwd::is_epilogue_tma_requested(), is_set_to("FLASHATTN_CUDA_HOPPER_BWD_EPILOGUE", "tma"));
   int sms = 0;
   if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0) != cudaSuccess) GTEST_SKIP() << "no SM count";
   const cuda::hopper_bwd::BackwardGrid grid = cuda::hopper_bwd::persistent_grid(0);
