@@ -39,7 +39,9 @@
 //   layout the dV/dK products take from registers (FA3's SdP_swapAB): no shared-memory
 //   round trip for P at all, and dS^T's round trip serves only the dQ product.
 //   dK (scaled by softmax_scale) and dV (dropout: scaled by 1 / (1 - p)) are stored
-//   from registers at the end.
+//   from registers at the end, or (FLASHATTN_CUDA_HOPPER_BWD_EPILOGUE=tma, overlapped and
+//   deferred_dk) staged in the tile's last stage (d128: and the dS^T buffers) and stored
+//   with TMA stores by each consumer's first thread (see kTmaEpilogue).
 //
 // The grid (HopperBackwardParams::grid_ctas, launch.hpp): one CTA per tile, or persistent
 // (FLASHATTN_CUDA_HOPPER_BWD_GRID=persistent or =dynamic: one CTA per SM). The static walk
