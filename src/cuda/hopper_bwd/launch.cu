@@ -73,13 +73,20 @@ bool is_dropout_draw_once_enabled() {
   return enabled;
 }
 
+namespace {
+std::atomic<int> epilogue_override{-1};  // override_epilogue_tma's choice; negative: none
+}  // namespace
+
 bool is_epilogue_tma_requested() {
   static const bool requested = [] {
     const char* value = std::getenv("FLASHATTN_CUDA_HOPPER_BWD_EPILOGUE");
     return value != nullptr && std::string(value) == "tma";
   }();
-  return requested;
+  const int overridden = epilogue_override.load(std::memory_order_relaxed);
+  return overridden >= 0 ? overridden != 0 : requested;
 }
+
+void override_epilogue_tma(int is_tma) { epilogue_override.store(is_tma, std::memory_order_relaxed); }
 
 bool are_mask_key_intervals_enabled() {
   static const bool enabled = [] {

@@ -89,6 +89,10 @@ bool is_dropout_draw_once_enabled();
 // buffers) and one thread per consumer stores them with TMA stores; =registers (the default,
 // unset or anything else) stores them from the accumulators. Read once per process.
 bool is_epilogue_tma_requested();
+// Tests and the timing tool (bench/gpu/kernels/hopper_bwd_timing.cu --epilogues) only: from
+// now on in this process is_epilogue_tma_requested returns is_tma (0 or 1) instead of the
+// environment's choice; a negative value restores it. Lets one process compare the two.
+void override_epilogue_tma(int is_tma);
 
 // kernel.cuh's grid on `device` (head dims 64, 128; the wide kernel keeps one CTA per
 // tile) as the override or the environment asks for it (backward_grid: the call's own).
