@@ -28,6 +28,12 @@
 //     FLASHATTN_CUDA_HOPPER_BWD_ORDER=flat), whatever FLASHATTN_CUDA_HOPPER_BWD_GRID says;
 //     the max_rel_diff columns compare each persistent grid's gradients with the per-tile
 //     grid's (deterministic: must be 0, bitwise equal).
+// flashattn_hopper_bwd_timing [repeats] --epilogues [--quick] [--deterministic]
+//     kernel.cuh's dK/dV epilogues side by side on the d64/d128 sweeps (the library's dispatch:
+//     its grid and the schedule FLASHATTN_CUDA_HOPPER_BWD_SCHEDULE selects): stores from
+//     registers and through shared memory with TMA stores (FLASHATTN_CUDA_HOPPER_BWD_EPILOGUE=
+//     tma), whatever the environment says; max_rel_diff compares the TMA one's gradients with
+//     the registers' (dK/dV bitwise equal; deterministic: all 0).
 // Anywhere after [repeats]: --dropout P (dropout probability P on every shape) and
 // --alibi (ALiBi, one slope per head); sm90_plain_ms is then the same shape without
 // them (same call, so their cost is sm90_ms / sm90_plain_ms), and the anchors run
@@ -411,6 +417,57 @@ void sweep_grids(int repeats, bool quick, const Variants& variants) {
     }
 }
 
+// Times kernel.cuh's dK/dV epilogues on one shape (the library's dispatch, grid and schedule).
+void compare_epilogues(const Shape& shape, int repeats, const Variants& variants) {
+  namespace hopper_bwd = flashattn::cuda::hopper_bwd;
+  Problem p(shape, variants);
+  const std::string reason = hopper_bwd::why_unsupported(flashattn::validate_backward(p.args));
+  if (!reason.empty()) {
+    std::printf("# %s n%lld: not on the Hopper kernel: %s\n", shape.sweep, static_cast<long long>(shape.seqlen),
+                reason.c_str());
+    return;
+  }
+  auto run_with = [&](int is_tma) {
+    hopper_bwd::override_epilogue_tma(is_tma);
+    flashattn::backward(p.args);
+  };
+  p.poison_gradients();
+  run_with(0);
+  check(cudaDeviceSynchronize(), "registers epilogue run");
+  const std::vector<float> reference = p.gradients();
+  p.poison_gradients();
+  run_with(1);
+  check(cudaDeviceSynchronize(), "TMA epilogue run");
+  const double difference = max_relative_difference(p.gradients(), reference);
+  const double registers_ms = median_ms([&] { run_with(0); }, repeats);
+  const double tma_ms = median_ms([&] { run_with(1); }, repeats);
+  hopper_bwd::override_epilogue_tma(-1);
+  const double flops = 2.5 * p.forward_flops();
+  auto tflops = [&](double ms) { return flops / (ms * 1e-3) / 1e12; };
+  std::printf("%s,%s,%lld,%lld,%lld,%lld,%d,%d,%.4f,%.1f,%.4f,%.1f,%.3f,%.3g\n", shape.sweep,
+              flashattn::dtype_name(shape.dtype), static_cast<long long>(shape.batch),
+              static_cast<long long>(shape.heads), static_cast<long long>(shape.seqlen),
+              static_cast<long long>(shape.head_dim), shape.causal ? 1 : 0, variants.deterministic ? 1 : 0,
+              registers_ms, tflops(registers_ms), tma_ms, tflops(tma_ms), registers_ms / tma_ms, difference);
+  std::fflush(stdout);
+}
+
+void sweep_epilogues(int repeats, bool quick, const Variants& variants) {
+  std::printf("sweep,dtype,batch,heads,seqlen,head_dim,causal,deterministic,registers_ms,registers_tflops,tma_ms,"
+              "tma_tflops,tma_speedup,max_rel_diff\n");
+  const std::vector<std::int64_t> seqlens =
+      quick ? std::vector<std::int64_t>{1024, 4096, 16384} : std::vector<std::int64_t>{512, 1024, 2048, 4096, 8192, 16384};
+  for (std::int64_t n : seqlens)
+    for (bool causal : {false, true}) {
+      if (n >= 1024)
+        compare_epilogues({"seed004_fp16_b4h48_d64", flashattn::DType::float16, 4, 48, n, 64, causal}, repeats,
+                          variants);
+      for (std::int64_t d : {64, 128})
+        compare_epilogues({"fa3_bf16_16k_tokens", flashattn::DType::bfloat16, 16384 / n, 2048 / d, n, d, causal},
+                          repeats, variants);
+    }
+}
+
 // Variant names: m<block_m>_n<block_n>_s<stages>.
 void sweep_variants(int repeats) {
   using flashattn::cuda::hopper_bwd::HopperBwdTileConfig;
@@ -449,6 +506,12 @@ int main(int argc, char** argv) {
     bool quick_grids = false;
     for (int i = 3; i < argc; ++i) quick_grids = quick_grids || std::string(argv[i]) == "--quick";
     sweep_grids(repeats, quick_grids, variants);
+    return 0;
+  }
+  if (argc > 2 && std::string(argv[2]) == "--epilogues") {
+    bool quick_epilogues = false;
+    for (int i = 3; i < argc; ++i) quick_epilogues = quick_epilogues || std::string(argv[i]) == "--quick";
+    sweep_epilogues(repeats, quick_epilogues, variants);
     return 0;
   }
   if (argc > 2 && std::string(argv[2]) == "--schedules") {
