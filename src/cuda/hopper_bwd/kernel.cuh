@@ -309,6 +309,12 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
   static_assert(static_cast<int>(NamedBarrier::kDqFullFirst) >=
                     static_cast<int>(NamedBarrier::kDqEmptyFirst) + kConsumerWarpgroups,
                 "one dQ handshake barrier of each kind per consumer");
+  static_assert(static_cast<int>(NamedBarrier::kDrawPairFirst) + 2 * kConsumerWarpgroups <=
+                        static_cast<int>(NamedBarrier::kEpilogueStageFree) &&
+                    static_cast<int>(NamedBarrier::kEpilogueStagedFirst) + kConsumerWarpgroups <=
+                        static_cast<int>(NamedBarrier::kEpilogueReadFirst) &&
+                    static_cast<int>(NamedBarrier::kEpilogueReadFirst) + kConsumerWarpgroups <= 16,
+                "the epilogue's named barriers: one of each kind per consumer, ids below 16");
   static_assert(128 * kConfig.producer_registers() + kConsumerThreads * kConfig.consumer_registers() <= 65536,
                 "register file: 64K 32-bit registers per SM");
   static_assert(kSchedulerStateOffset + static_cast<int>(sizeof(SchedulerState)) <= HopperBwdTileConfig::kBarrierBytes,
