@@ -97,6 +97,27 @@ foreach(dynamic_test test_cuda_backward_hopper test_cuda_masks_hopper_bwd)
                          "FLASHATTN_CUDA_HOPPER_BWD_GRID=dynamic;FLASHATTN_CUDA_HOPPER_BWD_GRID_CTAS=3;FLASHATTN_CUDA_HOPPER_BWD_SCHEDULE=${schedule}")
   endforeach()
 endforeach()
+# The dK/dV epilogue through shared memory and TMA stores (FLASHATTN_CUDA_HOPPER_BWD_EPILOGUE=tma,
+# hopper_bwd/kernel.cuh; the default stores them from registers): every Hopper backward case
+# again ("epilogue_tma." prefix), deferred_dk's ("epilogue_tma_deferred_dk."), and under grids
+# of 3 CTAs (many tiles per CTA: the staging stage and dS^T rows handed back between tiles) in
+# both schedules that have it. `ctest -R '^epilogue_tma'` runs them all.
+foreach(epilogue_test test_cuda_backward_hopper test_cuda_backward test_cuda_masks_hopper_bwd)
+  gtest_discover_tests(${epilogue_test} DISCOVERY_TIMEOUT 120 TEST_PREFIX "epilogue_tma."
+                       PROPERTIES ENVIRONMENT "FLASHATTN_CUDA_HOPPER_BWD_EPILOGUE=tma")
+endforeach()
+gtest_discover_tests(test_cuda_backward_hopper DISCOVERY_TIMEOUT 120 TEST_PREFIX "epilogue_tma_deferred_dk."
+                     PROPERTIES ENVIRONMENT "FLASHATTN_CUDA_HOPPER_BWD_EPILOGUE=tma;FLASHATTN_CUDA_HOPPER_BWD_SCHEDULE=deferred_dk")
+foreach(epilogue_test test_cuda_backward_hopper test_cuda_masks_hopper_bwd)
+  foreach(grid persistent dynamic)
+    foreach(schedule overlapped deferred_dk)
+      set(epilogue_name "epilogue_tma_${grid}_grid_3ctas.${schedule}.${epilogue_test}")
+      add_test(NAME ${epilogue_name} COMMAND ${epilogue_test})
+      set_tests_properties(${epilogue_name} PROPERTIES ENVIRONMENT
+                           "FLASHATTN_CUDA_HOPPER_BWD_EPILOGUE=tma;FLASHATTN_CUDA_HOPPER_BWD_GRID=${grid};FLASHATTN_CUDA_HOPPER_BWD_GRID_CTAS=3;FLASHATTN_CUDA_HOPPER_BWD_SCHEDULE=${schedule}")
+    endforeach()
+  endforeach()
+endforeach()
 # Dropout's draws made by each warp that uses them (FLASHATTN_CUDA_HOPPER_BWD_DROPOUT_DRAW=twice;
 # the default makes each once per step, hopper_bwd/kernel.cuh's draw exchange): the Hopper backward's
 # dropout cases in each schedule (the masks' backward suites: tests/cuda/CMakeLists.txt),

@@ -39,7 +39,9 @@
 //   layout the dV/dK products take from registers (FA3's SdP_swapAB): no shared-memory
 //   round trip for P at all, and dS^T's round trip serves only the dQ product.
 //   dK (scaled by softmax_scale) and dV (dropout: scaled by 1 / (1 - p)) are stored
-//   from registers at the end.
+//   from registers at the end, or (FLASHATTN_CUDA_HOPPER_BWD_EPILOGUE=tma, overlapped and
+//   deferred_dk) staged in the tile's last stage (d128: and the dS^T buffers) and stored
+//   with TMA stores by each consumer's first thread (see kTmaEpilogue).
 //
 // The grid (HopperBackwardParams::grid_ctas, launch.hpp): one CTA per tile, or persistent
 // (FLASHATTN_CUDA_HOPPER_BWD_GRID=persistent or =dynamic: one CTA per SM). The static walk
@@ -156,6 +158,7 @@
 #include "src/cuda/ptx/mbarrier.cuh"
 #include "src/cuda/ptx/named_barrier.cuh"
 #include "src/cuda/ptx/semaphore.cuh"
+#include "src/cuda/ptx/stmatrix.cuh"
 #include "src/cuda/ptx/warpgroup.cuh"
 #include "src/cuda/ptx/wgmma.cuh"
 
@@ -282,6 +285,20 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
   constexpr int kDqPanelBytes = kDqPanelRows * kDqPanelColumns * 4;
   constexpr int kDqHandshakeThreads = 128 + 32;
   constexpr ptx::MmaInput kInput = Numeric<T>::kMmaInput;
+  // The TMA epilogue (params.is_epilogue_tma; overlapped and deferred_dk): each consumer stages
+  // its dK and dV, (64 keys, kHeadDim) 16-bit each, as 64-column panels with the 128-byte
+  // swizzle, and its first thread stores them with TMA stores. Where: block_m 128 (d64) in the
+  // tile's last stage, dK in its Q tile and dV in its dO tile at rows 64 c (consumer c); block_m
+  // 64 (d128) a Q tile is one consumer's dK (consumer 0's the last stage's Q, consumer 1's its
+  // dO), and dV goes to the two dS^T buffers read as one (kBlockN, kHeadDim) tile, at the rows
+  // 64 c that consumer c writes dS^T to. The last stage is released after the stores read it.
+  constexpr bool kEpilogueInStage = kBlockM == kKeysPerConsumer * kConsumerWarpgroups;
+  constexpr bool kEpilogueUsesDs = !kEpilogueInStage;
+  constexpr int kOutputBandBytes = kKeysPerConsumer * kHeadDim * static_cast<int>(sizeof(T));
+  constexpr bool kTmaEpilogue =
+      kOverlapped && (kEpilogueInStage ? kQBytes == kConsumerWarpgroups * kOutputBandBytes
+                                       : kQBytes == kOutputBandBytes &&
+                                             kConfig.ds_buffers * kConfig.ds_bytes() == kBlockN * kHeadDim * static_cast<int>(sizeof(T)));
   static_assert(kBlockN == kConsumerWarpgroups * kKeysPerConsumer, "each consumer owns 64 keys");
   static_assert(kBlockM == 64 || kBlockM == 64 * kConsumerWarpgroups, "dQ: one m64 wgmma per consumer");
   static_assert(kBlockM <= bwd::kMaxBlockM, "LSE/D rows and dq_accum rows are padded for kMaxBlockM-row tiles");
@@ -295,6 +312,12 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
   static_assert(static_cast<int>(NamedBarrier::kDqFullFirst) >=
                     static_cast<int>(NamedBarrier::kDqEmptyFirst) + kConsumerWarpgroups,
                 "one dQ handshake barrier of each kind per consumer");
+  static_assert(static_cast<int>(NamedBarrier::kDrawPairFirst) + 2 * kConsumerWarpgroups <=
+                        static_cast<int>(NamedBarrier::kEpilogueStageFree) &&
+                    static_cast<int>(NamedBarrier::kEpilogueStagedFirst) + kConsumerWarpgroups <=
+                        static_cast<int>(NamedBarrier::kEpilogueReadFirst) &&
+                    static_cast<int>(NamedBarrier::kEpilogueReadFirst) + kConsumerWarpgroups <= 16,
+                "the epilogue's named barriers: one of each kind per consumer, ids below 16");
   static_assert(128 * kConfig.producer_registers() + kConsumerThreads * kConfig.consumer_registers() <= 65536,
                 "register file: 64K 32-bit registers per SM");
   static_assert(kSchedulerStateOffset + static_cast<int>(sizeof(SchedulerState)) <= HopperBwdTileConfig::kBarrierBytes,
@@ -643,6 +666,8 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
   const int consumer = warpgroup - 1;
   const int thread_in_warpgroup = threadIdx.x % 128;
   const int lane = threadIdx.x % 32;
+  // The warp within the consumer, warp-uniform to ptxas (for branches around named barriers).
+  const auto warp_of_consumer = [&]() { return __shfl_sync(0xffffffffu, thread_in_warpgroup / 32, 0); };
   const int group = lane / 4;      // accumulator row within an 8-row half
   const int quad_lane = lane % 4;  // accumulator column pair
   const int warp_row0 = (thread_in_warpgroup / 32) * 16 + group;  // + 8 * half: row within a warpgroup's 64
@@ -744,6 +769,13 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
     int previous_stage = 0;
 
     if (steps > 0) ptx::mbarrier_wait(kv_full, kv_loads & 1);
+    // The TMA epilogue at block_m 64 staged the previous tile's dV in this consumer's rows of
+    // the dS^T buffers, which the first step rewrites: its storing warp arrives once its
+    // stores have read them (that warp is needed for the first products anyway).
+    if constexpr (kTmaEpilogue && kEpilogueUsesDs) {
+      if (steps > 0 && ring_base > 0 && params.is_epilogue_tma && warp_of_consumer() != 0)
+        ptx::named_barrier_sync(NamedBarrier::kEpilogueReadFirst, 128, consumer);
+    }
     for (int step = 0; step < steps; ++step) {
       const int ring = ring_base + step;
       const int stage = ring % kStages;
@@ -1203,9 +1235,10 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
         if constexpr (!kDeferDk) {
           ptx::wgmma_wait_group<0>();  // dK: Q and dO of the stage are no longer read
           ptx::fence_operands(dk);
-          // Q, dO, LSE, D of this stage are no longer read by this warp.
+          // Q, dO, LSE, D of this stage are no longer read by this warp (the tile's last
+          // stage is released after the loop: the TMA epilogue stages dK/dV in it).
           __syncwarp();
-          if (lane == 0) ::cuda::ptx::mbarrier_arrive(&empty[stage]);
+          if (lane == 0 && step != steps - 1) ::cuda::ptx::mbarrier_arrive(&empty[stage]);
         } else {
 #pragma unroll
           for (int kq = 0; kq < kBlockM / 16; ++kq)
@@ -1227,33 +1260,121 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
         ptx::wgmma_commit_group();
         ptx::wgmma_wait_group<0>();
         ptx::fence_operands(dk);
-        // Its stage is free (the ring runs on into the next tile).
-        __syncwarp();
-        if (lane == 0) ::cuda::ptx::mbarrier_arrive(&empty[previous_stage]);
+        // Its stage is released after the loop (the TMA epilogue stages dK/dV in it).
       }
     }
     ring_base += steps;
     if (steps > 0) ++kv_loads;
 
-    // dK = scale * dS^T Q and dV (/ (1 - p) under dropout; 1 otherwise), straight from
-    // the accumulators: rows < kv_rows.
-    T* dk_out = static_cast<T*>(attention.dk) + attention.dk_offset(batch, head_kv) + n0 * attention.dk_row_stride;
-    T* dv_out = static_cast<T*>(attention.dv) + attention.dv_offset(batch, head_kv) + n0 * attention.dv_row_stride;
+    // dK = scale * dS^T Q and dV (/ (1 - p) under dropout; 1 otherwise).
     const float scale = attention.softmax_scale;
     const float dv_scale = attention.dropout_inverse_keep;
+    // Straight from the accumulators: rows < kv_rows.
+    auto store_from_registers = [&]() {
+      T* dk_out = static_cast<T*>(attention.dk) + attention.dk_offset(batch, head_kv) + n0 * attention.dk_row_stride;
+      T* dv_out = static_cast<T*>(attention.dv) + attention.dv_offset(batch, head_kv) + n0 * attention.dv_row_stride;
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int row = key_row0 + 8 * half;
-      if (row >= kv_rows) continue;
+      for (int half = 0; half < 2; ++half) {
+        const int row = key_row0 + 8 * half;
+        if (row >= kv_rows) continue;
 #pragma unroll
-      for (int j = 0; j < kHeadDim / 8; ++j) {
-        const int column = 8 * j + 2 * quad_lane;
-        *reinterpret_cast<std::uint32_t*>(dk_out + row * attention.dk_row_stride + column) =
-            pack_pair<T>(dk[4 * j + 2 * half] * scale, dk[4 * j + 2 * half + 1] * scale);
-        *reinterpret_cast<std::uint32_t*>(dv_out + row * attention.dv_row_stride + column) =
-            pack_pair<T>(dv[4 * j + 2 * half] * dv_scale, dv[4 * j + 2 * half + 1] * dv_scale);
+        for (int j = 0; j < kHeadDim / 8; ++j) {
+          const int column = 8 * j + 2 * quad_lane;
+          *reinterpret_cast<std::uint32_t*>(dk_out + row * attention.dk_row_stride + column) =
+              pack_pair<T>(dk[4 * j + 2 * half] * scale, dk[4 * j + 2 * half + 1] * scale);
+          *reinterpret_cast<std::uint32_t*>(dv_out + row * attention.dv_row_stride + column) =
+              pack_pair<T>(dv[4 * j + 2 * half] * dv_scale, dv[4 * j + 2 * half + 1] * dv_scale);
+        }
+      }
+    };
+    // Through shared memory (see kTmaEpilogue): the tile's last stage, not yet released.
+    const bool is_tile_staged = kTmaEpilogue && params.is_epilogue_tma && steps > 0;
+    // A varlen tile that passes its sequence's end keeps the register stores: a box would
+    // write into the next sequence (a dense tensor's map clips rows past seqlen_k). Decided
+    // per tile, not per consumer: a branch around stmatrix on `consumer`, which ptxas does not
+    // see as warp-uniform at d64 (kUniformConsumer), spilled the tile loop (bf16 d64
+    // overlapped 0/0 -> 184/304 bytes; with `consumer` broadcast by a shuffle 12/28).
+    const bool is_band_staged = is_tile_staged && (!attention.is_varlen() || kv_rows == kBlockN);
+    const int last_stage = (ring_base - 1) % kStages;
+    constexpr int kDkTileRows = kBlockM;  // a Q tile
+    constexpr int kDvTileRows = kEpilogueInStage ? kBlockM : kBlockN;
+    // Byte offsets of this consumer's dK and dV bands from the shared base.
+    const int dk_band_offset =
+        kEpilogueInStage ? kConfig.q_offset() + last_stage * kQBytes + consumer * kKeysPerConsumer * kSwizzleRowBytes
+                         : (consumer == 0 ? kConfig.q_offset() : kConfig.do_offset()) + last_stage * kQBytes;
+    const int dv_band_offset =
+        kEpilogueInStage ? kConfig.do_offset() + last_stage * kQBytes + consumer * kKeysPerConsumer * kSwizzleRowBytes
+                         : kConfig.ds_offset() + consumer * kKeysPerConsumer * kSwizzleRowBytes;
+    if constexpr (kOverlapped) {
+      // The tile's last stage, free unless dK/dV are staged in it (the ring runs on into the
+      // next tile; the storing thread releases it then).
+      if (steps > 0 && !is_tile_staged) {
+        __syncwarp();
+        if (lane == 0) ::cuda::ptx::mbarrier_arrive(&empty[last_stage]);
       }
     }
+    // Both consumers' last products are complete (wgmma_wait<0> above): nobody reads the
+    // stage's Q and dO or the dS^T buffers any more.
+    if (is_tile_staged) ptx::named_barrier_sync(NamedBarrier::kEpilogueStageFree, kConsumerThreads);
+    if (is_band_staged) {
+      // stmatrix x4 per two n8 column tiles, as the forward's epilogue (hopper/epilogue.cuh):
+      // matrices (tile j, rows 0-7 | 8-15 of the warp's 16), (tile j + 1, ...); lane 8 i + r
+      // gives row r of matrix i.
+      const int matrix = lane / 8;
+      const int band_row = (thread_in_warpgroup / 32) * 16 + 8 * (matrix % 2) + lane % 8;
+      const std::uint32_t base = address_of(shared_base);
+#pragma unroll
+      for (int j = 0; j < kHeadDim / 8; j += 2) {
+        ptx::stmatrix_x4(base + dk_band_offset + panels_chunk_offset<kDkTileRows>(band_row, j + matrix / 2),
+                         pack_pair<T>(dk[4 * j] * scale, dk[4 * j + 1] * scale),
+                         pack_pair<T>(dk[4 * j + 2] * scale, dk[4 * j + 3] * scale),
+                         pack_pair<T>(dk[4 * j + 4] * scale, dk[4 * j + 5] * scale),
+                         pack_pair<T>(dk[4 * j + 6] * scale, dk[4 * j + 7] * scale));
+        ptx::stmatrix_x4(base + dv_band_offset + panels_chunk_offset<kDvTileRows>(band_row, j + matrix / 2),
+                         pack_pair<T>(dv[4 * j] * dv_scale, dv[4 * j + 1] * dv_scale),
+                         pack_pair<T>(dv[4 * j + 2] * dv_scale, dv[4 * j + 3] * dv_scale),
+                         pack_pair<T>(dv[4 * j + 4] * dv_scale, dv[4 * j + 5] * dv_scale),
+                         pack_pair<T>(dv[4 * j + 6] * dv_scale, dv[4 * j + 7] * dv_scale));
+      }
+      ptx::fence_proxy_async_shared();  // the staged dK/dV visible to the TMA (async proxy)
+    } else {
+      store_from_registers();
+    }
+    if (is_tile_staged) {
+      ptx::named_barrier_sync(NamedBarrier::kEpilogueStagedFirst, 128, consumer);
+      // The storing thread: the consumer's first.
+      if (thread_in_warpgroup == 0) {
+        if (is_band_staged) {
+          const auto row = static_cast<std::int32_t>(attention.k_start(batch) + n0) + consumer * kKeysPerConsumer;
+          const std::int32_t batch_coordinate = attention.is_varlen() ? 0 : static_cast<std::int32_t>(batch);
+          store_panels<kPanels, kDkTileRows>(reinterpret_cast<const T*>(shared_base + dk_band_offset), &params.dk_map,
+                                             row, static_cast<std::int32_t>(head_kv), batch_coordinate, kHeadDim);
+          store_panels<kPanels, kDvTileRows>(reinterpret_cast<const T*>(shared_base + dv_band_offset), &params.dv_map,
+                                             row, static_cast<std::int32_t>(head_kv), batch_coordinate, kHeadDim);
+          ptx::bulk_commit_group();
+          ptx::bulk_wait_group_read<0>();
+        }
+        // The stage for the next tile's loads: this consumer's four warp arrivals.
+        ::cuda::ptx::mbarrier_arrive(&empty[last_stage], kConsumerWarps / kConsumerWarpgroups);
+      }
+      if constexpr (kEpilogueUsesDs) {
+        // The staged dV read: the other warps may write dS^T rows again (next tile's first
+        // step). The warp's test warp-uniform: a named barrier under a branch on threadIdx.x
+        // made ptxas take the whole tile loop as divergent (bf16 d128 overlapped spills
+        // 20/24 -> 444/548 bytes).
+        if (warp_of_consumer() == 0) {
+          __syncwarp();
+          ptx::named_barrier_arrive(NamedBarrier::kEpilogueReadFirst, 128, consumer);
+        }
+      }
+    }
+  }
+  if constexpr (kTmaEpilogue) {
+    // The last tile's pairing of kEpilogueReadFirst (see the dS^T stores), and its stores
+    // complete before the CTA's shared memory goes.
+    if (kEpilogueUsesDs && params.is_epilogue_tma && ring_base > 0 && warp_of_consumer() != 0)
+      ptx::named_barrier_sync(NamedBarrier::kEpilogueReadFirst, 128, consumer);
+    if (thread_in_warpgroup == 0) ptx::bulk_wait_group<0>();
   }
   if constexpr (kOverlapped) {
     // The end for the dQ writer: its last arrival on kDqEmpty (after the last step), then

@@ -88,6 +88,20 @@ std::atomic<int> dq_handoff_override{-1};
 }  // namespace
 
 void override_dq_handoff(int late) { dq_handoff_override.store(late, std::memory_order_relaxed); }
+namespace {
+std::atomic<int> epilogue_override{-1};  // override_epilogue_tma's choice; negative: none
+}  // namespace
+
+bool is_epilogue_tma_requested() {
+  static const bool requested = [] {
+    const char* value = std::getenv("FLASHATTN_CUDA_HOPPER_BWD_EPILOGUE");
+    return value != nullptr && std::string(value) == "tma";
+  }();
+  const int overridden = epilogue_override.load(std::memory_order_relaxed);
+  return overridden >= 0 ? overridden != 0 : requested;
+}
+
+void override_epilogue_tma(int is_tma) { epilogue_override.store(is_tma, std::memory_order_relaxed); }
 
 bool are_mask_key_intervals_enabled() {
   static const bool enabled = [] {
@@ -311,6 +325,31 @@ HopperBackwardParams make_backward_params(const BackwardParams& params, const bw
     hopper_params.dq_accum_map = hopper::make_panel_tensor_map(
         "dq_accum", workspace.dq_accum, DType::float32, params.head_dim, workspace.dq_head_stride, params.heads_q, 1,
         params.head_dim, workspace.dq_head_stride * params.head_dim, 0, kDqPanelRows, kDqPanelColumns * 4);
+  }
+  // The TMA epilogue (kernel.cuh): dk and dv as the kernel's 64-row bands (a consumer's keys).
+  // The lockstep schedule and strides the TMA cannot take keep the stores from registers.
+  const bool is_varlen = params.is_varlen();
+  const std::int64_t rows_k = is_varlen ? params.total_k : params.seqlen_k;
+  const std::int64_t batch = is_varlen ? 1 : params.batch;
+  using hopper::is_tma_encodable_stride;
+  const bool is_output_encodable =
+      is_tma_encodable_stride(params.dk_row_stride, rows_k) &&
+      is_tma_encodable_stride(params.dk_head_stride, params.heads_kv) &&
+      is_tma_encodable_stride(params.dk_batch_stride, batch) &&
+      is_tma_encodable_stride(params.dv_row_stride, rows_k) &&
+      is_tma_encodable_stride(params.dv_head_stride, params.heads_kv) &&
+      is_tma_encodable_stride(params.dv_batch_stride, batch) &&
+      reinterpret_cast<std::uintptr_t>(params.dk) % 16 == 0 && reinterpret_cast<std::uintptr_t>(params.dv) % 16 == 0;
+  if (is_epilogue_tma_requested() && schedule != BackwardSchedule::lockstep && rows_k > 0 && is_output_encodable) {
+    hopper_params.dk_map = hopper::make_panel_tensor_map("dk", params.dk, params.dtype, params.head_dim, rows_k,
+                                                         params.heads_kv, batch, params.dk_row_stride,
+                                                         params.dk_head_stride, params.dk_batch_stride,
+                                                         kKeysPerConsumer);
+    hopper_params.dv_map = hopper::make_panel_tensor_map("dv", params.dv, params.dtype, params.head_dim, rows_k,
+                                                         params.heads_kv, batch, params.dv_row_stride,
+                                                         params.dv_head_stride, params.dv_batch_stride,
+                                                         kKeysPerConsumer);
+    hopper_params.is_epilogue_tma = true;
   }
   return hopper_params;
 }
