@@ -37,27 +37,18 @@ gtest_discover_tests(test_cuda_backward_hopper DISCOVERY_TIMEOUT 120 TEST_PREFIX
 # The experimental deferred_dk schedule (d128, default mode; elsewhere it runs overlapped).
 gtest_discover_tests(test_cuda_backward_hopper DISCOVERY_TIMEOUT 120 TEST_PREFIX "deferred_dk."
                      PROPERTIES ENVIRONMENT "FLASHATTN_CUDA_HOPPER_BWD_SCHEDULE=deferred_dk")
-# The late dQ hand-off of the overlapped schedules (FLASHATTN_CUDA_HOPPER_BWD_DQ_HANDOFF=late,
-# hopper_bwd/kernel.cuh: a step's kDqFull arrival after the next step's S^T/dP^T issue; the
-# default hands off right after the dQ stores): every Hopper case in the overlapped and
-# deferred_dk schedules ("dq_handoff_late.", "dq_handoff_late_deferred_dk."), the device-mask
-# cases (listed steps, deterministic turns), and under the dynamic grid of 3 CTAs (many tiles
-# per CTA: nothing pending across tiles), one ctest test per binary and schedule.
-# `ctest -R '^dq_handoff_late'` runs them all.
-foreach(late_test test_cuda_backward_hopper test_cuda_masks_hopper_bwd)
-  gtest_discover_tests(${late_test} DISCOVERY_TIMEOUT 120 TEST_PREFIX "dq_handoff_late."
-                       PROPERTIES ENVIRONMENT "FLASHATTN_CUDA_HOPPER_BWD_DQ_HANDOFF=late")
+# The early dQ hand-off of the overlapped schedules (FLASHATTN_CUDA_HOPPER_BWD_DQ_HANDOFF=early,
+# hopper_bwd/kernel.cuh: a step's kDqFull arrival right after its dQ stores; the default, late,
+# arrives after the next step's S^T/dP^T issue): every Hopper case in the overlapped and
+# deferred_dk schedules ("dq_handoff_early.", "dq_handoff_early_deferred_dk.") and the
+# device-mask cases (listed steps, deterministic turns). The late one under many tiles per CTA
+# runs in the "*_grid_3ctas" copies below. `ctest -R '^dq_handoff_early'` runs them all.
+foreach(early_test test_cuda_backward_hopper test_cuda_masks_hopper_bwd)
+  gtest_discover_tests(${early_test} DISCOVERY_TIMEOUT 120 TEST_PREFIX "dq_handoff_early."
+                       PROPERTIES ENVIRONMENT "FLASHATTN_CUDA_HOPPER_BWD_DQ_HANDOFF=early")
 endforeach()
-gtest_discover_tests(test_cuda_backward_hopper DISCOVERY_TIMEOUT 120 TEST_PREFIX "dq_handoff_late_deferred_dk."
-                     PROPERTIES ENVIRONMENT "FLASHATTN_CUDA_HOPPER_BWD_DQ_HANDOFF=late;FLASHATTN_CUDA_HOPPER_BWD_SCHEDULE=deferred_dk")
-foreach(late_test test_cuda_backward_hopper test_cuda_masks_hopper_bwd)
-  foreach(schedule overlapped deferred_dk)
-    set(late_name "dq_handoff_late_3ctas.${schedule}.${late_test}")
-    add_test(NAME ${late_name} COMMAND ${late_test})
-    set_tests_properties(${late_name} PROPERTIES ENVIRONMENT
-                         "FLASHATTN_CUDA_HOPPER_BWD_DQ_HANDOFF=late;FLASHATTN_CUDA_HOPPER_BWD_GRID=dynamic;FLASHATTN_CUDA_HOPPER_BWD_GRID_CTAS=3;FLASHATTN_CUDA_HOPPER_BWD_SCHEDULE=${schedule}")
-  endforeach()
-endforeach()
+gtest_discover_tests(test_cuda_backward_hopper DISCOVERY_TIMEOUT 120 TEST_PREFIX "dq_handoff_early_deferred_dk."
+                     PROPERTIES ENVIRONMENT "FLASHATTN_CUDA_HOPPER_BWD_DQ_HANDOFF=early;FLASHATTN_CUDA_HOPPER_BWD_SCHEDULE=deferred_dk")
 # The backward cases with the separate preprocess/dQ-conversion passes ("separate_passes.",
 # FLASHATTN_CUDA_HOPPER_BWD_PASSES=separate: memsets, 2/4-byte-access kernels; the default
 # is the fused passes; the FA2-class cases of test_cuda_backward run them too).

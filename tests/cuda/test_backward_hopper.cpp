@@ -104,7 +104,7 @@ TEST_F(CudaBackwardHopper, DispatchPicksTheHopperKernelOnSm90) {
 // kernel.cuh's schedule, the CTA order and the grid follow FLASHATTN_CUDA_HOPPER_BWD_SCHEDULE,
 // FLASHATTN_CUDA_HOPPER_BWD_ORDER and FLASHATTN_CUDA_HOPPER_BWD_GRID(_CTAS) (ctest runs this
 // binary again as "lockstep.*", "deferred_dk.*", "l2_order.*", "persistent_grid*" and
-// "dq_handoff_late*" with some of them set: this pins that the cases there really run them).
+// "dq_handoff_early*" with some of them set: this pins that the cases there really run them).
 TEST_F(CudaBackwardHopper, ScheduleFollowsTheEnvironment) {
   auto is_set_to = [](const char* name, const std::string& expected) {
     const char* value = std::getenv(name);
@@ -118,8 +118,8 @@ TEST_F(CudaBackwardHopper, ScheduleFollowsTheEnvironment) {
   EXPECT_EQ(cuda::hopper_bwd::backward_schedule(), expected);
   EXPECT_EQ(cuda::hopper_bwd::is_l2_section_order_requested(),
             is_set_to("FLASHATTN_CUDA_HOPPER_BWD_ORDER", "l2_sections"));
-  // "dq_handoff_late*" (the late dQ hand-off of the overlapped schedules).
-  EXPECT_EQ(cuda::hopper_bwd::is_dq_handoff_late_enabled(), is_set_to("FLASHATTN_CUDA_HOPPER_BWD_DQ_HANDOFF", "late"));
+  // "dq_handoff_early*" (the early dQ hand-off of the overlapped schedules; late by default).
+  EXPECT_EQ(cuda::hopper_bwd::is_dq_handoff_late_enabled(), !is_set_to("FLASHATTN_CUDA_HOPPER_BWD_DQ_HANDOFF", "early"));
   EXPECT_EQ(cuda::hopper_bwd::is_epilogue_tma_requested(), is_set_to("FLASHATTN_CUDA_HOPPER_BWD_EPILOGUE", "tma"));
   int sms = 0;
   if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0) != cudaSuccess) GTEST_SKIP() << "no SM count";

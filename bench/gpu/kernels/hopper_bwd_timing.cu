@@ -31,9 +31,9 @@
 // flashattn_hopper_bwd_timing [repeats] --dq-handoff|--epilogues [--quick] [--deterministic]
 //     one of kernel.cuh's two-way switches off and on, side by side on the d64/d128 sweeps, in
 //     the schedule and grid the library picks (FLASHATTN_CUDA_HOPPER_BWD_SCHEDULE selects),
-//     whatever the environment says of the switch: --dq-handoff the dQ hand-off early / late
-//     (FLASHATTN_CUDA_HOPPER_BWD_DQ_HANDOFF=late), --epilogues the dK/dV stores from registers /
-//     through shared memory with TMA stores (FLASHATTN_CUDA_HOPPER_BWD_EPILOGUE=tma).
+//     whatever the environment says of the switch: --dq-handoff the dQ hand-off early
+//     (FLASHATTN_CUDA_HOPPER_BWD_DQ_HANDOFF=early) / late (the default), --epilogues the dK/dV
+//     stores from registers / through shared memory with TMA stores (=tma).
 //     max_rel_diff compares the "on" run's gradients with the "off" run's (dK/dV bitwise equal
 //     for both switches; deterministic: all 0).
 // Anywhere after [repeats]: --dropout P (dropout probability P on every shape) and

@@ -73,11 +73,11 @@ bool is_dropout_draw_once_enabled() {
   return enabled;
 }
 
-// The late dQ hand-off with FLASHATTN_CUDA_HOPPER_BWD_DQ_HANDOFF=late (read once).
+// The late dQ hand-off unless FLASHATTN_CUDA_HOPPER_BWD_DQ_HANDOFF=early (read once).
 bool is_dq_handoff_late_enabled() {
   static const bool enabled = [] {
     const char* value = std::getenv("FLASHATTN_CUDA_HOPPER_BWD_DQ_HANDOFF");
-    return value != nullptr && std::string(value) == "late";
+    return value == nullptr || std::string(value) != "early";
   }();
   return enabled;
 }

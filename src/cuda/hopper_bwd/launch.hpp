@@ -37,10 +37,10 @@ struct HopperBackwardParams {
   // Dropout: each Philox draw of a step made once, by one of the two warps that use it
   // (kernel.cuh's draw exchange; the default, FLASHATTN_CUDA_HOPPER_BWD_DROPOUT_DRAW=twice off).
   bool is_dropout_draw_once = false;
-  // The overlapped schedules' dQ hand-off (kernel.cuh): false (early, the default) fences the
-  // staged dQ part and arrives on kDqFull right after its stores; true (late,
-  // FLASHATTN_CUDA_HOPPER_BWD_DQ_HANDOFF=late) after the next step's S^T and dP^T issue (a
-  // tile's last step at once).
+  // The overlapped schedules' dQ hand-off (kernel.cuh): true (late, the default) fences the
+  // staged dQ part and arrives on kDqFull after the next step's S^T and dP^T issue (a tile's
+  // last step at once); false (early, FLASHATTN_CUDA_HOPPER_BWD_DQ_HANDOFF=early) right after
+  // its stores.
   bool is_dq_handoff_late = false;
   // The overlapped schedule's dQ reductions (kernel.cuh, not the wide kernel): fp32 map
   // (head_dim, dq rows of a head, heads_q, 1) over workspace.dq_accum, box (32 columns, 64
@@ -89,9 +89,9 @@ bool are_mask_key_intervals_enabled();
 // dropout-free backward unchanged. FLASHATTN_CUDA_HOPPER_BWD_DROPOUT_DRAW=twice: each of
 // the two warps that use a draw makes it.
 bool is_dropout_draw_once_enabled();
-// The late dQ hand-off (HopperBackwardParams::is_dq_handoff_late): FLASHATTN_CUDA_HOPPER_BWD_DQ_HANDOFF=
-// late; early (or unset) keeps the hand-off right after the dQ stores. Read once per process.
-// Not yet timed (TUNING.md, "The dQ hand-off and the step decode").
+// The late dQ hand-off (HopperBackwardParams::is_dq_handoff_late), the default:
+// FLASHATTN_CUDA_HOPPER_BWD_DQ_HANDOFF=early keeps the hand-off right after the dQ stores.
+// Read once per process. Timed +1..8% (H200, TUNING.md "The dQ hand-off and the step decode").
 bool is_dq_handoff_late_enabled();
 // Tests and the timing tool (bench/gpu/kernels/hopper_bwd_timing.cu --dq-handoff) only: from
 // now on in this process the params made take the late (late > 0) or the early (late == 0)
