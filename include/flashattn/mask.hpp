@@ -98,6 +98,20 @@ struct MaskRule {
     if (row_end <= row_begin) return true;
     return col_begin(row_end - 1) <= tile_col_begin && col_end(row_begin) >= tile_col_end;
   }
+  // Key blocks of size block_n that are fully allowed for every row of [row_begin, row_end):
+  // the blocks tile_fully_allowed accepts, as one range a kernel computes once per query
+  // tile (FA3's n_masking_steps), so that a block's "needs the element mask" test is an
+  // integer compare on its index. Contiguous: they lie inside columns_of_all_rows, which
+  // is clamped to seqlen_k, so a block past the end of the keys is never in it. The
+  // visited blocks (key_blocks) outside it are the partial ones. Empty for no rows.
+  FLASHATTN_HOST_DEVICE BlockRange full_key_blocks(std::int64_t row_begin, std::int64_t row_end,
+                                                   std::int64_t block_n) const {
+    if (row_end <= row_begin) return {0, 0};
+    const ColumnRange all = columns_of_all_rows(row_begin, row_end);
+    const std::int64_t begin = (all.begin + block_n - 1) / block_n;  // both bounds are >= 0
+    const std::int64_t end = all.end / block_n;
+    return {begin, end > begin ? end : begin};
+  }
   // Query rows that see at least one column of [tile_col_begin, tile_col_end): the
   // dual of columns_of_rows, used by the backward pass (K/V blocks outer).
   struct RowRange {
@@ -113,6 +127,37 @@ struct MaskRule {
     // col >= col_begin(row)  <=>  row <= col - offset + window_left
     std::int64_t end = seqlen_q;
     if (window_left >= 0) end = clamp(tile_col_end - 1 - offset + window_left + 1, 0, seqlen_q);
+    return {begin, end > begin ? end : begin};
+  }
+  // Query rows that see every column of [tile_col_begin, tile_col_end), for 0 <=
+  // tile_col_begin < tile_col_end: the dual of columns_of_all_rows (col_begin(row) <=
+  // tile_col_begin, col_end(row) >= tile_col_end; both bounds are monotone in the row, so
+  // the rows are one range). A column past seqlen_k is seen by no row.
+  FLASHATTN_HOST_DEVICE RowRange rows_of_all_columns(std::int64_t tile_col_begin, std::int64_t tile_col_end) const {
+    if (tile_col_end <= tile_col_begin || tile_col_end > seqlen_k) return {0, 0};
+    const std::int64_t offset = seqlen_k - seqlen_q;
+    // col_end(row) >= tile_col_end  <=>  row + offset + window_right + 1 >= tile_col_end
+    std::int64_t begin = 0;
+    if (window_right >= 0) begin = clamp(tile_col_end - offset - window_right - 1, 0, seqlen_q);
+    // col_begin(row) <= tile_col_begin  <=>  row + offset - window_left <= tile_col_begin
+    std::int64_t end = seqlen_q;
+    if (window_left >= 0) end = clamp(tile_col_begin - offset + window_left + 1, 0, seqlen_q);
+    return {begin, end > begin ? end : begin};
+  }
+  // Query blocks of size block_m (rows [m block_m, min((m + 1) block_m, seqlen_q)), never
+  // past seqlen_q) whose every row sees every column of [tile_col_begin, tile_col_end):
+  // the blocks tile_fully_allowed accepts for this key tile (with the key tile inside the
+  // keys), as one range the backward computes once per key tile, so that a query block's
+  // "needs the element mask" test is an integer compare on its index (the dual of
+  // full_key_blocks). Contiguous (rows_of_all_columns is one range); empty when the key
+  // tile reaches past seqlen_k. The visited blocks (query_blocks) outside it are partial.
+  FLASHATTN_HOST_DEVICE BlockRange full_query_blocks(std::int64_t tile_col_begin, std::int64_t tile_col_end,
+                                                     std::int64_t block_m) const {
+    const RowRange rows = rows_of_all_columns(tile_col_begin, tile_col_end);
+    if (rows.end <= rows.begin) return {0, 0};
+    const std::int64_t begin = (rows.begin + block_m - 1) / block_m;
+    // A block ends at min((m + 1) block_m, seqlen_q): the last (clipped) one fits when rows reach seqlen_q.
+    const std::int64_t end = rows.end == seqlen_q ? (seqlen_q + block_m - 1) / block_m : rows.end / block_m;
     return {begin, end > begin ? end : begin};
   }
 

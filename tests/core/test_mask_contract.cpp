@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "flashattn/block_mask.hpp"
@@ -38,6 +39,112 @@ TEST(MaskContract, IntervalModelAgreesWithAllowed) {
       }
     }
   }
+}
+
+// full_key_blocks is exactly the set of key blocks whose every element is allowed for
+// every row of the query range, element by element: causal, windows, seqlen_q != seqlen_k,
+// query ranges at any row offset (varlen sequences, clipped last tiles), the kernels'
+// block sizes and the key blocks past the end of the keys.
+TEST(MaskContract, FullKeyBlocksAgreeWithAllowed) {
+  std::vector<MaskRule> rules;
+  for (auto [sq, sk] : {std::pair<std::int64_t, std::int64_t>{200, 200}, {131, 517}, {517, 131}, {64, 384},
+                        {383, 1}, {1, 383}, {250, 250}}) {
+    for (auto [left, right] : {std::pair<std::int64_t, std::int64_t>{-1, -1}, {-1, 0}, {-1, 37}, {0, 0}, {100, 0},
+                               {64, 64}, {3, -1}, {200, 5}})
+      rules.push_back(MaskRule{sq, sk, left, right});
+  }
+  std::int64_t full_blocks_seen = 0;
+  std::int64_t partial_blocks_seen = 0;
+  for (const MaskRule& rule : rules) {
+    for (std::int64_t bn : {64, 128, 176, 192}) {
+      for (std::int64_t bm : {64, 128, 192}) {
+        for (std::int64_t offset : {0, 1, 29}) {  // the row where a tile grid starts
+          for (std::int64_t r0 = offset; r0 < rule.seqlen_q; r0 += bm) {
+            const std::int64_t r1 = std::min(rule.seqlen_q, r0 + bm);
+            const BlockRange full = rule.full_key_blocks(r0, r1, bn);
+            const BlockRange visited = rule.key_blocks(r0, r1, bn);
+            EXPECT_LE(full.begin, full.end);
+            if (!full.empty()) {
+              EXPECT_GE(full.begin, visited.begin);
+              EXPECT_LE(full.end, visited.end);
+            }
+            for (std::int64_t b = 0; b * bn < rule.seqlen_k + bn; ++b) {
+              const std::int64_t c0 = b * bn;
+              bool every_allowed = true;  // a column past seqlen_k is not allowed
+              for (std::int64_t i = r0; i < r1 && every_allowed; ++i)
+                for (std::int64_t j = c0; j < c0 + bn && every_allowed; ++j)
+                  every_allowed = j < rule.seqlen_k && rule.allowed(i, j);
+              const bool in_full = b >= full.begin && b < full.end;
+              EXPECT_EQ(in_full, every_allowed) << "rule " << rule.seqlen_q << "x" << rule.seqlen_k << " window ("
+                                                << rule.window_left << "," << rule.window_right << ") rows [" << r0
+                                                << "," << r1 << ") block " << b << " of " << bn;
+              // The kernels' former per-block test, for the visited blocks.
+              if (b >= visited.begin && b < visited.end)
+                EXPECT_EQ(in_full, c0 + bn <= rule.seqlen_k && rule.tile_fully_allowed(r0, r1, c0, c0 + bn));
+              full_blocks_seen += in_full;
+              partial_blocks_seen += !in_full && b >= visited.begin && b < visited.end;
+            }
+          }
+        }
+      }
+    }
+  }
+  EXPECT_GT(full_blocks_seen, 0);
+  EXPECT_GT(partial_blocks_seen, 0);
+  EXPECT_TRUE(MaskRule({10, 10, -1, 0}).full_key_blocks(5, 5, 64).empty());
+}
+
+// full_query_blocks (the backward's key-tile direction) is exactly the set of query blocks
+// whose every row sees every column of the key tile, element by element: causal, windows,
+// seqlen_q != seqlen_k, the clipped last query block, key tiles at any column offset and
+// past the end of the keys, the kernels' block sizes.
+TEST(MaskContract, FullQueryBlocksAgreeWithAllowed) {
+  std::vector<MaskRule> rules;
+  for (auto [sq, sk] : {std::pair<std::int64_t, std::int64_t>{200, 200}, {131, 517}, {517, 131}, {64, 384},
+                        {383, 1}, {1, 383}, {250, 250}}) {
+    for (auto [left, right] : {std::pair<std::int64_t, std::int64_t>{-1, -1}, {-1, 0}, {-1, 37}, {0, 0}, {100, 0},
+                               {64, 64}, {3, -1}, {200, 5}})
+      rules.push_back(MaskRule{sq, sk, left, right});
+  }
+  std::int64_t full_blocks_seen = 0;
+  std::int64_t partial_blocks_seen = 0;
+  for (const MaskRule& rule : rules) {
+    for (std::int64_t bn : {64, 128, 176}) {
+      for (std::int64_t bm : {64, 128, 192}) {
+        for (std::int64_t offset : {0, 1, 29}) {  // the column where a key tile grid starts
+          for (std::int64_t c0 = offset; c0 < rule.seqlen_k; c0 += bn) {
+            const std::int64_t c1 = c0 + bn;  // may reach past seqlen_k (the last key tile)
+            const BlockRange full = rule.full_query_blocks(c0, c1, bm);
+            const BlockRange visited = rule.query_blocks(c0, std::min(c1, rule.seqlen_k), bm);
+            EXPECT_LE(full.begin, full.end);
+            if (!full.empty()) {
+              EXPECT_GE(full.begin, visited.begin);
+              EXPECT_LE(full.end, visited.end);
+            }
+            for (std::int64_t m = 0; m * bm < rule.seqlen_q; ++m) {
+              const std::int64_t r0 = m * bm, r1 = std::min(rule.seqlen_q, r0 + bm);
+              bool every_allowed = true;  // a column past seqlen_k is not allowed
+              for (std::int64_t i = r0; i < r1 && every_allowed; ++i)
+                for (std::int64_t j = c0; j < c1 && every_allowed; ++j)
+                  every_allowed = j < rule.seqlen_k && rule.allowed(i, j);
+              const bool in_full = m >= full.begin && m < full.end;
+              EXPECT_EQ(in_full, every_allowed) << "rule " << rule.seqlen_q << "x" << rule.seqlen_k << " window ("
+                                                << rule.window_left << "," << rule.window_right << ") columns [" << c0
+                                                << "," << c1 << ") block " << m << " of " << bm;
+              // The backward's former per-step test (hopper_bwd/kernel.cuh), for the visited blocks.
+              if (m >= visited.begin && m < visited.end)
+                EXPECT_EQ(in_full, c1 <= rule.seqlen_k && rule.tile_fully_allowed(r0, r1, c0, c1));
+              full_blocks_seen += in_full;
+              partial_blocks_seen += !in_full && m >= visited.begin && m < visited.end;
+            }
+          }
+        }
+      }
+    }
+  }
+  EXPECT_GT(full_blocks_seen, 0);
+  EXPECT_GT(partial_blocks_seen, 0);
+  EXPECT_TRUE(MaskRule({10, 10, -1, 0}).full_query_blocks(5, 5, 64).empty());
 }
 
 // A BlockList never yields more entries than its capacity nor an index out of range.

@@ -37,6 +37,18 @@ gtest_discover_tests(test_cuda_backward_hopper DISCOVERY_TIMEOUT 120 TEST_PREFIX
 # The experimental deferred_dk schedule (d128, default mode; elsewhere it runs overlapped).
 gtest_discover_tests(test_cuda_backward_hopper DISCOVERY_TIMEOUT 120 TEST_PREFIX "deferred_dk."
                      PROPERTIES ENVIRONMENT "FLASHATTN_CUDA_HOPPER_BWD_SCHEDULE=deferred_dk")
+# The early dQ hand-off of the overlapped schedules (FLASHATTN_CUDA_HOPPER_BWD_DQ_HANDOFF=early,
+# hopper_bwd/kernel.cuh: a step's kDqFull arrival right after its dQ stores; the default, late,
+# arrives after the next step's S^T/dP^T issue): every Hopper case in the overlapped and
+# deferred_dk schedules ("dq_handoff_early.", "dq_handoff_early_deferred_dk.") and the
+# device-mask cases (listed steps, deterministic turns). The late one under many tiles per CTA
+# runs in the "*_grid_3ctas" copies below. `ctest -R '^dq_handoff_early'` runs them all.
+foreach(early_test test_cuda_backward_hopper test_cuda_masks_hopper_bwd)
+  gtest_discover_tests(${early_test} DISCOVERY_TIMEOUT 120 TEST_PREFIX "dq_handoff_early."
+                       PROPERTIES ENVIRONMENT "FLASHATTN_CUDA_HOPPER_BWD_DQ_HANDOFF=early")
+endforeach()
+gtest_discover_tests(test_cuda_backward_hopper DISCOVERY_TIMEOUT 120 TEST_PREFIX "dq_handoff_early_deferred_dk."
+                     PROPERTIES ENVIRONMENT "FLASHATTN_CUDA_HOPPER_BWD_DQ_HANDOFF=early;FLASHATTN_CUDA_HOPPER_BWD_SCHEDULE=deferred_dk")
 # The backward cases with the separate preprocess/dQ-conversion passes ("separate_passes.",
 # FLASHATTN_CUDA_HOPPER_BWD_PASSES=separate: memsets, 2/4-byte-access kernels; the default
 # is the fused passes; the FA2-class cases of test_cuda_backward run them too).
@@ -74,6 +86,27 @@ foreach(dynamic_test test_cuda_backward_hopper test_cuda_masks_hopper_bwd)
     add_test(NAME ${dynamic_name} COMMAND ${dynamic_test})
     set_tests_properties(${dynamic_name} PROPERTIES ENVIRONMENT
                          "FLASHATTN_CUDA_HOPPER_BWD_GRID=dynamic;FLASHATTN_CUDA_HOPPER_BWD_GRID_CTAS=3;FLASHATTN_CUDA_HOPPER_BWD_SCHEDULE=${schedule}")
+  endforeach()
+endforeach()
+# The dK/dV epilogue through shared memory and TMA stores (FLASHATTN_CUDA_HOPPER_BWD_EPILOGUE=tma,
+# hopper_bwd/kernel.cuh; the default stores them from registers): every Hopper backward case
+# again ("epilogue_tma." prefix), deferred_dk's ("epilogue_tma_deferred_dk."), and under grids
+# of 3 CTAs (many tiles per CTA: the staging stage and dS^T rows handed back between tiles) in
+# both schedules that have it. `ctest -R '^epilogue_tma'` runs them all.
+foreach(epilogue_test test_cuda_backward_hopper test_cuda_backward test_cuda_masks_hopper_bwd)
+  gtest_discover_tests(${epilogue_test} DISCOVERY_TIMEOUT 120 TEST_PREFIX "epilogue_tma."
+                       PROPERTIES ENVIRONMENT "FLASHATTN_CUDA_HOPPER_BWD_EPILOGUE=tma")
+endforeach()
+gtest_discover_tests(test_cuda_backward_hopper DISCOVERY_TIMEOUT 120 TEST_PREFIX "epilogue_tma_deferred_dk."
+                     PROPERTIES ENVIRONMENT "FLASHATTN_CUDA_HOPPER_BWD_EPILOGUE=tma;FLASHATTN_CUDA_HOPPER_BWD_SCHEDULE=deferred_dk")
+foreach(epilogue_test test_cuda_backward_hopper test_cuda_masks_hopper_bwd)
+  foreach(grid persistent dynamic)
+    foreach(schedule overlapped deferred_dk)
+      set(epilogue_name "epilogue_tma_${grid}_grid_3ctas.${schedule}.${epilogue_test}")
+      add_test(NAME ${epilogue_name} COMMAND ${epilogue_test})
+      set_tests_properties(${epilogue_name} PROPERTIES ENVIRONMENT
+                           "FLASHATTN_CUDA_HOPPER_BWD_EPILOGUE=tma;FLASHATTN_CUDA_HOPPER_BWD_GRID=${grid};FLASHATTN_CUDA_HOPPER_BWD_GRID_CTAS=3;FLASHATTN_CUDA_HOPPER_BWD_SCHEDULE=${schedule}")
+    endforeach()
   endforeach()
 endforeach()
 # Dropout's draws made by each warp that uses them (FLASHATTN_CUDA_HOPPER_BWD_DROPOUT_DRAW=twice;

@@ -103,8 +103,8 @@ TEST_F(CudaBackwardHopper, DispatchPicksTheHopperKernelOnSm90) {
 
 // kernel.cuh's schedule, the CTA order and the grid follow FLASHATTN_CUDA_HOPPER_BWD_SCHEDULE,
 // FLASHATTN_CUDA_HOPPER_BWD_ORDER and FLASHATTN_CUDA_HOPPER_BWD_GRID(_CTAS) (ctest runs this
-// binary again as "lockstep.*", "deferred_dk.*", "l2_order.*" and "persistent_grid*" with
-// some of them set: this pins that the cases there really run them).
+// binary again as "lockstep.*", "deferred_dk.*", "l2_order.*", "persistent_grid*" and
+// "dq_handoff_early*" with some of them set: this pins that the cases there really run them).
 TEST_F(CudaBackwardHopper, ScheduleFollowsTheEnvironment) {
   auto is_set_to = [](const char* name, const std::string& expected) {
     const char* value = std::getenv(name);
@@ -118,6 +118,9 @@ TEST_F(CudaBackwardHopper, ScheduleFollowsTheEnvironment) {
   EXPECT_EQ(cuda::hopper_bwd::backward_schedule(), expected);
   EXPECT_EQ(cuda::hopper_bwd::is_l2_section_order_requested(),
             is_set_to("FLASHATTN_CUDA_HOPPER_BWD_ORDER", "l2_sections"));
+  // "dq_handoff_early*" (the early dQ hand-off of the overlapped schedules; late by default).
+  EXPECT_EQ(cuda::hopper_bwd::is_dq_handoff_late_enabled(), !is_set_to("FLASHATTN_CUDA_HOPPER_BWD_DQ_HANDOFF", "early"));
+  EXPECT_EQ(cuda::hopper_bwd::is_epilogue_tma_requested(), is_set_to("FLASHATTN_CUDA_HOPPER_BWD_EPILOGUE", "tma"));
   int sms = 0;
   if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0) != cudaSuccess) GTEST_SKIP() << "no SM count";
   const cuda::hopper_bwd::BackwardGrid grid = cuda::hopper_bwd::persistent_grid(0);
@@ -307,6 +310,53 @@ TEST_F(CudaBackwardHopper, NoNanForMaskedRowsAndLargeLogits) {
 }
 
 // dK/dV are summed in registers in a fixed order: bitwise identical across runs
+// The dK/dV epilogue through shared memory and TMA stores (launch.hpp's
+// override_epilogue_tma; FLASHATTN_CUDA_HOPPER_BWD_EPILOGUE=tma) stores the same values as
+// the register stores, bit for bit: varlen tails (full tiles staged, partial ones from
+// registers), a dense tail the map clips (seqlen_k 200), GQA, both kernel.cuh head dims, one
+// CTA per tile and a dynamic grid of 3 CTAs (many tiles per CTA: the staging stage and the
+// dS^T rows handed back between tiles), in the environment's schedule (lockstep: the switch
+// does nothing).
+TEST_F(CudaBackwardHopper, TmaEpilogueMatchesTheRegisterStores) {
+  struct Overrides {  // the process's own choices again when the test ends, even on failure
+    ~Overrides() {
+      cuda::hopper_bwd::override_epilogue_tma(-1);
+      cuda::hopper_bwd::override_persistent_grid_ctas(-1);
+    }
+  } restore;
+  for (std::int64_t d : {64, 128})
+    for (bool is_varlen : {true, false})
+      for (bool deterministic : {false, true}) {
+        Case c = is_varlen ? hopper_case(DType::bfloat16, 0, 0, false, d) : hopper_case(DType::float16, 300, 200, true, d);
+        if (is_varlen) {
+          c.varlen_q = {0, 1, 70, 300, 5, 0, 260, 129};
+          c.varlen_k = {3, 1, 200, 290, 0, 0, 400, 64};
+          c.batch = 8;
+        } else {
+          c.batch = 3;
+        }
+        c.heads_q = 8, c.heads_kv = 2, c.deterministic = deterministic;
+        SCOPED_TRACE(c.name());
+        Problem p(c);
+        for (const int ctas : {0, 3}) {
+          SCOPED_TRACE(ctas == 0 ? "one CTA per tile" : "dynamic grid of 3 CTAs");
+          cuda::hopper_bwd::override_persistent_grid_ctas(ctas, /*is_dynamic=*/true);
+          cuda::hopper_bwd::override_epilogue_tma(0);
+          const std::vector<Gradients> registers = run_cuda(p, 1);
+          cuda::hopper_bwd::override_epilogue_tma(1);
+          const std::vector<Gradients> tma = run_cuda(p, 1);
+          EXPECT_TRUE(tma[0].dk.bitwise_equal(registers[0].dk)) << "dk differs from the register stores";
+          EXPECT_TRUE(tma[0].dv.bitwise_equal(registers[0].dv)) << "dv differs from the register stores";
+          if (deterministic) EXPECT_TRUE(tma[0].dq.bitwise_equal(registers[0].dq)) << "dq differs";
+          if (ctas == 3 && !deterministic) {
+            const ReferencePair ref = reference_gradients(p);
+            expect_close("dk", tma[0].dk, ref.exact.dk, ref.lowprec.dk, c.name());
+            expect_close("dv", tma[0].dv, ref.exact.dv, ref.lowprec.dv, c.name());
+          }
+        }
+      }
+}
+
 // (dQ goes through unordered bulk reductions and may differ in the last bits).
 TEST_F(CudaBackwardHopper, RepeatedRunsGiveBitwiseEqualDkDv) {
   const int repeats = 30;

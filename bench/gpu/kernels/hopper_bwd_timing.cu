@@ -28,6 +28,14 @@
 //     FLASHATTN_CUDA_HOPPER_BWD_ORDER=flat), whatever FLASHATTN_CUDA_HOPPER_BWD_GRID says;
 //     the max_rel_diff columns compare each persistent grid's gradients with the per-tile
 //     grid's (deterministic: must be 0, bitwise equal).
+// flashattn_hopper_bwd_timing [repeats] --dq-handoff|--epilogues [--quick] [--deterministic]
+//     one of kernel.cuh's two-way switches off and on, side by side on the d64/d128 sweeps, in
+//     the schedule and grid the library picks (FLASHATTN_CUDA_HOPPER_BWD_SCHEDULE selects),
+//     whatever the environment says of the switch: --dq-handoff the dQ hand-off early
+//     (FLASHATTN_CUDA_HOPPER_BWD_DQ_HANDOFF=early) / late (the default), --epilogues the dK/dV
+//     stores from registers / through shared memory with TMA stores (=tma).
+//     max_rel_diff compares the "on" run's gradients with the "off" run's (dK/dV bitwise equal
+//     for both switches; deterministic: all 0).
 // Anywhere after [repeats]: --dropout P (dropout probability P on every shape) and
 // --alibi (ALiBi, one slope per head); sm90_plain_ms is then the same shape without
 // them (same call, so their cost is sm90_ms / sm90_plain_ms), and the anchors run
@@ -411,6 +419,65 @@ void sweep_grids(int repeats, bool quick, const Variants& variants) {
     }
 }
 
+// A two-way switch of kernel.cuh that the timing overrides in-process: its name in the CSV
+// columns (off_ms, on_ms) and the override (0 off, 1 on, negative: the environment's again).
+struct KernelSwitch {
+  const char* off;
+  const char* on;
+  void (*override_with)(int);
+};
+
+// Times the switch off and on on one shape (the library's dispatch).
+void compare_switch(const KernelSwitch& knob, const Shape& shape, int repeats, const Variants& variants) {
+  namespace hopper_bwd = flashattn::cuda::hopper_bwd;
+  Problem p(shape, variants);
+  const std::string reason = hopper_bwd::why_unsupported(flashattn::validate_backward(p.args));
+  if (!reason.empty()) {
+    std::printf("# %s n%lld: not on the Hopper kernel: %s\n", shape.sweep, static_cast<long long>(shape.seqlen),
+                reason.c_str());
+    return;
+  }
+  auto run_with = [&](int is_on) {
+    knob.override_with(is_on);
+    flashattn::backward(p.args);
+  };
+  p.poison_gradients();
+  run_with(0);
+  check(cudaDeviceSynchronize(), knob.off);
+  const std::vector<float> reference = p.gradients();
+  p.poison_gradients();
+  run_with(1);
+  check(cudaDeviceSynchronize(), knob.on);
+  const double difference = max_relative_difference(p.gradients(), reference);
+  const double off_ms = median_ms([&] { run_with(0); }, repeats);
+  const double on_ms = median_ms([&] { run_with(1); }, repeats);
+  knob.override_with(-1);
+  const double flops = 2.5 * p.forward_flops();
+  auto tflops = [&](double ms) { return flops / (ms * 1e-3) / 1e12; };
+  std::printf("%s,%s,%lld,%lld,%lld,%lld,%d,%d,%.4f,%.1f,%.4f,%.1f,%.3f,%.3g\n", shape.sweep,
+              flashattn::dtype_name(shape.dtype), static_cast<long long>(shape.batch),
+              static_cast<long long>(shape.heads), static_cast<long long>(shape.seqlen),
+              static_cast<long long>(shape.head_dim), shape.causal ? 1 : 0, variants.deterministic ? 1 : 0, off_ms,
+              tflops(off_ms), on_ms, tflops(on_ms), off_ms / on_ms, difference);
+  std::fflush(stdout);
+}
+
+void sweep_switch(const KernelSwitch& knob, int repeats, bool quick, const Variants& variants) {
+  std::printf("sweep,dtype,batch,heads,seqlen,head_dim,causal,deterministic,%s_ms,%s_tflops,%s_ms,%s_tflops,"
+              "%s_speedup,max_rel_diff\n", knob.off, knob.off, knob.on, knob.on, knob.on);
+  const std::vector<std::int64_t> seqlens =
+      quick ? std::vector<std::int64_t>{1024, 4096, 16384} : std::vector<std::int64_t>{512, 1024, 2048, 4096, 8192, 16384};
+  for (std::int64_t n : seqlens)
+    for (bool causal : {false, true}) {
+      if (n >= 1024)
+        compare_switch(knob, {"seed004_fp16_b4h48_d64", flashattn::DType::float16, 4, 48, n, 64, causal}, repeats,
+                       variants);
+      for (std::int64_t d : {64, 128})
+        compare_switch(knob, {"fa3_bf16_16k_tokens", flashattn::DType::bfloat16, 16384 / n, 2048 / d, n, d, causal},
+                       repeats, variants);
+    }
+}
+
 // Variant names: m<block_m>_n<block_n>_s<stages>.
 void sweep_variants(int repeats) {
   using flashattn::cuda::hopper_bwd::HopperBwdTileConfig;
@@ -449,6 +516,16 @@ int main(int argc, char** argv) {
     bool quick_grids = false;
     for (int i = 3; i < argc; ++i) quick_grids = quick_grids || std::string(argv[i]) == "--quick";
     sweep_grids(repeats, quick_grids, variants);
+    return 0;
+  }
+  if (argc > 2 && (std::string(argv[2]) == "--dq-handoff" || std::string(argv[2]) == "--epilogues")) {
+    namespace hopper_bwd = flashattn::cuda::hopper_bwd;
+    const KernelSwitch knob = std::string(argv[2]) == "--dq-handoff"
+                                  ? KernelSwitch{"early", "late", hopper_bwd::override_dq_handoff}
+                                  : KernelSwitch{"registers", "tma", hopper_bwd::override_epilogue_tma};
+    bool quick_switch = false;
+    for (int i = 3; i < argc; ++i) quick_switch = quick_switch || std::string(argv[i]) == "--quick";
+    sweep_switch(knob, repeats, quick_switch, variants);
     return 0;
   }
   if (argc > 2 && std::string(argv[2]) == "--schedules") {

@@ -34,7 +34,20 @@ namespace hopper_bwd {
 // consumer warpgroup c, 128 + 32 threads): consumer c's dQ staging panels free (the
 // writer's reduction has read them: ids 3..4), and staged (ids 5..6).
 // kDrawPairFirst + 2·consumer + warp pair: the dropout draw exchange's two warps (4 ids).
-enum class NamedBarrier : int { kDsWritten = 1, kDqStaged = 2, kDqEmptyFirst = 3, kDqFullFirst = 5, kDrawPairFirst = 7 };
+// The TMA epilogue of dK/dV (FLASHATTN_CUDA_HOPPER_BWD_EPILOGUE=tma): both consumers done
+// reading the tile's last stage and the dS^T buffers (id 11); consumer c's dK/dV staged for
+// its storing thread (ids 12..13); consumer c's staged dV read by its TMA store, so its dS^T
+// rows may be rewritten (ids 14..15: the storing warp arrives, the other three wait).
+enum class NamedBarrier : int {
+  kDsWritten = 1,
+  kDqStaged = 2,
+  kDqEmptyFirst = 3,
+  kDqFullFirst = 5,
+  kDrawPairFirst = 7,
+  kEpilogueStageFree = 11,
+  kEpilogueStagedFirst = 12,
+  kEpilogueReadFirst = 14,
+};
 // The wide (d256) Hopper backward (hopper_bwd/kernel_wide.cuh), over both consumers:
 // both halves of P and dS written (and fenced for the async proxy); both consumers
 // done reading the stage's Q, dO and the P, dS tiles.

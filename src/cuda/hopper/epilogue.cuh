@@ -44,7 +44,7 @@ struct OutputTile {
 
 // Two Q buffers: where the O staged in buffer b goes (the loader writes it with the
 // tile's Q load, the storer reads it once the O is staged; with the named marks the
-// storer decodes it itself).
+// storer makes it from the tile's TileRecord).
 struct StoreHeader {
   std::int32_t row, head, batch_coordinate, rows;  // out's first row of the tile, its rows
 };

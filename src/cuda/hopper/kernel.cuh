@@ -58,9 +58,11 @@
 //                            the next tile of the flat order (per (batch, head) its last,
 //                            heaviest query tiles first) taken with one atomic when the
 //                            CTA starts a tile — the hardware's block scheduling without
-//                            the per-tile prologue and epilogue. The producer
-//                            takes the tile and hands its index to the consumers through
-//                            a two-slot queue in shared memory (tile_full / tile_empty).
+//                            the per-tile prologue and epilogue. A producer lane
+//                            takes the tile, decodes it once and hands it (its number
+//                            and TileRecord) to the loader, the storer and the
+//                            consumers through a two-slot queue in shared memory
+//                            (tile_full / tile_empty).
 //   tile overlap             (persistent kernels, FLASHATTN_CUDA_HOPPER_EPILOGUE=tma_overlap,
 //                            launch.hpp; off by default until timed) tiles run back to
 //                            back across their boundary, as FA3's: with two Q buffers
@@ -201,7 +203,9 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
   constexpr bool kHasDeviceMask = kConfig.has_mask_lists();
   const TileLists& key_lists = attention.device_mask.by_query_tile;
   // A tile number to its tile (Tile, tile_scheduler.cuh); false for a tile past its
-  // (varlen) sequence's end: it has no rows, every role skips it. A lambda of the kernel,
+  // (varlen) sequence's end: it has no rows and is skipped. Persistent kernels: called by
+  // the scheduler lane only, once per tile (the others read its TileRecord); one-tile
+  // kernels: by every role. A lambda of the kernel,
   // not a method of a tile_scheduler.cuh type: moved there (same body, called the same
   // way) it moved the persistent kernels' code (PTX: the tile order's arithmetic split
   // across its branches; SASS of bf16 d128 +8 instructions, spills 28/36 -> 24/32 bytes),
@@ -209,18 +213,37 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
   auto decode_tile = [&](std::int64_t linear, Tile& tile) {
     const TileOrder::Coordinates coordinates = params.tile_order.at(static_cast<std::int32_t>(linear));
     const std::int64_t m_block = coordinates.m_block;
-    tile.head = coordinates.head_batch % attention.heads_q;
-    tile.batch = coordinates.head_batch / attention.heads_q;
+    // In 32 bits (heads_q * batch <= the tile count, which the launch keeps below 2^31):
+    // the 64-bit division was a subroutine call, whose spills around it the
+    // 24-register scheduler lane paid (ptxas -v).
+    const std::int32_t heads_q = static_cast<std::int32_t>(attention.heads_q);
+    tile.head = coordinates.head_batch % heads_q;
+    tile.batch = coordinates.head_batch / heads_q;
     tile.seqlen_q = attention.seqlen_q_of(tile.batch);
     tile.m0 = m_block * kBlockM;
     if (tile.m0 >= tile.seqlen_q) return false;
     tile.seqlen_k = attention.seqlen_k_of(tile.batch);
     tile.row_end = tile.m0 + kBlockM < tile.seqlen_q ? tile.m0 + kBlockM : tile.seqlen_q;
     tile.mask = attention.mask_of(tile.batch);
+    // Block indices in unsigned 32 bits: every column bound here lies in [0, seqlen_k] and
+    // keys are below 2^31 - 256 (the launch's tensor-map check), so the quotients are the
+    // 64-bit ones. 64-bit divisions by a block_n that is not a power of two (d256: 80)
+    // cost the 24-register producer lanes, which decode, spills (ptxas -v).
+    const auto block_of = [](std::int64_t column) { return static_cast<std::uint32_t>(column) / kBlockN; };
+    const auto blocks_below = [](std::int64_t column) {
+      return (static_cast<std::uint32_t>(column) + kBlockN - 1) / kBlockN;
+    };
     const MaskRule::ColumnRange columns = tile.mask.columns_of_rows(tile.m0, tile.row_end);
-    tile.n_block_end = (columns.end + kBlockN - 1) / kBlockN;
-    tile.num_n_blocks =
-        columns.end > columns.begin ? static_cast<int>(tile.n_block_end - columns.begin / kBlockN) : 0;
+    tile.n_block_end = blocks_below(columns.end);
+    tile.num_n_blocks = columns.end > columns.begin ? static_cast<int>(tile.n_block_end - block_of(columns.begin)) : 0;
+    // MaskRule::full_key_blocks (the whole blocks inside columns_of_all_rows; the tile has
+    // rows) in those 32 bits. Visit index i is block n_block_end - 1 - i: the full blocks
+    // [begin, end) are the indices [n_block_end - end, n_block_end - begin).
+    const MaskRule::ColumnRange all_rows = tile.mask.columns_of_all_rows(tile.m0, tile.row_end);
+    const std::uint32_t full_begin = blocks_below(all_rows.begin);
+    const std::uint32_t full_end = block_of(all_rows.end) > full_begin ? block_of(all_rows.end) : full_begin;
+    tile.masked_leading_blocks = static_cast<int>(tile.n_block_end - full_end);
+    tile.full_blocks = static_cast<int>(full_end - full_begin);
     tile.key_list = -1;
     if (kHasDeviceMask && key_lists.present()) {
       // The list was built for (block_m, block_n) (launch_forward_sm90 checks) with the
@@ -243,7 +266,11 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
       return KeyBlock{n0, entry.partial || n0 + kBlockN > tile.seqlen_k,
                       entry.partial ? key_lists.code(tile.key_list, index) : kGeneralTile};
     }
-    return KeyBlock{(tile.n_block_end - 1 - index) * kBlockN, false, kGeneralTile};
+    // Outside [masked_leading_blocks, + full_blocks), as one unsigned compare (an empty
+    // full range: every block; a negative difference wraps to a large value).
+    const bool is_partial = static_cast<unsigned>(index - tile.masked_leading_blocks) >=
+                            static_cast<unsigned>(tile.full_blocks);
+    return KeyBlock{(tile.n_block_end - 1 - index) * kBlockN, is_partial, kGeneralTile};
   };
 
   // Tiles 1024-byte aligned (the swizzle atom; the descriptors' base offset is 0).
@@ -281,7 +308,13 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
   std::uint64_t* tile_full = barriers + 6 + 4 * kStages;   // [2]: the slot holds the next tile
   std::uint64_t* tile_empty = barriers + 8 + 4 * kStages;  // [2]: the loader and every consumer warp read it
   auto* tile_slots = reinterpret_cast<std::int32_t*>(barriers + 10 + 4 * kStages);  // [2]
-  const TileQueue queue{tile_full, tile_empty, tile_slots};  // tile_queue.cuh
+  // Beside the slots, the decoded tiles (TileRecord, tile_scheduler.cuh): after the 256
+  // bytes of the mbarriers, where the mask lists' row intervals are in the kernels that
+  // have them (never persistent).
+  auto* tile_records = reinterpret_cast<TileRecord*>(reinterpret_cast<unsigned char*>(barriers) + 256);  // [2]
+  static_assert(!kPersistentArg || kConfig.tile_record_bytes() >= kTileRecordsBytes,
+                "persistent kernels: shared memory for the tile records");
+  const TileQueue<TileRecord> queue{tile_full, tile_empty, tile_slots, tile_records};  // tile_queue.cuh
   const NamedTileMarks named_marks{static_cast<int>(NamedBarrier::kTileSlotWrittenFirst),
                                    static_cast<int>(NamedBarrier::kTileSlotReadFirst)};
   // Two Q buffers: where the O staged in buffer b goes (StoreHeader, epilogue.cuh).
@@ -364,9 +397,17 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
         std::int32_t linear = Scheduler{tile_end, params.maybe_tile_counter}.initial_tile();
         const int marked_readers = distribution.marked_readers(has_two_q_buffers);
         for (int taken = 0;; ++taken) {
+          // The tile decoded here, once for the CTA (TileRecord): its readers take the
+          // record. Tiles without rows (past a varlen sequence's end) are skipped here,
+          // for every reader, and the next one claimed.
+          Tile tile{};
+          bool is_valid = Scheduler{tile_end, params.maybe_tile_counter}.is_valid(linear);
+          while (is_valid && !decode_tile(linear, tile)) {
+            linear = Scheduler{tile_end, params.maybe_tile_counter}.next_tile(linear);
+            is_valid = Scheduler{tile_end, params.maybe_tile_counter}.is_valid(linear);
+          }
           queue.wait_free(taken);  // with the marks already done: its readers marked taken - 1 read
-          const bool is_valid = Scheduler{tile_end, params.maybe_tile_counter}.is_valid(linear);
-          queue.put(taken, is_valid ? linear : tile_end);
+          queue.put(taken, is_valid ? linear : tile_end, TileRecord::of(tile));
           distribution.publish(marked_readers);
           if (!is_valid) {
             distribution.wait_read(marked_readers);
@@ -389,11 +430,10 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
         // store has read it — for Q of the tile after next, loaded about a tile later.
         int count = 0;
         for (int taken = 0;; ++taken) {
-          const std::int32_t linear = distribution.take(taken, Distribution::kStorerReader, std::true_type{});
+          TileRecord record;
+          const std::int32_t linear = distribution.take(taken, Distribution::kStorerReader, std::true_type{}, record);
           if (linear >= tile_end) break;
-          Tile tile;
-          if (!decode_tile(linear, tile)) continue;
-          storer.store(count, tile);
+          storer.store(count, record.tile(attention.window_left, attention.window_right));
           ptx::bulk_wait_group_read<0>();
           ::cuda::ptx::mbarrier_arrive(&q_empty[count & 1]);
           ++count;
@@ -408,20 +448,26 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
     for (int taken = 0;; ++taken) {
       // One tile per CTA: SingleTileScheduler's; persistent: the queue's (the scheduler lane's).
       std::int32_t linear = SingleTileScheduler::initial_tile();
+      TileRecord record;
       if constexpr (kPersistentArg) {
-        linear = distribution.take(taken, Distribution::kLoaderReader, std::true_type{});
+        linear = distribution.take(taken, Distribution::kLoaderReader, std::true_type{}, record);
       } else if (taken > 0) {
         break;
       }
       if (linear >= tile_end) break;
       Tile tile;
-      if (!decode_tile(linear, tile)) continue;
+      if constexpr (kPersistentArg) {
+        tile = record.tile(attention.window_left, attention.window_right);  // decoded by the scheduler lane
+      } else if (!decode_tile(linear, tile)) {
+        continue;
+      }
       const std::int32_t batch_coordinate = is_varlen ? 0 : static_cast<std::int32_t>(tile.batch);
       // The tile's Q buffer released after its previous use (persistent launches): by
       // every consumer warp, or with two buffers by the storer once the O staged there
       // (tile_count - 2) is stored. The header tells the storer where this tile's O goes
       // (written before Q is loaded, read after the consumers' o_full: ordered through them;
-      // with the named marks the storer decodes it instead, the header goes unread).
+      // with the named marks the storer makes it from the tile's record instead, the
+      // header goes unread).
       const int q_buffer = q_buffer_of(tile_count);
       const int q_use = q_use_of(tile_count);
       if (q_use > 0) ptx::mbarrier_wait(&q_empty[q_buffer], (q_use - 1) & 1);
@@ -614,6 +660,15 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
       for (int i = 0; i < 4 * kMaskStepTiles; ++i) s[4 * (kNTiles - kMaskStepTiles) + i] = step_s[i];
     }
   };
+  // The interval range's element mask of a partial block (softmax_block): one word of
+  // allowed elements per row and block (fragment::apply_row_key_intervals: ~1.2
+  // instructions an element, ~25 a row), where the per-element form tested each element
+  // against the row's bounds clamped to the block in 64 bits (~5 an element; the d64 1k
+  // causal diagonal block was 9.7% of the consumers' samples, hopper/TUNING.md "Where the
+  // consumers wait"). Not in the one-tile d128 kernel without dropout (masked problems
+  // past 2k, mask lists): there every cheaper form tried spilled 48/48 bytes, loaded in
+  // the key loop (ptxas -v); it keeps the per-element form.
+  constexpr bool kMasksByRowWords = !(kHeadDim == 128 && !kPersistentArg && !kHasDropout);
   // Score rule, element mask, online softmax of `block` (S complete in registers):
   // S becomes P (fp32) and row_factor the rescale O still needs. After the score rule
   // an element's log2 score is score_scale * s + score_offset[half]: on the fast path
@@ -647,21 +702,37 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
     }
     if (is_listed(tile)) {
       if (block.is_partial) apply_device_mask(n0, block.code, bias_factor);  // listed full blocks: no mask at all
-    } else if (n0 + kBlockN > tile.seqlen_k || !tile.mask.tile_fully_allowed(tile.m0, tile.row_end, n0, n0 + kBlockN)) {
+    } else if (block.is_partial) {
       // Interval range: the element mask only where the block crosses a mask edge or
-      // the end of the keys.
+      // the end of the keys (key_block's per-tile range, MaskRule::full_key_blocks).
+      if constexpr (kMasksByRowWords) {
+        // Per row its allowed keys as a RowKeyInterval (col_begin, col_end: in [0,
+        // seqlen_k], below 2^31), a word of allowed elements made once per row and block,
+        // then one bit test and select per element (fragment::apply_row_key_intervals,
+        // the mask lists' row-interval pass; no test for a bound that cannot mask).
+        fragment::RowKeyInterval rows[2];
 #pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const std::int64_t row = tile.m0 + thread_row0 + 8 * half;
-        const int begin = static_cast<int>(MaskRule::clamp(tile.mask.col_begin(row) - n0, 0, kBlockN));
-        const int end = static_cast<int>(MaskRule::clamp(tile.mask.col_end(row) - n0, 0, kBlockN));
+        for (int half = 0; half < 2; ++half) {
+          const std::int64_t row = tile.m0 + thread_row0 + 8 * half;
+          rows[half] = {static_cast<std::int32_t>(tile.mask.col_begin(row)),
+                        static_cast<std::int32_t>(tile.mask.col_end(row))};
+        }
+        fragment::apply_row_key_intervals<kNTiles>(s, rows, static_cast<std::int32_t>(n0),
+                                                   online_softmax::negative_infinity<float>());
+      } else {
 #pragma unroll
-        for (int j = 0; j < kBlockN / 8; ++j)
+        for (int half = 0; half < 2; ++half) {
+          const std::int64_t row = tile.m0 + thread_row0 + 8 * half;
+          const int begin = static_cast<int>(MaskRule::clamp(tile.mask.col_begin(row) - n0, 0, kBlockN));
+          const int end = static_cast<int>(MaskRule::clamp(tile.mask.col_end(row) - n0, 0, kBlockN));
 #pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const int col = j * 8 + 2 * quad_lane + e;
-            if (col < begin || col >= end) s[4 * j + 2 * half + e] = online_softmax::negative_infinity<float>();
-          }
+          for (int j = 0; j < kBlockN / 8; ++j)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              const int col = j * 8 + 2 * quad_lane + e;
+              if (col < begin || col >= end) s[4 * j + 2 * half + e] = online_softmax::negative_infinity<float>();
+            }
+        }
       }
     }
     // Per row: raise the max, exponentiate in place, add to the running sum.
@@ -875,13 +946,15 @@ __global__ void __launch_bounds__(ptx::kWarpgroupThreads * (1 + kBlockMArg / ptx
     // num_tiles in 32 bits from two launch parameters: kept in registers across the loop
     // (or spilled), the 64-bit num_tiles cost the consumers a reload per tile (ptxas).
     const std::int32_t tile_end = params.tile_order.num_m_blocks * params.tile_order.num_heads_batches;
-    // The CTA's next tile with rows, into `tile`; false once none is left.
+    // The CTA's next tile (the scheduler lane put only tiles with rows, decoded: TileRecord),
+    // into `tile`; false once none is left.
     auto take_next_tile = [&]() {
-      for (;;) {
-        const std::int32_t linear = distribution.take(taken++, Distribution::kFirstConsumerReader + consumer, std::false_type{});
-        if (linear >= tile_end) return false;
-        if (decode_tile(linear, tile)) return true;
-      }
+      TileRecord record;
+      const std::int32_t linear =
+          distribution.take(taken++, Distribution::kFirstConsumerReader + consumer, std::false_type{}, record);
+      if (linear >= tile_end) return false;
+      tile = record.tile(attention.window_left, attention.window_right);
+      return true;
     };
     for (bool has_tile = take_next_tile(); has_tile; has_tile = take_next_tile()) {
       consume_tile();

@@ -20,6 +20,7 @@ inline constexpr int kMaxConsumerWarpgroups = 3;
 inline constexpr int kPanelColumns = 64;  // 128 bytes of 16-bit elements: one swizzle row
 inline constexpr int kSwizzleRowBytes = 128;  // the widest TMA/wgmma swizzle
 inline constexpr int kMaxSharedBytes = 227 * 1024;
+inline constexpr int kTileRecordsMaxBytes = 128;  // shared_bytes(): two TileRecords (tile_scheduler.cuh)
 inline constexpr int kOutputStoreRows = 64;  // box rows of out's TMA store map: one consumer warpgroup's
 
 struct HopperTileConfig {
@@ -56,10 +57,15 @@ struct HopperTileConfig {
   // one int2 per query row of the tile, kept in shared memory rather than in registers
   // across the key loop (there they spilled the mask kernels, ptxas -v).
   constexpr int row_interval_bytes() const { return has_mask_lists() ? block_m * 8 : 0; }
-  // Tiles + mbarriers (256 bytes) + row intervals + slack to align the tiles to 1024 bytes
-  // (the swizzle atom).
+  // The persistent 16-bit kernels' decoded tiles, one per tile-queue slot (TileRecord,
+  // tile_scheduler.cuh), in the place of the row intervals (kernels with mask lists are
+  // never persistent).
+  constexpr int tile_record_bytes() const { return is_persistent && element_bytes == 2 ? kTileRecordsMaxBytes : 0; }
+  // Tiles + mbarriers (256 bytes) + row intervals or tile records + slack to align the
+  // tiles to 1024 bytes (the swizzle atom).
   constexpr int shared_bytes() const {
-    return q_bytes() + kv_tiles_per_stage() * stages * kv_tile_bytes() + 256 + row_interval_bytes() + 1024;
+    return q_bytes() + kv_tiles_per_stage() * stages * kv_tile_bytes() + 256 + row_interval_bytes() +
+           tile_record_bytes() + 1024;
   }
   // The tile-overlap schedule of persistent kernels (kernel.cuh, FLASHATTN_CUDA_HOPPER_EPILOGUE
   // =tma_overlap) adds a second Q buffer after the mbarriers, padded to a 1024-byte atom:

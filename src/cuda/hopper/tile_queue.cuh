@@ -9,7 +9,8 @@
 // epilogue (the schedulers: tile_scheduler.cuh). Which tile a number names: TileOrder
 // (tile_order.hpp).
 //
-// The queue: two slots of tile numbers in shared memory, each with a "full" mbarrier
+// The queue: two slots of tile numbers in shared memory (each with a record beside it:
+// the forward's decoded tile, TileRecord), each with a "full" mbarrier
 // (count 1: the scheduler lane put a number there) and an "empty" one (count: every
 // reading warp, one arrival each, made by its lane 0 once every lane of the warp has read
 // the slot). The CTA's tile number `taken` lives in slot taken % 2, phase taken / 2.
@@ -28,6 +29,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 #include <cuda/ptx>
 
 #include "src/cuda/ptx/arch.cuh"
@@ -36,31 +38,45 @@
 
 namespace flashattn::cuda::hopper {
 
+// Record: what travels with each tile number (the forward's TileRecord, the decoded
+// tile), written before the slot's full barrier completes and read before its empty one.
+// NoTileRecord: the tile number alone (the backward, whose loads thread walks the tile's
+// steps itself and hands them on through TileLoads); `records` stays null then.
+struct NoTileRecord {};
+
+template <class Record = NoTileRecord>
 struct TileQueue {
+  static constexpr bool kHasRecord = !std::is_same_v<Record, NoTileRecord>;
+
   std::uint64_t* full;   // [2]: the slot holds the CTA's next tile number
   std::uint64_t* empty;  // [2]: every reading warp has read it
   std::int32_t* slots;   // [2]
+  Record* records;       // [2]: beside the slots
 
   // The scheduler lane, before it puts tile number `taken`: its slot has been read for
   // tile number taken - 2.
   __device__ __forceinline__ void wait_free(int taken) const {
     if (taken >= 2) ptx::mbarrier_wait(&empty[taken & 1], ((taken >> 1) - 1) & 1);
   }
-  // Tile number `taken` is `linear` (the scheduler lane, after wait_free(taken)).
-  __device__ __forceinline__ void put(int taken, std::int32_t linear) const {
+  // Tile number `taken` is `linear`, with its record (unset past the last tile; the
+  // scheduler lane, after wait_free(taken)). The arrival releases both stores.
+  __device__ __forceinline__ void put(int taken, std::int32_t linear, const Record& record = {}) const {
 #if FLASHATTN_SM90_DEVICE_CODE
+    if constexpr (kHasRecord) records[taken & 1] = record;
     slots[taken & 1] = linear;
     ::cuda::ptx::mbarrier_arrive(&full[taken & 1]);
 #endif
   }
-  // Tile number `taken`, read by every lane of `warp_mask` (the lanes of this warp that
-  // read it, all active here); lane 0 of the warp, among them, releases the slot after
-  // every one of them has read it.
-  __device__ __forceinline__ std::int32_t take(int taken, std::uint32_t warp_mask) const {
+  // Tile number `taken` and its record (meaningless for the end's number: read without a
+  // branch, it stays in the CTA's shared memory), read by every lane of `warp_mask` (the
+  // lanes of this warp that read it, all active here); lane 0 of the warp, among them,
+  // releases the slot after every one of them has read it.
+  __device__ __forceinline__ std::int32_t take(int taken, std::uint32_t warp_mask, Record& record) const {
     std::int32_t linear = 0;
 #if FLASHATTN_SM90_DEVICE_CODE
     ptx::mbarrier_wait(&full[taken & 1], (taken >> 1) & 1);
     linear = slots[taken & 1];
+    if constexpr (kHasRecord) record = records[taken & 1];
     __syncwarp(warp_mask);
     if (threadIdx.x % 32 == 0) ::cuda::ptx::mbarrier_arrive(&empty[taken & 1]);
 #endif

@@ -12,10 +12,11 @@
 //                            further (tiles of equal work) or the next value of a global
 //                            counter (unequal work: causal, local, varlen); the launch
 //                            picks one through maybe_tile_counter (PersistentScheduler);
-//   TileDistribution         the queue's readers: the scheduler lane runs the scheduler
-//                            and hands each tile number through the shared-memory queue
-//                            (tile_queue.cuh) to the loader, the storer and the consumer
-//                            warpgroups, which take them in turn.
+//   TileDistribution         the queue's readers: the scheduler lane runs the scheduler,
+//                            decodes each tile once (TileRecord) and hands its number and
+//                            record through the shared-memory queue (tile_queue.cuh) to
+//                            the loader, the storer and the consumer warpgroups, which
+//                            take them in turn.
 // Every scheduler answers initial_tile(), next_tile(linear) and is_valid(linear): a new
 // one (FA3's longest-first or varlen schedulers) changes the scheduler lane's
 // `using Scheduler` in kernel.cuh, not the loader, the consumers or the epilogue.
@@ -42,13 +43,68 @@ struct Tile {
   std::int64_t batch, head, m0, row_end, seqlen_q, seqlen_k, n_block_end;
   std::int64_t key_list;  // the tile's list in the device mask's key lists, -1: the interval range
   int num_n_blocks;       // key blocks visited, from n_block_end - 1 down (or the list's)
+  // The interval range's fully allowed blocks (MaskRule::full_key_blocks) as visit indices
+  // [masked_leading_blocks, masked_leading_blocks + full_blocks): made once per tile, so a
+  // block's "needs the element mask" is one unsigned compare on its index, not the 64-bit
+  // tile_fully_allowed after the S wait (hopper/TUNING.md, "Where the consumers wait").
+  int masked_leading_blocks;
+  int full_blocks;
   MaskRule mask;
 };
 
+// A decoded tile as the persistent kernels' scheduler lane hands it on, beside its queue
+// slot (TileQueue::records): the scheduler lane decodes each tile number once, and the
+// loader, the storer and every consumer warp read the record with a few shared-memory
+// loads instead of each decoding it (the tile order's division, head_batch % heads_q, the
+// sequence bounds, columns_of_rows, full_key_blocks: ~240 instructions per warp and tile,
+// hopper/TUNING.md "Where the consumers wait"). 32-bit fields: rows and keys are below
+// 2^31 (the launch checks rows + 256 < 2^31 for the tensor maps), tile numbers too. Only
+// tiles with rows are put; the persistent kernels have no mask lists (key_list -1).
+struct alignas(16) TileRecord {
+  std::int32_t batch, head, m0, row_end, seqlen_q, seqlen_k, n_block_end;
+  std::int32_t num_n_blocks, masked_leading_blocks, full_blocks;
+  std::int32_t unused[2];  // 48 bytes: three 16-byte loads
+
+  __device__ __forceinline__ static TileRecord of(const Tile& tile) {
+    return TileRecord{static_cast<std::int32_t>(tile.batch),
+                      static_cast<std::int32_t>(tile.head),
+                      static_cast<std::int32_t>(tile.m0),
+                      static_cast<std::int32_t>(tile.row_end),
+                      static_cast<std::int32_t>(tile.seqlen_q),
+                      static_cast<std::int32_t>(tile.seqlen_k),
+                      static_cast<std::int32_t>(tile.n_block_end),
+                      tile.num_n_blocks,
+                      tile.masked_leading_blocks,
+                      tile.full_blocks,
+                      {0, 0}};
+  }
+  // The tile again, its mask from the sequence lengths and the launch's window.
+  __device__ __forceinline__ Tile tile(std::int64_t window_left, std::int64_t window_right) const {
+    Tile tile;
+    tile.batch = batch;
+    tile.head = head;
+    tile.m0 = m0;
+    tile.row_end = row_end;
+    tile.seqlen_q = seqlen_q;
+    tile.seqlen_k = seqlen_k;
+    tile.n_block_end = n_block_end;
+    tile.key_list = -1;
+    tile.num_n_blocks = num_n_blocks;
+    tile.masked_leading_blocks = masked_leading_blocks;
+    tile.full_blocks = full_blocks;
+    tile.mask = MaskRule{seqlen_q, seqlen_k, window_left, window_right};
+    return tile;
+  }
+};
+inline constexpr int kTileRecordsBytes = 2 * static_cast<int>(sizeof(TileRecord));  // one per queue slot
+static_assert(sizeof(TileRecord) == 48 && kTileRecordsBytes <= kTileRecordsMaxBytes,
+              "two tile records within the bytes tile_config.hpp reserves for them");
+
 // Key block `index` of a tile's visit order: its first key row, and whether it takes the
 // device mask's element pass — listed partial, or past the end of the keys, where TMA
-// delivers zero rows whose scores must not count. Always false on the interval range:
-// the mainloop tests those blocks against the mask edges itself.
+// delivers zero rows whose scores must not count. On the interval range: whether the
+// block is outside the tile's fully allowed blocks (a mask edge or the end of the keys
+// crosses it), so the mainloop applies the rows' intervals there.
 struct KeyBlock {
   std::int64_t n0;
   bool is_partial;
@@ -121,7 +177,7 @@ struct TileDistribution {
 
   // The kernel's own values, by reference (as the lambdas that this replaced captured
   // them): copies moved the persistent kernels' code (PTX compared).
-  const TileQueue& queue;
+  const TileQueue<TileRecord>& queue;
   const NamedTileMarks& named_marks;
   const bool& is_late_claim;
   const bool& has_named_marks;
@@ -132,8 +188,8 @@ struct TileDistribution {
     return ptx::kWarpSize + (reader < kFirstConsumerReader ? ptx::kWarpSize : ptx::kWarpgroupThreads);
   }
 
-  // The CTA's tile number `taken` (tile_end: none left) for `reader` (is_lone_lane: the
-  // loader and the storer). Every consumer warp, the loader and (two Q buffers) the
+  // The CTA's tile number `taken` (tile_end: none left) and its decoded tile (TileRecord)
+  // for `reader` (is_lone_lane: the loader and the storer). Every consumer warp, the loader and (two Q buffers) the
   // storer read each slot, then release it; every reading lane has read it before lane 0
   // does: the loader and the storer are lane 0 of a producer warp alone, a consumer warp
   // is whole and converged here (it has just left aligned wgmma code), so the active mask
@@ -141,9 +197,9 @@ struct TileDistribution {
   // there cost the 24-register producer lanes and the d64 block_m 192 consumers spills
   // (ptxas -v, hopper/TUNING.md).
   template <class IsLoneLane>
-  __device__ __forceinline__ std::int32_t take(int taken, int reader, IsLoneLane) const {
+  __device__ __forceinline__ std::int32_t take(int taken, int reader, IsLoneLane, TileRecord& record) const {
     named_marks.wait_written<IsLoneLane::value>(has_named_marks, reader, queue_threads(reader));
-    const std::int32_t linear = queue.take(taken, __activemask());
+    const std::int32_t linear = queue.take(taken, __activemask(), record);
     named_marks.mark_read<IsLoneLane::value>(has_named_marks, reader, queue_threads(reader));
     return linear;
   }

@@ -39,7 +39,9 @@
 //   layout the dV/dK products take from registers (FA3's SdP_swapAB): no shared-memory
 //   round trip for P at all, and dS^T's round trip serves only the dQ product.
 //   dK (scaled by softmax_scale) and dV (dropout: scaled by 1 / (1 - p)) are stored
-//   from registers at the end.
+//   from registers at the end, or (FLASHATTN_CUDA_HOPPER_BWD_EPILOGUE=tma, overlapped and
+//   deferred_dk) staged in the tile's last stage (d128: and the dS^T buffers) and stored
+//   with TMA stores by each consumer's first thread (see kTmaEpilogue).
 //
 // The grid (HopperBackwardParams::grid_ctas, launch.hpp): one CTA per tile, or persistent
 // (FLASHATTN_CUDA_HOPPER_BWD_GRID=persistent or =dynamic: one CTA per SM). The static walk
@@ -156,6 +158,7 @@
 #include "src/cuda/ptx/mbarrier.cuh"
 #include "src/cuda/ptx/named_barrier.cuh"
 #include "src/cuda/ptx/semaphore.cuh"
+#include "src/cuda/ptx/stmatrix.cuh"
 #include "src/cuda/ptx/warpgroup.cuh"
 #include "src/cuda/ptx/wgmma.cuh"
 
@@ -207,6 +210,9 @@ struct TileLoads {
   std::int32_t batch_coordinate;  // the tensor maps' batch (0 when varlen)
   std::int32_t head_q0;           // the group's first query head
   std::int32_t m_block_begin, m_blocks;
+  // The interval's query blocks that need no element mask with these keys (MaskRule::
+  // full_query_blocks: empty when the keys reach past the sequence's): [begin, + count).
+  std::int32_t full_m_block_begin, full_m_blocks;
   std::int32_t list_head, list_index, list_count;  // the loads thread's walk of the lists
 };
 inline constexpr int kTileLoadsOffset = 256;  // [2], one per queue slot
@@ -279,6 +285,20 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
   constexpr int kDqPanelBytes = kDqPanelRows * kDqPanelColumns * 4;
   constexpr int kDqHandshakeThreads = 128 + 32;
   constexpr ptx::MmaInput kInput = Numeric<T>::kMmaInput;
+  // The TMA epilogue (params.is_epilogue_tma; overlapped and deferred_dk): each consumer stages
+  // its dK and dV, (64 keys, kHeadDim) 16-bit each, as 64-column panels with the 128-byte
+  // swizzle, and its first thread stores them with TMA stores. Where: block_m 128 (d64) in the
+  // tile's last stage, dK in its Q tile and dV in its dO tile at rows 64 c (consumer c); block_m
+  // 64 (d128) a Q tile is one consumer's dK (consumer 0's the last stage's Q, consumer 1's its
+  // dO), and dV goes to the two dS^T buffers read as one (kBlockN, kHeadDim) tile, at the rows
+  // 64 c that consumer c writes dS^T to. The last stage is released after the stores read it.
+  constexpr bool kEpilogueInStage = kBlockM == kKeysPerConsumer * kConsumerWarpgroups;
+  constexpr bool kEpilogueUsesDs = !kEpilogueInStage;
+  constexpr int kOutputBandBytes = kKeysPerConsumer * kHeadDim * static_cast<int>(sizeof(T));
+  constexpr bool kTmaEpilogue =
+      kOverlapped && (kEpilogueInStage ? kQBytes == kConsumerWarpgroups * kOutputBandBytes
+                                       : kQBytes == kOutputBandBytes &&
+                                             kConfig.ds_buffers * kConfig.ds_bytes() == kBlockN * kHeadDim * static_cast<int>(sizeof(T)));
   static_assert(kBlockN == kConsumerWarpgroups * kKeysPerConsumer, "each consumer owns 64 keys");
   static_assert(kBlockM == 64 || kBlockM == 64 * kConsumerWarpgroups, "dQ: one m64 wgmma per consumer");
   static_assert(kBlockM <= bwd::kMaxBlockM, "LSE/D rows and dq_accum rows are padded for kMaxBlockM-row tiles");
@@ -292,6 +312,12 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
   static_assert(static_cast<int>(NamedBarrier::kDqFullFirst) >=
                     static_cast<int>(NamedBarrier::kDqEmptyFirst) + kConsumerWarpgroups,
                 "one dQ handshake barrier of each kind per consumer");
+  static_assert(static_cast<int>(NamedBarrier::kDrawPairFirst) + 2 * kConsumerWarpgroups <=
+                        static_cast<int>(NamedBarrier::kEpilogueStageFree) &&
+                    static_cast<int>(NamedBarrier::kEpilogueStagedFirst) + kConsumerWarpgroups <=
+                        static_cast<int>(NamedBarrier::kEpilogueReadFirst) &&
+                    static_cast<int>(NamedBarrier::kEpilogueReadFirst) + kConsumerWarpgroups <= 16,
+                "the epilogue's named barriers: one of each kind per consumer, ids below 16");
   static_assert(128 * kConfig.producer_registers() + kConsumerThreads * kConfig.consumer_registers() <= 65536,
                 "register file: 64K 32-bit registers per SM");
   static_assert(kSchedulerStateOffset + static_cast<int>(sizeof(SchedulerState)) <= HopperBwdTileConfig::kBarrierBytes,
@@ -316,13 +342,6 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
   // Under a device mask the steps are the listed query tiles (see the top of the file).
   const TileLists& key_tile_lists = attention.device_mask.by_key_tile;
   const bool is_listed = key_tile_lists.present();
-  // The interval path's step -> (query head, first query row) of a tile.
-  auto step_head = [&](const KeyBlockWork& work, int step) {
-    return work.head_kv * attention.group_size + step / work.m_blocks;
-  };
-  auto step_m0 = [&](const KeyBlockWork& work, int step) {
-    return static_cast<std::int64_t>(work.m_block_begin + step % work.m_blocks) * kBlockM;
-  };
 
   // Tiles 1024-byte aligned (the swizzle atom; the descriptors' base offset is 0).
   extern __shared__ unsigned char shared_storage[];
@@ -345,14 +364,15 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
   std::uint64_t* kv_empty = barriers + 1;           // every consumer warp is done reading a tile's K and V
   std::uint64_t* full = barriers + 2;               // [kStages]: Q, dO, LSE, D of a step landed
   std::uint64_t* empty = barriers + 2 + kStages;    // [kStages]: every consumer warp is done with it
-  // [kStages]: a listed step (device mask), written by the producer before the stage's loads.
+  // [kStages]: the step (query head, query block; under a device mask the listed step),
+  // written by the producer before the stage's loads.
   auto* step_slots = reinterpret_cast<ListedStep*>(shared_base + kConfig.barrier_offset() + kListedStepSlotsOffset);
   // Overlapped schedule: the step whose dQ consumer 0 has staged, for the dQ writer.
   auto* dq_step_slot = reinterpret_cast<DqStep*>(shared_base + kConfig.barrier_offset() + kDqStepSlotOffset);
   // The CTA's tiles, from the scheduler lane to the loads thread and the consumer warps.
   std::uint64_t* queue_barriers =
       reinterpret_cast<std::uint64_t*>(shared_base + kConfig.barrier_offset() + kTileQueueOffset);
-  const hopper::TileQueue tile_queue{queue_barriers, queue_barriers + 2,
+  const hopper::TileQueue<> tile_queue{queue_barriers, queue_barriers + 2,
                                      reinterpret_cast<std::int32_t*>(queue_barriers + 4)};
   constexpr int kTileReaders = 1 + kConsumerThreads;  // the loads thread, every consumer thread
   auto* tile_loads = reinterpret_cast<TileLoads*>(shared_base + kConfig.barrier_offset() + kTileLoadsOffset);
@@ -517,6 +537,9 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
             loads.head_q0 = static_cast<std::int32_t>(work.head_kv * attention.group_size);
             loads.m_block_begin = work.m_block_begin;
             loads.m_blocks = work.m_blocks;
+            const BlockRange full_m_range = work.mask.full_query_blocks(work.n0, work.n0 + kBlockN, kBlockM);
+            loads.full_m_block_begin = static_cast<std::int32_t>(full_m_range.begin);
+            loads.full_m_blocks = static_cast<std::int32_t>(full_m_range.end - full_m_range.begin);
             if (is_listed)
               loads.first_list = key_tile_lists.list(work.batch, work.head_kv * attention.group_size, work.n_block);
             state->k_row = static_cast<std::int32_t>(attention.k_start(work.batch) + work.n0);
@@ -559,13 +582,13 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
         const TileLoads& loads = tile_loads[slot];
         if (loads.steps < 0) break;
         const int ring_end = ring + loads.steps;  // the tile's steps are the ring's [ring, ring_end)
-        // Step `ring`: its stage (once free), the listed step into the stage's slot (released
-        // to the consumers by the "full" arrival), then Q, dO, LSE and D.
+        // Step `ring`: its stage (once free), the step into the stage's slot (released to the
+        // consumers by the "full" arrival), then Q, dO, LSE and D.
         auto load_step = [&](std::int32_t head_q, std::int32_t m_block, const ListedStep& listed) {
           const int stage = ring % kStages;
           if (ring >= kStages) ptx::mbarrier_wait(&empty[stage], ((ring / kStages) - 1) & 1);
           ++ring;
-          if constexpr (kIsListed) step_slots[stage] = listed;
+          step_slots[stage] = listed;
           ::cuda::ptx::mbarrier_arrive_expect_tx(::cuda::ptx::sem_release, ::cuda::ptx::scope_cta,
                                                  ::cuda::ptx::space_shared, &full[stage],
                                                  2 * kQBytes + 2 * kStatsBytes);
@@ -609,11 +632,17 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
               load_step(listed.head_q, listed.m_block, listed);
             }
           } else {
-            // The interval's steps, counted (32-bit, no division).
+            // The interval's steps, counted (32-bit, no division); the consumers read each
+            // from its stage's slot (one LDS instead of a division by m_blocks per step), with
+            // is_partial = a boundary tile (the element mask): outside the tile's fully allowed
+            // query blocks, one unsigned compare instead of the consumers' 64-bit
+            // tile_fully_allowed (and no register of theirs across the loop).
             std::int32_t head_q = loads.head_q0;
             std::int32_t m_block = loads.m_block_begin;
             while (ring < ring_end) {
-              load_step(head_q, m_block, ListedStep{});
+              const bool is_boundary = static_cast<std::uint32_t>(m_block - loads.full_m_block_begin) >=
+                                       static_cast<std::uint32_t>(loads.full_m_blocks);
+              load_step(head_q, m_block, ListedStep{head_q, m_block, is_boundary ? 1 : 0, kGeneralTile});
               if (++m_block == loads.m_block_begin + loads.m_blocks) {
                 m_block = loads.m_block_begin;
                 ++head_q;
@@ -637,6 +666,8 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
   const int consumer = warpgroup - 1;
   const int thread_in_warpgroup = threadIdx.x % 128;
   const int lane = threadIdx.x % 32;
+  // The warp within the consumer, warp-uniform to ptxas (for branches around named barriers).
+  const auto warp_of_consumer = [&]() { return __shfl_sync(0xffffffffu, thread_in_warpgroup / 32, 0); };
   const int group = lane / 4;      // accumulator row within an 8-row half
   const int quad_lane = lane % 4;  // accumulator column pair
   const int warp_row0 = (thread_in_warpgroup / 32) * 16 + group;  // + 8 * half: row within a warpgroup's 64
@@ -702,7 +733,6 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
     const std::int64_t n_block = work.n_block, head_kv = work.head_kv, batch = work.batch;
     const std::int64_t n0 = work.n0, kv_rows = work.kv_rows;
     const MaskRule mask = work.mask;
-    const std::int64_t seqlen_q = mask.seqlen_q, seqlen_k = mask.seqlen_k;
     const int steps = work.steps;
     fragment::RowBlockSides alibi_sides{};
     if (kHasAffineAlibi && params.is_alibi_affine && attention.has_alibi()) {
@@ -739,22 +769,34 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
     int previous_stage = 0;
 
     if (steps > 0) ptx::mbarrier_wait(kv_full, kv_loads & 1);
+    // The TMA epilogue at block_m 64 staged the previous tile's dV in this consumer's rows of
+    // the dS^T buffers, which the first step rewrites: its storing warp arrives once its
+    // stores have read them (that warp is needed for the first products anyway).
+    if constexpr (kTmaEpilogue && kEpilogueUsesDs) {
+      if (steps > 0 && ring_base > 0 && params.is_epilogue_tma && warp_of_consumer() != 0)
+        ptx::named_barrier_sync(NamedBarrier::kEpilogueReadFirst, 128, consumer);
+    }
     for (int step = 0; step < steps; ++step) {
       const int ring = ring_base + step;
       const int stage = ring % kStages;
       const std::uint64_t stage_offset = (stage * kQBytes) >> 4;
       ptx::mbarrier_wait(&full[stage], (ring / kStages) & 1);
-      // The step: its stage's slot under a device mask (is_partial: the tile needs the
-      // element pass), else the interval's.
-      std::int64_t head_q, m0;
-      if (is_listed) {
-        const ListedStep listed = step_slots[stage];
-        head_q = listed.head_q;
-        m0 = static_cast<std::int64_t>(listed.m_block) * kBlockM;
+      // The step, from its stage's slot (the producer walks the steps: the interval's with
+      // counters, a device mask's lists; is_partial: the listed tile needs the element pass,
+      // the interval's is a boundary tile).
+      // Lockstep's interval steps from the step index instead: its deterministic issuer needs
+      // them at the step's end, and held from the slot they spilled loop state (ptxas -v,
+      // deterministic bf16 lockstep: d128 284/356 -> 456/496 bytes, d64 180/300 -> 844/924).
+      std::int32_t m_block;
+      std::int64_t head_q;
+      if (kOverlapped || is_listed) {
+        m_block = step_slots[stage].m_block;
+        head_q = step_slots[stage].head_q;
       } else {
-        head_q = step_head(work, step);
-        m0 = step_m0(work, step);
+        m_block = work.m_block_begin + step % work.m_blocks;
+        head_q = work.head_kv * attention.group_size + step / work.m_blocks;
       }
+      const std::int64_t m0 = static_cast<std::int64_t>(m_block) * kBlockM;
       // A listed partial tile with a tile code: its allowed bits (fragment::
       // fragment_allowed_bits, outlined: a few loads, then register math), all ones on the
       // other listed tiles; applied (P = 0) beside the interval path's apply_mask. Before
@@ -801,13 +843,30 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
         }
         ptx::wgmma_commit_group();  // empty at step 0
       }
+      if constexpr (kOverlapped) {
+        // The late dQ hand-off (HopperBackwardParams::is_dq_handoff_late): the previous step's
+        // staged dQ part goes to the writer only now, its stores long landed, so that the
+        // fence no longer waits for them behind the wgmma operand reads. A tile's last step
+        // hands off at once (below), so a step > 0 has its predecessor's pending.
+        if (params.is_dq_handoff_late && step > 0) {
+          ptx::fence_proxy_async_shared();
+          ptx::named_barrier_arrive(NamedBarrier::kDqFullFirst, kDqHandshakeThreads, consumer);
+        }
+      }
 
       const float* lse = shared_lse + stage * kBlockM;
       const float* dsum = shared_dsum + stage * kBlockM;
-      const std::int64_t q_rows_end = m0 + kBlockM < seqlen_q ? m0 + kBlockM : seqlen_q;
-      // The interval path's boundary tiles (listed tiles: is_partial instead).
-      const bool needs_mask =
-          !is_listed && (n0 + kBlockN > seqlen_k || !mask.tile_fully_allowed(m0, q_rows_end, n0, n0 + kBlockN));
+      // The interval path's boundary tiles (listed tiles: is_partial below instead): the
+      // producer's test, in the slot; lockstep's own 64-bit test (with the slot's it spilled:
+      // ptxas -v, deterministic bf16 d64 lockstep 180/300 -> 840/944 bytes).
+      bool needs_mask;
+      if constexpr (kOverlapped) {
+        needs_mask = !is_listed && step_slots[stage].is_partial != 0;
+      } else {
+        const std::int64_t q_rows_end = m0 + kBlockM < mask.seqlen_q ? m0 + kBlockM : mask.seqlen_q;
+        needs_mask = !is_listed && (n0 + kBlockN > mask.seqlen_k ||
+                                    !mask.tile_fully_allowed(m0, q_rows_end, n0, n0 + kBlockN));
+      }
       // Element mask: key rows key_row0 (+8) against query column `column` of the tile.
       auto apply_mask = [&](float (&p)[kBlockM / 2]) {
 #pragma unroll
@@ -1160,18 +1219,26 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
                 make_float2(dq[4 * j + 2 * half], dq[4 * j + 2 * half + 1]);
         // The step, for the writer (which read the previous one before releasing the panels).
         if (consumer == 0 && thread_in_warpgroup == 0)
-          *dq_step_slot = DqStep{static_cast<std::int32_t>(head_q), static_cast<std::int32_t>(m0 / kBlockM),
+          *dq_step_slot = DqStep{static_cast<std::int32_t>(head_q), m_block,
                                  static_cast<std::int32_t>(batch), static_cast<std::int32_t>(n_block),
                                  step == steps - 1 ? kDqStepLastOfTile : 0};
-        ptx::fence_proxy_async_shared();
-        ptx::named_barrier_arrive(NamedBarrier::kDqFullFirst, kDqHandshakeThreads, consumer);
+        // Staged: visible to the async proxy (the writer's TMA reads), then the writer's turn;
+        // with the late hand-off after the next step's S^T and dP^T issue (above), but at once
+        // on a tile's last step (its turn is published before the next tile's first: the top
+        // of the file), so that nothing is pending across tiles or at the end. The panels are
+        // not rewritten before the writer releases them (kDqEmpty), which follows this arrival.
+        if (!params.is_dq_handoff_late || step == steps - 1) {
+          ptx::fence_proxy_async_shared();
+          ptx::named_barrier_arrive(NamedBarrier::kDqFullFirst, kDqHandshakeThreads, consumer);
+        }
 
         if constexpr (!kDeferDk) {
           ptx::wgmma_wait_group<0>();  // dK: Q and dO of the stage are no longer read
           ptx::fence_operands(dk);
-          // Q, dO, LSE, D of this stage are no longer read by this warp.
+          // Q, dO, LSE, D of this stage are no longer read by this warp (the tile's last
+          // stage is released after the loop: the TMA epilogue stages dK/dV in it).
           __syncwarp();
-          if (lane == 0) ::cuda::ptx::mbarrier_arrive(&empty[stage]);
+          if (lane == 0 && step != steps - 1) ::cuda::ptx::mbarrier_arrive(&empty[stage]);
         } else {
 #pragma unroll
           for (int kq = 0; kq < kBlockM / 16; ++kq)
@@ -1193,33 +1260,121 @@ __global__ void __launch_bounds__(128 * (1 + kConsumerWarpgroups), 1)
         ptx::wgmma_commit_group();
         ptx::wgmma_wait_group<0>();
         ptx::fence_operands(dk);
-        // Its stage is free (the ring runs on into the next tile).
-        __syncwarp();
-        if (lane == 0) ::cuda::ptx::mbarrier_arrive(&empty[previous_stage]);
+        // Its stage is released after the loop (the TMA epilogue stages dK/dV in it).
       }
     }
     ring_base += steps;
     if (steps > 0) ++kv_loads;
 
-    // dK = scale * dS^T Q and dV (/ (1 - p) under dropout; 1 otherwise), straight from
-    // the accumulators: rows < kv_rows.
-    T* dk_out = static_cast<T*>(attention.dk) + attention.dk_offset(batch, head_kv) + n0 * attention.dk_row_stride;
-    T* dv_out = static_cast<T*>(attention.dv) + attention.dv_offset(batch, head_kv) + n0 * attention.dv_row_stride;
+    // dK = scale * dS^T Q and dV (/ (1 - p) under dropout; 1 otherwise).
     const float scale = attention.softmax_scale;
     const float dv_scale = attention.dropout_inverse_keep;
+    // Straight from the accumulators: rows < kv_rows.
+    auto store_from_registers = [&]() {
+      T* dk_out = static_cast<T*>(attention.dk) + attention.dk_offset(batch, head_kv) + n0 * attention.dk_row_stride;
+      T* dv_out = static_cast<T*>(attention.dv) + attention.dv_offset(batch, head_kv) + n0 * attention.dv_row_stride;
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int row = key_row0 + 8 * half;
-      if (row >= kv_rows) continue;
+      for (int half = 0; half < 2; ++half) {
+        const int row = key_row0 + 8 * half;
+        if (row >= kv_rows) continue;
 #pragma unroll
-      for (int j = 0; j < kHeadDim / 8; ++j) {
-        const int column = 8 * j + 2 * quad_lane;
-        *reinterpret_cast<std::uint32_t*>(dk_out + row * attention.dk_row_stride + column) =
-            pack_pair<T>(dk[4 * j + 2 * half] * scale, dk[4 * j + 2 * half + 1] * scale);
-        *reinterpret_cast<std::uint32_t*>(dv_out + row * attention.dv_row_stride + column) =
-            pack_pair<T>(dv[4 * j + 2 * half] * dv_scale, dv[4 * j + 2 * half + 1] * dv_scale);
+        for (int j = 0; j < kHeadDim / 8; ++j) {
+          const int column = 8 * j + 2 * quad_lane;
+          *reinterpret_cast<std::uint32_t*>(dk_out + row * attention.dk_row_stride + column) =
+              pack_pair<T>(dk[4 * j + 2 * half] * scale, dk[4 * j + 2 * half + 1] * scale);
+          *reinterpret_cast<std::uint32_t*>(dv_out + row * attention.dv_row_stride + column) =
+              pack_pair<T>(dv[4 * j + 2 * half] * dv_scale, dv[4 * j + 2 * half + 1] * dv_scale);
+        }
+      }
+    };
+    // Through shared memory (see kTmaEpilogue): the tile's last stage, not yet released.
+    const bool is_tile_staged = kTmaEpilogue && params.is_epilogue_tma && steps > 0;
+    // A varlen tile that passes its sequence's end keeps the register stores: a box would
+    // write into the next sequence (a dense tensor's map clips rows past seqlen_k). Decided
+    // per tile, not per consumer: a branch around stmatrix on `consumer`, which ptxas does not
+    // see as warp-uniform at d64 (kUniformConsumer), spilled the tile loop (bf16 d64
+    // overlapped 0/0 -> 184/304 bytes; with `consumer` broadcast by a shuffle 12/28).
+    const bool is_band_staged = is_tile_staged && (!attention.is_varlen() || kv_rows == kBlockN);
+    const int last_stage = (ring_base - 1) % kStages;
+    constexpr int kDkTileRows = kBlockM;  // a Q tile
+    constexpr int kDvTileRows = kEpilogueInStage ? kBlockM : kBlockN;
+    // Byte offsets of this consumer's dK and dV bands from the shared base.
+    const int dk_band_offset =
+        kEpilogueInStage ? kConfig.q_offset() + last_stage * kQBytes + consumer * kKeysPerConsumer * kSwizzleRowBytes
+                         : (consumer == 0 ? kConfig.q_offset() : kConfig.do_offset()) + last_stage * kQBytes;
+    const int dv_band_offset =
+        kEpilogueInStage ? kConfig.do_offset() + last_stage * kQBytes + consumer * kKeysPerConsumer * kSwizzleRowBytes
+                         : kConfig.ds_offset() + consumer * kKeysPerConsumer * kSwizzleRowBytes;
+    if constexpr (kOverlapped) {
+      // The tile's last stage, free unless dK/dV are staged in it (the ring runs on into the
+      // next tile; the storing thread releases it then).
+      if (steps > 0 && !is_tile_staged) {
+        __syncwarp();
+        if (lane == 0) ::cuda::ptx::mbarrier_arrive(&empty[last_stage]);
       }
     }
+    // Both consumers' last products are complete (wgmma_wait<0> above): nobody reads the
+    // stage's Q and dO or the dS^T buffers any more.
+    if (is_tile_staged) ptx::named_barrier_sync(NamedBarrier::kEpilogueStageFree, kConsumerThreads);
+    if (is_band_staged) {
+      // stmatrix x4 per two n8 column tiles, as the forward's epilogue (hopper/epilogue.cuh):
+      // matrices (tile j, rows 0-7 | 8-15 of the warp's 16), (tile j + 1, ...); lane 8 i + r
+      // gives row r of matrix i.
+      const int matrix = lane / 8;
+      const int band_row = (thread_in_warpgroup / 32) * 16 + 8 * (matrix % 2) + lane % 8;
+      const std::uint32_t base = address_of(shared_base);
+#pragma unroll
+      for (int j = 0; j < kHeadDim / 8; j += 2) {
+        ptx::stmatrix_x4(base + dk_band_offset + panels_chunk_offset<kDkTileRows>(band_row, j + matrix / 2),
+                         pack_pair<T>(dk[4 * j] * scale, dk[4 * j + 1] * scale),
+                         pack_pair<T>(dk[4 * j + 2] * scale, dk[4 * j + 3] * scale),
+                         pack_pair<T>(dk[4 * j + 4] * scale, dk[4 * j + 5] * scale),
+                         pack_pair<T>(dk[4 * j + 6] * scale, dk[4 * j + 7] * scale));
+        ptx::stmatrix_x4(base + dv_band_offset + panels_chunk_offset<kDvTileRows>(band_row, j + matrix / 2),
+                         pack_pair<T>(dv[4 * j] * dv_scale, dv[4 * j + 1] * dv_scale),
+                         pack_pair<T>(dv[4 * j + 2] * dv_scale, dv[4 * j + 3] * dv_scale),
+                         pack_pair<T>(dv[4 * j + 4] * dv_scale, dv[4 * j + 5] * dv_scale),
+                         pack_pair<T>(dv[4 * j + 6] * dv_scale, dv[4 * j + 7] * dv_scale));
+      }
+      ptx::fence_proxy_async_shared();  // the staged dK/dV visible to the TMA (async proxy)
+    } else {
+      store_from_registers();
+    }
+    if (is_tile_staged) {
+      ptx::named_barrier_sync(NamedBarrier::kEpilogueStagedFirst, 128, consumer);
+      // The storing thread: the consumer's first.
+      if (thread_in_warpgroup == 0) {
+        if (is_band_staged) {
+          const auto row = static_cast<std::int32_t>(attention.k_start(batch) + n0) + consumer * kKeysPerConsumer;
+          const std::int32_t batch_coordinate = attention.is_varlen() ? 0 : static_cast<std::int32_t>(batch);
+          store_panels<kPanels, kDkTileRows>(reinterpret_cast<const T*>(shared_base + dk_band_offset), &params.dk_map,
+                                             row, static_cast<std::int32_t>(head_kv), batch_coordinate, kHeadDim);
+          store_panels<kPanels, kDvTileRows>(reinterpret_cast<const T*>(shared_base + dv_band_offset), &params.dv_map,
+                                             row, static_cast<std::int32_t>(head_kv), batch_coordinate, kHeadDim);
+          ptx::bulk_commit_group();
+          ptx::bulk_wait_group_read<0>();
+        }
+        // The stage for the next tile's loads: this consumer's four warp arrivals.
+        ::cuda::ptx::mbarrier_arrive(&empty[last_stage], kConsumerWarps / kConsumerWarpgroups);
+      }
+      if constexpr (kEpilogueUsesDs) {
+        // The staged dV read: the other warps may write dS^T rows again (next tile's first
+        // step). The warp's test warp-uniform: a named barrier under a branch on threadIdx.x
+        // made ptxas take the whole tile loop as divergent (bf16 d128 overlapped spills
+        // 20/24 -> 444/548 bytes).
+        if (warp_of_consumer() == 0) {
+          __syncwarp();
+          ptx::named_barrier_arrive(NamedBarrier::kEpilogueReadFirst, 128, consumer);
+        }
+      }
+    }
+  }
+  if constexpr (kTmaEpilogue) {
+    // The last tile's pairing of kEpilogueReadFirst (see the dS^T stores), and its stores
+    // complete before the CTA's shared memory goes.
+    if (kEpilogueUsesDs && params.is_epilogue_tma && ring_base > 0 && warp_of_consumer() != 0)
+      ptx::named_barrier_sync(NamedBarrier::kEpilogueReadFirst, 128, consumer);
+    if (thread_in_warpgroup == 0) ptx::bulk_wait_group<0>();
   }
   if constexpr (kOverlapped) {
     // The end for the dQ writer: its last arrival on kDqEmpty (after the last step), then

@@ -73,6 +73,36 @@ bool is_dropout_draw_once_enabled() {
   return enabled;
 }
 
+// The late dQ hand-off unless FLASHATTN_CUDA_HOPPER_BWD_DQ_HANDOFF=early (read once).
+bool is_dq_handoff_late_enabled() {
+  static const bool enabled = [] {
+    const char* value = std::getenv("FLASHATTN_CUDA_HOPPER_BWD_DQ_HANDOFF");
+    return value == nullptr || std::string(value) != "early";
+  }();
+  return enabled;
+}
+
+namespace {
+// override_dq_handoff's choice; negative: none (the environment's).
+std::atomic<int> dq_handoff_override{-1};
+}  // namespace
+
+void override_dq_handoff(int late) { dq_handoff_override.store(late, std::memory_order_relaxed); }
+namespace {
+std::atomic<int> epilogue_override{-1};  // override_epilogue_tma's choice; negative: none
+}  // namespace
+
+bool is_epilogue_tma_requested() {
+  static const bool requested = [] {
+    const char* value = std::getenv("FLASHATTN_CUDA_HOPPER_BWD_EPILOGUE");
+    return value != nullptr && std::string(value) == "tma";
+  }();
+  const int overridden = epilogue_override.load(std::memory_order_relaxed);
+  return overridden >= 0 ? overridden != 0 : requested;
+}
+
+void override_epilogue_tma(int is_tma) { epilogue_override.store(is_tma, std::memory_order_relaxed); }
+
 bool are_mask_key_intervals_enabled() {
   static const bool enabled = [] {
     const char* value = std::getenv("FLASHATTN_CUDA_MASKS_BWD_ROW_INTERVALS");
@@ -238,6 +268,8 @@ HopperBackwardParams make_params_with_boxes(const BackwardParams& params, const 
   hopper_params.workspace = workspace;
   hopper_params.is_alibi_affine = is_affine_alibi_enabled();
   hopper_params.is_dropout_draw_once = is_dropout_draw_once_enabled();
+  const int dq_handoff = dq_handoff_override.load(std::memory_order_relaxed);
+  hopper_params.is_dq_handoff_late = dq_handoff >= 0 ? dq_handoff > 0 : is_dq_handoff_late_enabled();
   // The CTAs' order (launch.hpp). A section's kv heads share their query heads' Q, dO
   // (16-bit) and dq_accum (fp32): 8 d bytes per query row, seqlen_q rows (varlen: the
   // longest sequence), group_size query heads; FA3 budgets 40 MB of L2 for them.
@@ -293,6 +325,31 @@ HopperBackwardParams make_backward_params(const BackwardParams& params, const bw
     hopper_params.dq_accum_map = hopper::make_panel_tensor_map(
         "dq_accum", workspace.dq_accum, DType::float32, params.head_dim, workspace.dq_head_stride, params.heads_q, 1,
         params.head_dim, workspace.dq_head_stride * params.head_dim, 0, kDqPanelRows, kDqPanelColumns * 4);
+  }
+  // The TMA epilogue (kernel.cuh): dk and dv as the kernel's 64-row bands (a consumer's keys).
+  // The lockstep schedule and strides the TMA cannot take keep the stores from registers.
+  const bool is_varlen = params.is_varlen();
+  const std::int64_t rows_k = is_varlen ? params.total_k : params.seqlen_k;
+  const std::int64_t batch = is_varlen ? 1 : params.batch;
+  using hopper::is_tma_encodable_stride;
+  const bool is_output_encodable =
+      is_tma_encodable_stride(params.dk_row_stride, rows_k) &&
+      is_tma_encodable_stride(params.dk_head_stride, params.heads_kv) &&
+      is_tma_encodable_stride(params.dk_batch_stride, batch) &&
+      is_tma_encodable_stride(params.dv_row_stride, rows_k) &&
+      is_tma_encodable_stride(params.dv_head_stride, params.heads_kv) &&
+      is_tma_encodable_stride(params.dv_batch_stride, batch) &&
+      reinterpret_cast<std::uintptr_t>(params.dk) % 16 == 0 && reinterpret_cast<std::uintptr_t>(params.dv) % 16 == 0;
+  if (is_epilogue_tma_requested() && schedule != BackwardSchedule::lockstep && rows_k > 0 && is_output_encodable) {
+    hopper_params.dk_map = hopper::make_panel_tensor_map("dk", params.dk, params.dtype, params.head_dim, rows_k,
+                                                         params.heads_kv, batch, params.dk_row_stride,
+                                                         params.dk_head_stride, params.dk_batch_stride,
+                                                         kKeysPerConsumer);
+    hopper_params.dv_map = hopper::make_panel_tensor_map("dv", params.dv, params.dtype, params.head_dim, rows_k,
+                                                         params.heads_kv, batch, params.dv_row_stride,
+                                                         params.dv_head_stride, params.dv_batch_stride,
+                                                         kKeysPerConsumer);
+    hopper_params.is_epilogue_tma = true;
   }
   return hopper_params;
 }

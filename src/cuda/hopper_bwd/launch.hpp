@@ -37,10 +37,22 @@ struct HopperBackwardParams {
   // Dropout: each Philox draw of a step made once, by one of the two warps that use it
   // (kernel.cuh's draw exchange; the default, FLASHATTN_CUDA_HOPPER_BWD_DROPOUT_DRAW=twice off).
   bool is_dropout_draw_once = false;
+  // The overlapped schedules' dQ hand-off (kernel.cuh): true (late, the default) fences the
+  // staged dQ part and arrives on kDqFull after the next step's S^T and dP^T issue (a tile's
+  // last step at once); false (early, FLASHATTN_CUDA_HOPPER_BWD_DQ_HANDOFF=early) right after
+  // its stores.
+  bool is_dq_handoff_late = false;
   // The overlapped schedule's dQ reductions (kernel.cuh, not the wide kernel): fp32 map
   // (head_dim, dq rows of a head, heads_q, 1) over workspace.dq_accum, box (32 columns, 64
   // rows, 1, 1), 128-byte swizzle; zero when unused.
   CUtensorMap dq_accum_map;
+  // The dK/dV epilogue through shared memory and TMA stores (kernel.cuh, the overlapped and
+  // deferred_dk schedules; FLASHATTN_CUDA_HOPPER_BWD_EPILOGUE=tma): maps (head_dim, rows,
+  // heads_kv, batch) over dk and dv as q_map's, box 64 rows (a consumer's keys); zero and
+  // is_epilogue_tma false otherwise (the accumulators stored from registers).
+  CUtensorMap dk_map;
+  CUtensorMap dv_map;
+  bool is_epilogue_tma = false;
   // Which (key block, kv head, sequence) tile t is (pipeline.cuh: cta_key_block):
   // hopper::TileOrder over (key blocks) x (heads_kv x batch), flat or in L2 sections.
   hopper::TileOrder key_block_order;
@@ -77,6 +89,23 @@ bool are_mask_key_intervals_enabled();
 // dropout-free backward unchanged. FLASHATTN_CUDA_HOPPER_BWD_DROPOUT_DRAW=twice: each of
 // the two warps that use a draw makes it.
 bool is_dropout_draw_once_enabled();
+// The late dQ hand-off (HopperBackwardParams::is_dq_handoff_late), the default:
+// FLASHATTN_CUDA_HOPPER_BWD_DQ_HANDOFF=early keeps the hand-off right after the dQ stores.
+// Read once per process. Timed +1..8% (H200, TUNING.md "The dQ hand-off and the step decode").
+bool is_dq_handoff_late_enabled();
+// Tests and the timing tool (bench/gpu/kernels/hopper_bwd_timing.cu --dq-handoff) only: from
+// now on in this process the params made take the late (late > 0) or the early (late == 0)
+// dQ hand-off instead of the environment's; a negative value restores it.
+void override_dq_handoff(int late);
+// The dK/dV epilogue (HopperBackwardParams::is_epilogue_tma): FLASHATTN_CUDA_HOPPER_BWD_EPILOGUE=
+// tma stages dK and dV in shared memory (the tile's last Q/dO stage, at d128 also the dS^T
+// buffers) and one thread per consumer stores them with TMA stores; =registers (the default,
+// unset or anything else) stores them from the accumulators. Read once per process.
+bool is_epilogue_tma_requested();
+// Tests and the timing tool (bench/gpu/kernels/hopper_bwd_timing.cu --epilogues) only: from
+// now on in this process is_epilogue_tma_requested returns is_tma (0 or 1) instead of the
+// environment's choice; a negative value restores it. Lets one process compare the two.
+void override_epilogue_tma(int is_tma);
 
 // kernel.cuh's grid on `device` (head dims 64, 128; the wide kernel keeps one CTA per
 // tile) as the override or the environment asks for it (backward_grid: the call's own).

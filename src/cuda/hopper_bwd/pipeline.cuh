@@ -77,7 +77,7 @@ __device__ __forceinline__ KeyBlockCoordinates cta_key_block(const HopperBackwar
 struct ListedStep {
   std::int32_t head_q;
   std::int32_t m_block;
-  std::int32_t is_partial;  // the tile's scores need the element pass
+  std::int32_t is_partial;  // the tile's scores need the element pass (the interval path: a boundary tile, the element mask)
   std::int32_t code;        // a partial tile's tile code (mask_tables.hpp): the fast pass unless kGeneralTile
 };
 // The slots live in the 256 bytes reserved for the mbarriers, from this offset.
