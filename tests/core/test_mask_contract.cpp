@@ -41,11 +41,9 @@ TEST(MaskContract, IntervalModelAgreesWithAllowed) {
   }
 }
 
-// full_key_blocks is exactly the set of key blocks whose every element is allowed for
-// every row of the query range, element by element: causal, windows, seqlen_q != seqlen_k,
-// query ranges at any row offset (varlen sequences, clipped last tiles), the kernels'
-// block sizes and the key blocks past the end of the keys.
-TEST(MaskContract, FullKeyBlocksAgreeWithAllowed) {
+// The rules the block-range tests sweep: causal, windows on either side, seqlen_q != seqlen_k
+// both ways, single rows and single keys.
+std::vector<MaskRule> awkward_rules() {
   std::vector<MaskRule> rules;
   for (auto [sq, sk] : {std::pair<std::int64_t, std::int64_t>{200, 200}, {131, 517}, {517, 131}, {64, 384},
                         {383, 1}, {1, 383}, {250, 250}}) {
@@ -53,9 +51,26 @@ TEST(MaskContract, FullKeyBlocksAgreeWithAllowed) {
                                {64, 64}, {3, -1}, {200, 5}})
       rules.push_back(MaskRule{sq, sk, left, right});
   }
+  return rules;
+}
+
+// Every element of rows [r0, r1) x columns [c0, c1) allowed, one by one (a column past
+// seqlen_k is not).
+bool every_element_allowed(const MaskRule& rule, std::int64_t r0, std::int64_t r1, std::int64_t c0, std::int64_t c1) {
+  for (std::int64_t i = r0; i < r1; ++i)
+    for (std::int64_t j = c0; j < c1; ++j)
+      if (j >= rule.seqlen_k || !rule.allowed(i, j)) return false;
+  return true;
+}
+
+// full_key_blocks is exactly the set of key blocks whose every element is allowed for
+// every row of the query range, element by element: causal, windows, seqlen_q != seqlen_k,
+// query ranges at any row offset (varlen sequences, clipped last tiles), the kernels'
+// block sizes and the key blocks past the end of the keys.
+TEST(MaskContract, FullKeyBlocksAgreeWithAllowed) {
   std::int64_t full_blocks_seen = 0;
   std::int64_t partial_blocks_seen = 0;
-  for (const MaskRule& rule : rules) {
+  for (const MaskRule& rule : awkward_rules()) {
     for (std::int64_t bn : {64, 128, 176, 192}) {
       for (std::int64_t bm : {64, 128, 192}) {
         for (std::int64_t offset : {0, 1, 29}) {  // the row where a tile grid starts
@@ -70,10 +85,7 @@ TEST(MaskContract, FullKeyBlocksAgreeWithAllowed) {
             }
             for (std::int64_t b = 0; b * bn < rule.seqlen_k + bn; ++b) {
               const std::int64_t c0 = b * bn;
-              bool every_allowed = true;  // a column past seqlen_k is not allowed
-              for (std::int64_t i = r0; i < r1 && every_allowed; ++i)
-                for (std::int64_t j = c0; j < c0 + bn && every_allowed; ++j)
-                  every_allowed = j < rule.seqlen_k && rule.allowed(i, j);
+              const bool every_allowed = every_element_allowed(rule, r0, r1, c0, c0 + bn);
               const bool in_full = b >= full.begin && b < full.end;
               EXPECT_EQ(in_full, every_allowed) << "rule " << rule.seqlen_q << "x" << rule.seqlen_k << " window ("
                                                 << rule.window_left << "," << rule.window_right << ") rows [" << r0
@@ -99,16 +111,9 @@ TEST(MaskContract, FullKeyBlocksAgreeWithAllowed) {
 // seqlen_q != seqlen_k, the clipped last query block, key tiles at any column offset and
 // past the end of the keys, the kernels' block sizes.
 TEST(MaskContract, FullQueryBlocksAgreeWithAllowed) {
-  std::vector<MaskRule> rules;
-  for (auto [sq, sk] : {std::pair<std::int64_t, std::int64_t>{200, 200}, {131, 517}, {517, 131}, {64, 384},
-                        {383, 1}, {1, 383}, {250, 250}}) {
-    for (auto [left, right] : {std::pair<std::int64_t, std::int64_t>{-1, -1}, {-1, 0}, {-1, 37}, {0, 0}, {100, 0},
-                               {64, 64}, {3, -1}, {200, 5}})
-      rules.push_back(MaskRule{sq, sk, left, right});
-  }
   std::int64_t full_blocks_seen = 0;
   std::int64_t partial_blocks_seen = 0;
-  for (const MaskRule& rule : rules) {
+  for (const MaskRule& rule : awkward_rules()) {
     for (std::int64_t bn : {64, 128, 176}) {
       for (std::int64_t bm : {64, 128, 192}) {
         for (std::int64_t offset : {0, 1, 29}) {  // the column where a key tile grid starts
@@ -123,10 +128,7 @@ TEST(MaskContract, FullQueryBlocksAgreeWithAllowed) {
             }
             for (std::int64_t m = 0; m * bm < rule.seqlen_q; ++m) {
               const std::int64_t r0 = m * bm, r1 = std::min(rule.seqlen_q, r0 + bm);
-              bool every_allowed = true;  // a column past seqlen_k is not allowed
-              for (std::int64_t i = r0; i < r1 && every_allowed; ++i)
-                for (std::int64_t j = c0; j < c1 && every_allowed; ++j)
-                  every_allowed = j < rule.seqlen_k && rule.allowed(i, j);
+              const bool every_allowed = every_element_allowed(rule, r0, r1, c0, c1);
               const bool in_full = m >= full.begin && m < full.end;
               EXPECT_EQ(in_full, every_allowed) << "rule " << rule.seqlen_q << "x" << rule.seqlen_k << " window ("
                                                 << rule.window_left << "," << rule.window_right << ") columns [" << c0
